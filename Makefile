@@ -1,0 +1,41 @@
+# The two commands of the README: `make run` and `make test`. Both make .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: run test lint proto bench bench-quick check-services clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+check-services: $(STAMP)
+	$(BIN)/runplane check-services
+
+run: check-services
+	$(BIN)/runplane up --demo
+
+lint: $(STAMP)
+	$(BIN)/python proto/generate.py --check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint check-services
+	$(BIN)/pytest -q
+
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
+
+bench: check-services
+	$(BIN)/python -m bench
+
+bench-quick: check-services
+	$(BIN)/python -m bench --quick
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The gRPC API: accounts, tokens, jobs and runs."""

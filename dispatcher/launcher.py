@@ -1,0 +1,40 @@
+"""The launcher interface: how a dispatched run gets a runner.
+
+A dispatcher moves a run queued → starting in Postgres, commits, then calls ``launch``. The runner
+it starts claims the run itself (starting → running, compare-and-set), so launching twice is
+harmless. Implementations: ``local`` (a process on this machine), ``noop`` (benchmarks) and
+``kubernetes`` (a Pod per run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from runplane.types import AccountId, JobId, RunId
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    run_id: RunId
+    job_id: JobId
+    account_id: AccountId
+    attempt: int  # launch attempt, 1-based; part of a Pod's deterministic name
+    memory_mb: int  # the account's memory limit per run
+    timeout_seconds: int  # 0: none
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    cluster: str
+    pod_name: str = ""  # where the runner lives (a Pod name, or "pid:1234" locally)
+
+
+class Launcher(Protocol):
+    name: str
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Start a runner for the run; raise ``runplane.errors.LaunchError`` when it cannot."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The orchestrator: leadership, term, job ownership, heartbeats, failover and rebalancing."""

@@ -1,0 +1,1 @@
+"""The runner: executes one run (steps, logs, artifacts, heartbeats, outcome)."""

@@ -1,0 +1,3 @@
+from runplane.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Cron maths: validation and the next fire time in an IANA time zone, DST-correct.
+
+Fire times are unix seconds. Evaluation happens in local wall time of the job's zone: a wall time
+skipped by a spring-forward gap does not fire; a wall time repeated by a fall-back fires once, at
+its first occurrence.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from runplane.errors import InvalidArgument
+
+MAX_CRON_LENGTH = 200
+
+
+def validate_cron(expr: str, field: str = "cron") -> str:
+    """The expression, stripped, or InvalidArgument naming ``field``."""
+    expr = expr.strip()
+    if not expr:
+        raise InvalidArgument(field, "must not be empty")
+    if len(expr) > MAX_CRON_LENGTH:
+        raise InvalidArgument(field, f"must be at most {MAX_CRON_LENGTH} characters")
+    if len(expr.split()) != 5:
+        raise InvalidArgument(field, f"{expr!r} must have five fields (minute hour day month weekday)")
+    try:
+        valid = croniter.is_valid(expr)
+    except Exception:  # croniter raises more than its own errors on odd input
+        valid = False
+    if not valid:
+        raise InvalidArgument(field, f"{expr!r} is not a valid cron expression")
+    return expr
+
+
+def validate_timezone(name: str, field: str = "timezone") -> str:
+    name = name.strip() or "UTC"
+    try:
+        zone(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise InvalidArgument(field, f"{name!r} is not an IANA time zone") from exc
+    return name
+
+
+@lru_cache(maxsize=1024)
+def zone(name: str) -> ZoneInfo:
+    if len(name) > 64 or "\x00" in name:
+        raise ValueError(name)
+    return ZoneInfo(name)
+
+
+def next_fire(expr: str, timezone: str, after: float) -> int:
+    """The first fire time strictly after ``after`` (unix seconds)."""
+    tz = zone(timezone)
+    start = datetime.fromtimestamp(int(after), tz)
+    it = croniter(expr, start)
+    while True:
+        candidate: datetime = it.get_next(datetime)
+        ts = _wall_to_unix(candidate.replace(tzinfo=None), tz)
+        if ts is not None and ts > after:
+            return ts
+
+
+def previous_fire(expr: str, timezone: str, at_or_before: float) -> int | None:
+    """The newest fire time at or before ``at_or_before``; None if there is none in a year."""
+    tz = zone(timezone)
+    start = datetime.fromtimestamp(int(at_or_before) + 1, tz)
+    it = croniter(expr, start)
+    limit = at_or_before - 366 * 86400
+    while True:
+        candidate: datetime = it.get_prev(datetime)
+        ts = _wall_to_unix(candidate.replace(tzinfo=None), tz)
+        if ts is None:
+            continue
+        if ts < limit:
+            return None
+        if ts <= at_or_before:
+            return ts
+
+
+def _wall_to_unix(wall: datetime, tz: ZoneInfo) -> int | None:
+    """Unix seconds of a local wall time: None inside a spring-forward gap, the first instant on a
+    fall-back repeat."""
+    first = wall.replace(tzinfo=tz, fold=0)
+    # A wall time in a gap does not survive the round trip through UTC.
+    if first.astimezone(ZoneInfo("UTC")).astimezone(tz).replace(tzinfo=None) != wall:
+        return None
+    return int(first.timestamp())
+
+
+def fires_between(expr: str, timezone: str, after: float, until: float, limit: int = 10_000) -> list[int]:
+    """Every fire time in (after, until], at most ``limit``."""
+    out: list[int] = []
+    t = after
+    while len(out) < limit:
+        t = next_fire(expr, timezone, t)
+        if t > until:
+            break
+        out.append(t)
+    return out
+
+
+def minutes(n: float) -> timedelta:
+    return timedelta(minutes=n)

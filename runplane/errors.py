@@ -1,0 +1,44 @@
+"""One root exception for runplane. Third-party errors become these at the adapter edge."""
+
+from __future__ import annotations
+
+
+class RunplaneError(Exception):
+    """Root of every error runplane raises on purpose."""
+
+
+class InvalidArgument(RunplaneError):
+    """The caller sent something malformed; ``field`` names what."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class NotFound(RunplaneError):
+    """The object does not exist, or belongs to another account (the two look the same)."""
+
+
+class Unauthenticated(RunplaneError):
+    pass
+
+
+class PermissionDenied(RunplaneError):
+    pass
+
+
+class FailedPrecondition(RunplaneError):
+    """The request is well formed but the object's state forbids it."""
+
+
+class ServiceUnavailable(RunplaneError):
+    """An outside system (Postgres, Redis, RabbitMQ, Kubernetes) did not answer."""
+
+
+class LaunchError(RunplaneError):
+    """A launcher could not start a runner. ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after

@@ -1,0 +1,98 @@
+"""Numbered SQL migrations, applied in order under an advisory lock.
+
+Safe to run from several processes at once: the first takes the lock and applies what is missing,
+the others wait for it and then find nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+from runplane.db import redact
+from runplane.errors import ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+# Any fixed 64-bit number; it names the "migrating" advisory lock.
+_MIGRATION_LOCK_KEY = 0x72756E706C616E65  # "runplane"
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    """Every migration shipped with runplane, in order."""
+    found: list[Migration] = []
+    folder = resources.files("runplane.sql").joinpath("migrations")
+    for entry in folder.iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return found
+
+
+def migrate(database_url: str) -> list[int]:
+    """Apply missing migrations; returns the versions applied by this call."""
+    try:
+        conn = psycopg.connect(database_url, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"cannot reach Postgres at {redact(database_url)}: {exc}") from exc
+    applied_now: list[int] = []
+    with conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            for migration in migrations():
+                if migration.version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+                log.info("applied migration", extra={"version": migration.version, "migration": migration.name})
+                applied_now.append(migration.version)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
+    return applied_now
+
+
+def ensure_database(database_url: str) -> bool:
+    """Create the database named in the URL if it does not exist; True when it was created."""
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    name = str(info.get("dbname") or "")
+    if not name:
+        return False
+    admin = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if exists:
+                return False
+            try:
+                conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+            except psycopg.errors.DuplicateDatabase:
+                return False
+            return True
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"cannot reach Postgres at {redact(admin)}: {exc}") from exc

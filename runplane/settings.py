@@ -1,0 +1,74 @@
+"""Typed settings, read from RUNPLANE_* environment variables (nested groups use ``__``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Address the gRPC API listens on.")
+    port: int = Field(50051, description="Port of the gRPC API.")
+    max_page_size: int = Field(500, description="Largest page a List call returns.")
+    log_poll_interval: float = Field(0.5, description="How often StreamRunLogs polls a live run.")
+
+
+class OrchestratorSettings(BaseModel):
+    heartbeat_interval: float = Field(2.0, description="Seconds between queuer-worker heartbeats.")
+    dead_after_intervals: int = Field(3, description="Missed heartbeats before a worker is dead.")
+    reconcile_interval: float = Field(10.0, description="Seconds between full version reconciles.")
+    assign_batch_size: int = Field(500, description="Jobs per Assign message.")
+    rebalance_tolerance: float = Field(0.10, description="Allowed deviation from the mean per worker.")
+    claim_timeout: float = Field(15.0, description="Seconds before an unclaimed Assign is resent.")
+
+
+class QueuerSettings(BaseModel):
+    prefetch: int = Field(16, description="Unacked bus messages a worker takes at once.")
+
+
+class SchedulerSettings(BaseModel):
+    interval: float = Field(1.0, description="Seconds between scheduler-loop passes.")
+    start_timeout: float = Field(120.0, description="Seconds a run may stay starting.")
+    launch_attempts: int = Field(3, description="Launches tried before a run fails.")
+    launch_backoff: float = Field(2.0, description="Base seconds of the relaunch backoff.")
+
+
+class DispatcherSettings(BaseModel):
+    lock_ttl_ms: int = Field(10_000, description="Expiry of an account's Redis lock.")
+    batch_size: int = Field(200, description="Queued runs one dispatch pass looks at per account.")
+    launcher: str = Field("local", description="local, noop or kubernetes.")
+    cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
+    prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
+
+
+class RunnerSettings(BaseModel):
+    lease_seconds: float = Field(30.0, description="A runner silent this long is lost.")
+    heartbeat_interval: float = Field(5.0, description="Seconds between lease renewals.")
+    cancel_grace: float = Field(10.0, description="Seconds between SIGTERM and SIGKILL.")
+    work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
+    retry_backoff_base: float = Field(10.0, description="First retry delay in seconds.")
+    retry_backoff_cap: float = Field(600.0, description="Longest retry delay in seconds.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RUNPLANE_", env_nested_delimiter="__")
+
+    database_url: str = Field(
+        "postgresql://postgres@127.0.0.1:5432/runplane", description="Postgres, the system of record."
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis, for account locks.")
+    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ, the bus.")
+    bus_prefix: str = Field("runplane", description="Prefix of every exchange and queue name.")
+    redis_prefix: str = Field("runplane", description="Prefix of every Redis key.")
+    log_format: str = Field("auto", description="json, text or auto (text on a terminal).")
+    log_level: str = Field("INFO")
+    metrics_port: int = Field(0, description="Prometheus /metrics port; 0 turns it off.")
+    otlp_endpoint: str = Field("", description="OTLP traces endpoint; empty turns tracing off.")
+    drain_seconds: float = Field(20.0, description="Bound on shutdown after SIGTERM.")
+
+    api: ApiSettings = ApiSettings()
+    orchestrator: OrchestratorSettings = OrchestratorSettings()
+    queuer: QueuerSettings = QueuerSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    dispatcher: DispatcherSettings = DispatcherSettings()
+    runner: RunnerSettings = RunnerSettings()

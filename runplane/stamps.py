@@ -1,0 +1,75 @@
+"""Term and logical clock: the order of everything the orchestrator says.
+
+The leader increments and persists its term on election and counts a clock from 0; every message
+carries ``(term, clock)``. A receiver applies a message for a job only when its stamp is newer than
+the last it applied for that job, and never one from a term older than the newest it has seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import total_ordering
+
+from runplane.v1 import bus_pb2
+
+
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    term: int
+    clock: int
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Stamp):
+            return NotImplemented
+        return (self.term, self.clock) < (other.term, other.clock)
+
+    def to_proto(self) -> bus_pb2.Stamp:
+        return bus_pb2.Stamp(term=self.term, clock=self.clock)
+
+    @classmethod
+    def from_proto(cls, msg: bus_pb2.Stamp) -> Stamp:
+        return cls(msg.term, msg.clock)
+
+
+ZERO = Stamp(0, 0)
+
+
+@dataclass
+class LogicalClock:
+    """The leader's side: one term, a clock incremented per message."""
+
+    term: int
+    clock: int = 0
+
+    def tick(self) -> Stamp:
+        self.clock += 1
+        return Stamp(self.term, self.clock)
+
+
+@dataclass
+class StampGate:
+    """The receiver's side: decides whether a message is new enough to apply."""
+
+    newest_term: int = 0
+    applied: dict[int, Stamp] = field(default_factory=dict)
+
+    def observe_term(self, term: int) -> bool:
+        """Note a term; False when it is older than the newest seen (drop the message)."""
+        if term < self.newest_term:
+            return False
+        self.newest_term = term
+        return True
+
+    def admit(self, job_id: int, stamp: Stamp) -> bool:
+        """True (and recorded) when ``stamp`` is newer than everything applied for ``job_id``."""
+        if not self.observe_term(stamp.term):
+            return False
+        last = self.applied.get(job_id)
+        if last is not None and stamp <= last:
+            return False
+        self.applied[job_id] = stamp
+        return True
+
+    def forget(self, job_id: int) -> None:
+        self.applied.pop(job_id, None)

@@ -1,0 +1,94 @@
+"""The words of the design as types: ids, run statuses (dbt Cloud codes), job types, triggers."""
+
+from __future__ import annotations
+
+import enum
+from typing import NewType
+
+AccountId = NewType("AccountId", int)
+JobId = NewType("JobId", int)
+RunId = NewType("RunId", int)
+WorkerId = NewType("WorkerId", str)
+
+
+class RunStatus(enum.IntEnum):
+    """Run statuses; the values are the dbt Cloud API codes and the proto enum values."""
+
+    QUEUED = 1
+    STARTING = 2
+    RUNNING = 3
+    SUCCESS = 10
+    ERROR = 20
+    CANCELLED = 30
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED})
+
+
+class JobType(enum.StrEnum):
+    DEPLOY = "deploy"
+    CI = "ci"
+    MERGE = "merge"
+    ADHOC = "adhoc"
+
+
+class Trigger(enum.StrEnum):
+    SCHEDULE = "schedule"
+    API = "api"
+    MANUAL = "manual"
+    CI = "ci"
+    MERGE = "merge"
+    COMPLETION = "completion"
+    RETRY = "retry"
+
+
+class WaitingReason(enum.StrEnum):
+    """Why a queued run has not been dispatched yet (shown on the run)."""
+
+    NONE = ""
+    NO_RUN_SLOT = "no_run_slot"
+    JOB_ALREADY_RUNNING = "job_already_running"
+    MERGE_IN_PROGRESS = "merge_in_progress"
+    LAUNCH_BACKOFF = "launch_backoff"
+
+
+# Proto enums number job types and triggers; the database stores their names.
+JOB_TYPE_TO_PROTO: dict[JobType, int] = {
+    JobType.DEPLOY: 1,
+    JobType.CI: 2,
+    JobType.MERGE: 3,
+    JobType.ADHOC: 4,
+}
+JOB_TYPE_FROM_PROTO: dict[int, JobType] = {v: k for k, v in JOB_TYPE_TO_PROTO.items()}
+
+TRIGGER_TO_PROTO: dict[Trigger, int] = {
+    Trigger.SCHEDULE: 1,
+    Trigger.API: 2,
+    Trigger.MANUAL: 3,
+    Trigger.CI: 4,
+    Trigger.MERGE: 5,
+    Trigger.COMPLETION: 6,
+    Trigger.RETRY: 7,
+}
+TRIGGER_FROM_PROTO: dict[int, Trigger] = {v: k for k, v in TRIGGER_TO_PROTO.items()}
+
+
+def takes_run_slot(job_type: JobType) -> bool:
+    """CI runs take no run slot; every other run does."""
+    return job_type is not JobType.CI
+
+
+def schedule_idempotency_key(job_id: int, unix_ts: int) -> str:
+    return f"sched:{job_id}:{unix_ts}"
+
+
+def completion_idempotency_key(upstream_run_id: int, job_id: int) -> str:
+    return f"done:{upstream_run_id}:{job_id}"
+
+
+def retry_idempotency_key(parent_run_id: int) -> str:
+    return f"retry:{parent_run_id}"

@@ -1,0 +1,136 @@
+"""``runplane up``: the whole system on one machine, one OS process per service.
+
+Nothing is restarted silently: if any service exits, every other one is stopped and ``up`` exits
+non-zero naming it. Ctrl-C or SIGTERM stops them all: SIGTERM first, SIGKILL after the drain bound,
+and the same for anything they started (local runners), so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from runplane.settings import Settings
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    descendants: set[int] = field(default_factory=set)
+
+
+def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher: str | None) -> list[Child]:
+    """The processes ``up`` starts, each with its own metrics port when metrics are on."""
+    base = os.environ.copy()
+    if launcher:
+        base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
+    exe = [sys.executable, "-m", "runplane"]
+    names = ["api", "orchestrator"]
+    names += [f"queuer-worker-{i + 1}" for i in range(queuer_workers)]
+    names += ["scheduler"]
+    names += [f"dispatcher-{i + 1}" for i in range(dispatchers)]
+    children = []
+    for index, name in enumerate(names):
+        env = dict(base)
+        if settings.metrics_port:
+            env["RUNPLANE_METRICS_PORT"] = str(settings.metrics_port + index)
+        command = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
+        children.append(Child(name, [*exe, command], env))
+    return children
+
+
+def metrics_ports(children: list[Child]) -> dict[str, str]:
+    return {c.name: c.env["RUNPLANE_METRICS_PORT"] for c in children if "RUNPLANE_METRICS_PORT" in c.env}
+
+
+def _remember_descendants(children: list[Child]) -> None:
+    for child in children:
+        if child.process is None or child.process.poll() is not None:
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.descendants |= {p.pid for p in psutil.Process(child.process.pid).children(recursive=True)}
+
+
+def stop_all(children: list[Child], drain_seconds: float) -> None:
+    """SIGTERM every child, wait up to the drain bound, then SIGKILL what is left (with descendants)."""
+    _remember_descendants(children)
+    for child in children:
+        if child.process and child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + drain_seconds
+    for child in children:
+        if child.process is None:
+            continue
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+    leftovers = []
+    for pid in set().union(*(c.descendants for c in children)):
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            leftovers.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(leftovers, timeout=5)
+    for proc in alive:
+        proc.kill()
+
+
+def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int, launcher: str | None) -> int:
+    from runplane.migrate import ensure_database, migrate
+
+    ensure_database(settings.database_url)
+    migrate(settings.database_url)
+    banner: list[str] = []
+    if demo:
+        from runplane.demo import seed_demo
+
+        banner = seed_demo(settings)
+    children = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for child in children:
+        # Own process group: a terminal's Ctrl-C reaches only `up`, which stops the rest in order.
+        child.process = subprocess.Popen(child.argv, env=child.env, start_new_session=True)
+        print(f"started {child.name} (pid {child.process.pid})", flush=True)
+    print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
+    for port_line in (f"  metrics of {n}: http://127.0.0.1:{p}/metrics" for n, p in metrics_ports(children).items()):
+        print(port_line, flush=True)
+    for line in banner:
+        print(line, flush=True)
+    exit_code = 0
+    try:
+        while not stopping:
+            _remember_descendants(children)
+            dead = [c for c in children if c.process is not None and c.process.poll() is not None]
+            if dead:
+                for child in dead:
+                    code = child.process.returncode if child.process else None
+                    print(f"runplane: {child.name} exited with code {code}; stopping everything", file=sys.stderr)
+                exit_code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        print("stopping runplane ...", flush=True)
+        stop_all(children, settings.drain_seconds + 5)
+        print("stopped", flush=True)
+    return exit_code

@@ -1,0 +1,147 @@
+"""Test fixtures on the real Postgres, Redis and RabbitMQ of this machine.
+
+Every test gets a fresh database cloned from a template migrated once per test session, and its own
+bus and Redis prefixes, so tests cannot see each other (even from parallel checkouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+import redis
+
+from runplane.migrate import migrate
+from runplane.preflight import ensure_services
+from runplane.settings import Settings
+
+BASE = Settings()
+ADMIN_URL = psycopg.conninfo.make_conninfo(BASE.database_url, dbname="postgres")
+
+
+def _db_url(name: str) -> str:
+    return psycopg.conninfo.make_conninfo(BASE.database_url, dbname=name)
+
+
+def _drop(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
+    conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _services() -> None:
+    problems = ensure_services(BASE, say=lambda _: None)
+    if problems:
+        pytest.exit("\n".join(problems), returncode=3)
+
+
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    """A migrated database that every test's database is cloned from."""
+    name = f"rp_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    migrate(_db_url(name))
+    yield name
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        _drop(conn, name)
+
+
+@pytest.fixture
+def database_url(template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    name = f"rp_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Identifier(template_db)
+            )
+        )
+    yield _db_url(name)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        _drop(conn, name)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique prefix for this test's queues and Redis keys."""
+    return f"rpt{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(database_url: str, prefix: str) -> Settings:
+    return Settings(database_url=database_url, bus_prefix=prefix, redis_prefix=prefix, log_format="text")
+
+
+@pytest.fixture
+def service_env(settings: Settings) -> dict[str, str]:
+    """Environment for service processes started by a test."""
+    env = os.environ.copy()
+    env.update(
+        RUNPLANE_DATABASE_URL=settings.database_url,
+        RUNPLANE_BUS_PREFIX=settings.bus_prefix,
+        RUNPLANE_REDIS_PREFIX=settings.redis_prefix,
+        RUNPLANE_LOG_FORMAT="text",
+    )
+    return env
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A plain connection to this test's database, for arranging and asserting."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def _cleanup_bus(prefix: str) -> AsyncIterator[None]:
+    yield
+    await delete_queues(prefix)
+
+
+async def delete_queues(prefix: str) -> None:
+    """Delete every queue a test made (names start with its prefix)."""
+    import aio_pika
+
+    from runplane.bus import Topology
+
+    connection = await aio_pika.connect(BASE.amqp_url)
+    try:
+        channel = await connection.channel()
+        topo = Topology(prefix)
+        for name in (topo.assign, topo.orchestrator, topo.pickup):
+            try:
+                await channel.queue_delete(name)
+            except Exception:
+                channel = await connection.channel()
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(autouse=True)
+def _redis_cleanup(prefix: str) -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(BASE.redis_url)
+    try:
+        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """A test must not leave asyncio tasks running (kopf's _no_asyncio_pending_tasks)."""
+    before = set(asyncio.all_tasks())
+    yield
+    for _ in range(50):
+        leaked = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
+        if not leaked:
+            return
+        await asyncio.sleep(0.02)
+    names = sorted(t.get_name() for t in leaked)
+    pytest.fail(f"leaked asyncio tasks: {names}")

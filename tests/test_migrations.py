@@ -1,0 +1,88 @@
+"""Migrations: from empty they give the same schema every time, and they are safe to repeat and race."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from runplane.migrate import migrate, migrations
+from tests.conftest import ADMIN_URL, _db_url, _drop
+
+SCHEMA_QUERY = """
+SELECT table_name, column_name, data_type, is_nullable, column_default
+FROM information_schema.columns WHERE table_schema = 'public'
+ORDER BY table_name, ordinal_position
+"""
+INDEX_QUERY = "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexname"
+
+
+@pytest.fixture
+def empty_db() -> Iterator[str]:
+    name = f"rp_empty_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    yield _db_url(name)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        _drop(conn, name)
+
+
+def _schema(url: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(SCHEMA_QUERY).fetchall(), conn.execute(INDEX_QUERY).fetchall()
+
+
+def test_migrating_from_empty_gives_the_template_schema(empty_db: str, database_url: str) -> None:
+    applied = migrate(empty_db)
+    assert applied == [m.version for m in migrations()]
+    assert _schema(empty_db) == _schema(database_url)
+    tables = {row[0] for row in _schema(empty_db)[0]}
+    assert {
+        "accounts", "api_tokens", "jobs", "job_completion_triggers", "runs", "run_steps", "run_log_chunks",
+        "artifacts", "orchestrator_term", "queuer_workers", "job_ownership", "schema_migrations",
+    } <= tables  # fmt: skip
+    indexes = dict(_schema(empty_db)[1])
+    assert "WHERE (status = 1)" in indexes["runs_queued_idx"]
+    assert "UNIQUE" in indexes["runs_idempotency_key_key"]
+
+
+def test_migrate_twice_is_a_no_op(empty_db: str) -> None:
+    assert migrate(empty_db)
+    before = _schema(empty_db)
+    assert migrate(empty_db) == []
+    assert _schema(empty_db) == before
+
+
+def test_migrate_from_two_processes_at_once(empty_db: str) -> None:
+    env = {"RUNPLANE_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin", "RUNPLANE_LOG_FORMAT": "text"}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "runplane", "migrate"], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert sum("migrations applied" in out for out in outputs) == 1
+    assert sum("up to date" in out for out in outputs) == 2
+    with psycopg.connect(empty_db) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == [m.version for m in migrations()]
+
+
+def test_every_job_change_that_bumps_the_version_notifies(db: psycopg.Connection[tuple[object, ...]]) -> None:
+    db.execute("LISTEN runplane_jobs")
+    (account_id,) = db.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id").fetchone()  # type: ignore[misc]
+    (job_id,) = db.execute(  # type: ignore[misc]
+        "INSERT INTO jobs (account_id, name, job_type, steps) VALUES (%s, 'j', 'deploy', ARRAY['true']) RETURNING id",
+        (account_id,),
+    ).fetchone()
+    db.execute("UPDATE jobs SET consecutive_failures = 3 WHERE id = %s", (job_id,))  # not scheduling: quiet
+    db.execute("UPDATE jobs SET cron = '* * * * *', version = version + 1 WHERE id = %s", (job_id,))
+    payloads = [n.payload for n in db.notifies(timeout=1, stop_after=3)]
+    assert payloads == [
+        f'{{"job_id" : {job_id}, "version" : 1, "op" : "insert"}}',
+        f'{{"job_id" : {job_id}, "version" : 2, "op" : "update"}}',
+    ]
