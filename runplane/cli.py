@@ -34,10 +34,12 @@ def _entry(module: str, name: str) -> Callable[..., Any]:
 
 def _serve(command: str, settings: Settings) -> int:
     from runplane.supervise import run_until_stopped
+    from runplane.telemetry import setup_metrics
 
     module, function = SERVICES[command]
     serve: Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]] = _entry(module, function)
     logs.configure(command, fmt=settings.log_format, level=settings.log_level)
+    setup_metrics(command, settings.metrics_port)
     asyncio.run(run_until_stopped(command, lambda stop: serve(settings, stop), drain_seconds=settings.drain_seconds))
     return 0
 
