@@ -145,6 +145,16 @@ CREATE TABLE queuer_workers (
     jobs_owned         integer NOT NULL DEFAULT 0
 );
 
+-- Live dispatchers: each upserts its row every few seconds (for `runplane status` and dashboards).
+CREATE TABLE dispatchers (
+    dispatcher_id  text PRIMARY KEY,
+    cluster        text NOT NULL,
+    launcher       text NOT NULL,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    last_seen_at   timestamptz NOT NULL DEFAULT now(),
+    dispatched     bigint NOT NULL DEFAULT 0   -- runs this process moved to starting
+);
+
 -- Which worker owns which job; 'pending' until the worker answers Claimed.
 CREATE TABLE job_ownership (
     job_id        bigint PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
