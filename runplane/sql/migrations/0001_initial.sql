@@ -86,6 +86,7 @@ CREATE TABLE runs (
     heartbeat_at         timestamptz,
     pod_name             text NOT NULL DEFAULT '',
     cluster              text NOT NULL DEFAULT '',
+    trace_parent         text NOT NULL DEFAULT '',     -- W3C traceparent of the span that queued the run
     scheduled_at         timestamptz NOT NULL,        -- cron fire time, or trigger time
     queued_at            timestamptz NOT NULL DEFAULT clock_timestamp(),
     dispatched_at        timestamptz,
