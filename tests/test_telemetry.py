@@ -41,7 +41,8 @@ def test_instruments_are_scraped_with_prometheus_names_and_buckets() -> None:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    body = response.read().decode()
                 break
             except OSError:
                 time.sleep(0.1)
@@ -66,4 +67,4 @@ def test_instruments_are_scraped_with_prometheus_names_and_buckets() -> None:
         assert "otel_scope_name" not in body
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
