@@ -83,7 +83,8 @@ async def status_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
 
 def deploy_job(name: str = "nightly", **fields: Any) -> jobs_pb2.CreateJobRequest:
     fields.setdefault("steps", ["echo hello"])
-    return jobs_pb2.CreateJobRequest(name=name, job_type=common_pb2.JOB_TYPE_DEPLOY, **fields)
+    fields.setdefault("job_type", common_pb2.JOB_TYPE_DEPLOY)
+    return jobs_pb2.CreateJobRequest(name=name, **fields)
 
 
 async def scalar(db: AsyncDb, query: str, *params: Any) -> Any:
