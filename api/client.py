@@ -33,35 +33,41 @@ else:  # the classes are not generic at run time
     _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
 
 
-class BearerToken(_UnaryUnary, _UnaryStream):
-    """Adds ``authorization: Bearer <token>`` to every call."""
+def _with_token(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add("authorization", f"Bearer {token}")
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
+
+# grpc files a channel interceptor under the first call kind it implements, so each kind needs
+# its own object.
+class _UnaryToken(_UnaryUnary):
     def __init__(self, token: str) -> None:
         self._token = token
-
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add("authorization", f"Bearer {self._token}")
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
 
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(_with_token(client_call_details, self._token), request)
+
+
+class _StreamToken(_UnaryStream):
+    def __init__(self, token: str) -> None:
+        self._token = token
 
     async def intercept_unary_stream(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(_with_token(client_call_details, self._token), request)
 
 
 def channel(target: str, token: str | None) -> grpc.aio.Channel:
     """A channel to the API that sends ``token`` with every call (none when None)."""
     return grpc.aio.insecure_channel(
         target,
-        interceptors=[BearerToken(token)] if token is not None else None,  # type: ignore[list-item]
+        interceptors=[_UnaryToken(token), _StreamToken(token)] if token is not None else None,  # type: ignore[list-item]
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
     )
 
