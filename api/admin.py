@@ -46,7 +46,7 @@ DEMO_JOBS = [
     JobSpec(
         name="pr-checks",
         job_type=JobType.CI,
-        steps=["echo checking pull request in schema $RUNPLANE_SCHEMA"],
+        steps=["echo checking the pull request"],
         on_pull_request=True,
     ),
 ]
