@@ -21,7 +21,11 @@ from runplane.errors import Unauthenticated
 from runplane.types import AccountId
 
 # Services that answer without a token.
-OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")
+OPEN_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
 TOKEN_PREFIX_LENGTH = 8
 
 _account: contextvars.ContextVar[AccountId] = contextvars.ContextVar("runplane_account")

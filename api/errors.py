@@ -12,7 +12,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
-import psycopg
 
 from runplane.errors import (
     FailedPrecondition,
@@ -41,9 +40,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     for cls, code in _CODES:
         if isinstance(exc, cls):
             return code, str(exc)
-    if isinstance(exc, psycopg.OperationalError):
-        # The pool lost Postgres mid-call: the client may retry.
-        return grpc.StatusCode.UNAVAILABLE, "the database is unavailable; try again"
     return grpc.StatusCode.INTERNAL, "internal error"
 
 

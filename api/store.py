@@ -7,16 +7,21 @@ Methods take the connection to use, so a caller can put several of them in one t
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
+from runplane.errors import ServiceUnavailable
 from runplane.sql import load_queries
 from runplane.types import AccountId, JobId, RunId, RunStatus
+
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 QUERIES = load_queries("api")
@@ -28,13 +33,13 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        async with transaction(self._pool) as conn:
+        async with _database_errors(), transaction(self._pool) as conn:
             yield conn
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """A pooled connection in autocommit mode: each statement commits on its own."""
-        async with self._pool.connection() as conn:
+        async with _database_errors(), self._pool.connection() as conn:
             yield conn
 
     # accounts and tokens
@@ -182,6 +187,18 @@ class Store:
 
     async def get_artifact(self, conn: Connection, run_id: RunId, path: str) -> Row | None:
         return await _one(conn, "get_artifact", run_id=run_id, path=path)
+
+
+@contextlib.asynccontextmanager
+async def _database_errors() -> AsyncIterator[None]:
+    """Postgres going away (or a pool with no free connection) becomes ServiceUnavailable."""
+    try:
+        yield
+    except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+        raise ServiceUnavailable("a concurrent change conflicted with this one; try again") from exc
+    except psycopg.OperationalError as exc:  # includes psycopg_pool.PoolTimeout
+        log.warning("database unavailable: %s", exc)
+        raise ServiceUnavailable("the database is unavailable; try again") from exc
 
 
 def _job_params(spec: JobSpec) -> dict[str, Any]:

@@ -332,6 +332,24 @@ async def test_delete_hides_the_job_and_cancels_its_queued_runs(client: Client, 
     assert code is grpc.StatusCode.NOT_FOUND
 
 
+async def test_deleting_an_upstream_job_drops_the_completion_triggers_on_it(client: Client, adb: AsyncDb) -> None:
+    upstream = await client.jobs.CreateJob(deploy_job("upstream"))
+    downstream = await client.jobs.CreateJob(
+        deploy_job(
+            "downstream",
+            triggers=jobs_pb2.JobTriggers(
+                on_completion=[
+                    jobs_pb2.CompletionTrigger(upstream_job_id=upstream.id, statuses=[common_pb2.RUN_STATUS_SUCCESS])
+                ]
+            ),
+        )
+    )
+    await client.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=upstream.id))
+    after = await client.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=downstream.id))
+    assert list(after.triggers.on_completion) == [] and after.version == downstream.version + 1
+    assert await scalar(adb, "SELECT count(*) FROM job_completion_triggers") == 0
+
+
 async def test_every_scheduling_write_notifies_with_the_new_version(client: Client, database_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as listener:
         await listener.execute("LISTEN runplane_jobs")

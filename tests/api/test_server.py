@@ -10,14 +10,13 @@ import sys
 import time
 
 import grpc
-import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from api.client import channel
 from api.errors import status_of
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceUnavailable, Unauthenticated
-from runplane.v1 import runs_pb2
+from runplane.v1 import jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, deploy_job
 from tests.api.conftest import status_of as call_status
 
@@ -44,8 +43,23 @@ def test_runplane_errors_map_to_their_status_codes() -> None:
     assert status_of(Unauthenticated("no"))[0] is grpc.StatusCode.UNAUTHENTICATED
     assert status_of(FailedPrecondition("no"))[0] is grpc.StatusCode.FAILED_PRECONDITION
     assert status_of(ServiceUnavailable("db down"))[0] is grpc.StatusCode.UNAVAILABLE
-    assert status_of(psycopg.OperationalError("connection lost"))[0] is grpc.StatusCode.UNAVAILABLE
     assert status_of(KeyError("x")) == (grpc.StatusCode.INTERNAL, "internal error")
+
+
+async def test_losing_the_database_connections_is_unavailable_then_recovers(client: Client, adb: AsyncDb) -> None:
+    job = await client.jobs.CreateJob(deploy_job())
+    await adb.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    codes = []
+    for _ in range(30):
+        code, details = await call_status(client.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id)))
+        codes.append(code)
+        if code is grpc.StatusCode.OK:
+            break
+        assert code is grpc.StatusCode.UNAVAILABLE and "try again" in details, (code, details)
+    assert grpc.StatusCode.UNAVAILABLE in codes and codes[-1] is grpc.StatusCode.OK, codes
 
 
 def free_port() -> int:
