@@ -6,7 +6,6 @@ import asyncio
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from api.auth import token_hash
 from api.client import channel
@@ -71,21 +70,6 @@ async def test_health_turns_not_serving_when_the_server_drains(api: RunningApi) 
         assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING  # type: ignore[union-attr]
         watch.cancel()
         await asyncio.wait_for(stopping, 10)
-
-
-async def test_reflection_lists_the_services_without_a_token(api: RunningApi) -> None:
-    async with channel(f"127.0.0.1:{api.port}", None) as chan:
-        stub = reflection_pb2_grpc.ServerReflectionStub(chan)
-        call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-        names = set()
-        async for response in call:
-            names |= {s.name for s in response.list_services_response.service}
-        assert {"runplane.v1.JobService", "runplane.v1.RunService", "grpc.health.v1.Health"} <= names
-        call = stub.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="runplane.v1.RunService")])
-        )
-        async for response in call:
-            assert response.file_descriptor_response.file_descriptor_proto
 
 
 async def _drain(stream: object) -> None:
