@@ -12,7 +12,6 @@ import logging
 import time
 
 from runplane.bus import AmqpBus, Topology
-from runplane.errors import ServiceUnavailable
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -30,37 +29,41 @@ class PickupPublisher:
 
     async def connect(self) -> bool:
         """Connect now if not connected; False (and a warning) when RabbitMQ does not answer."""
-        async with self._lock:
-            if self._bus is not None:
-                return True
-            if self._failed_at is not None and time.monotonic() - self._failed_at < self._retry_after:
-                return False
-            try:
-                self._bus = await asyncio.wait_for(AmqpBus.connect(self._amqp_url), self._timeout)
-                await asyncio.wait_for(self._bus.declare(self._queue), self._timeout)
-            except (ServiceUnavailable, TimeoutError, OSError) as exc:
-                self._failed_at = time.monotonic()
-                await self._drop()
-                log.warning("bus unavailable; queued runs wait for the scheduler loop's pass: %s", exc)
-                return False
-            self._failed_at = None
-            return True
+        return await self._connected() is not None
 
     async def publish(self, account_id: int) -> bool:
         """Send a Pickup for ``account_id``; False when it could not be sent."""
-        if not await self.connect():
+        bus = await self._connected()
+        if bus is None:
             return False
-        assert self._bus is not None
         message = bus_pb2.Pickup(account_id=account_id, sent_at_ms=int(time.time() * 1000))
         try:
-            await asyncio.wait_for(self._bus.publish(self._queue, message), self._timeout)
-        except (ServiceUnavailable, TimeoutError, OSError) as exc:
+            await asyncio.wait_for(bus.publish(self._queue, message), self._timeout)
+        except Exception as exc:  # a hint only: no bus failure may fail the trigger
             log.warning("pickup not published: %s", exc, extra={"account_id": account_id})
             async with self._lock:
                 self._failed_at = time.monotonic()
-                await self._drop()
+                if self._bus is bus:
+                    await self._drop()
             return False
         return True
+
+    async def _connected(self) -> AmqpBus | None:
+        async with self._lock:
+            if self._bus is not None:
+                return self._bus
+            if self._failed_at is not None and time.monotonic() - self._failed_at < self._retry_after:
+                return None
+            try:
+                self._bus = await asyncio.wait_for(AmqpBus.connect(self._amqp_url), self._timeout)
+                await asyncio.wait_for(self._bus.declare(self._queue), self._timeout)
+            except Exception as exc:  # a hint only: no bus failure may fail the trigger
+                self._failed_at = time.monotonic()
+                await self._drop()
+                log.warning("bus unavailable; queued runs wait for the scheduler loop's pass: %s", exc)
+                return None
+            self._failed_at = None
+            return self._bus
 
     async def close(self) -> None:
         async with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aio_pika
@@ -166,6 +167,14 @@ async def test_the_same_idempotency_key_returns_the_same_run(client: Client, oth
     a = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
     b = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
     assert a.id != b.id
+
+
+async def test_concurrent_triggers_with_one_key_make_one_run(client: Client, adb: AsyncDb) -> None:
+    job = await client.jobs.CreateJob(deploy_job())
+    request = runs_pb2.TriggerRunRequest(job_id=job.id, idempotency_key="webhook-delivery-7")
+    runs = await asyncio.gather(*(client.runs.TriggerRun(request) for _ in range(12)))
+    assert len({r.id for r in runs}) == 1
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 1
 
 
 async def test_a_deactivated_job_is_refused_by_api_and_reactivated_by_run_now(client: Client, adb: AsyncDb) -> None:
