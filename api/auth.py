@@ -12,11 +12,15 @@ import contextvars
 import hashlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from api.errors import status_boundary
+from runplane import tracing
 from runplane.errors import Unauthenticated
 from runplane.types import AccountId
 
@@ -27,6 +31,7 @@ OPEN_SERVICES = (
     "/grpc.reflection.v1.ServerReflection/",
 )
 TOKEN_PREFIX_LENGTH = 8
+_tracer = trace.get_tracer(__name__)
 
 _account: contextvars.ContextVar[AccountId] = contextvars.ContextVar("runplane_account")
 
@@ -108,9 +113,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
         async def unary(request: object, context: grpc.aio.ServicerContext[object, object]) -> object:
-            async with status_boundary(context, method):
-                _account.set(await self._authenticate(context))
-                return await behavior(request, context)
+            with _server_span(method, context):
+                async with status_boundary(context, method):
+                    _account.set(await self._authenticate(context))
+                    return await behavior(request, context)
             raise AssertionError("unreachable: the boundary aborts")
 
         return unary
@@ -119,9 +125,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         self, method: str, behavior: Callable[..., AsyncIterator[object]]
     ) -> Callable[..., AsyncIterator[object]]:
         async def stream(request: object, context: grpc.aio.ServicerContext[object, object]) -> AsyncIterator[object]:
-            async with status_boundary(context, method):
-                _account.set(await self._authenticate(context))
-                async for item in behavior(request, context):
-                    yield item
+            with _server_span(method, context):
+                async with status_boundary(context, method):
+                    _account.set(await self._authenticate(context))
+                    async for item in behavior(request, context):
+                        yield item
 
         return stream
+
+
+def _server_span(method: str, context: grpc.aio.ServicerContext[object, object]) -> ContextManager[Span]:
+    """A server span per call, continuing the caller's trace when its metadata carries one."""
+    metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    return _tracer.start_as_current_span(
+        method.rsplit("/", 1)[-1], context=tracing.extract(metadata), kind=SpanKind.SERVER,
+        attributes={"rpc.system": "grpc", "rpc.method": method},
+    )  # fmt: skip

@@ -14,6 +14,7 @@ from api import convert, paging
 from api.auth import current_account
 from api.store import Row, Store
 from api.validation import JobSpec, job_spec, positive_id
+from runplane import instruments
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.types import AccountId, JobId
@@ -86,6 +87,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             )
             await self._store.drop_completion_triggers_on(conn, job_id)
         log.info("job deleted", extra={"account_id": account_id, "job_id": job_id, "cancelled_runs": cancelled})
+        if cancelled:
+            instruments.cancellations.add(cancelled, {"reason": "job_deleted"})
         return jobs_pb2.DeleteJobResponse()
 
     async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Row:

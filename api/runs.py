@@ -14,6 +14,7 @@ from api.auth import current_account
 from api.pickup import PickupPublisher
 from api.store import Row, Store
 from api.validation import TriggerSpec, positive_id, run_statuses, text, trigger_spec
+from runplane import instruments, tracing
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.supervise import sleep_or_stop
@@ -79,7 +80,11 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             "run queued",
             extra={"account_id": account_id, "job_id": spec.job_id, "run_id": run.id, "trigger": spec.trigger.value},
         )
-        await self._pickups.publish(account_id)
+        attributes = {"trigger": spec.trigger.value, "job_type": row["job_type"]}
+        instruments.runs_queued.add(1, attributes)
+        instruments.trigger_lag.record((row["queued_at"] - row["scheduled_at"]).total_seconds(), attributes)
+        if await self._pickups.publish(account_id):
+            instruments.pickups_published.add(1, {"source": "api"})
         return run
 
     async def GetRun(self, request: runs_pb2.GetRunRequest, context: Context) -> runs_pb2.Run:
@@ -133,6 +138,8 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
                     row = await self._store.request_cancel(conn, account_id, run_id)
                 if row is not None:
                     log.info("run cancel requested", extra={"account_id": account_id, "run_id": run_id})
+                    if row["status"] == RunStatus.CANCELLED:
+                        instruments.cancellations.add(1, {"reason": "user"})
                     return await self._run(conn, row)
                 current = await self._existing(conn, account_id, run_id)
                 if RunStatus(current["status"]).is_terminal:
@@ -248,4 +255,5 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             "overrides": spec.overrides.as_json(),
             "pull_request_number": pull_request,
             "schema_name": schema,
+            "trace_parent": tracing.current_traceparent(),
         }
