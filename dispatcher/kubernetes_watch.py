@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import kubernetes.client
+import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -307,6 +308,8 @@ class _WatchStream:
                     return
                 if line:
                     self._send(json.loads(line))
+        except urllib3.exceptions.ReadTimeoutError:
+            pass  # the server kept a quiet watch open past its timeout: watch again from the last version
         except Exception as exc:
             if isinstance(exc, ApiException):
                 self._send(kubernetes_api.api_error(exc))
