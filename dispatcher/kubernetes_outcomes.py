@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
-from runplane.settings import SchedulerSettings
+from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunId
 
@@ -19,10 +19,11 @@ QUERIES = load_queries("dispatcher", "kubernetes_queries.sql")
 
 
 class PostgresPodOutcomes:
-    def __init__(self, pool: AsyncConnectionPool[Connection], scheduler: SchedulerSettings) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Connection], settings: Settings) -> None:
         self._pool = pool
-        self._launch_budget = scheduler.launch_attempts
-        self._backoff = scheduler.launch_backoff
+        self._launch_budget = settings.scheduler.launch_attempts
+        self._backoff = settings.scheduler.launch_backoff
+        self._orphan_grace = settings.kubernetes.orphan_grace_seconds
 
     async def memory_limit_exceeded(self, run_id: RunId, pod_name: str) -> bool:
         async with self._pool.connection() as conn:
@@ -44,7 +45,11 @@ class PostgresPodOutcomes:
     async def live_pods(self, pods: Sequence[tuple[RunId, str]]) -> set[str]:
         if not pods:
             return set()
-        params = {"run_ids": [run_id for run_id, _ in pods], "names": [name for _, name in pods]}
+        params = {
+            "run_ids": [run_id for run_id, _ in pods],
+            "names": [name for _, name in pods],
+            "grace": self._orphan_grace,
+        }
         async with self._pool.connection() as conn:
             cur = await conn.execute(QUERIES["live_pods"], params)
             return {str(row["name"]) for row in await cur.fetchall()}

@@ -37,9 +37,11 @@ RETURNING status, launch_attempts;
 
 -- name: live_pods
 -- A starting run may be between launches (its new Pod not recorded yet): any of its Pods is live.
--- A running run needs only the Pod its runner lives in.
+-- A running run needs only the Pod its runner lives in, and so does a run that just ended (its
+-- runner is still exiting). Pods of other runs, or of runs that do not exist, are orphans.
 SELECT p.name
   FROM unnest(%(run_ids)s::bigint[], %(names)s::text[]) AS p (run_id, name)
   JOIN runs r ON r.id = p.run_id
  WHERE r.status = 2
-    OR (r.status = 3 AND (r.pod_name = p.name OR r.pod_name = ''));
+    OR ((r.pod_name = p.name OR r.pod_name = '')
+        AND (r.status = 3 OR r.finished_at > clock_timestamp() - make_interval(secs => %(grace)s)));

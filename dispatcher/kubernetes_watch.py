@@ -284,12 +284,15 @@ class _WatchStream:
 
     def close(self) -> None:
         self._closed.set()
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
         response = self._response
         if response is not None:
             with contextlib.suppress(Exception):
                 response.shutdown()  # unblocks a read in progress (urllib3 >= 2.3)
             with contextlib.suppress(Exception):
-                response.release_conn()
+                response.close()  # drop the connection, not back to the pool: the server ends its stream
 
     def _send(self, item: dict[str, Any] | BaseException | None) -> None:
         if self._closed.is_set():
@@ -309,7 +312,7 @@ class _WatchStream:
                 if line:
                     self._send(json.loads(line))
         except urllib3.exceptions.ReadTimeoutError:
-            pass  # the server kept a quiet watch open past its timeout: watch again from the last version
+            self._drop_connection()  # the server kept a quiet watch open past its timeout: watch again
         except Exception as exc:
             if isinstance(exc, ApiException):
                 self._send(kubernetes_api.api_error(exc))

@@ -70,6 +70,9 @@ class KubernetesSettings(BaseModel):
     )
     pod_retention_seconds: float = Field(300.0, description="How long finished Pods are kept (for logs).")
     sweep_interval: float = Field(15.0, description="Seconds between retention and orphan sweeps.")
+    orphan_grace_seconds: float = Field(
+        60.0, description="A running Pod whose run ended less than this ago is left to exit by itself."
+    )
     watch_timeout_seconds: int = Field(60, description="Server-side timeout of one watch request.")
     relist_backoff: float = Field(1.0, description="Pause before relisting after a failed watch.")
     request_timeout: float = Field(10.0, description="Seconds one API request may take.")

@@ -25,6 +25,7 @@ def k8s_settings(cluster: str = "east", **kubernetes: Any) -> Settings:
         "relist_backoff": 0.1,
         "sweep_interval": 0.2,
         "pod_retention_seconds": 0.6,
+        "orphan_grace_seconds": 0.3,
     }
     values.update(kubernetes)
     return Settings(
