@@ -203,10 +203,11 @@ async def test_finished_pods_are_deleted_after_retention(cluster: Cluster, db: D
 
 async def test_watch_410_gone_relists_and_keeps_reconciling(kmock: Any, cluster: Cluster, db: Db) -> None:
     """The first watch is scripted to answer ERROR 410; the watcher lists again and keeps watching."""
-    # The cluster fixture already started watching; script the *next* watch, then end the current one.
-    kmock["watch pods"][:1] << ({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}},)
+    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    gone = kmock["watch pods"][:1] << (expired,)
     relists = cluster.watcher.relists
-    await _until(lambda: cluster.watcher.relists > relists, timeout=10)  # the running watch ends at its timeout
+    await _until(lambda: cluster.watcher.relists > relists, timeout=10)
+    assert len(list(gone)) == 1  # the 410 was served, and answered by a relist
     run_id = _run(db, RunStatus.RUNNING)
     pod = await _launch(cluster, db, run_id)
     await cluster.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
