@@ -40,7 +40,8 @@ class KubernetesApiError(RunplaneError):
 
     @property
     def transient(self) -> bool:
-        return self.status in {0, 429} or self.status >= 500
+        # 401: the service account token is being rotated; anything else in 4xx is a rejection.
+        return self.status in {0, 401, 429} or self.status >= 500
 
 
 def configuration(settings: KubernetesSettings) -> kubernetes.client.Configuration:

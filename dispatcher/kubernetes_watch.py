@@ -125,7 +125,11 @@ class PodWatcher:
         self._pods = {view.name: view for view in views}
         self._terminal_since = {name: t for name, t in self._terminal_since.items() if name in self._pods}
         for view in views:
-            await self._reconcile(view)
+            if view.terminal:
+                await self._reconcile(view)
+        # Active Pods in one query: after a restart there may be thousands.
+        active = [(view.run_id, view.name) for view in views if not view.terminal and view.run_id is not None]
+        await self._delete_orphans(active)
         return str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, version: str, stop: asyncio.Event) -> str:
@@ -206,8 +210,7 @@ class PodWatcher:
                 if await self._outcomes.failed_before_claim(view.run_id, view.name, view.reason):
                     log.info("pod failed before the runner claimed the run", extra={**fields, "reason": view.reason})
             case PodState.ACTIVE:
-                if view.name not in await self._outcomes.live_pods([(view.run_id, view.name)]):
-                    await self._delete(view.name, "its run is not live")
+                await self._delete_orphans([(view.run_id, view.name)])
             case PodState.SUCCEEDED:
                 pass  # the runner recorded the outcome; the Pod stays for its retention period
 
@@ -229,11 +232,15 @@ class PodWatcher:
                     await self._delete(view.name, "retention period over")
             elif view.run_id is not None:
                 active.append((view.run_id, view.name))
-        if active:
-            live = await self._outcomes.live_pods(active)
-            for _, name in active:
-                if name not in live:
-                    await self._delete(name, "its run is not live")
+        await self._delete_orphans(active)
+
+    async def _delete_orphans(self, active: list[tuple[RunId, str]]) -> None:
+        if not active:
+            return
+        live = await self._outcomes.live_pods(active)
+        for _, name in active:
+            if name not in live:
+                await self._delete(name, "its run is not live")
 
     def _finished_at(self, view: PodView, now: float) -> float:
         if view.finished_at is not None:
