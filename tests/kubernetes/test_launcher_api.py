@@ -66,8 +66,8 @@ async def test_a_new_attempt_is_a_new_pod(launcher: KubernetesLauncher, kmock: A
     assert len(list(kmock.objects)) == 2
 
 
-async def test_list_by_label_watch_and_delete(launcher: KubernetesLauncher, kmock: Any, kube_url: str) -> None:
-    """List and watch go through the watcher's code; here: the raw calls the watcher makes, and delete."""
+async def test_list_by_label_and_delete(launcher: KubernetesLauncher, kmock: Any, kube_url: str) -> None:
+    """The list call the watcher makes (watching: test_pod_watcher.py and test_watch_resume.py), and delete."""
     import kubernetes.client
 
     await launcher.launch(REQUEST)
