@@ -1,0 +1,150 @@
+"""Running the planned cases: repetitions, a time budget, failures recorded rather than fatal, and
+the records, table and plots written at the end."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.records import Sample, Unavailable, aggregate
+from bench.scenarios import Case
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    samples: list[Sample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome:
+    """Repeat each case; stop repeating a case that timed out, failed or is unavailable, and skip
+    repetitions the remaining budget cannot hold."""
+    outcome = Outcome()
+    deadline = time.monotonic() + budget
+    for case in cases:
+        where = f"{case.scenario} / {case.system} / n={case.n:,}"
+        if case.note:
+            outcome.notes.append(f"{where}: {case.note}")
+        for index in range(case.repeats):
+            remaining = deadline - time.monotonic()
+            if remaining < case.estimate:
+                reason = (
+                    f"run {index + 1} skipped: {remaining:.0f} s of the time budget left,"
+                    f" it needs ~{case.estimate:.0f} s"
+                )
+                outcome.samples.append(_note_sample(case, "skipped", reason))
+                say(f"{where}: {reason}")
+                break
+            say(f"{where}: run {index + 1} of {case.repeats}")
+            began = time.monotonic()
+            try:
+                measurements = case.measure()
+            except Unavailable as exc:
+                outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
+                say(f"{where}: UNAVAILABLE: {exc}")
+                break
+            except TimeoutError as exc:
+                outcome.samples.append(
+                    Sample(case.scenario, case.system, case.n, "timed_out", 1.0, "runs", _first_line(exc))
+                )
+                say(f"{where}: timed out: {exc}")
+                break
+            except Exception as exc:
+                outcome.samples.append(_note_sample(case, "error", f"{type(exc).__name__}: {_first_line(exc)}"))
+                say(f"{where}: FAILED:\n{traceback.format_exc()}")
+                break
+            for m in measurements:
+                outcome.samples.append(
+                    Sample(m.scenario or case.scenario, case.system, case.n, m.metric, m.value, m.unit, m.note)
+                )
+            say(f"{where}: {_summary(measurements)} ({time.monotonic() - began:.0f} s)")
+            if any(m.metric == "timed_out" and m.value for m in measurements):
+                if index + 1 < case.repeats:
+                    outcome.notes.append(f"{where}: timed out on run {index + 1}, not repeated")
+                break
+    return outcome
+
+
+def with_ceiling_ratio(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add, for every per-second throughput figure, its ratio to Postgres's own insert rate."""
+    ceiling = next(
+        (r for r in records if r["scenario"] == "ceiling" and r["unit"] == "1/s" and r["value"]),
+        None,
+    )
+    if ceiling is None:
+        return records
+    out = list(records)
+    for r in records:
+        if r["scenario"] == "throughput" and r["unit"] == "1/s" and r["value"] is not None:
+            out.append(
+                {
+                    "scenario": "throughput",
+                    "system": r["system"],
+                    "n": r["n"],
+                    "metric": f"{r['metric']}_vs_ceiling",
+                    "value": r["value"] / ceiling["value"],
+                    "unit": "ratio",
+                    "min": r["min"] / ceiling["value"],
+                    "max": r["max"] / ceiling["value"],
+                    "runs": r["runs"],
+                    "note": f"against the median Postgres ceiling of {ceiling['value']:,.0f}/s",
+                }
+            )
+    return out
+
+
+def preamble(quick: bool, started: datetime, finished: datetime, notes: Sequence[str]) -> str:
+    """What the table is: when, where, which mode; and what to keep in mind reading it."""
+    load = os.getloadavg()
+    lines = [
+        f"# Benchmark results ({'quick' if quick else 'full'} run)",
+        "",
+        f"{started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC on {platform.node()} ({os.cpu_count()} cores, "
+        f"Python {platform.python_version()}); load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.",
+        "Value is the median over runs, with min and max. Other work on the machine makes figures noisy.",
+        "Lags are measured from the real due time; 'all_done' is the time from it until the last job was",
+        "queued (runplane, single loop) or started (Celery beat, APScheduler).",
+    ]
+    if notes:
+        lines += ["", "Notes:", *[f"- {note}" for note in notes]]
+    return "\n".join(lines)
+
+
+def finish(outcome: Outcome, quick: bool, started: datetime, out_dir: Path, say: Say = print) -> list[dict[str, Any]]:
+    """Aggregate, write latest.json / latest.md / plots, print the table; returns the records."""
+    from bench.plots import write_plots
+    from bench.report import markdown_table, write_results
+
+    records = with_ceiling_ratio(aggregate(outcome.samples))
+    text = preamble(quick, started, datetime.now(UTC), outcome.notes)
+    json_path, md_path = write_results(records, out_dir, text)
+    plots = write_plots(records, out_dir)
+    say("")
+    say(text)
+    say("")
+    say(markdown_table(records))
+    say(f"wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots))
+    return records
+
+
+def _note_sample(case: Case, metric: str, note: str) -> Sample:
+    return Sample(case.scenario, case.system, case.n, metric, None, "", note)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _summary(measurements: Sequence[Any]) -> str:
+    shown = [f"{m.metric}={m.value:.3g}{m.unit and ' ' + m.unit}" for m in measurements if m.value is not None][:6]
+    return ", ".join(shown) or "no figures"

@@ -1,0 +1,100 @@
+"""What a benchmark measures and how repeated measurements become the reported records.
+
+A scenario's single repetition returns ``Measurement`` values (metric, value, unit). The harness
+tags them with scenario, system and N, repeats, and ``aggregate`` turns the repetitions into one
+record per metric: ``value`` is the median, with ``min``, ``max`` and the number of ``runs``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One figure from one repetition. ``value`` None means "not measured" (``note`` says why)."""
+
+    metric: str
+    value: float | None
+    unit: str
+    note: str = ""
+    scenario: str = ""  # when set, the scenario it belongs to, instead of the measuring case's
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A measurement tagged with where it comes from."""
+
+    scenario: str
+    system: str
+    n: int
+    metric: str
+    value: float | None
+    unit: str
+    note: str = ""
+
+
+class Unavailable(Exception):
+    """A scenario or system that cannot be measured here (not implemented yet, tool missing)."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def lag_measurements(lags: Sequence[float], expected: int, prefix: str = "lag") -> list[Measurement]:
+    """p50/p99/max of lags (seconds) plus how many of ``expected`` happened at all."""
+    out = [Measurement("completed", float(len(lags)), "jobs")]
+    if lags:
+        out += [
+            Measurement(f"{prefix}_p50", percentile(lags, 50), "s"),
+            Measurement(f"{prefix}_p99", percentile(lags, 99), "s"),
+            Measurement(f"{prefix}_max", max(lags), "s"),
+        ]
+    if len(lags) < expected:
+        out.append(Measurement("timed_out", 1.0, "runs", note=f"{len(lags)} of {expected} within the time cap"))
+    return out
+
+
+def aggregate(samples: Iterable[Sample]) -> list[dict[str, Any]]:
+    """One record per (scenario, system, n, metric, unit), in first-seen order.
+
+    ``value`` is the median over repetitions, with ``min``, ``max`` and ``runs``. Measurements
+    without a value (unavailable, skipped) give a record whose value is None and whose note says why.
+    """
+    groups: dict[tuple[str, str, int, str, str], list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault((sample.scenario, sample.system, sample.n, sample.metric, sample.unit), []).append(sample)
+    records: list[dict[str, Any]] = []
+    for (scenario, system, n, metric, unit), group in groups.items():
+        values = [s.value for s in group if s.value is not None]
+        notes = sorted({s.note for s in group if s.note})
+        record: dict[str, Any] = {
+            "scenario": scenario,
+            "system": system,
+            "n": n,
+            "metric": metric,
+            "value": statistics.median(values) if values else None,
+            "unit": unit,
+            "min": min(values) if values else None,
+            "max": max(values) if values else None,
+            "runs": len(values),
+        }
+        if metric == "timed_out":
+            # Summing says how many repetitions hit the cap; the median of ones would hide it.
+            record["value"] = float(sum(values))
+        if notes:
+            record["note"] = "; ".join(notes)
+        records.append(record)
+    return records

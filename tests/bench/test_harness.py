@@ -1,0 +1,210 @@
+"""The benchmark harness: aggregation, the records' shape, the table, the plots, and the single-loop
+baseline really queuing every due run once. No timing is asserted: figures are printed, not tested."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+from bench.burst_jobs import insert_burst_jobs, plan_burst
+from bench.harness import finish, run_cases, with_ceiling_ratio
+from bench.records import Measurement, Sample, Unavailable, aggregate, lag_measurements, percentile
+from bench.report import markdown_table
+from bench.runplane_scenarios import to_measurements
+from bench.scenarios import Case, Mode, plan
+from bench.single_loop import SingleLoopQueuer
+
+RECORD_KEYS = {"scenario", "system", "n", "metric", "value", "unit", "min", "max", "runs"}
+
+
+def _sample(metric: str, value: float | None, system: str = "apscheduler", unit: str = "s", note: str = "") -> Sample:
+    return Sample("burst", system, 2000, metric, value, unit, note)
+
+
+def test_aggregate_reports_median_min_max_per_metric() -> None:
+    samples = [_sample("lag_p99", v) for v in (0.9, 0.2, 0.4)] + [_sample("lag_p99", 7.0, system="celery_beat")]
+    records = aggregate(samples)
+    assert len(records) == 2
+    aps = records[0]
+    assert (aps["system"], aps["value"], aps["min"], aps["max"], aps["runs"]) == ("apscheduler", 0.4, 0.2, 0.9, 3)
+    assert records[1]["system"] == "celery_beat"
+    assert records[1]["value"] == records[1]["min"] == records[1]["max"] == 7.0
+
+
+def test_aggregate_even_count_median_and_timed_out_sum() -> None:
+    records = aggregate([_sample("all_done", v) for v in (1.0, 2.0, 4.0, 10.0)])
+    assert records[0]["value"] == 3.0
+    timed = aggregate([_sample("timed_out", 1.0, unit="runs", note=f"{k} of 2000") for k in (5, 9)])
+    assert timed[0]["value"] == 2.0  # how many runs hit the cap, not a median of ones
+    assert timed[0]["note"] == "5 of 2000; 9 of 2000"
+
+
+def test_records_without_a_value_keep_the_reason() -> None:
+    records = aggregate([_sample("unavailable", None, system="runplane", unit="", note="bench.queuer_burst missing")])
+    assert records[0]["value"] is None and records[0]["runs"] == 0
+    assert records[0]["note"] == "bench.queuer_burst missing"
+
+
+def test_percentiles_and_lag_measurements() -> None:
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 50) == 50.5
+    assert abs(percentile(values, 99) - 99.01) < 1e-9
+    assert percentile([3.0], 99) == 3.0
+    figures = {m.metric: m.value for m in lag_measurements([0.1, 0.3, 0.2], expected=5)}
+    assert figures["completed"] == 3.0
+    assert figures["lag_max"] == 0.3
+    assert figures["timed_out"] == 1.0  # 3 of 5: reported, not hidden
+    assert "timed_out" not in {m.metric for m in lag_measurements([0.1], expected=1)}
+
+
+def test_scenario_dicts_become_measurements_with_units() -> None:
+    measured = to_measurements(
+        {
+            "n": 2000,
+            "workers": 2,
+            "time_until_queued_s": 1.5,
+            "lag_p99_ms": 40,
+            "throughput_runs_per_s": 2500.0,
+            "memory_per_job_bytes": 700,
+            "memory": {"value": 0.7, "unit": "KiB"},
+            "per_worker": {"rss_mib": 80.0},
+            "label": "not a metric",
+        }
+    )
+    assert [(m.metric, m.unit) for m in measured] == [
+        ("time_until_queued_s", "s"),
+        ("lag_p99_ms", "ms"),
+        ("throughput_runs_per_s", "1/s"),
+        ("memory_per_job_bytes", "B"),
+        ("memory", "KiB"),
+        ("per_worker.rss_mib", "MiB"),
+    ]
+
+
+def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def burst(system: str, p99: list[float]) -> Case:
+        runs = iter(p99)
+
+        def measure() -> list[Measurement]:
+            calls.append(system)
+            value = next(runs)
+            return [Measurement("lag_p99", value, "s"), Measurement("all_done", value * 2, "s")]
+
+        return Case("burst", system, 2000, measure, repeats=len(p99), estimate=0.0)
+
+    def missing() -> list[Measurement]:
+        raise Unavailable("bench.queuer_burst does not exist yet")
+
+    def slow() -> list[Measurement]:
+        calls.append("celery_beat")
+        return [Measurement("completed", 10.0, "jobs"), Measurement("timed_out", 1.0, "runs", note="10 of 2000")]
+
+    def ceiling() -> list[Measurement]:
+        return [Measurement("run_inserts_per_s", 2000.0, "1/s")]
+
+    def throughput() -> list[Measurement]:
+        return [Measurement("runs_per_s", 500.0, "1/s", scenario="throughput")]
+
+    cases = [
+        Case("ceiling", "postgres", 1, ceiling, repeats=3, estimate=0.0),
+        Case("burst", "runplane", 2000, missing, repeats=3, estimate=0.0),
+        burst("single_loop", [1.2, 0.8, 1.0]),
+        burst("apscheduler", [0.3, 0.1, 0.2]),
+        Case("burst", "celery_beat", 2000, slow, repeats=3, estimate=0.0),
+        Case("throughput", "runplane", 1000, throughput, repeats=1, estimate=0.0),
+        Case("scale", "runplane", 100_000, ceiling, repeats=3, estimate=1e9),  # cannot fit the budget
+    ]
+    printed: list[str] = []
+    outcome = run_cases(cases, budget=60.0, say=printed.append)
+    assert calls.count("celery_beat") == 1  # a run that hit its cap is not repeated
+    assert calls.count("single_loop") == 3
+    records = finish(outcome, quick=True, started=datetime.now(UTC), out_dir=tmp_path, say=printed.append)
+
+    written = json.loads((tmp_path / "latest.json").read_text())
+    assert written == records
+    assert all(set(r) >= RECORD_KEYS for r in written)
+    by_key = {(r["scenario"], r["system"], r["metric"]): r for r in written}
+    single = by_key[("burst", "single_loop", "lag_p99")]
+    assert (single["value"], single["min"], single["max"], single["runs"]) == (1.0, 0.8, 1.2, 3)
+    assert by_key[("burst", "runplane", "unavailable")]["value"] is None
+    assert by_key[("burst", "celery_beat", "timed_out")]["value"] == 1.0
+    assert by_key[("scale", "runplane", "skipped")]["value"] is None
+    assert by_key[("throughput", "runplane", "runs_per_s_vs_ceiling")]["value"] == 0.25
+
+    table = (tmp_path / "latest.md").read_text()
+    assert "| scenario | system | n | metric | median | min | max | unit |" in table
+    assert "| burst | single_loop | 2,000 | lag_p99 | 1 | 0.8 | 1.2 | s | 3 |" in table
+    assert "bench.queuer_burst does not exist yet" in table
+    assert any("| burst | apscheduler | 2,000 | all_done | 0.4 | 0.2 | 0.6 | s |" in line for line in printed)
+
+    for name in ("burst_lag_p99.png", "burst_all_done.png", "throughput_vs_ceiling.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_ceiling_ratio_needs_a_ceiling() -> None:
+    records = aggregate([Sample("throughput", "runplane", 1000, "runs_per_s", 900.0, "1/s")])
+    assert with_ceiling_ratio(records) == records
+    assert markdown_table(records).count("\n") == 3
+
+
+def test_plan_lists_every_scenario_and_honours_repeat() -> None:
+    quick = plan(Mode(quick=True))
+    assert {c.scenario for c in quick} == {"ceiling", "burst", "throughput", "scale", "failover"}
+    assert {c.system for c in quick if c.scenario == "burst"} == {
+        "runplane",
+        "single_loop",
+        "apscheduler",
+        "celery_beat",
+    }
+    assert {c.n for c in quick if c.scenario == "burst"} == {2000}
+    assert all(c.repeats >= 3 for c in quick if c.scenario in ("burst", "ceiling"))
+    full = plan(Mode(quick=False), ["burst"])
+    assert {c.n for c in full} == {10_000, 100_000}
+    assert {c.repeats for c in plan(Mode(quick=False, repeat=5), ["burst", "scale"])} == {5}
+
+
+def test_single_loop_queues_every_due_run_exactly_once(database_url: str) -> None:
+    n = 50
+    clock = plan_burst(lead=1.0)
+    insert_burst_jobs(database_url, n, clock.cron)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # Jobs that are not due at that minute must not be queued.
+        conn.execute(
+            "INSERT INTO jobs (account_id, name, job_type, steps, cron)"
+            " SELECT min(account_id), 'later', 'deploy', '{true}', %s FROM jobs",
+            (f"{(int(clock.cron.split()[0]) + 7) % 60} * * * *",),
+        )
+        queuer = SingleLoopQueuer(database_url, clock_offset=clock.offset, pass_interval=0.1)
+        stop = threading.Event()
+        thread = threading.Thread(target=queuer.run, args=(stop,), name="single-loop")
+        thread.start()
+        try:
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline and _count(conn) < n:
+                time.sleep(0.05)
+            passes_then = len(queuer.pass_seconds)
+            while time.monotonic() < deadline and len(queuer.pass_seconds) < passes_then + 3:
+                time.sleep(0.05)  # several more passes over the same minute must add nothing
+        finally:
+            stop.set()
+            thread.join(10.0)
+        assert not thread.is_alive()
+        due_jobs = [row[0] for row in conn.execute("SELECT id FROM jobs WHERE name <> 'later'")]
+        keys = [row[0] for row in conn.execute("SELECT idempotency_key FROM runs")]
+        assert sorted(keys) == sorted(f"sched:{job_id}:{clock.fire_at}" for job_id in due_jobs)
+        assert queuer.inserted == n
+        assert queuer.attempted == n  # later passes did not even try the same fire again
+        scheduled = conn.execute("SELECT DISTINCT extract(epoch FROM scheduled_at)::bigint FROM runs").fetchall()
+        assert scheduled == [(clock.fire_at,)]
+
+
+def _count(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    row = conn.execute("SELECT count(*) FROM runs").fetchone()
+    return int(row[0]) if row else 0
