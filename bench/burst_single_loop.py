@@ -16,11 +16,16 @@ from bench.sandbox import child_env, log_tail, start, stop, temporary_database
 PASS_INTERVAL = 0.5
 
 
+def lead_time(n: int) -> float:
+    """Seconds from planning to the due time: process start and one pass over every job (croniter
+    costs some tens of µs a job)."""
+    return 3.0 + n * 60e-6
+
+
 def measure_burst(n: int, cap: float) -> list[Measurement]:
     """One repetition; gives up ``cap`` seconds after the due time."""
     with temporary_database() as url, tempfile.TemporaryDirectory(prefix="bench-single-loop-") as tmp:
-        # The lead covers process start and one pass over every job (croniter costs ~tens of µs a job).
-        clock = plan_burst(lead=3.0 + n * 60e-6)
+        clock = plan_burst(lead=lead_time(n))
         insert_burst_jobs(url, n, clock.cron)
         log = Path(tmp) / "single_loop.log"
         proc = start(
@@ -59,7 +64,7 @@ def measure_burst(n: int, cap: float) -> list[Measurement]:
         passes = [
             float(line.split()[2].rstrip("s")) for line in log.read_text().splitlines() if line.startswith("pass ")
         ]
-    out = lag_measurements(lags, n)
+    out = lag_measurements(lags, n, cap)
     if len(lags) >= n:
         out.append(Measurement("all_done", max(lags), "s"))
     if passes:

@@ -27,11 +27,19 @@ VALUES (:account_id, :job_id, 'deploy', 'schedule', 'sched:' || gen_random_uuid(
 _TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 
 
+def find_pgbench() -> str | None:
+    return shutil.which("pgbench") or ("/usr/bin/pgbench" if Path("/usr/bin/pgbench").exists() else None)
+
+
+def require_pgbench() -> None:
+    if find_pgbench() is None:
+        raise Unavailable("pgbench is not installed (Debian: postgresql-client)")
+
+
 def measure_ceiling(seconds: int) -> list[Measurement]:
     """One pgbench run of ``seconds``; transactions (= run rows) committed per second."""
-    pgbench = shutil.which("pgbench") or ("/usr/bin/pgbench" if Path("/usr/bin/pgbench").exists() else None)
-    if pgbench is None:
-        raise Unavailable("pgbench is not installed")
+    require_pgbench()
+    pgbench = str(find_pgbench())
     with temporary_database() as url, tempfile.TemporaryDirectory(prefix="bench-pgbench-") as tmp:
         with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute(

@@ -26,52 +26,70 @@ class Outcome:
 
 
 def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome:
-    """Repeat each case; stop repeating a case that timed out, failed or is unavailable, and skip
-    repetitions the remaining budget cannot hold."""
+    """Run every case once, then again in rounds up to its repeats.
+
+    When the time budget runs short, later repetitions are dropped rather than whole scenarios: a
+    repetition the remaining budget cannot hold is recorded as skipped. A case that is unavailable,
+    fails or hits its cap is not run again.
+    """
     outcome = Outcome()
     deadline = time.monotonic() + budget
+    active: list[Case] = []
     for case in cases:
-        where = f"{case.scenario} / {case.system} / n={case.n:,}"
         if case.note:
-            outcome.notes.append(f"{where}: {case.note}")
-        for index in range(case.repeats):
+            outcome.notes.append(f"{_where(case)}: {case.note}")
+        try:
+            case.check()  # before any budget is spent on it
+        except Unavailable as exc:
+            outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
+            say(f"{_where(case)}: UNAVAILABLE: {exc}")
+            continue
+        active.append(case)
+    for index in range(max((case.repeats for case in active), default=0)):
+        for case in [c for c in active if index < c.repeats]:
             remaining = deadline - time.monotonic()
             if remaining < case.estimate:
                 reason = (
-                    f"run {index + 1} skipped: {remaining:.0f} s of the time budget left,"
-                    f" it needs ~{case.estimate:.0f} s"
+                    f"run {index + 1} of {case.repeats} skipped: {remaining:.0f} s of the time budget left,"
+                    f" a run may need {case.estimate:.0f} s"
                 )
                 outcome.samples.append(_note_sample(case, "skipped", reason))
-                say(f"{where}: {reason}")
-                break
-            say(f"{where}: run {index + 1} of {case.repeats}")
-            began = time.monotonic()
-            try:
-                measurements = case.measure()
-            except Unavailable as exc:
-                outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
-                say(f"{where}: UNAVAILABLE: {exc}")
-                break
-            except TimeoutError as exc:
-                outcome.samples.append(
-                    Sample(case.scenario, case.system, case.n, "timed_out", 1.0, "runs", _first_line(exc))
-                )
-                say(f"{where}: timed out: {exc}")
-                break
-            except Exception as exc:
-                outcome.samples.append(_note_sample(case, "error", f"{type(exc).__name__}: {_first_line(exc)}"))
-                say(f"{where}: FAILED:\n{traceback.format_exc()}")
-                break
-            for m in measurements:
-                outcome.samples.append(
-                    Sample(m.scenario or case.scenario, case.system, case.n, m.metric, m.value, m.unit, m.note)
-                )
-            say(f"{where}: {_summary(measurements)} ({time.monotonic() - began:.0f} s)")
-            if any(m.metric == "timed_out" and m.value for m in measurements):
-                if index + 1 < case.repeats:
-                    outcome.notes.append(f"{where}: timed out on run {index + 1}, not repeated")
-                break
+                say(f"{_where(case)}: {reason}")
+                active.remove(case)
+            elif not _run_once(case, index, outcome, say):
+                active.remove(case)
     return outcome
+
+
+def _run_once(case: Case, index: int, outcome: Outcome, say: Say) -> bool:
+    """One repetition into ``outcome``; False when the case must not be repeated."""
+    where = _where(case)
+    say(f"{where}: run {index + 1} of {case.repeats}")
+    began = time.monotonic()
+    try:
+        measurements = case.measure()
+    except Unavailable as exc:
+        outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
+        say(f"{where}: UNAVAILABLE: {exc}")
+        return False
+    except TimeoutError as exc:
+        outcome.samples.append(Sample(case.scenario, case.system, case.n, "timed_out", 1.0, "runs", _first_line(exc)))
+        say(f"{where}: timed out: {exc}")
+        return False
+    except Exception as exc:
+        outcome.samples.append(_note_sample(case, "error", f"{type(exc).__name__}: {_first_line(exc)}"))
+        say(f"{where}: FAILED:\n{traceback.format_exc()}")
+        return False
+    for m in measurements:
+        outcome.samples.append(
+            Sample(m.scenario or case.scenario, case.system, case.n, m.metric, m.value, m.unit, m.note)
+        )
+    say(f"{where}: {_summary(measurements)} ({time.monotonic() - began:.0f} s)")
+    if any(m.metric == "timed_out" and m.value for m in measurements):
+        if index + 1 < case.repeats:
+            outcome.notes.append(f"{where}: hit its time cap on run {index + 1}, not repeated")
+        return False
+    return True
 
 
 def with_ceiling_ratio(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,6 +152,10 @@ def finish(outcome: Outcome, quick: bool, started: datetime, out_dir: Path, say:
     say(markdown_table(records))
     say(f"wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots))
     return records
+
+
+def _where(case: Case) -> str:
+    return f"{case.scenario} / {case.system} / n={case.n:,}"
 
 
 def _note_sample(case: Case, metric: str, note: str) -> Sample:

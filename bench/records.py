@@ -53,17 +53,24 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def lag_measurements(lags: Sequence[float], expected: int, prefix: str = "lag") -> list[Measurement]:
-    """p50/p99/max of lags (seconds) plus how many of ``expected`` happened at all."""
+def lag_measurements(lags: Sequence[float], expected: int, cap: float, prefix: str = "lag") -> list[Measurement]:
+    """p50/p99/max of lags (seconds) plus how many of ``expected`` happened at all.
+
+    Jobs that had not happened when the measurement gave up, ``cap`` seconds after the due time,
+    count with a lag of ``cap``: the percentiles are then lower bounds, and their note says so.
+    """
     out = [Measurement("completed", float(len(lags)), "jobs")]
-    if lags:
+    missing = max(expected - len(lags), 0)
+    counted = [*lags, *([max(cap, *lags) if lags else cap] * missing)]
+    note = f"lower bound: {missing} of {expected} not done after {cap:.0f} s, counted at {cap:.0f} s" if missing else ""
+    if counted:
         out += [
-            Measurement(f"{prefix}_p50", percentile(lags, 50), "s"),
-            Measurement(f"{prefix}_p99", percentile(lags, 99), "s"),
-            Measurement(f"{prefix}_max", max(lags), "s"),
+            Measurement(f"{prefix}_p50", percentile(counted, 50), "s", note),
+            Measurement(f"{prefix}_p99", percentile(counted, 99), "s", note),
+            Measurement(f"{prefix}_max", max(counted), "s", note),
         ]
-    if len(lags) < expected:
-        out.append(Measurement("timed_out", 1.0, "runs", note=f"{len(lags)} of {expected} within the time cap"))
+    if missing:
+        out.append(Measurement("timed_out", 1.0, "runs", note=f"{len(lags)} of {expected} within {cap:.0f} s"))
     return out
 
 

@@ -54,6 +54,16 @@ def module_exists(name: str) -> bool:
         return False
 
 
+def require_queuer_burst() -> None:
+    if not module_exists(QUEUER_BURST):
+        raise Unavailable(f"{QUEUER_BURST} does not exist yet")
+
+
+def require_dispatch_throughput() -> None:
+    if not module_exists(DISPATCH_THROUGHPUT):
+        raise Unavailable(f"{DISPATCH_THROUGHPUT} does not exist yet")
+
+
 def measure_queuer_burst(n: int, cap: float) -> list[Measurement]:
     """runplane's burst with 2 queuer workers."""
     return to_measurements(call_in_child(QUEUER_BURST, {"n": n, "workers": 2}, cap))
@@ -61,8 +71,7 @@ def measure_queuer_burst(n: int, cap: float) -> list[Measurement]:
 
 def dispatch_kwargs(quick: bool) -> dict[str, Any]:
     """Arguments for ``dispatch_throughput.run``, passed only where its signature names them."""
-    if not module_exists(DISPATCH_THROUGHPUT):
-        raise Unavailable(f"{DISPATCH_THROUGHPUT} does not exist yet")
+    require_dispatch_throughput()
     wanted: dict[str, Any] = {"quick": quick, "accounts": 1000, "rate": 10, "seconds": 15 if quick else 60}
     wanted["duration"] = wanted["seconds"]
     parameters = inspect.signature(importlib.import_module(DISPATCH_THROUGHPUT).run).parameters

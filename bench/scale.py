@@ -22,9 +22,18 @@ ACCOUNTS = 1000
 COPY_CHUNK = 50_000
 
 
+def require() -> None:
+    require_services("orchestrator", "queuer-worker")
+
+
+def setup_time(n: int) -> float:
+    """Seconds before the orchestrator starts: the COPY of N jobs and the workers' idle memory."""
+    return 30.0 + n * 60e-6
+
+
 def measure_scale(n: int, cap: float) -> list[Measurement]:
     """One repetition; gives up ``cap`` seconds after the orchestrator starts."""
-    require_services("orchestrator", "queuer-worker")
+    require()
     with temporary_database() as url, tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         began = time.monotonic()
         insert_daily_jobs(url, n)

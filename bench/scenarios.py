@@ -11,8 +11,9 @@ from bench.records import Measurement
 
 @dataclass(frozen=True)
 class Case:
-    """One (scenario, system, n): ``measure`` is one repetition, bounded by ``cap`` seconds of waiting
-    for the system; ``estimate`` is what a repetition may cost in all (setup included), for the budget."""
+    """One (scenario, system, n): ``measure`` is one repetition, bounded by a cap on the time it
+    waits for the system; ``estimate`` is what a repetition may take in all (setup and cleanup
+    included), so that the harness does not start one the time budget cannot hold."""
 
     scenario: str
     system: str
@@ -21,6 +22,7 @@ class Case:
     repeats: int
     estimate: float
     note: str = ""
+    check: Callable[[], None] = lambda: None  # raises Unavailable when the case cannot run here
 
 
 @dataclass(frozen=True)
@@ -53,80 +55,145 @@ def plan(mode: Mode, names: list[str] | None = None) -> list[Case]:
 
 
 def _ceiling(mode: Mode) -> list[Case]:
-    from bench.ceiling import measure_ceiling
+    from bench.ceiling import measure_ceiling, require_pgbench
 
     seconds = 3 if mode.quick else 10
-    return [Case("ceiling", "postgres", 1, lambda: measure_ceiling(seconds), mode.repeats(3), seconds + 4.0)]
+    return [
+        Case(
+            "ceiling",
+            "postgres",
+            1,
+            lambda: measure_ceiling(seconds),
+            mode.repeats(3),
+            estimate=seconds + 10.0,
+            check=require_pgbench,
+        )
+    ]
 
 
 def _burst(mode: Mode) -> list[Case]:
-    from bench import burst_apscheduler, burst_celery, burst_single_loop
-    from bench.runplane_scenarios import measure_queuer_burst
+    from bench import burst_apscheduler, burst_celery, burst_single_loop, runplane_scenarios
 
-    systems: list[tuple[str, Callable[[int, float], list[Measurement]], float]] = [
-        # (system, measure(n, cap), seconds of setup per 1,000 jobs)
-        ("runplane", measure_queuer_burst, 0.5),
-        ("single_loop", burst_single_loop.measure_burst, 0.3),
-        ("apscheduler", burst_apscheduler.measure_burst, 0.3),
-        ("celery_beat", burst_celery.measure_burst, 0.6),
-    ]
-    sizes = [(2_000, 3, 45.0)] if mode.quick else [(10_000, 3, 90.0), (100_000, 1, 90.0)]
+    # N, repeats, and per system the cap on waiting for it (runplane's: its whole run, setup included).
+    sizes: list[tuple[int, int, dict[str, float]]] = (
+        [(2_000, 3, {"runplane": 90.0, "single_loop": 30.0, "apscheduler": 30.0, "celery_beat": 45.0})]
+        if mode.quick
+        else [
+            (10_000, 3, {"runplane": 120.0, "single_loop": 60.0, "apscheduler": 60.0, "celery_beat": 60.0}),
+            (100_000, 1, {"runplane": 180.0, "single_loop": 90.0, "apscheduler": 90.0, "celery_beat": 45.0}),
+        ]
+    )
     cases: list[Case] = []
-    for n, repeats, cap in sizes:
-        few = "" if repeats >= 3 or mode.repeat else "1 run only: the biggest N, to keep the full run under 15 min"
-        for system, measure, setup_per_k in systems:
-            cases.append(
-                Case(
-                    "burst",
-                    system,
-                    n,
-                    _bind(measure, n, cap),
-                    mode.repeats(repeats),
-                    estimate=10.0 + setup_per_k * n / 1000 + cap / 3,
-                    note=few,
-                )
-            )
+    for n, repeats, caps in sizes:
+        few = "" if repeats >= 3 or mode.repeat else "1 run only: the largest N, to keep the full run under 15 min"
+        cases += [
+            Case(
+                "burst",
+                "runplane",
+                n,
+                _bind(runplane_scenarios.measure_queuer_burst, n, caps["runplane"]),
+                mode.repeats(repeats),
+                estimate=caps["runplane"] + 10.0,
+                note=few,
+                check=runplane_scenarios.require_queuer_burst,
+            ),
+            Case(
+                "burst",
+                "single_loop",
+                n,
+                _bind(burst_single_loop.measure_burst, n, caps["single_loop"]),
+                mode.repeats(repeats),
+                estimate=burst_single_loop.lead_time(n) + n * 20e-6 + caps["single_loop"] + 15.0,
+                note=few,
+            ),
+            Case(
+                "burst",
+                "apscheduler",
+                n,
+                _bind(burst_apscheduler.measure_burst, n, caps["apscheduler"]),
+                mode.repeats(repeats),
+                estimate=burst_apscheduler.lead_time(n) + caps["apscheduler"] + 15.0,
+                note=few,
+            ),
+            Case(
+                "burst",
+                "celery_beat",
+                n,
+                _bind(burst_celery.measure_burst, n, caps["celery_beat"]),
+                mode.repeats(repeats),
+                estimate=burst_celery.lead_time(n) + caps["celery_beat"] + 25.0,
+                note=few,
+            ),
+        ]
     return cases
 
 
 def _throughput(mode: Mode) -> list[Case]:
-    from bench.runplane_scenarios import measure_dispatch
+    from bench import runplane_scenarios
 
     cap = 90.0 if mode.quick else 240.0
 
     def measure() -> list[Measurement]:
-        split = measure_dispatch(mode.quick, cap)
+        split = runplane_scenarios.measure_dispatch(mode.quick, cap)
         return [
             Measurement(m.metric, m.value, m.unit, m.note, scenario=scenario)
             for scenario, measurements in split.items()
             for m in measurements
         ]
 
-    return [Case("throughput", "runplane", 1_000, measure, mode.repeats(3), 40.0 if mode.quick else 90.0)]
+    return [
+        Case(
+            "throughput",
+            "runplane",
+            1_000,
+            measure,
+            mode.repeats(3),
+            estimate=cap + 10.0,
+            check=runplane_scenarios.require_dispatch_throughput,
+        )
+    ]
 
 
 def _scale(mode: Mode) -> list[Case]:
-    from bench.scale import measure_scale
+    from bench import scale
 
     n = 100_000 if mode.quick else 1_000_000
     cap = 60.0 if mode.quick else 120.0
-    note = "" if mode.repeat else "1 run: each takes minutes"
     return [
-        Case("scale", "runplane", n, _bind(measure_scale, n, cap), mode.repeats(1), 20.0 + n * 40e-6 + cap / 2, note)
+        Case(
+            "scale",
+            "runplane",
+            n,
+            _bind(scale.measure_scale, n, cap),
+            mode.repeats(1),
+            estimate=scale.setup_time(n) + cap + 30.0,
+            note="" if mode.repeat else "1 run: each takes minutes",
+            check=scale.require,
+        )
     ]
 
 
 def _failover(mode: Mode) -> list[Case]:
-    from bench.failover import measure_failover
+    from bench import failover
 
     n = 300 if mode.quick else 1_000
     minutes_after = 1 if mode.quick else 2
 
     def measure() -> list[Measurement]:
-        return measure_failover(n, cap=60.0, minutes_after=minutes_after)
+        return failover.measure_failover(n, minutes_after=minutes_after)
 
-    note = "" if mode.repeat else "1 run: it waits for minute boundaries"
-    return [Case("failover", "runplane", n, measure, mode.repeats(1), 60.0 + 60.0 * minutes_after, note)]
+    return [
+        Case(
+            "failover",
+            "runplane",
+            n,
+            measure,
+            mode.repeats(1),
+            estimate=failover.expected_duration(minutes_after),
+            note="" if mode.repeat else "1 run: it waits for minute boundaries",
+            check=failover.require,
+        )
+    ]
 
 
 def _bind(measure: Callable[[int, float], list[Measurement]], n: int, cap: float) -> Callable[[], list[Measurement]]:

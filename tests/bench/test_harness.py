@@ -55,11 +55,16 @@ def test_percentiles_and_lag_measurements() -> None:
     assert percentile(values, 50) == 50.5
     assert abs(percentile(values, 99) - 99.01) < 1e-9
     assert percentile([3.0], 99) == 3.0
-    figures = {m.metric: m.value for m in lag_measurements([0.1, 0.3, 0.2], expected=5)}
+    complete = {m.metric: m.value for m in lag_measurements([0.1, 0.3, 0.2], expected=3, cap=30.0)}
+    assert (complete["completed"], complete["lag_p50"], complete["lag_max"]) == (3.0, 0.2, 0.3)
+    assert "timed_out" not in complete
+    partial = lag_measurements([0.1, 0.3, 0.2], expected=5, cap=30.0)
+    figures = {m.metric: m.value for m in partial}
     assert figures["completed"] == 3.0
-    assert figures["lag_max"] == 0.3
     assert figures["timed_out"] == 1.0  # 3 of 5: reported, not hidden
-    assert "timed_out" not in {m.metric for m in lag_measurements([0.1], expected=1)}
+    # The two that never happened count at the cap, so the percentiles are honest lower bounds.
+    assert figures["lag_p50"] == 0.3 and figures["lag_max"] == 30.0
+    assert all("lower bound" in m.note for m in partial if m.metric.startswith("lag_"))
 
 
 def test_scenario_dicts_become_measurements_with_units() -> None:
@@ -99,8 +104,11 @@ def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 
         return Case("burst", system, 2000, measure, repeats=len(p99), estimate=0.0)
 
-    def missing() -> list[Measurement]:
+    def missing() -> None:
         raise Unavailable("bench.queuer_burst does not exist yet")
+
+    def never() -> list[Measurement]:
+        raise AssertionError("an unavailable case must not be measured")
 
     def slow() -> list[Measurement]:
         calls.append("celery_beat")
@@ -114,7 +122,7 @@ def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 
     cases = [
         Case("ceiling", "postgres", 1, ceiling, repeats=3, estimate=0.0),
-        Case("burst", "runplane", 2000, missing, repeats=3, estimate=0.0),
+        Case("burst", "runplane", 2000, never, repeats=3, estimate=0.0, check=missing),
         burst("single_loop", [1.2, 0.8, 1.0]),
         burst("apscheduler", [0.3, 0.1, 0.2]),
         Case("burst", "celery_beat", 2000, slow, repeats=3, estimate=0.0),
@@ -146,6 +154,28 @@ def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 
     for name in ("burst_lag_p99.png", "burst_all_done.png", "throughput_vs_ceiling.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_repetitions_run_in_rounds_and_the_budget_drops_the_last_ones() -> None:
+    calls: list[str] = []
+
+    def case(system: str, repeats: int, estimate: float, sleep: float = 0.0) -> Case:
+        def measure() -> list[Measurement]:
+            calls.append(system)
+            time.sleep(sleep)
+            return [Measurement("lag_p99", 1.0, "s")]
+
+        return Case("burst", system, 10, measure, repeats=repeats, estimate=estimate)
+
+    outcome = run_cases([case("a", 2, 0.0), case("b", 3, 0.0)], budget=60.0, say=lambda _: None)
+    assert calls == ["a", "b", "a", "b", "b"]  # every case once before any case twice
+    calls.clear()
+    # After the first round at most 0.5 s of the budget is left: "b" fits no second run, "a" does.
+    outcome = run_cases([case("a", 2, 0.0), case("b", 2, 1.0, sleep=1.5)], budget=2.0, say=lambda _: None)
+    assert calls == ["a", "b", "a"]
+    skipped = [s for s in outcome.samples if s.metric == "skipped"]
+    assert [(s.system, s.value) for s in skipped] == [("b", None)]
+    assert "run 2 of 2 skipped" in skipped[0].note
 
 
 def test_ceiling_ratio_needs_a_ceiling() -> None:
