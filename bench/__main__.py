@@ -21,9 +21,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="small N, short runs (under 3 minutes)")
     parser.add_argument(
         "--scenario",
-        action="append",
+        action="extend",
+        nargs="+",
         choices=[*SCENARIOS, *ALIASES],
-        help="run only this scenario (repeatable); default: all",
+        metavar="NAME",
+        help=f"run only these scenarios ({', '.join(SCENARIOS)}); default: all",
     )
     parser.add_argument("--repeat", type=int, help="repetitions of every case (default 3; 1 for the longest)")
     parser.add_argument("--budget", type=float, help="seconds the whole run may take")

@@ -64,8 +64,6 @@ def measure_burst(n: int, cap: float) -> list[Measurement]:
         result = json.loads(result_path.read_text())
     lags = [started - due for started in result["starts"] if started is not None]
     out = lag_measurements(lags, n, cap)
-    if len(lags) >= n:
-        out.append(Measurement("all_done", max(lags), "s"))
     out.append(Measurement("setup_overrun", max(result["ready_at"] - due, 0.0), "s"))
     out.append(Measurement("memory_per_job", result["rss_per_job"], "B"))
     return out

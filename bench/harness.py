@@ -21,8 +21,16 @@ Say = Callable[[str], None]
 
 @dataclass
 class Outcome:
-    samples: list[Sample] = field(default_factory=list)
+    by_case: dict[int, list[Sample]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def add(self, case: Case, sample: Sample) -> None:
+        self.by_case.setdefault(id(case), []).append(sample)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """Every sample, case after case in the order they were planned (not the order of rounds)."""
+        return [sample for samples in self.by_case.values() for sample in samples]
 
 
 def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome:
@@ -32,7 +40,7 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
     repetition the remaining budget cannot hold is recorded as skipped. A case that is unavailable,
     fails or hits its cap is not run again.
     """
-    outcome = Outcome()
+    outcome = Outcome(by_case={id(case): [] for case in cases})
     deadline = time.monotonic() + budget
     active: list[Case] = []
     for case in cases:
@@ -41,7 +49,7 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
         try:
             case.check()  # before any budget is spent on it
         except Unavailable as exc:
-            outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
+            outcome.add(case, _note_sample(case, "unavailable", str(exc)))
             say(f"{_where(case)}: UNAVAILABLE: {exc}")
             continue
         active.append(case)
@@ -53,7 +61,7 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
                     f"run {index + 1} of {case.repeats} skipped: {remaining:.0f} s of the time budget left,"
                     f" a run may need {case.estimate:.0f} s"
                 )
-                outcome.samples.append(_note_sample(case, "skipped", reason))
+                outcome.add(case, _note_sample(case, "skipped", reason))
                 say(f"{_where(case)}: {reason}")
                 active.remove(case)
             elif not _run_once(case, index, outcome, say):
@@ -69,21 +77,19 @@ def _run_once(case: Case, index: int, outcome: Outcome, say: Say) -> bool:
     try:
         measurements = case.measure()
     except Unavailable as exc:
-        outcome.samples.append(_note_sample(case, "unavailable", str(exc)))
+        outcome.add(case, _note_sample(case, "unavailable", str(exc)))
         say(f"{where}: UNAVAILABLE: {exc}")
         return False
     except TimeoutError as exc:
-        outcome.samples.append(Sample(case.scenario, case.system, case.n, "timed_out", 1.0, "runs", _first_line(exc)))
+        outcome.add(case, Sample(case.scenario, case.system, case.n, "timed_out", 1.0, "runs", _first_line(exc)))
         say(f"{where}: timed out: {exc}")
         return False
     except Exception as exc:
-        outcome.samples.append(_note_sample(case, "error", f"{type(exc).__name__}: {_first_line(exc)}"))
+        outcome.add(case, _note_sample(case, "error", f"{type(exc).__name__}: {_first_line(exc)}"))
         say(f"{where}: FAILED:\n{traceback.format_exc()}")
         return False
     for m in measurements:
-        outcome.samples.append(
-            Sample(m.scenario or case.scenario, case.system, case.n, m.metric, m.value, m.unit, m.note)
-        )
+        outcome.add(case, Sample(m.scenario or case.scenario, case.system, case.n, m.metric, m.value, m.unit, m.note))
     say(f"{where}: {_summary(measurements)} ({time.monotonic() - began:.0f} s)")
     if any(m.metric == "timed_out" and m.value for m in measurements):
         if index + 1 < case.repeats:

@@ -57,11 +57,12 @@ def test_percentiles_and_lag_measurements() -> None:
     assert percentile([3.0], 99) == 3.0
     complete = {m.metric: m.value for m in lag_measurements([0.1, 0.3, 0.2], expected=3, cap=30.0)}
     assert (complete["completed"], complete["lag_p50"], complete["lag_max"]) == (3.0, 0.2, 0.3)
-    assert "timed_out" not in complete
-    partial = lag_measurements([0.1, 0.3, 0.2], expected=5, cap=30.0)
+    assert "timed_out" not in complete and complete["all_done"] == 0.3
+    partial = lag_measurements([0.1, 0.3, 0.2, 31.0], expected=5, cap=30.0)  # 31 s: after it gave up
     figures = {m.metric: m.value for m in partial}
     assert figures["completed"] == 3.0
     assert figures["timed_out"] == 1.0  # 3 of 5: reported, not hidden
+    assert "all_done" not in figures
     # The two that never happened count at the cap, so the percentiles are honest lower bounds.
     assert figures["lag_p50"] == 0.3 and figures["lag_max"] == 30.0
     assert all("lower bound" in m.note for m in partial if m.metric.startswith("lag_"))
@@ -146,6 +147,16 @@ def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert by_key[("scale", "runplane", "skipped")]["value"] is None
     assert by_key[("throughput", "runplane", "runs_per_s_vs_ceiling")]["value"] == 0.25
 
+    # Records follow the plan, not the order things ran in (rounds, availability checked first).
+    assert list(dict.fromkeys((r["scenario"], r["system"]) for r in written)) == [
+        ("ceiling", "postgres"),
+        ("burst", "runplane"),
+        ("burst", "single_loop"),
+        ("burst", "apscheduler"),
+        ("burst", "celery_beat"),
+        ("throughput", "runplane"),
+        ("scale", "runplane"),
+    ]
     table = (tmp_path / "latest.md").read_text()
     assert "| scenario | system | n | metric | median | min | max | unit |" in table
     assert "| burst | single_loop | 2,000 | lag_p99 | 1 | 0.8 | 1.2 | s | 3 |" in table
