@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import redis
@@ -22,6 +23,7 @@ from bench.sandbox import child_env, log_tail, start, stop, unique_name, wait_un
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 READY_LINE = "Ticking with max interval"  # beat logs it once its schedule is loaded
+SENDING = "Scheduler: Sending due task job-"
 
 
 def lead_time(n: int) -> float:
@@ -92,9 +94,31 @@ def measure_burst(n: int, cap: float) -> list[Measurement]:
             client.delete(starts_key)
             client.close()
             _delete_queue(queue)
+        sent = _sent_lags(beat_log, clock.due)
     out = lag_measurements(lags, n, cap)
+    # Beat's own part: when it sent each task, comparable with a queuer's queued_at.
+    out += [
+        Measurement(f"sent_{m.metric}", m.value, m.unit, m.note)
+        for m in lag_measurements(sent, n, cap)
+        if m.metric.startswith("lag_") or m.metric == "all_done"
+    ]
     out.append(Measurement("setup_overrun", max(ready_at - clock.due, 0.0), "s"))
     return out
+
+
+def _sent_lags(beat_log: Path, due: float) -> list[float]:
+    """From beat's log lines ``[2026-01-01 12:00:00,123: INFO/MainProcess] Scheduler: Sending due task
+    job-7 ...`` (local time, milliseconds)."""
+    lags: list[float] = []
+    for line in beat_log.read_text(errors="replace").splitlines():
+        if SENDING in line and line.startswith("["):
+            stamp = line[1:24]
+            try:
+                sent = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            lags.append(sent - due)
+    return lags
 
 
 def _wait_worker_ready(queue: str, key: str, client: redis.Redis, log: Path) -> None:

@@ -20,6 +20,7 @@ def write_plots(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     for metric, title, name in (
         ("lag_p99", "Top-of-the-hour burst: lag p99 (median of runs)", "burst_lag_p99.png"),
         ("all_done", "Top-of-the-hour burst: time until all are queued/started", "burst_all_done.png"),
+        ("memory_per_job", "Top-of-the-hour burst: resident memory per scheduled job", "burst_memory_per_job.png"),
     ):
         path = _grouped_bars(records, "burst", metric, title, out_dir / name)
         if path:

@@ -15,7 +15,7 @@ from bench.burst_jobs import insert_burst_jobs, plan_burst
 from bench.harness import finish, run_cases, with_ceiling_ratio
 from bench.records import Measurement, Sample, Unavailable, aggregate, lag_measurements, percentile
 from bench.report import markdown_table
-from bench.runplane_scenarios import to_measurements
+from bench.runplane_scenarios import DISPATCH_METRICS, QUEUER_BURST_METRICS, to_measurements
 from bench.scenarios import Case, Mode, plan
 from bench.single_loop import SingleLoopQueuer
 
@@ -69,26 +69,41 @@ def test_percentiles_and_lag_measurements() -> None:
 
 
 def test_scenario_dicts_become_measurements_with_units() -> None:
-    measured = to_measurements(
+    burst = to_measurements(
         {
             "n": 2000,
             "workers": 2,
-            "time_until_queued_s": 1.5,
+            "trigger_lag_p99_s": 0.4,
+            "all_queued_seconds": 1.5,
+            "bytes_per_owned_job": 700,
+            "jobs_owned": {"w-1": 1000, "w-2": 1000},
+            "worker_rss_after_mib": [80.0, 81.0],
             "lag_p99_ms": 40,
-            "throughput_runs_per_s": 2500.0,
-            "memory_per_job_bytes": 700,
             "memory": {"value": 0.7, "unit": "KiB"},
-            "per_worker": {"rss_mib": 80.0},
+            "target_p99_s": 2.0,
             "label": "not a metric",
-        }
+        },
+        QUEUER_BURST_METRICS,
     )
-    assert [(m.metric, m.unit) for m in measured] == [
-        ("time_until_queued_s", "s"),
-        ("lag_p99_ms", "ms"),
-        ("throughput_runs_per_s", "1/s"),
-        ("memory_per_job_bytes", "B"),
-        ("memory", "KiB"),
-        ("per_worker.rss_mib", "MiB"),
+    assert [(m.metric, m.value, m.unit) for m in burst] == [
+        ("lag_p99", 0.4, "s"),  # named as the other systems' figures, so they share rows and plots
+        ("all_done", 1.5, "s"),
+        ("memory_per_job", 700.0, "B"),
+        ("lag_p99_ms", 40.0, "ms"),  # unknown keys keep their name, the unit read from the suffix
+        ("memory", 0.7, "KiB"),
+    ]
+    dispatch = to_measurements(
+        {
+            "throughput_noop": {"accounts": 1000, "seconds": 1.5, "runs_per_second": 2400.0, "extra_s": 3},
+            "prep_time_local": {"rate_per_second": 10, "prep_time_p99": 0.8},
+        },
+        DISPATCH_METRICS,
+    )
+    assert [(m.scenario, m.metric, m.unit) for m in dispatch] == [
+        ("throughput", "duration", "s"),
+        ("throughput", "runs_per_s", "1/s"),
+        ("", "throughput_noop.extra_s", "s"),
+        ("prep_time", "prep_time_p99", "s"),
     ]
 
 
