@@ -37,8 +37,9 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
     """Run every case once, then again in rounds up to its repeats.
 
     When the time budget runs short, later repetitions are dropped rather than whole scenarios: a
-    repetition the remaining budget cannot hold is recorded as skipped. A case that is unavailable,
-    fails or hits its cap is not run again.
+    repetition the remaining budget cannot hold is recorded as skipped. What a repetition needs is
+    the case's estimate until it has run once, then the longest it took so far (plus a tenth). A
+    case that is unavailable, fails or hits its cap is not run again.
     """
     outcome = Outcome(by_case={id(case): [] for case in cases})
     deadline = time.monotonic() + budget
@@ -53,18 +54,24 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
             say(f"{_where(case)}: UNAVAILABLE: {exc}")
             continue
         active.append(case)
+    took: dict[int, float] = {}
     for index in range(max((case.repeats for case in active), default=0)):
         for case in [c for c in active if index < c.repeats]:
             remaining = deadline - time.monotonic()
-            if remaining < case.estimate:
+            needs = took[id(case)] * 1.1 if id(case) in took else case.estimate
+            if remaining < needs:
                 reason = (
                     f"run {index + 1} of {case.repeats} skipped: {remaining:.0f} s of the time budget left,"
-                    f" a run may need {case.estimate:.0f} s"
+                    f" a run may need {needs:.0f} s"
                 )
                 outcome.add(case, _note_sample(case, "skipped", reason))
                 say(f"{_where(case)}: {reason}")
                 active.remove(case)
-            elif not _run_once(case, index, outcome, say):
+                continue
+            began = time.monotonic()
+            repeat = _run_once(case, index, outcome, say)
+            took[id(case)] = max(took.get(id(case), 0.0), time.monotonic() - began)
+            if not repeat:
                 active.remove(case)
     return outcome
 
