@@ -37,7 +37,8 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
     """Run every case once, then again in rounds up to its repeats.
 
     When the time budget runs short, later repetitions are dropped rather than whole scenarios: a
-    repetition the remaining budget cannot hold is recorded as skipped. What a repetition needs is
+    repetition the remaining budget cannot hold is recorded as skipped, and cases marked ``late``
+    run last in each round. What a repetition needs is
     the case's estimate until it has run once, then the longest it took so far (plus a tenth). A
     case that is unavailable, fails or hits its cap is not run again.
     """
@@ -56,7 +57,7 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
         active.append(case)
     took: dict[int, float] = {}
     for index in range(max((case.repeats for case in active), default=0)):
-        for case in [c for c in active if index < c.repeats]:
+        for case in sorted((c for c in active if index < c.repeats), key=lambda c: c.late):
             remaining = deadline - time.monotonic()
             needs = took[id(case)] * 1.1 if id(case) in took else case.estimate
             if remaining < needs:

@@ -185,16 +185,17 @@ def test_harness_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 def test_repetitions_run_in_rounds_and_the_budget_drops_the_last_ones() -> None:
     calls: list[str] = []
 
-    def case(system: str, repeats: int, estimate: float, sleep: float = 0.0) -> Case:
+    def case(system: str, repeats: int, estimate: float, sleep: float = 0.0, late: bool = False) -> Case:
         def measure() -> list[Measurement]:
             calls.append(system)
             time.sleep(sleep)
             return [Measurement("lag_p99", 1.0, "s")]
 
-        return Case("burst", system, 10, measure, repeats=repeats, estimate=estimate)
+        return Case("burst", system, 10, measure, repeats=repeats, estimate=estimate, late=late)
 
-    outcome = run_cases([case("a", 2, 0.0), case("b", 3, 0.0)], budget=60.0, say=lambda _: None)
-    assert calls == ["a", "b", "a", "b", "b"]  # every case once before any case twice
+    outcome = run_cases([case("a", 2, 0.0, late=True), case("b", 3, 0.0)], budget=60.0, say=lambda _: None)
+    assert calls == ["b", "a", "b", "a", "b"]  # every case once before any twice; "late" last in a round
+    assert [s.system for s in outcome.samples] == ["a", "a", "b", "b", "b"]  # records keep the plan's order
     calls.clear()
     # After the first round at most 0.5 s of the budget is left: "b" fits no second run, "a" does.
     outcome = run_cases([case("a", 2, 0.0), case("b", 2, 1.0, sleep=1.5)], budget=2.0, say=lambda _: None)
