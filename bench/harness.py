@@ -38,9 +38,9 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
 
     When the time budget runs short, later repetitions are dropped rather than whole scenarios: a
     repetition the remaining budget cannot hold is recorded as skipped, and cases marked ``late``
-    run last in each round. What a repetition needs is
-    the case's estimate until it has run once, then the longest it took so far (plus a tenth). A
-    case that is unavailable, fails or hits its cap is not run again.
+    run last in each round. What a repetition needs is the case's estimate until it has run once,
+    then the longest it took so far (plus a tenth). A case that is unavailable, fails or hits its
+    cap is not run again.
     """
     outcome = Outcome(by_case={id(case): [] for case in cases})
     deadline = time.monotonic() + budget
