@@ -37,10 +37,17 @@ test: lint check-services $(BIN)/helm
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-bench: check-services
+# The benchmarks also need the schedulers runplane is compared with (the `bench` extra).
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@rm -f $(VENV)/.bench-installed-* && touch $@
+
+bench: check-services $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
-bench-quick: check-services
+bench-quick: check-services $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
 
 clean:
