@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 check-services: $(STAMP)
@@ -37,17 +37,12 @@ test: lint check-services $(BIN)/helm
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# The benchmarks also need the schedulers runplane is compared with (the `bench` extra).
-BENCH_STAMP := $(VENV)/.bench-installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
-	@rm -f $(VENV)/.bench-installed-* && touch $@
-
-bench: check-services $(BENCH_STAMP)
+# The `bench` extra (the schedulers runplane is compared with, and matplotlib) is installed with
+# the rest: the harness has tests of its own.
+bench: check-services
 	$(BIN)/python -m bench
 
-bench-quick: check-services $(BENCH_STAMP)
+bench-quick: check-services
 	$(BIN)/python -m bench --quick
 
 clean:
