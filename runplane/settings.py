@@ -39,6 +39,7 @@ class DispatcherSettings(BaseModel):
     launcher: str = Field("local", description="local, noop or kubernetes.")
     cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
     prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
+    concurrency: int = Field(4, description="Accounts one dispatcher process works on at once.")
 
 
 class RunnerSettings(BaseModel):
