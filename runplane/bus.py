@@ -23,11 +23,15 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 from google.protobuf.message import Message
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+from runplane import tracing
 from runplane.errors import ServiceUnavailable
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     "Assign": bus_pb2.Assign,
@@ -128,7 +132,7 @@ class AmqpBus:
             body=message.SerializeToString(),
             type=type(message).__name__,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers=headers or {},  # type: ignore[arg-type]
+            headers=tracing.inject(headers),  # type: ignore[arg-type]
         )
         try:
             await self._channel.default_exchange.publish(amqp_message, routing_key=queue, mandatory=False)
@@ -170,8 +174,11 @@ class AmqpBus:
             log.error("dropping undecodable bus message", extra={"message_type": incoming.type})
             await incoming.reject(requeue=False)
             return
+        headers: dict[str, object] = dict(incoming.headers or {})
+        span_name = f"consume {incoming.type}"
         try:
-            await handler(message, Delivery(bool(incoming.redelivered), dict(incoming.headers or {})))
+            with _tracer.start_as_current_span(span_name, context=tracing.extract(headers), kind=SpanKind.CONSUMER):
+                await handler(message, Delivery(bool(incoming.redelivered), headers))
         except BaseException:
             await incoming.nack(requeue=True)
             raise

@@ -34,11 +34,20 @@ def _entry(module: str, name: str) -> Callable[..., Any]:
 
 def _serve(command: str, settings: Settings) -> int:
     from runplane.supervise import run_until_stopped
+    from runplane.telemetry import setup_metrics
+    from runplane.tracing import setup_tracing, shutdown_tracing
 
     module, function = SERVICES[command]
     serve: Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]] = _entry(module, function)
     logs.configure(command, fmt=settings.log_format, level=settings.log_level)
-    asyncio.run(run_until_stopped(command, lambda stop: serve(settings, stop), drain_seconds=settings.drain_seconds))
+    setup_metrics(command, settings.metrics_port)
+    setup_tracing(command, settings.otlp_endpoint)
+    try:
+        asyncio.run(
+            run_until_stopped(command, lambda stop: serve(settings, stop), drain_seconds=settings.drain_seconds)
+        )
+    finally:
+        shutdown_tracing()
     return 0
 
 
@@ -103,9 +112,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 print("Postgres, Redis and RabbitMQ answer")
             return 1 if problems else 0
         case "runner":
+            from runplane.tracing import setup_tracing, shutdown_tracing
+
             logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
+            setup_tracing("runner", settings.otlp_endpoint)
             run: Callable[[Settings, int], Coroutine[Any, Any, int]] = _entry("runner.service", "run")
-            return asyncio.run(run(settings, args.run_id))
+            try:
+                return asyncio.run(run(settings, args.run_id))
+            finally:
+                shutdown_tracing()
         case "up":
             from runplane.up import up
 

@@ -30,7 +30,7 @@ class Service:
     url: str
     env: str
     check: Callable[[str], None]
-    start: Callable[[], list[str] | None]  # the command that starts it here, or None
+    start: Callable[[int | None], list[str] | None]  # port -> the command that starts it here, or None
     install_hint: str
 
 
@@ -60,32 +60,25 @@ def _check_amqp(url: str) -> None:
     asyncio.run(probe())
 
 
-def _start_postgres() -> list[str] | None:
+def _start_postgres(port: int | None) -> list[str] | None:
+    if port not in (None, 5432):  # the cluster's configured port is the only one we can start
+        return None
     versions = sorted(p.rsplit("/", 1)[-1] for p in glob("/etc/postgresql/*"))
     if shutil.which("pg_ctlcluster") and versions:
         return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "start"]
     return None
 
 
-def _start_redis() -> list[str] | None:
+def _start_redis(port: int | None) -> list[str] | None:
     if shutil.which("redis-server"):
-        return [
-            "redis-server",
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
+        options = f"--daemonize yes --bind 127.0.0.1 --port {port or 6379} --appendonly no --save"
+        return ["redis-server", *options.split(), ""]
     return None
 
 
-def _start_rabbitmq() -> list[str] | None:
+def _start_rabbitmq(port: int | None) -> list[str] | None:
+    if port not in (None, 5672):
+        return None
     if shutil.which("rabbitmq-server"):
         return ["rabbitmq-server", "-detached"]
     return None
@@ -138,13 +131,14 @@ def ensure_services(
         error = _answers(service)
         if error is None:
             continue
-        host = urlsplit(service.url).hostname or ""
-        command = service.start() if start and host in LOCAL_HOSTS else None
+        parts = urlsplit(service.url)
+        host = parts.hostname or ""
+        command = service.start(parts.port) if start and host in LOCAL_HOSTS else None
         if command is None:
-            where = "on this machine" if host in LOCAL_HOSTS else f"at {host}"
+            where = "cannot be started from here" if host in LOCAL_HOSTS else f"runs elsewhere ({host})"
             problems.append(
-                f"{service.name} does not answer at {redact(service.url)} ({service.env}) and is not installed "
-                f"{where}: {error}\n  how to get it: {service.install_hint}"
+                f"{service.name} does not answer at {redact(service.url)} (set by {service.env}) and {where}: "
+                f"{error}\n  how to get it: {service.install_hint}"
             )
             continue
         say(f"{service.name} is installed but not answering; starting it: {' '.join(command)}")

@@ -86,6 +86,7 @@ CREATE TABLE runs (
     heartbeat_at         timestamptz,
     pod_name             text NOT NULL DEFAULT '',
     cluster              text NOT NULL DEFAULT '',
+    trace_parent         text NOT NULL DEFAULT '',     -- W3C traceparent of the span that queued the run
     scheduled_at         timestamptz NOT NULL,        -- cron fire time, or trigger time
     queued_at            timestamptz NOT NULL DEFAULT clock_timestamp(),
     dispatched_at        timestamptz,
@@ -143,6 +144,16 @@ CREATE TABLE queuer_workers (
     registered_at      timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at  timestamptz NOT NULL DEFAULT now(),
     jobs_owned         integer NOT NULL DEFAULT 0
+);
+
+-- Live dispatchers: each upserts its row every few seconds (for `runplane status` and dashboards).
+CREATE TABLE dispatchers (
+    dispatcher_id  text PRIMARY KEY,
+    cluster        text NOT NULL,
+    launcher       text NOT NULL,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    last_seen_at   timestamptz NOT NULL DEFAULT now(),
+    dispatched     bigint NOT NULL DEFAULT 0   -- runs this process moved to starting
 );
 
 -- Which worker owns which job; 'pending' until the worker answers Claimed.

@@ -1,0 +1,74 @@
+-- Figures for `runplane status`, all read from the system of record.
+
+-- name: queue
+SELECT
+    count(*) FILTER (WHERE status = 1) AS queued,
+    count(*) FILTER (WHERE status = 1 AND scheduled_at <= now()) AS queued_due,
+    coalesce(extract(epoch FROM now() - min(queued_at) FILTER (WHERE status = 1)), 0)::float8 AS oldest_queued_age_seconds,
+    count(*) FILTER (WHERE status = 2) AS starting,
+    count(*) FILTER (WHERE status = 3) AS running,
+    count(*) FILTER (WHERE status IN (2, 3) AND takes_slot) AS slots_in_use
+FROM runs
+WHERE status IN (1, 2, 3);
+
+-- name: slots_total
+SELECT coalesce(sum(run_slots), 0)::bigint AS slots_total FROM accounts;
+
+-- name: delays
+-- Over runs that started within the window. Run delay = started_at - scheduled_at.
+WITH w AS (
+    SELECT
+        extract(epoch FROM queued_at - scheduled_at) AS trigger_lag,
+        extract(epoch FROM dispatched_at - queued_at) AS wait_time,
+        extract(epoch FROM started_at - dispatched_at) AS prep_time,
+        extract(epoch FROM started_at - scheduled_at) AS run_delay
+    FROM runs
+    WHERE started_at >= now() - make_interval(secs => %(window_seconds)s)
+)
+SELECT
+    count(*) AS started,
+    count(*) FILTER (WHERE run_delay <= 25) AS on_time_25,
+    count(*) FILTER (WHERE run_delay > 25 AND run_delay <= 60) AS on_time_60,
+    count(*) FILTER (WHERE run_delay > 60) AS late,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY trigger_lag) AS trigger_lag_p50,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY trigger_lag) AS trigger_lag_p99,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_time) AS wait_time_p50,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY wait_time) AS wait_time_p99,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY prep_time) AS prep_time_p50,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY prep_time) AS prep_time_p99,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY run_delay) AS run_delay_p50,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY run_delay) AS run_delay_p99
+FROM w;
+
+-- name: finished
+SELECT status, count(*) AS runs
+FROM runs
+WHERE finished_at >= now() - make_interval(secs => %(window_seconds)s)
+GROUP BY status ORDER BY status;
+
+-- name: orchestrator
+SELECT term, leader, elected_at FROM orchestrator_term;
+
+-- name: workers
+SELECT
+    w.worker_id,
+    w.state,
+    extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_seconds,
+    (SELECT count(*) FROM job_ownership o WHERE o.worker_id = w.worker_id AND o.state = 'claimed') AS jobs_owned
+FROM queuer_workers w
+ORDER BY w.state, w.worker_id;
+
+-- name: dispatchers
+SELECT
+    dispatcher_id, cluster, launcher, dispatched,
+    extract(epoch FROM now() - last_seen_at)::float8 AS last_seen_age_seconds
+FROM dispatchers
+ORDER BY dispatcher_id;
+
+-- name: waiting
+SELECT r.account_id, a.name AS account_name, nullif(r.waiting_reason, '') AS waiting_reason, count(*) AS runs
+FROM runs r JOIN accounts a ON a.id = r.account_id
+WHERE r.status = 1
+GROUP BY r.account_id, a.name, nullif(r.waiting_reason, '')
+ORDER BY runs DESC, r.account_id
+LIMIT 50;
