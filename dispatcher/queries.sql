@@ -71,3 +71,23 @@ SELECT id, launch_attempts
 
 -- name: lost_running
 SELECT id FROM runs WHERE status = 3 AND lease_expires_at < clock_timestamp() ORDER BY id LIMIT %(limit)s
+
+-- name: dispatcher_seen
+INSERT INTO dispatchers (dispatcher_id, cluster, launcher, dispatched)
+VALUES (%(dispatcher_id)s, %(cluster)s, %(launcher)s, %(dispatched)s)
+ON CONFLICT (dispatcher_id) DO UPDATE SET last_seen_at = now(), dispatched = EXCLUDED.dispatched
+
+-- name: dispatcher_gone
+DELETE FROM dispatchers WHERE dispatcher_id = %(dispatcher_id)s
+
+-- name: forget_silent_dispatchers
+DELETE FROM dispatchers WHERE last_seen_at < now() - make_interval(secs => %(silent_seconds)s)
+
+-- name: run_gauges
+SELECT count(*) FILTER (WHERE status = 1) AS queued,
+       count(*) FILTER (WHERE status IN (2, 3)) AS running,
+       count(*) FILTER (WHERE status IN (2, 3) AND takes_slot) AS slots_in_use,
+       COALESCE(extract(epoch FROM clock_timestamp() - min(queued_at) FILTER (WHERE status = 1)), 0)::float8
+           AS oldest_queued_age
+  FROM runs
+ WHERE status IN (1, 2, 3)

@@ -16,6 +16,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.relaunch import launch_failed
+from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -32,6 +33,7 @@ Q = load_queries("dispatcher")
 
 REAP_BATCH = 500
 PUBLISH_CONCURRENCY = 64
+FORGET_DISPATCHER_AFTER = 60.0
 
 
 class SchedulerLoop:
@@ -46,6 +48,7 @@ class SchedulerLoop:
         pickups = await self.send_pickups()
         relaunched, stuck_failed = await self.reap_starting()
         lost = await self.reap_lost()
+        await self.observe()
         return {"pickups": pickups, "relaunched": relaunched, "start_failed": stuck_failed, "lost": lost}
 
     async def send_pickups(self) -> int:
@@ -60,7 +63,20 @@ class SchedulerLoop:
                 await self._bus.publish(self._queue, bus_pb2.Pickup(account_id=account_id, sent_at_ms=sent_at_ms))
 
         await asyncio.gather(*(publish(account_id) for account_id in accounts))
+        instruments.pickups_published.add(len(accounts), {"source": "scheduler"})
         return len(accounts)
+
+    async def observe(self) -> None:
+        """Gauges of the whole system, and forgetting dispatchers that stopped announcing themselves."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(Q["run_gauges"])
+            gauges = await cur.fetchone()
+            await conn.execute(Q["forget_silent_dispatchers"], {"silent_seconds": FORGET_DISPATCHER_AFTER})
+        if gauges is not None:
+            instruments.queued_runs.set(int(gauges["queued"]))  # type: ignore[call-overload]
+            instruments.running_runs.set(int(gauges["running"]))  # type: ignore[call-overload]
+            instruments.slots_in_use.set(int(gauges["slots_in_use"]))  # type: ignore[call-overload]
+            instruments.oldest_queued_age.set(float(gauges["oldest_queued_age"]))  # type: ignore[arg-type]
 
     async def reap_starting(self) -> tuple[int, int]:
         timeout = self._settings.scheduler.start_timeout

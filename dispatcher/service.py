@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import psycopg
 import psycopg.errors
@@ -25,6 +28,7 @@ from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launchers import make_launcher
 from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
+from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
@@ -32,13 +36,16 @@ from runplane.locks import AccountLocks, Lock, RedisAccountLocks
 from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
 from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.supervise import spawn
+from runplane.supervise import sleep_or_stop, spawn
 from runplane.types import AccountId, JobId, JobType, RunId, RunStatus
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("dispatcher")
+
+
+ANNOUNCE_INTERVAL = 5.0
 
 
 class _LockLost(Exception):
@@ -79,6 +86,7 @@ class Dispatcher:
         self._launcher = launcher
         self._policy = RetryPolicy.from_settings(settings.runner)
         self._redis_failures = 0
+        self.dispatched = 0  # runs this process moved to starting
 
     async def on_pickup(self, message: Message, _delivery: Delivery) -> None:
         if not isinstance(message, bus_pb2.Pickup):
@@ -94,7 +102,9 @@ class Dispatcher:
             await self._redis_unavailable(exc)
             return []
         self._redis_failures = 0
+        instruments.lock_attempts.add(1, {"result": "held" if lock is None else "acquired"})
         if lock is None:
+            instruments.pickups_dropped.add(1)
             return []  # another dispatcher works this account right now
         started: list[Started] = []
         superseded_accounts: set[AccountId] = set()
@@ -107,6 +117,7 @@ class Dispatcher:
                 log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
         await publish_pickups(self._bus, self._settings.bus_prefix, superseded_accounts - {account_id})
         if started:
+            self.dispatched += len(started)
             await self._launch_all(started)
         return started
 
@@ -177,6 +188,7 @@ class Dispatcher:
                 from_statuses=(RunStatus.QUEUED,),
             )
             if finished is not None:
+                instruments.cancellations.add(1, {"reason": "superseded_merge"})
                 pickups |= finished.pickup_accounts
         if plan.waiting:
             await conn.execute(
@@ -194,6 +206,9 @@ class Dispatcher:
             },
         )
         memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
+        now = datetime.now(UTC)
+        for run in plan.start:
+            instruments.wait_time.record((now - run.queued_at).total_seconds(), {"job_type": str(run.job_type)})
         started = [
             Started(
                 run_id=RunId(r["id"]),  # type: ignore[arg-type]
@@ -237,6 +252,7 @@ class Dispatcher:
         try:
             return await self._launcher.launch(request)
         except LaunchError as exc:
+            instruments.launch_failures.add(1, {"launcher": self._launcher.name, "retryable": exc.retryable})
             log.warning(
                 "launch failed",
                 extra={"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id, "error": str(exc)},
@@ -252,6 +268,28 @@ class Dispatcher:
                 retry_after=exc.retry_after,
             )
             return None
+
+
+async def announce(
+    pool: AsyncConnectionPool[Connection], settings: Settings, dispatcher: Dispatcher, name: str, stop: asyncio.Event
+) -> None:
+    """Keep this dispatcher's row in ``dispatchers`` fresh (for ``runplane status``); remove it on exit."""
+    params = {"dispatcher_id": name, "cluster": settings.dispatcher.cluster, "launcher": settings.dispatcher.launcher}
+    try:
+        while True:
+            try:
+                async with pool.connection() as conn:
+                    await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
+            except psycopg.OperationalError as exc:
+                log.warning("dispatcher row not updated", extra={"error": str(exc)})
+            if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
+                break
+    finally:
+        try:
+            async with pool.connection() as conn:
+                await conn.execute(Q["dispatcher_gone"], {"dispatcher_id": name})
+        except psycopg.OperationalError:
+            pass  # the scheduler loop forgets silent dispatchers
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
@@ -270,7 +308,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         prefetch = max(1, settings.dispatcher.prefetch // concurrency)
         log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
         started = time.monotonic()
+        name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
+            spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
             for index in range(concurrency):
                 spawn(
                     group,

@@ -22,6 +22,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -29,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
+from runplane import instruments
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -131,7 +133,16 @@ class Runner:
                 {"run_id": self._run_id, "owner": self._owner, "lease_seconds": self._settings.runner.lease_seconds},
             )
             row = await cur.fetchone()
-        return ClaimedRun.from_row(row) if row else None
+        if row is None:
+            return None
+        labels = {"trigger": str(row["trigger"]), "job_type": str(row["job_type"])}
+        instruments.runs_started.add(1, labels)
+        started_at: datetime = row["started_at"]  # type: ignore[assignment]
+        if isinstance(row["dispatched_at"], datetime):
+            instruments.prep_time.record((started_at - row["dispatched_at"]).total_seconds(), labels)
+        if isinstance(row["scheduled_at"], datetime):
+            instruments.run_delay.record((started_at - row["scheduled_at"]).total_seconds(), labels)
+        return ClaimedRun.from_row(row)
 
     async def execute(self, run: ClaimedRun) -> Outcome | None:
         """Run the steps; the outcome to write, or None when the lease was lost."""

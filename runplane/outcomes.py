@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool
 
+from runplane import instruments
 from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
@@ -164,6 +165,12 @@ async def finish_run(
         for row in await cur.fetchall():
             downstream.append(RunId(int(row["id"])))  # type: ignore[call-overload]
             pickups.add(AccountId(int(row["account_id"])))  # type: ignore[call-overload]
+    labels = {"status": outcome.status.name.lower(), "trigger": str(run["trigger"]), "job_type": str(run["job_type"])}
+    instruments.runs_finished.add(1, labels)
+    if deactivated:
+        instruments.deactivations.add(1)
+    if retry_run_id is not None:
+        instruments.retries.add(1, {"reason": str(outcome.failure)})
     log.info(
         "run finished",
         extra={
@@ -239,6 +246,7 @@ async def publish_pickups(bus: Bus | None, prefix: str, account_ids: Iterable[in
         except ServiceUnavailable as exc:
             log.warning("pickup not published", extra={"account_id": account_id, "error": str(exc)})
             return
+        instruments.pickups_published.add(1, {"source": "outcome"})
 
 
 async def end_run(

@@ -15,7 +15,8 @@ Conn = psycopg.Connection[Any]
 
 def create_account(db: Conn, *, run_slots: int = 1, memory_mb: int = 1024, name: str = "acme") -> int:
     row = db.execute(
-        "INSERT INTO accounts (name, run_slots, memory_mb) VALUES (%s, %s, %s) RETURNING id", (name, run_slots, memory_mb)
+        "INSERT INTO accounts (name, run_slots, memory_mb) VALUES (%s, %s, %s) RETURNING id",
+        (name, run_slots, memory_mb),
     ).fetchone()
     assert row is not None
     return int(row[0])

@@ -135,7 +135,10 @@ async def test_infrastructure_failures_are_retried_until_the_budget_is_spent(db:
     retries = [run_row(db, r) for r in chain]
     assert [r["attempt"] for r in retries] == [1, 2, 3]
     assert [r["parent_run_id"] for r in retries] == [None, chain[0], chain[1]]
-    assert [r["idempotency_key"] for r in retries[1:]] == [retry_idempotency_key(chain[0]), retry_idempotency_key(chain[1])]
+    assert [r["idempotency_key"] for r in retries[1:]] == [
+        retry_idempotency_key(chain[0]),
+        retry_idempotency_key(chain[1]),
+    ]
     assert all(r["trigger"] == "retry" for r in retries[1:])
     delay = (retries[1]["scheduled_at"] - retries[0]["finished_at"]).total_seconds()
     assert 4 <= delay <= 11  # base 10 s, half of it jittered

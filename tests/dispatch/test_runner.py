@@ -40,7 +40,7 @@ async def test_run_with_steps_logs_artifacts_and_timestamps(db: Conn, settings: 
         account,
         steps=[
             'echo "first $RUNPLANE_RUN_ID $RUNPLANE_THREADS $GREETING"; mkdir -p target; '
-            'printf \'{"ok": true}\' > target/run_results.json',
+            "printf '{\"ok\": true}' > target/run_results.json",
             "echo second >&2",
         ],
         environment={"GREETING": "hi"},
@@ -90,7 +90,9 @@ async def test_failing_step_skips_the_rest(db: Conn, settings: Settings) -> None
         (1, 20, 3),
         (2, 30, None),
     ]
-    assert not any("never" in r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,)))
+    assert not any(
+        "never" in r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,))
+    )
 
 
 async def test_overridden_steps_and_timeout(db: Conn, settings: Settings) -> None:
