@@ -21,7 +21,7 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
     name = settings.dispatcher.launcher
     match name:
         case "local":
-            return LocalLauncher(settings.dispatcher.cluster)
+            return LocalLauncher(settings.dispatcher.cluster, fork_server=settings.dispatcher.local_fork_server)
         case "noop":
             return NoopLauncher(pool, settings.dispatcher.cluster)
         case "kubernetes":

@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launchers import make_launcher
+from dispatcher.local_launcher import LocalLauncher
 from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments
@@ -303,6 +304,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     launcher = make_launcher(settings, pool)
     try:
         bus = await AmqpBus.connect(settings.amqp_url)
+        if isinstance(launcher, LocalLauncher):
+            await launcher.start()
         dispatcher = Dispatcher(settings, pool, bus, locks, launcher)
         queue = Topology(settings.bus_prefix).pickup
         prefetch = max(1, settings.dispatcher.prefetch // concurrency)
