@@ -1,5 +1,9 @@
 -- Dispatcher and scheduler loop.
 
+-- name: pass_timeouts
+-- For this transaction only: how long the pass may wait for the account row, and sit idle in it.
+SELECT set_config('lock_timeout', %(ms)s, true), set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+
 -- name: lock_account
 SELECT id, run_slots, memory_mb FROM accounts WHERE id = %(account_id)s FOR UPDATE
 

@@ -33,7 +33,7 @@ from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
-from runplane.locks import AccountLocks, Lock, RedisAccountLocks
+from runplane.locks import AccountLocks, RedisAccountLocks
 from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
 from runplane.settings import Settings
 from runplane.sql import load_queries
@@ -47,10 +47,6 @@ Q = load_queries("dispatcher")
 
 
 ANNOUNCE_INTERVAL = 5.0
-
-
-class _LockLost(Exception):
-    """The Redis lock expired during the pass: roll back and leave the account to its new holder."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ class Dispatcher:
         started: list[Started] = []
         superseded_accounts: set[AccountId] = set()
         try:
-            started, superseded_accounts = await self._dispatch(account_id, lock)
+            started, superseded_accounts = await self._dispatch(account_id)
         finally:
             try:
                 await lock.release()
@@ -129,21 +125,11 @@ class Dispatcher:
             log.warning("redis unavailable; dispatching paused", extra={"error": str(exc)})
         await asyncio.sleep(min(1.0, 0.05 * self._redis_failures))
 
-    async def _dispatch(self, account_id: AccountId, lock: Lock) -> tuple[list[Started], set[AccountId]]:
-        ttl_ms = self._settings.dispatcher.lock_ttl_ms
+    async def _dispatch(self, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
         try:
-            async with self._pool.connection() as conn:
-                async with conn.transaction():
-                    # A dispatcher that stalls inside the pass loses the transaction (and the row
-                    # lock) once its Redis lock has expired; one that waits for the row gives up.
-                    await conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = {int(ttl_ms)}")
-                    await conn.execute(f"SET LOCAL lock_timeout = {int(ttl_ms)}")
-                    result = await self._plan_and_start(conn, account_id)
-                    if result[0] and not await lock.extend():
-                        raise _LockLost
-                return result
-        except _LockLost:
-            log.warning("account lock expired during the pass; rolled back", extra={"account_id": account_id})
+            # Pipeline mode: the statements of a step go out together, one round trip per step.
+            async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
+                return await self._plan_and_start(conn, account_id)
         except psycopg.errors.LockNotAvailable:
             log.info("account row busy; pickup dropped", extra={"account_id": account_id})
         except psycopg.OperationalError as exc:
@@ -152,15 +138,19 @@ class Dispatcher:
         return [], set()
 
     async def _plan_and_start(self, conn: Connection, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
-        cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
-        account = await cur.fetchone()
-        if account is None:
-            return [], set()
-        cur = await conn.execute(Q["active_runs"], {"account_id": account_id})
-        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in await cur.fetchall()]  # type: ignore[arg-type]
-        cur = await conn.execute(
+        # A dispatcher that stalls inside the pass loses the transaction (and the row lock) once
+        # its Redis lock has expired; one that waits for the row that long gives up.
+        await conn.execute(Q["pass_timeouts"], {"ms": str(self._settings.dispatcher.lock_ttl_ms)})
+        account_cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
+        # Read after the row lock is granted: each statement sees what was committed before it began.
+        active_cur = await conn.execute(Q["active_runs"], {"account_id": account_id})
+        queued_cur = await conn.execute(
             Q["due_queued_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
         )
+        account = await account_cur.fetchone()
+        if account is None:
+            return [], set()
+        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in await active_cur.fetchall()]  # type: ignore[arg-type]
         queued = [
             QueuedRun(
                 run_id=RunId(r["id"]),  # type: ignore[arg-type]
@@ -171,7 +161,7 @@ class Dispatcher:
                 pull_request_number=r["pull_request_number"],  # type: ignore[arg-type]
                 schema_name=str(r["schema_name"]),
             )
-            for r in await cur.fetchall()
+            for r in await queued_cur.fetchall()
         ]
         if not queued:
             return [], set()
