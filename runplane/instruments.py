@@ -8,74 +8,112 @@ job type, status, reason — never a job or run id.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from opentelemetry import metrics
+from opentelemetry.metrics import Counter, Histogram, _Gauge
 
 _meter = metrics.get_meter("runplane")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Literal["histogram", "counter", "gauge"]
+    unit: str
+
+    def prometheus_names(self) -> set[str]:
+        """The series names the Prometheus exporter writes for this instrument."""
+        base = self.name.replace(".", "_") + ("_seconds" if self.unit == "s" else "")
+        match self.kind:
+            case "histogram":
+                return {f"{base}_bucket", f"{base}_sum", f"{base}_count"}
+            case "counter":
+                return {f"{base}_total"}
+            case "gauge":
+                return {base}
+
+
+CATALOGUE: list[MetricSpec] = []
+
+
+def _histogram(name: str, *, unit: str, description: str, buckets: tuple[float, ...]) -> Histogram:
+    CATALOGUE.append(MetricSpec(name, "histogram", unit))
+    return _meter.create_histogram(
+        name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+    )
+
+
+def _counter(name: str, description: str) -> Counter:
+    CATALOGUE.append(MetricSpec(name, "counter", ""))
+    return _meter.create_counter(name, description=description)
+
+
+def _gauge(name: str, description: str, unit: str = "") -> _Gauge:
+    CATALOGUE.append(MetricSpec(name, "gauge", unit))
+    return _meter.create_gauge(name, unit=unit, description=description)
+
+
+def prometheus_names() -> set[str]:
+    """Every series name runplane exports (for the dashboard's check)."""
+    return set().union(*(spec.prometheus_names() for spec in CATALOGUE))
+
 
 # Buckets resolve the on-time split operators watch: ≤ 25 s, 25–60 s, > 60 s.
 DELAY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 60, 120, 300, 600, 1800, 3600)
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600)
 
 # -- histograms: the timestamps of DESIGN.md made into delays; labels: trigger, job_type ----------
-trigger_lag = _meter.create_histogram(
+trigger_lag = _histogram(
     "runplane.trigger_lag", unit="s", description="queued_at - scheduled_at: how accurate queuing is",
-    explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+    buckets=DELAY_BUCKETS,
 )  # fmt: skip
-wait_time = _meter.create_histogram(
+wait_time = _histogram(
     "runplane.wait_time", unit="s", description="dispatched_at - queued_at: waiting for run slots and serial execution",
-    explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+    buckets=DELAY_BUCKETS,
 )  # fmt: skip
-prep_time = _meter.create_histogram(
+prep_time = _histogram(
     "runplane.prep_time", unit="s", description="started_at - dispatched_at: making the environment",
-    explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+    buckets=DELAY_BUCKETS,
 )  # fmt: skip
-run_delay = _meter.create_histogram(
+run_delay = _histogram(
     "runplane.run_delay", unit="s", description="started_at - scheduled_at: on time when <= 60 s",
-    explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+    buckets=DELAY_BUCKETS,
 )  # fmt: skip
-run_duration = _meter.create_histogram(
+run_duration = _histogram(
     "runplane.run_duration", unit="s", description="finished_at - started_at",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+    buckets=DURATION_BUCKETS,
 )  # fmt: skip
 
 # -- counters ------------------------------------------------------------------------------------
-runs_queued = _meter.create_counter("runplane.runs.queued", description="Runs inserted (trigger, job_type)")
-runs_started = _meter.create_counter(
-    "runplane.runs.started", description="Runs claimed by a runner (trigger, job_type)"
-)
-runs_finished = _meter.create_counter(
-    "runplane.runs.finished", description="Runs that reached a terminal status (status, trigger, job_type)"
-)
-cancellations = _meter.create_counter(
+runs_queued = _counter("runplane.runs.queued", "Runs inserted (trigger, job_type)")
+runs_started = _counter("runplane.runs.started", "Runs claimed by a runner (trigger, job_type)")
+runs_finished = _counter("runplane.runs.finished", "Runs that reached a terminal status (status, trigger, job_type)")
+cancellations = _counter(
     "runplane.runs.cancelled",
     description="Cancellations by reason: over_scheduled, superseded_merge, user, job_deleted",
 )
-retries = _meter.create_counter("runplane.runs.retried", description="Retry runs queued (reason)")
-deactivations = _meter.create_counter("runplane.jobs.deactivated", description="Jobs deactivated after failing")
-pickups_published = _meter.create_counter("runplane.pickups.published", description="Pickups sent (source)")
-pickups_dropped = _meter.create_counter(
-    "runplane.pickups.dropped", description="Pickups dropped because another dispatcher held the account lock"
+retries = _counter("runplane.runs.retried", "Retry runs queued (reason)")
+deactivations = _counter("runplane.jobs.deactivated", "Jobs deactivated after failing")
+pickups_published = _counter("runplane.pickups.published", "Pickups sent (source)")
+pickups_dropped = _counter(
+    "runplane.pickups.dropped", "Pickups dropped because another dispatcher held the account lock"
 )
-lock_attempts = _meter.create_counter(
-    "runplane.dispatcher.lock_attempts", description="Account lock attempts (result: acquired, held)"
+lock_attempts = _counter("runplane.dispatcher.lock_attempts", "Account lock attempts (result: acquired, held)")
+launch_failures = _counter("runplane.launch.failures", "Failed launches (launcher, retryable)")
+bus_redeliveries = _counter(
+    "runplane.bus.redeliveries", "Bus messages delivered again after a consumer died (message_type)"
 )
-launch_failures = _meter.create_counter("runplane.launch.failures", description="Failed launches (launcher, retryable)")
-bus_redeliveries = _meter.create_counter(
-    "runplane.bus.redeliveries", description="Bus messages delivered again after a consumer died (message_type)"
-)
-orchestrator_assigned = _meter.create_counter("runplane.orchestrator.assigned", description="Jobs sent in Assign")
-orchestrator_updates = _meter.create_counter("runplane.orchestrator.updates", description="Update messages sent")
+orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in Assign")
+orchestrator_updates = _counter("runplane.orchestrator.updates", "Update messages sent")
 
 # -- gauges --------------------------------------------------------------------------------------
-queued_runs = _meter.create_gauge("runplane.runs.queued_now", description="Runs queued right now")
-oldest_queued_age = _meter.create_gauge(
-    "runplane.runs.oldest_queued_age", unit="s", description="Age of the oldest queued run"
-)
-running_runs = _meter.create_gauge("runplane.runs.running_now", description="Runs starting or running right now")
-slots_in_use = _meter.create_gauge("runplane.slots.in_use", description="Run slots taken, all accounts")
-jobs_owned = _meter.create_gauge("runplane.worker.jobs_owned", description="Jobs a queuer worker owns (worker)")
-heartbeat_age = _meter.create_gauge(
-    "runplane.worker.heartbeat_age", unit="s", description="Seconds since a worker's last heartbeat (worker)"
-)
-orchestrator_term = _meter.create_gauge("runplane.orchestrator.term", description="The leader's term")
-orchestrator_leader = _meter.create_gauge("runplane.orchestrator.leader", description="1 while this process leads")
+queued_runs = _gauge("runplane.runs.queued_now", "Runs queued right now")
+oldest_queued_age = _gauge("runplane.runs.oldest_queued_age", "Age of the oldest queued run", unit="s")
+running_runs = _gauge("runplane.runs.running_now", "Runs starting or running right now")
+slots_in_use = _gauge("runplane.slots.in_use", "Run slots taken, all accounts")
+jobs_owned = _gauge("runplane.worker.jobs_owned", "Jobs a queuer worker owns (worker)")
+heartbeat_age = _gauge("runplane.worker.heartbeat_age", "Seconds since a worker's last heartbeat (worker)", unit="s")
+orchestrator_term = _gauge("runplane.orchestrator.term", "The leader's term")
+orchestrator_leader = _gauge("runplane.orchestrator.leader", "1 while this process leads")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -45,6 +47,44 @@ class DispatcherSettings(BaseModel):
     )
 
 
+class KubernetesSettings(BaseModel):
+    """Where and how the ``kubernetes`` launcher starts runner Pods.
+
+    A dispatcher talks to one cluster; the name it records on each run is ``dispatcher.cluster``.
+    """
+
+    context: str = Field("", description="kubeconfig context to use; empty: the in-cluster service account.")
+    kubeconfig: str = Field("", description="kubeconfig file; empty: $KUBECONFIG or ~/.kube/config.")
+    namespace: str = Field("runplane-runs", description="Namespace the run Pods are created in.")
+    image: str = Field("ghcr.io/runplane/runplane-runner:0.1.0", description="Runner image (dbt installed).")
+    image_pull_policy: str = Field("IfNotPresent", description="Always, IfNotPresent or Never.")
+    service_account: str = Field("", description="Service account of run Pods; empty: the namespace default.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels run Pods require.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tolerations of run Pods, as in a Pod spec (camelCase keys)."
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets used to pull the image.")
+    env_from_secrets: list[str] = Field(
+        default_factory=list, description="Secrets whose keys become the runner's environment (the three URLs)."
+    )
+    cpu_request: str = Field("250m", description="CPU request of a run Pod; memory comes from the account.")
+    run_as_user: int = Field(10001, description="Non-root uid the runner container runs as.")
+    deadline_slack_seconds: int = Field(
+        120, description="Added to a run's timeout for activeDeadlineSeconds, so the runner ends it first."
+    )
+    pod_retention_seconds: float = Field(300.0, description="How long finished Pods are kept (for logs).")
+    sweep_interval: float = Field(15.0, description="Seconds between retention and orphan sweeps.")
+    orphan_grace_seconds: float = Field(
+        60.0, description="A running Pod whose run ended less than this ago is left to exit by itself."
+    )
+    watch_timeout_seconds: int = Field(60, description="Server-side timeout of one watch request.")
+    relist_backoff: float = Field(1.0, description="Pause before relisting after a failed watch.")
+    request_timeout: float = Field(10.0, description="Seconds one API request may take.")
+    api_attempts: int = Field(4, description="Tries of one API call on 429, 5xx or a dropped connection.")
+    api_backoff: float = Field(0.5, description="First retry delay of an API call, doubled per retry.")
+    api_backoff_cap: float = Field(8.0, description="Longest wait inside one launch; a longer Retry-After defers.")
+
+
 class RunnerSettings(BaseModel):
     lease_seconds: float = Field(30.0, description="A runner silent this long is lost.")
     heartbeat_interval: float = Field(5.0, description="Seconds between lease renewals.")
@@ -76,3 +116,4 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = SchedulerSettings()
     dispatcher: DispatcherSettings = DispatcherSettings()
     runner: RunnerSettings = RunnerSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()

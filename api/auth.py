@@ -1,0 +1,143 @@
+"""Bearer-token authentication and the account every call is scoped to.
+
+Tokens are random strings shown once; only their sha256 is stored. The interceptor wraps every
+handler of the runplane services: it resolves ``authorization: Bearer <token>`` to an account,
+makes that account the call's scope (:func:`current_account`) and runs the handler inside the
+error boundary. Health checking and reflection stay open so probes and tools need no token.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, Protocol
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+
+from api.errors import status_boundary
+from runplane import tracing
+from runplane.errors import Unauthenticated
+from runplane.types import AccountId
+
+# Services that answer without a token.
+OPEN_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+TOKEN_PREFIX_LENGTH = 8
+_tracer = trace.get_tracer(__name__)
+
+_account: contextvars.ContextVar[AccountId] = contextvars.ContextVar("runplane_account")
+
+
+def new_token() -> str:
+    """A fresh API token (about 256 bits of randomness)."""
+    return "rp_" + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def token_prefix(token: str) -> str:
+    return token[:TOKEN_PREFIX_LENGTH]
+
+
+def current_account() -> AccountId:
+    """The account of the call being served."""
+    try:
+        return _account.get()
+    except LookupError:
+        raise Unauthenticated("no account for this call") from None
+
+
+class TokenLookup(Protocol):
+    async def account_for_token(self, token_hash: bytes) -> AccountId | None: ...
+
+
+def bearer_token(metadata: Any) -> str:
+    """The token of the ``authorization`` metadata, or Unauthenticated."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("authorization must be 'Bearer <token>'")
+            return token.strip()
+    raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Authenticates each call and maps its errors to status codes."""
+
+    def __init__(self, tokens: TokenLookup) -> None:
+        self._tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],  # type: ignore[type-arg]
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_SERVICES):
+            return handler
+        if handler.request_streaming:
+            raise TypeError(f"{method}: client-streaming methods are not served")
+        if handler.response_streaming:
+            assert handler.unary_stream is not None
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),  # type: ignore[arg-type]
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        assert handler.unary_unary is not None
+        return grpc.unary_unary_rpc_method_handler(
+            self._wrap_unary(method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext[object, object]) -> AccountId:
+        token = bearer_token(context.invocation_metadata())
+        account_id = await self._tokens.account_for_token(token_hash(token))
+        if account_id is None:
+            raise Unauthenticated("unknown or revoked token")
+        return account_id
+
+    def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+        async def unary(request: object, context: grpc.aio.ServicerContext[object, object]) -> object:
+            with _server_span(method, context):
+                async with status_boundary(context, method):
+                    _account.set(await self._authenticate(context))
+                    return await behavior(request, context)
+            raise AssertionError("unreachable: the boundary aborts")
+
+        return unary
+
+    def _wrap_stream(
+        self, method: str, behavior: Callable[..., AsyncIterator[object]]
+    ) -> Callable[..., AsyncIterator[object]]:
+        async def stream(request: object, context: grpc.aio.ServicerContext[object, object]) -> AsyncIterator[object]:
+            with _server_span(method, context):
+                async with status_boundary(context, method):
+                    _account.set(await self._authenticate(context))
+                    async for item in behavior(request, context):
+                        yield item
+
+        return stream
+
+
+def _server_span(method: str, context: grpc.aio.ServicerContext[object, object]) -> ContextManager[Span]:
+    """A server span per call, continuing the caller's trace when its metadata carries one."""
+    metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    return _tracer.start_as_current_span(
+        method.rsplit("/", 1)[-1], context=tracing.extract(metadata), kind=SpanKind.SERVER,
+        attributes={"rpc.system": "grpc", "rpc.method": method},
+    )  # fmt: skip

@@ -1,0 +1,122 @@
+"""JobService: create, read, list, replace and delete job definitions.
+
+Every write that matters to scheduling bumps ``jobs.version``; the table's trigger then NOTIFYs
+``runplane_jobs`` so the orchestrator hands the new definition to the job's queuer worker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from api import convert, paging
+from api.auth import current_account
+from api.store import Row, Store
+from api.validation import JobSpec, job_spec, positive_id
+from runplane import instruments
+from runplane.db import Connection
+from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.types import AccountId, JobId
+from runplane.v1 import jobs_pb2, jobs_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+class JobService(jobs_pb2_grpc.JobServiceServicer):
+    def __init__(self, store: Store, *, max_page_size: int) -> None:
+        self._store = store
+        self._max_page_size = max_page_size
+
+    async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: Context) -> jobs_pb2.Job:
+        account_id = current_account()
+        spec = job_spec(request)
+        async with self._store.transaction() as conn:
+            await self._check_completion_triggers(conn, account_id, None, spec)
+            row = await self._store.insert_job(conn, account_id, spec)
+            await self._store.replace_completion_triggers(conn, JobId(row["id"]), spec)
+            out = await self._job(conn, row)
+        log.info("job created", extra={"account_id": account_id, "job_id": row["id"]})
+        return out
+
+    async def GetJob(self, request: jobs_pb2.GetJobRequest, context: Context) -> jobs_pb2.Job:
+        account_id = current_account()
+        async with self._store.connection() as conn:
+            row = await self._existing(conn, account_id, request.job_id)
+            return await self._job(conn, row)
+
+    async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: Context) -> jobs_pb2.ListJobsResponse:
+        account_id = current_account()
+        page = paging.page(request.page_size, request.page_token, self._max_page_size, "jobs", account_id)
+        async with self._store.connection() as conn:
+            rows = await self._store.list_jobs(conn, account_id, after_id=page.after_id, limit=page.limit)
+            rows, next_token = page.split(rows)
+            triggers = await self._store.completion_triggers(conn, [r["id"] for r in rows])
+        return jobs_pb2.ListJobsResponse(
+            jobs=[convert.job(r, triggers[r["id"]]) for r in rows], next_page_token=next_token
+        )
+
+    async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: Context) -> jobs_pb2.Job:
+        account_id = current_account()
+        job_id = JobId(positive_id(request.job_id, "job_id"))
+        spec = job_spec(request)
+        async with self._store.transaction() as conn:
+            current = await self._existing(conn, account_id, job_id, for_update=True)
+            if request.expected_version and request.expected_version != current["version"]:
+                raise FailedPrecondition(
+                    f"job {job_id} is at version {current['version']}, not {request.expected_version}: "
+                    "read it again and reapply the change"
+                )
+            await self._check_completion_triggers(conn, account_id, job_id, spec)
+            row = await self._store.update_job(conn, account_id, job_id, spec)
+            await self._store.replace_completion_triggers(conn, job_id, spec)
+            out = await self._job(conn, row)
+        log.info("job updated", extra={"account_id": account_id, "job_id": job_id, "version": row["version"]})
+        return out
+
+    async def DeleteJob(self, request: jobs_pb2.DeleteJobRequest, context: Context) -> jobs_pb2.DeleteJobResponse:
+        account_id = current_account()
+        job_id = JobId(positive_id(request.job_id, "job_id"))
+        async with self._store.transaction() as conn:
+            if not await self._store.delete_job(conn, account_id, job_id):
+                raise NotFound(f"job {job_id} not found")
+            cancelled = await self._store.cancel_queued_runs_of_job(
+                conn, job_id, f"Cancelled: job {job_id} was deleted before this run started."
+            )
+            await self._store.drop_completion_triggers_on(conn, job_id)
+        log.info("job deleted", extra={"account_id": account_id, "job_id": job_id, "cancelled_runs": cancelled})
+        if cancelled:
+            instruments.cancellations.add(cancelled, {"reason": "job_deleted"})
+        return jobs_pb2.DeleteJobResponse()
+
+    async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Row:
+        positive_id(job_id, "job_id")
+        row = await self._store.get_job(conn, account_id, job_id, for_update=for_update)
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        return row
+
+    async def _job(self, conn: Connection, row: Row) -> jobs_pb2.Job:
+        triggers = await self._store.completion_triggers(conn, [row["id"]])
+        return convert.job(row, triggers[row["id"]])
+
+    async def _check_completion_triggers(
+        self, conn: Connection, account_id: AccountId, job_id: JobId | None, spec: JobSpec
+    ) -> None:
+        """Upstream jobs must be live jobs of the same account, other than the job, without loops."""
+        upstream_ids = [t.upstream_job_id for t in spec.on_completion]
+        if not upstream_ids:
+            return
+        live = await self._store.live_job_ids(conn, account_id, list(upstream_ids))
+        for i, upstream in enumerate(upstream_ids):
+            field = f"triggers.on_completion[{i}].upstream_job_id"
+            if upstream == job_id:
+                raise InvalidArgument(field, "a job cannot run on its own completion")
+            if upstream not in live:
+                raise InvalidArgument(field, f"job {upstream} not found")
+        if job_id is not None and await self._store.completion_creates_cycle(conn, job_id, list(upstream_ids)):
+            raise InvalidArgument(
+                "triggers.on_completion", "these triggers would make jobs trigger each other in a loop"
+            )

@@ -1,0 +1,174 @@
+-- Every query of the API. Account scoping is part of each query: a row of another account is
+-- never returned, so it looks exactly like a missing one.
+
+-- name: account_for_token
+SELECT account_id FROM api_tokens WHERE token_hash = %(token_hash)s AND revoked_at IS NULL;
+
+-- name: insert_account
+INSERT INTO accounts (name, run_slots, memory_mb)
+VALUES (%(name)s, %(run_slots)s, %(memory_mb)s)
+RETURNING id;
+
+-- name: account_by_name
+SELECT id FROM accounts WHERE name = %(name)s ORDER BY id LIMIT 1;
+
+-- name: account_exists
+SELECT EXISTS (SELECT 1 FROM accounts WHERE id = %(account_id)s) AS found;
+
+-- name: insert_token
+INSERT INTO api_tokens (account_id, token_hash, token_prefix)
+VALUES (%(account_id)s, %(token_hash)s, %(token_prefix)s)
+RETURNING id;
+
+-- name: insert_job
+INSERT INTO jobs (
+    account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
+    timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
+    missed_run_grace_seconds, priority
+) VALUES (
+    %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
+    %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
+    %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s
+)
+RETURNING *;
+
+-- name: get_job
+SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: get_job_for_update
+SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: job_by_name
+SELECT * FROM jobs
+WHERE account_id = %(account_id)s AND name = %(name)s AND deleted_at IS NULL
+ORDER BY id LIMIT 1;
+
+-- name: list_jobs
+SELECT * FROM jobs
+WHERE account_id = %(account_id)s AND deleted_at IS NULL
+  AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: live_job_ids
+SELECT id FROM jobs
+WHERE account_id = %(account_id)s AND deleted_at IS NULL AND id = ANY(%(job_ids)s::bigint[]);
+
+-- name: completion_creates_cycle
+-- Would making job_id run on completion of upstream_ids close a loop? Follow the upstream edges.
+WITH RECURSIVE upstream(id) AS (
+    SELECT unnest(%(upstream_ids)s::bigint[])
+    UNION
+    SELECT t.upstream_job_id FROM job_completion_triggers t JOIN upstream u ON t.job_id = u.id
+)
+SELECT EXISTS (SELECT 1 FROM upstream WHERE id = %(job_id)s) AS cycle;
+
+-- name: completion_triggers
+SELECT job_id, upstream_job_id, statuses FROM job_completion_triggers
+WHERE job_id = ANY(%(job_ids)s::bigint[])
+ORDER BY job_id, upstream_job_id;
+
+-- name: delete_completion_triggers
+DELETE FROM job_completion_triggers WHERE job_id = %(job_id)s;
+
+-- name: insert_completion_trigger
+INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses)
+VALUES (%(job_id)s, %(upstream_job_id)s, %(statuses)s::smallint[]);
+
+-- name: update_job
+-- Saving a job replaces its definition and reactivates it.
+UPDATE jobs SET
+    name = %(name)s, job_type = %(job_type)s, steps = %(steps)s, cron = %(cron)s, timezone = %(timezone)s,
+    on_pull_request = %(on_pull_request)s, on_merge = %(on_merge)s, threads = %(threads)s,
+    timeout_seconds = %(timeout_seconds)s, target_name = %(target_name)s, environment = %(environment)s,
+    git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,
+    retry_on_step_failure = %(retry_on_step_failure)s, missed_run_grace_seconds = %(missed_run_grace_seconds)s,
+    priority = %(priority)s,
+    deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
+    version = version + 1, updated_at = now()
+WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: delete_job
+UPDATE jobs SET deleted_at = now(), version = version + 1, updated_at = now()
+WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING id;
+
+-- name: drop_completion_triggers_on
+-- Jobs that ran on completion of a deleted job lose that trigger; their version says so.
+WITH dropped AS (
+    DELETE FROM job_completion_triggers WHERE upstream_job_id = %(job_id)s RETURNING job_id
+)
+UPDATE jobs SET version = version + 1, updated_at = now()
+WHERE id IN (SELECT job_id FROM dropped) AND deleted_at IS NULL;
+
+-- name: cancel_queued_runs_of_job
+UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s
+WHERE job_id = %(job_id)s AND status = 1;
+
+-- name: reactivate_job
+UPDATE jobs SET deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
+    version = version + 1, updated_at = now()
+WHERE id = %(job_id)s AND deactivated_at IS NOT NULL
+RETURNING *;
+
+-- name: run_by_idempotency_key
+SELECT * FROM runs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: insert_run
+INSERT INTO runs (
+    account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
+    pull_request_number, schema_name, trace_parent, scheduled_at, queued_at
+) VALUES (
+    %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
+    %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, now(), now()
+)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: get_run
+SELECT * FROM runs WHERE id = %(run_id)s AND account_id = %(account_id)s;
+
+-- name: run_steps
+SELECT * FROM run_steps WHERE run_id = ANY(%(run_ids)s::bigint[]) ORDER BY run_id, step_index;
+
+-- name: list_runs
+SELECT * FROM runs
+WHERE account_id = %(account_id)s
+  AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
+  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
+  AND (NOT %(retries_exhausted_only)s OR retries_exhausted)
+  AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: cancel_queued_run
+-- Compare-and-set: only a run still queued is cancelled here; a dispatcher may have taken it.
+UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s,
+    cancel_requested_at = COALESCE(cancel_requested_at, now())
+WHERE id = %(run_id)s AND account_id = %(account_id)s AND status = 1
+RETURNING *;
+
+-- name: request_cancel
+-- A starting or running run is stopped by its runner, which watches cancel_requested_at.
+UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, now())
+WHERE id = %(run_id)s AND account_id = %(account_id)s AND status IN (2, 3)
+RETURNING *;
+
+-- name: run_status
+SELECT status FROM runs WHERE id = %(run_id)s;
+
+-- name: log_chunks
+SELECT seq, step_index, text, created_at FROM run_log_chunks
+WHERE run_id = %(run_id)s AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: list_artifacts
+SELECT path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
+WHERE run_id = %(run_id)s
+ORDER BY path;
+
+-- name: get_artifact
+SELECT path, step_index, octet_length(content) AS size_bytes, created_at, content FROM artifacts
+WHERE run_id = %(run_id)s AND path = %(path)s;

@@ -1,0 +1,237 @@
+"""The API's access to Postgres: every read and write, as named queries from ``queries.sql``.
+
+Methods take the connection to use, so a caller can put several of them in one transaction
+(``async with store.transaction() as conn``). Rows are dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from api.validation import JobSpec
+from runplane.db import Connection, transaction
+from runplane.errors import ServiceUnavailable
+from runplane.sql import load_queries
+from runplane.types import AccountId, JobId, RunId, RunStatus
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+QUERIES = load_queries("api")
+
+
+class Store:
+    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        async with _database_errors(), transaction(self._pool) as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection in autocommit mode: each statement commits on its own."""
+        async with _database_errors(), self._pool.connection() as conn:
+            yield conn
+
+    # accounts and tokens
+
+    async def account_for_token(self, token_hash: bytes) -> AccountId | None:
+        async with self.connection() as conn:
+            row = await _one(conn, "account_for_token", token_hash=token_hash)
+        return None if row is None else AccountId(row["account_id"])
+
+    async def insert_account(self, conn: Connection, *, name: str, run_slots: int, memory_mb: int) -> AccountId:
+        row = await _one(conn, "insert_account", name=name, run_slots=run_slots, memory_mb=memory_mb)
+        assert row is not None
+        return AccountId(row["id"])
+
+    async def account_by_name(self, conn: Connection, name: str) -> AccountId | None:
+        row = await _one(conn, "account_by_name", name=name)
+        return None if row is None else AccountId(row["id"])
+
+    async def account_exists(self, conn: Connection, account_id: int) -> bool:
+        row = await _one(conn, "account_exists", account_id=account_id)
+        return bool(row and row["found"])
+
+    async def insert_token(self, conn: Connection, *, account_id: AccountId, token_hash: bytes, prefix: str) -> None:
+        await _execute(conn, "insert_token", account_id=account_id, token_hash=token_hash, token_prefix=prefix)
+
+    # jobs
+
+    async def insert_job(self, conn: Connection, account_id: AccountId, spec: JobSpec) -> Row:
+        row = await _one(conn, "insert_job", account_id=account_id, **_job_params(spec))
+        assert row is not None
+        return row
+
+    async def get_job(
+        self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False
+    ) -> Row | None:
+        return await _one(conn, "get_job_for_update" if for_update else "get_job", account_id=account_id, job_id=job_id)
+
+    async def job_by_name(self, conn: Connection, account_id: AccountId, name: str) -> Row | None:
+        return await _one(conn, "job_by_name", account_id=account_id, name=name)
+
+    async def list_jobs(
+        self, conn: Connection, account_id: AccountId, *, after_id: int | None, limit: int
+    ) -> list[Row]:
+        return await _all(conn, "list_jobs", account_id=account_id, after_id=after_id, limit=limit)
+
+    async def live_job_ids(self, conn: Connection, account_id: AccountId, job_ids: list[int]) -> set[int]:
+        rows = await _all(conn, "live_job_ids", account_id=account_id, job_ids=job_ids)
+        return {row["id"] for row in rows}
+
+    async def completion_creates_cycle(self, conn: Connection, job_id: JobId, upstream_ids: list[int]) -> bool:
+        row = await _one(conn, "completion_creates_cycle", job_id=job_id, upstream_ids=upstream_ids)
+        return bool(row and row["cycle"])
+
+    async def completion_triggers(self, conn: Connection, job_ids: list[int]) -> dict[int, list[Row]]:
+        out: dict[int, list[Row]] = {job_id: [] for job_id in job_ids}
+        for row in await _all(conn, "completion_triggers", job_ids=job_ids):
+            out[row["job_id"]].append(row)
+        return out
+
+    async def replace_completion_triggers(self, conn: Connection, job_id: JobId, spec: JobSpec) -> None:
+        await _execute(conn, "delete_completion_triggers", job_id=job_id)
+        for trigger in spec.on_completion:
+            await _execute(
+                conn,
+                "insert_completion_trigger",
+                job_id=job_id,
+                upstream_job_id=trigger.upstream_job_id,
+                statuses=[int(s) for s in trigger.statuses],
+            )
+
+    async def update_job(self, conn: Connection, account_id: AccountId, job_id: JobId, spec: JobSpec) -> Row:
+        row = await _one(conn, "update_job", account_id=account_id, job_id=job_id, **_job_params(spec))
+        assert row is not None, "the caller holds the job's row lock"
+        return row
+
+    async def delete_job(self, conn: Connection, account_id: AccountId, job_id: int) -> bool:
+        return await _one(conn, "delete_job", account_id=account_id, job_id=job_id) is not None
+
+    async def drop_completion_triggers_on(self, conn: Connection, job_id: int) -> None:
+        await _execute(conn, "drop_completion_triggers_on", job_id=job_id)
+
+    async def cancel_queued_runs_of_job(self, conn: Connection, job_id: int, message: str) -> int:
+        return await _execute(conn, "cancel_queued_runs_of_job", job_id=job_id, message=message)
+
+    async def reactivate_job(self, conn: Connection, job_id: JobId) -> Row | None:
+        return await _one(conn, "reactivate_job", job_id=job_id)
+
+    # runs
+
+    async def run_by_idempotency_key(self, conn: Connection, key: str) -> Row | None:
+        return await _one(conn, "run_by_idempotency_key", idempotency_key=key)
+
+    async def insert_run(self, conn: Connection, **params: Any) -> Row | None:
+        """The new run, or None when its idempotency key is taken."""
+        params["overrides"] = Jsonb(params["overrides"])
+        return await _one(conn, "insert_run", **params)
+
+    async def get_run(self, conn: Connection, account_id: AccountId, run_id: int) -> Row | None:
+        return await _one(conn, "get_run", account_id=account_id, run_id=run_id)
+
+    async def run_steps(self, conn: Connection, run_ids: list[int]) -> dict[int, list[Row]]:
+        out: dict[int, list[Row]] = {run_id: [] for run_id in run_ids}
+        for row in await _all(conn, "run_steps", run_ids=run_ids):
+            out[row["run_id"]].append(row)
+        return out
+
+    async def list_runs(
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        *,
+        job_id: int | None,
+        statuses: list[RunStatus],
+        retries_exhausted_only: bool,
+        after_id: int | None,
+        limit: int,
+    ) -> list[Row]:
+        return await _all(
+            conn,
+            "list_runs",
+            account_id=account_id,
+            job_id=job_id,
+            statuses=[int(s) for s in statuses],
+            retries_exhausted_only=retries_exhausted_only,
+            after_id=after_id,
+            limit=limit,
+        )
+
+    async def cancel_queued_run(self, conn: Connection, account_id: AccountId, run_id: int, message: str) -> Row | None:
+        return await _one(conn, "cancel_queued_run", account_id=account_id, run_id=run_id, message=message)
+
+    async def request_cancel(self, conn: Connection, account_id: AccountId, run_id: int) -> Row | None:
+        return await _one(conn, "request_cancel", account_id=account_id, run_id=run_id)
+
+    async def run_status(self, conn: Connection, run_id: RunId) -> RunStatus:
+        row = await _one(conn, "run_status", run_id=run_id)
+        assert row is not None, "runs are never deleted while their account exists"
+        return RunStatus(row["status"])
+
+    async def log_chunks(self, conn: Connection, run_id: RunId, *, after_seq: int, limit: int) -> list[Row]:
+        return await _all(conn, "log_chunks", run_id=run_id, after_seq=after_seq, limit=limit)
+
+    async def list_artifacts(self, conn: Connection, run_id: RunId) -> list[Row]:
+        return await _all(conn, "list_artifacts", run_id=run_id)
+
+    async def get_artifact(self, conn: Connection, run_id: RunId, path: str) -> Row | None:
+        return await _one(conn, "get_artifact", run_id=run_id, path=path)
+
+
+@contextlib.asynccontextmanager
+async def _database_errors() -> AsyncIterator[None]:
+    """Postgres going away (or a pool with no free connection) becomes ServiceUnavailable."""
+    try:
+        yield
+    except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+        raise ServiceUnavailable("a concurrent change conflicted with this one; try again") from exc
+    except psycopg.OperationalError as exc:  # includes psycopg_pool.PoolTimeout
+        log.warning("database unavailable: %s", exc)
+        raise ServiceUnavailable("the database is unavailable; try again") from exc
+
+
+def _job_params(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "job_type": spec.job_type.value,
+        "steps": spec.steps,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "on_pull_request": spec.on_pull_request,
+        "on_merge": spec.on_merge,
+        "threads": spec.threads,
+        "timeout_seconds": spec.timeout_seconds,
+        "target_name": spec.target_name,
+        "environment": Jsonb(spec.environment),
+        "git_branch": spec.git_branch,
+        "retry_max_attempts": spec.retry_max_attempts,
+        "retry_on_step_failure": spec.retry_on_step_failure,
+        "missed_run_grace_seconds": spec.missed_run_grace_seconds,
+        "priority": spec.priority,
+    }
+
+
+async def _one(conn: Connection, query: str, **params: Any) -> Row | None:
+    cur = await conn.execute(QUERIES[query], params)
+    return await cur.fetchone()
+
+
+async def _all(conn: Connection, query: str, **params: Any) -> list[Row]:
+    cur = await conn.execute(QUERIES[query], params)
+    return await cur.fetchall()
+
+
+async def _execute(conn: Connection, query: str, **params: Any) -> int:
+    cur = await conn.execute(QUERIES[query], params)
+    return cur.rowcount

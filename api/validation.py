@@ -1,0 +1,276 @@
+"""Checking what clients send, before anything is written.
+
+Each check raises ``InvalidArgument`` naming the offending field (``steps[2]``,
+``settings.environment``, ...). What passes becomes a plain, typed spec that the store writes as is.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field, replace
+
+from runplane.cron import validate_cron, validate_timezone
+from runplane.errors import InvalidArgument
+from runplane.types import (
+    JOB_TYPE_FROM_PROTO,
+    TERMINAL_STATUSES,
+    TRIGGER_FROM_PROTO,
+    JobId,
+    JobType,
+    RunStatus,
+    Trigger,
+)
+from runplane.v1 import jobs_pb2, runs_pb2
+
+MAX_NAME = 200
+MAX_STEPS = 50
+MAX_STEP = 4096
+MAX_ENV = 100
+MAX_ENV_VALUE = 4096
+MAX_THREADS = 64
+DEFAULT_THREADS = 4
+MAX_TIMEOUT_SECONDS = 86_400
+MAX_RETRY_ATTEMPTS = 10
+MAX_PRIORITY = 1000
+DEFAULT_GRACE_SECONDS = 300
+MAX_GRACE_SECONDS = 86_400
+MAX_COMPLETION_TRIGGERS = 20
+MAX_CAUSE = 1000
+MAX_IDEMPOTENCY_KEY = 200
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_RESERVED_ENV_PREFIX = "RUNPLANE_"
+# Branch names reach git's command line: no leading dash, no spaces, no shell metacharacters.
+_GIT_BRANCH = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_./+@-]{0,254}")
+_GIT_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_TARGET = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+
+# Which client triggers may start runs of which job types; the rest are internal.
+CLIENT_TRIGGERS = frozenset({Trigger.API, Trigger.MANUAL, Trigger.CI, Trigger.MERGE})
+
+
+def text(value: str, name: str, *, max_length: int, single_line: bool = True, required: bool = False) -> str:
+    """``value`` if it is short enough and holds nothing Postgres or a terminal would choke on."""
+    if required and not value.strip():
+        raise InvalidArgument(name, "must not be empty")
+    if len(value) > max_length:
+        raise InvalidArgument(name, f"must be at most {max_length} characters (got {len(value)})")
+    if "\x00" in value:
+        raise InvalidArgument(name, "must not contain NUL characters")
+    if single_line and any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidArgument(name, "must not contain control characters")
+    return value
+
+
+def bounded(value: int, name: str, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(name, f"must be between {low} and {high} (got {value})")
+    return value
+
+
+def positive_id(value: int, name: str) -> int:
+    if value <= 0:
+        raise InvalidArgument(name, f"must be a positive id (got {value})")
+    return value
+
+
+@dataclass(frozen=True)
+class CompletionTriggerSpec:
+    upstream_job_id: JobId
+    statuses: tuple[RunStatus, ...]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job definition, as stored."""
+
+    name: str
+    job_type: JobType
+    steps: list[str]
+    cron: str | None = None
+    timezone: str = "UTC"
+    on_completion: list[CompletionTriggerSpec] = field(default_factory=list)
+    on_pull_request: bool = False
+    on_merge: bool = False
+    threads: int = DEFAULT_THREADS
+    timeout_seconds: int = 0
+    target_name: str = ""
+    environment: dict[str, str] = field(default_factory=dict)
+    git_branch: str = ""
+    retry_max_attempts: int = 0
+    retry_on_step_failure: bool = False
+    missed_run_grace_seconds: int = DEFAULT_GRACE_SECONDS
+    priority: int = 0
+
+
+def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
+    """Validate a job definition. A request without ``settings`` gets every default."""
+    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
+    job_type = JOB_TYPE_FROM_PROTO.get(request.job_type)
+    if job_type is None:
+        raise InvalidArgument("job_type", "must be deploy, ci, merge or adhoc")
+    steps = _steps(list(request.steps), "steps")
+    spec = JobSpec(name=name, job_type=job_type, steps=steps)
+    if request.HasField("triggers"):
+        spec = _with_triggers(spec, request.triggers)
+    if request.HasField("settings"):
+        spec = _with_settings(spec, request.settings)
+    return spec
+
+
+def _steps(steps: list[str], name: str) -> list[str]:
+    if not steps:
+        raise InvalidArgument(name, "a job needs at least one step")
+    if len(steps) > MAX_STEPS:
+        raise InvalidArgument(name, f"at most {MAX_STEPS} steps (got {len(steps)})")
+    return [
+        text(step, f"{name}[{i}]", max_length=MAX_STEP, single_line=False, required=True)
+        for i, step in enumerate(steps)
+    ]
+
+
+def _with_triggers(spec: JobSpec, triggers: jobs_pb2.JobTriggers) -> JobSpec:
+    cron: str | None = None
+    timezone = "UTC"
+    if triggers.HasField("schedule"):
+        if spec.job_type in (JobType.CI, JobType.MERGE):
+            raise InvalidArgument("triggers.schedule", f"{spec.job_type} jobs run on pull requests, not on a schedule")
+        cron = validate_cron(triggers.schedule.cron, "triggers.schedule.cron")
+        timezone = validate_timezone(triggers.schedule.timezone, "triggers.schedule.timezone")
+    if triggers.on_pull_request and spec.job_type is not JobType.CI:
+        raise InvalidArgument("triggers.on_pull_request", "only ci jobs run on pull requests")
+    if triggers.on_merge and spec.job_type is not JobType.MERGE:
+        raise InvalidArgument("triggers.on_merge", "only merge jobs run on merges")
+    if len(triggers.on_completion) > MAX_COMPLETION_TRIGGERS:
+        raise InvalidArgument("triggers.on_completion", f"at most {MAX_COMPLETION_TRIGGERS} completion triggers")
+    completion: list[CompletionTriggerSpec] = []
+    seen: set[int] = set()
+    for i, trigger in enumerate(triggers.on_completion):
+        name = f"triggers.on_completion[{i}]"
+        upstream = positive_id(trigger.upstream_job_id, f"{name}.upstream_job_id")
+        if upstream in seen:
+            raise InvalidArgument(f"{name}.upstream_job_id", f"job {upstream} is listed twice")
+        seen.add(upstream)
+        completion.append(CompletionTriggerSpec(JobId(upstream), _terminal_statuses(list(trigger.statuses), name)))
+    return replace(
+        spec,
+        cron=cron,
+        timezone=timezone,
+        on_completion=completion,
+        on_pull_request=triggers.on_pull_request,
+        on_merge=triggers.on_merge,
+    )
+
+
+def _terminal_statuses(values: list[int], name: str) -> tuple[RunStatus, ...]:
+    if not values:
+        raise InvalidArgument(f"{name}.statuses", "name at least one of success, error, cancelled")
+    statuses: list[RunStatus] = []
+    for value in values:
+        if value not in {s.value for s in TERMINAL_STATUSES}:
+            raise InvalidArgument(f"{name}.statuses", f"{value} is not a terminal status (success, error, cancelled)")
+        if RunStatus(value) not in statuses:
+            statuses.append(RunStatus(value))
+    return tuple(sorted(statuses))
+
+
+def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
+    grace = settings.missed_run_grace_seconds
+    if grace == -1:
+        grace = DEFAULT_GRACE_SECONDS
+    return replace(
+        spec,
+        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS) or DEFAULT_THREADS,
+        timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
+        target_name=_match(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
+        environment=environment(dict(settings.environment), "settings.environment"),
+        git_branch=git_branch(settings.git_branch, "settings.git_branch"),
+        retry_max_attempts=bounded(settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS),
+        retry_on_step_failure=settings.retry_on_step_failure,
+        missed_run_grace_seconds=bounded(grace, "settings.missed_run_grace_seconds", 0, MAX_GRACE_SECONDS),
+        priority=bounded(settings.priority, "settings.priority", -MAX_PRIORITY, MAX_PRIORITY),
+    )
+
+
+def environment(env: dict[str, str], name: str) -> dict[str, str]:
+    if len(env) > MAX_ENV:
+        raise InvalidArgument(name, f"at most {MAX_ENV} entries (got {len(env)})")
+    for key, value in env.items():
+        if not _ENV_KEY.fullmatch(key):
+            raise InvalidArgument(name, f"{key[:80]!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if key.upper().startswith(_RESERVED_ENV_PREFIX):
+            raise InvalidArgument(name, f"{key!r}: names starting with {_RESERVED_ENV_PREFIX} are reserved")
+        text(value, f"{name}[{key}]", max_length=MAX_ENV_VALUE, single_line=False)
+    return env
+
+
+def git_branch(value: str, name: str) -> str:
+    if value and (not _GIT_BRANCH.fullmatch(value) or ".." in value):
+        raise InvalidArgument(name, f"{value[:80]!r} is not a valid branch name")
+    return value
+
+
+def _match(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
+    if value and not pattern.fullmatch(value):
+        raise InvalidArgument(name, f"{value[:80]!r} is not valid ({allowed})")
+    return value
+
+
+@dataclass(frozen=True)
+class RunOverridesSpec:
+    """Validated per-run overrides; only what the client set."""
+
+    steps: list[str] | None = None
+    threads: int | None = None
+    git_branch: str | None = None
+    git_sha: str | None = None
+    schema: str | None = None
+    timeout_seconds: int | None = None
+    pull_request_number: int | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    job_id: JobId
+    trigger: Trigger
+    cause: str
+    client_key: str | None
+    overrides: RunOverridesSpec
+
+
+def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
+    """Validate what does not depend on the job; ``runs`` checks the rest against it."""
+    job_id = JobId(positive_id(request.job_id, "job_id"))
+    trigger = Trigger.API if request.trigger == 0 else TRIGGER_FROM_PROTO.get(request.trigger)
+    if trigger is None or trigger not in CLIENT_TRIGGERS:
+        raise InvalidArgument("trigger", "must be api, manual, ci or merge (the others are internal)")
+    cause = text(request.cause, "cause", max_length=MAX_CAUSE)
+    key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+    overrides = run_overrides(request.overrides) if request.HasField("overrides") else RunOverridesSpec()
+    return TriggerSpec(job_id, trigger, cause, key, overrides)
+
+
+def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
+    name = "overrides"
+    return RunOverridesSpec(
+        steps=_steps(list(overrides.steps), f"{name}.steps") if overrides.steps else None,
+        threads=bounded(overrides.threads, f"{name}.threads", 0, MAX_THREADS) or None,
+        git_branch=git_branch(overrides.git_branch, f"{name}.git_branch") or None,
+        git_sha=_match(overrides.git_sha, f"{name}.git_sha", _GIT_SHA, "7 to 64 hex digits") or None,
+        schema=_match(overrides.schema, f"{name}.schema", _SCHEMA, "a SQL identifier of at most 63 characters") or None,
+        timeout_seconds=bounded(overrides.timeout_seconds, f"{name}.timeout_seconds", 0, MAX_TIMEOUT_SECONDS) or None,
+        pull_request_number=bounded(overrides.pull_request_number, f"{name}.pull_request_number", 0, 2**31 - 1) or None,
+    )
+
+
+def run_statuses(values: list[int], name: str) -> list[RunStatus]:
+    known = {s.value for s in RunStatus}
+    for value in values:
+        if value not in known:
+            raise InvalidArgument(name, f"{value} is not a run status")
+    return sorted({RunStatus(v) for v in values})

@@ -1,0 +1,94 @@
+"""The API started in-process on a free port, against this test's database, with accounts and clients."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from api.admin import create_account
+from api.client import channel
+from api.server import RunningApi, start_server
+from runplane.settings import Settings
+from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc
+
+AsyncDb = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+@dataclass
+class Client:
+    """Stubs of both services over one channel that sends the account's token."""
+
+    account_id: int
+    token: str
+    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    runs: runs_pb2_grpc.RunServiceAsyncStub
+
+
+@pytest.fixture
+def api_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"api": settings.api.model_copy(update={"log_poll_interval": 0.05})})
+
+
+@pytest.fixture
+async def api(api_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    running = await start_server(api_settings, port=0)
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def connect(api: RunningApi, token: str | None, account_id: int = 0) -> AsyncIterator[Client]:
+    async with channel(f"127.0.0.1:{api.port}", token) as chan:
+        yield Client(account_id, token or "", jobs_pb2_grpc.JobServiceStub(chan), runs_pb2_grpc.RunServiceStub(chan))
+
+
+@pytest.fixture
+async def client(api: RunningApi, settings: Settings) -> AsyncIterator[Client]:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
+    async with connect(api, token, account_id) as c:
+        yield c
+
+
+@pytest.fixture
+async def other(api: RunningApi, settings: Settings) -> AsyncIterator[Client]:
+    """A second account, to prove nothing leaks between accounts."""
+    account_id, token = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
+    async with connect(api, token, account_id) as c:
+        yield c
+
+
+@pytest.fixture
+async def adb(database_url: str) -> AsyncIterator[AsyncDb]:
+    """An async connection for arranging and asserting while the in-process server runs."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+async def status_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a call ends with (OK when it succeeds)."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def deploy_job(name: str = "nightly", **fields: Any) -> jobs_pb2.CreateJobRequest:
+    fields.setdefault("steps", ["echo hello"])
+    fields.setdefault("job_type", common_pb2.JOB_TYPE_DEPLOY)
+    return jobs_pb2.CreateJobRequest(name=name, **fields)
+
+
+async def scalar(db: AsyncDb, query: str, *params: Any) -> Any:
+    cur = await db.execute(query, params)  # type: ignore[arg-type]
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
