@@ -1,8 +1,10 @@
-"""Choosing the launcher named by ``settings.dispatcher.launcher``."""
+"""Choosing the launcher named by ``settings.dispatcher.launcher``, and what runs beside it."""
 
 from __future__ import annotations
 
-import importlib
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -13,9 +15,6 @@ from runplane.db import Connection
 from runplane.errors import InvalidArgument
 from runplane.settings import Settings
 
-# The Kubernetes launcher lives in its own module and is imported only when chosen (its client is heavy).
-KUBERNETES_MODULE = "dispatcher.kubernetes_launcher"
-
 
 def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> Launcher:
     name = settings.dispatcher.launcher
@@ -25,7 +24,20 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
         case "noop":
             return NoopLauncher(pool, settings.dispatcher.cluster)
         case "kubernetes":
-            module = importlib.import_module(KUBERNETES_MODULE)
-            launcher: Launcher = module.create_launcher(settings, pool)
-            return launcher
+            # Imported only when chosen: the Kubernetes client is heavy.
+            from dispatcher.kubernetes_launcher import KubernetesLauncher
+
+            return KubernetesLauncher(settings)
     raise InvalidArgument("dispatcher.launcher", f"unknown launcher {name!r}: local, noop or kubernetes")
+
+
+def companion(
+    settings: Settings, pool: AsyncConnectionPool[Connection], stop: asyncio.Event
+) -> Coroutine[Any, Any, None] | None:
+    """The background work a launcher needs beside the dispatcher: the Pod watcher for Kubernetes."""
+    if settings.dispatcher.launcher != "kubernetes":
+        return None
+    from dispatcher.kubernetes_outcomes import PostgresPodOutcomes
+    from dispatcher.kubernetes_watch import PodWatcher
+
+    return PodWatcher(settings, PostgresPodOutcomes(pool, settings)).run(stop)

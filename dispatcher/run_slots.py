@@ -40,10 +40,10 @@ class DispatchPlan:
 
 
 def ci_schema(job_id: int, pull_request_number: int | None, run_id: int) -> str:
-    """The schema of a CI run, named after the job and the pull request (dbt Cloud's convention)."""
+    """The schema of a CI run, named after the job and the pull request (as the API names it)."""
     if pull_request_number is None:
-        return f"dbt_cloud_pr_{job_id}_run_{run_id}"
-    return f"dbt_cloud_pr_{job_id}_{pull_request_number}"
+        return f"runplane_pr_{job_id}_run_{run_id}"
+    return f"runplane_pr_{job_id}_{pull_request_number}"
 
 
 def plan_dispatch(run_slots: int, active: list[ActiveRun], queued: list[QueuedRun]) -> DispatchPlan:

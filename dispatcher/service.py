@@ -26,7 +26,7 @@ from psycopg import AsyncPipeline
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
-from dispatcher.launchers import make_launcher
+from dispatcher.launchers import companion, make_launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
@@ -113,6 +113,7 @@ class Dispatcher:
                 await lock.release()
             except ServiceUnavailable as exc:
                 log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
+        log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
         await publish_pickups(self._bus, self._settings.bus_prefix, superseded_accounts - {account_id})
         if started:
             self.dispatched += len(started)
@@ -311,6 +312,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
             spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
+            watcher = companion(settings, pool, stop)
+            if watcher is not None:
+                spawn(group, f"dispatcher:{launcher.name}:watch", watcher)
             for index in range(concurrency):
                 spawn(
                     group,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -92,7 +93,7 @@ async def test_ci_runs_start_together_outside_the_slots_each_in_its_own_schema(
     runs = [queue_run(db, ci_job, trigger="ci", pull_request_number=pr) for pr in range(101, 106)]
     assert await pickup(settings, locks, HoldingLauncher(), account) == runs
     schemas = [run_row(db, r)["schema_name"] for r in runs]
-    assert schemas == [f"dbt_cloud_pr_{ci_job}_{pr}" for pr in range(101, 106)]
+    assert schemas == [f"runplane_pr_{ci_job}_{pr}" for pr in range(101, 106)]
     assert run_row(db, busy)["status"] == RunStatus.RUNNING
 
 
@@ -145,3 +146,19 @@ async def test_a_failed_launch_is_retried_with_backoff_then_fails_the_run(
     assert statuses(db, [run_id]) == {run_id: RunStatus.ERROR}
     assert [r.attempt for r in launcher.requests] == [1, 2]
     assert rows(db, "SELECT count(*) AS n FROM runs") == [{"n": 1}]  # no retry budget on the job
+
+
+def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
+    from dispatcher.launchers import companion, make_launcher
+    from dispatcher.local_launcher import LocalLauncher
+    from dispatcher.noop_launcher import NoopLauncher
+    from runplane.errors import InvalidArgument
+
+    pool = object()
+    assert isinstance(make_launcher(settings, pool), LocalLauncher)  # type: ignore[arg-type]
+    settings.dispatcher.launcher = "noop"
+    assert isinstance(make_launcher(settings, pool), NoopLauncher)  # type: ignore[arg-type]
+    assert companion(settings, pool, asyncio.Event()) is None  # type: ignore[arg-type]
+    settings.dispatcher.launcher = "ssh"
+    with pytest.raises(InvalidArgument, match="unknown launcher 'ssh'"):
+        make_launcher(settings, pool)  # type: ignore[arg-type]

@@ -46,13 +46,22 @@ def row_holder(settings: Settings) -> Iterator[psycopg.Connection[tuple[object, 
         conn.close()
 
 
+def waiting_for_a_row_lock(database_url: str) -> bool:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
 def hold_dispatcher_in_the_lock(
     settings: Settings, services: Services, row_holder: psycopg.Connection[tuple[object, ...]], account: int
 ) -> tuple[subprocess.Popen[bytes], float]:
     """Start a dispatcher and catch it holding the account's Redis lock, waiting for the account row.
 
     ``row_holder`` keeps the row locked, so the dispatcher stays inside its pass (lock taken,
-    transaction open) until the test rolls back. Returns the process and when its Redis lock expires.
+    transaction open, waiting in Postgres for the row) until the test rolls back. Returns the
+    process and when its Redis lock expires.
     """
     key = f"{settings.redis_prefix}:lock:account:{account}"
     client = redis.Redis.from_url(settings.redis_url)
@@ -61,7 +70,14 @@ def hold_dispatcher_in_the_lock(
         dispatcher = services.start("dispatcher", name="dispatcher-a")
         publish_pickup(settings.amqp_url, settings.bus_prefix, account)
         wait_for(lambda: client.exists(key), timeout=30, interval=0.01, what="the dispatcher to take the lock")
-        return dispatcher, time.time() + client.pttl(key) / 1000
+        expires_at = time.time() + client.pttl(key) / 1000
+        wait_for(
+            lambda: waiting_for_a_row_lock(settings.database_url),
+            timeout=30,
+            interval=0.01,
+            what="the dispatcher's transaction to wait for the account row",
+        )
+        return dispatcher, expires_at
     finally:
         client.close()
 
