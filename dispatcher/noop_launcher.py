@@ -42,7 +42,7 @@ class NoopLauncher:
             while self._pending:
                 batch, self._pending = self._pending, {}
                 try:
-                    async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
+                    async with self._pool.connection() as conn, conn.transaction():
                         await conn.execute("SET LOCAL synchronous_commit = off")
                         await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
                 except Exception as exc:  # any failure fails the batch's launches

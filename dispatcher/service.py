@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 import psycopg
 import psycopg.errors
 from google.protobuf.message import Message
-from psycopg import AsyncPipeline
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
@@ -129,9 +128,8 @@ class Dispatcher:
 
     async def _dispatch(self, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
         try:
-            # Pipeline mode: the statements of a step go out together, one round trip per step.
-            async with self._pool.connection() as conn, conn.pipeline() as pipeline, conn.transaction():
-                return await self._plan_and_start(conn, pipeline, account_id)
+            async with self._pool.connection() as conn, conn.transaction():
+                return await self._plan_and_start(conn, account_id)
         except psycopg.errors.LockNotAvailable:
             log.info("account row busy; pickup dropped", extra={"account_id": account_id})
         except psycopg.OperationalError as exc:
@@ -139,25 +137,20 @@ class Dispatcher:
             log.warning("dispatch pass aborted", extra={"account_id": account_id, "error": str(exc)})
         return [], set()
 
-    async def _plan_and_start(
-        self, conn: Connection, pipeline: AsyncPipeline, account_id: AccountId
-    ) -> tuple[list[Started], set[AccountId]]:
+    async def _plan_and_start(self, conn: Connection, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
         # A dispatcher that stalls inside the pass loses the transaction (and the row lock) once
         # its Redis lock has expired; one that waits for the row that long gives up.
         await conn.execute(Q["pass_timeouts"], {"ms": str(self._settings.dispatcher.lock_ttl_ms)})
-        account_cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
+        cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
+        account = await cur.fetchone()
+        if account is None:
+            return [], set()
         # Read after the row lock is granted: each statement sees what was committed before it began.
-        active_cur = await conn.execute(Q["active_runs"], {"account_id": account_id})
+        cur = await conn.execute(Q["active_runs"], {"account_id": account_id})
+        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in await cur.fetchall()]  # type: ignore[arg-type]
         queued_cur = await conn.execute(
             Q["due_queued_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
         )
-        # A sync, not just a flush: the server then waits "idle in transaction", where the idle
-        # timeout can end the transaction of a dispatcher that stalls right here.
-        await pipeline.sync()
-        account = await account_cur.fetchone()
-        if account is None:
-            return [], set()
-        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in await active_cur.fetchall()]  # type: ignore[arg-type]
         queued = [
             QueuedRun(
                 run_id=RunId(r["id"]),  # type: ignore[arg-type]
@@ -203,7 +196,6 @@ class Dispatcher:
                 "cluster": self._settings.dispatcher.cluster,
             },
         )
-        await pipeline.sync()  # as above: a stall before the commit meets the idle timeout
         memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
         now = datetime.now(UTC)
         for run in plan.start:
