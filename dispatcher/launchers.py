@@ -22,7 +22,7 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
         case "local":
             return LocalLauncher(settings.dispatcher.cluster, fork_server=settings.dispatcher.local_fork_server)
         case "noop":
-            return NoopLauncher(pool, settings.dispatcher.cluster)
+            return NoopLauncher(settings.database_url, settings.dispatcher.cluster)
         case "kubernetes":
             # Imported only when chosen: the Kubernetes client is heavy.
             from dispatcher.kubernetes_launcher import KubernetesLauncher

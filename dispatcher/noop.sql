@@ -1,7 +1,6 @@
 -- The noop launcher (benchmarks only).
 
 -- name: claim_and_finish
--- No durability wait: a benchmark measures dispatch, not the noop launcher's own commits.
 WITH finished AS (
     UPDATE runs
        SET status = 10,

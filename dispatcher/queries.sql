@@ -7,18 +7,21 @@ SELECT set_config('lock_timeout', %(ms)s, true), set_config('idle_in_transaction
 -- name: lock_account
 SELECT id, run_slots, memory_mb FROM accounts WHERE id = %(account_id)s FOR UPDATE
 
--- name: active_runs
-SELECT job_id, takes_slot FROM runs WHERE account_id = %(account_id)s AND status IN (2, 3)
-
--- name: due_queued_runs
-SELECT r.id, r.job_id, r.job_type, r.takes_slot, r.queued_at, r.pull_request_number, r.schema_name
-  FROM runs r
- WHERE r.account_id = %(account_id)s
-   AND r.status = 1
-   AND r.scheduled_at <= clock_timestamp()
-   AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
- ORDER BY r.priority DESC, r.queued_at, r.id
- LIMIT %(limit)s
+-- name: account_runs
+-- Everything one pass decides on, in one round trip: the account's starting/running runs (active)
+-- and its first due queued runs in dispatch order (queued).
+SELECT true AS active, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+  FROM runs
+ WHERE account_id = %(account_id)s AND status IN (2, 3)
+UNION ALL
+(SELECT false, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+   FROM runs
+  WHERE account_id = %(account_id)s
+    AND status = 1
+    AND scheduled_at <= clock_timestamp()
+    AND (not_before IS NULL OR not_before <= clock_timestamp())
+  ORDER BY priority DESC, queued_at, id
+  LIMIT %(limit)s)
 
 -- name: start_runs
 -- Compare-and-set queued → starting: a run another dispatcher already took is left alone.

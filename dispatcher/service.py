@@ -146,11 +146,11 @@ class Dispatcher:
         if account is None:
             return [], set()
         # Read after the row lock is granted: each statement sees what was committed before it began.
-        cur = await conn.execute(Q["active_runs"], {"account_id": account_id})
-        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in await cur.fetchall()]  # type: ignore[arg-type]
-        queued_cur = await conn.execute(
-            Q["due_queued_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
+        cur = await conn.execute(
+            Q["account_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
         )
+        rows = await cur.fetchall()
+        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in rows if r["active"]]  # type: ignore[arg-type]
         queued = [
             QueuedRun(
                 run_id=RunId(r["id"]),  # type: ignore[arg-type]
@@ -161,7 +161,10 @@ class Dispatcher:
                 pull_request_number=r["pull_request_number"],  # type: ignore[arg-type]
                 schema_name=str(r["schema_name"]),
             )
-            for r in await queued_cur.fetchall()
+            for r in sorted(
+                (r for r in rows if not r["active"]),
+                key=lambda r: (-int(r["priority"]), r["queued_at"], int(r["id"])),  # type: ignore[call-overload]
+            )
         ]
         if not queued:
             return [], set()
