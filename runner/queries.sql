@@ -11,7 +11,7 @@ UPDATE runs r
        waiting_reason = ''
   FROM jobs j, accounts a
  WHERE r.id = %(run_id)s AND r.status = 2 AND j.id = r.job_id AND a.id = r.account_id
-RETURNING r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.overrides, r.schema_name,
+RETURNING r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
           r.pull_request_number, r.cancel_requested_at, r.scheduled_at, r.dispatched_at, r.started_at, j.steps, j.environment, j.threads,
           j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
 

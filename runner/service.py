@@ -26,11 +26,12 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
+from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
-from runplane import instruments
+from runplane import instruments, tracing
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -40,6 +41,7 @@ from runplane.sql import load_queries
 from runplane.types import RunStatus
 
 log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 Q = load_queries("runner")
 
@@ -63,6 +65,7 @@ class ClaimedRun:
     pull_request_number: int | None
     cause: str
     cancel_requested: bool
+    trace_parent: str = ""
 
     @classmethod
     def from_row(cls, row: dict[str, object]) -> ClaimedRun:
@@ -84,6 +87,7 @@ class ClaimedRun:
             pull_request_number=row["pull_request_number"],  # type: ignore[arg-type]
             cause=str(row["cause"] or ""),
             cancel_requested=row["cancel_requested_at"] is not None,
+            trace_parent=str(row.get("trace_parent") or ""),
         )
 
 
@@ -146,6 +150,12 @@ class Runner:
 
     async def execute(self, run: ClaimedRun) -> Outcome | None:
         """Run the steps; the outcome to write, or None when the lease was lost."""
+        # The run's span continues the trace of whatever queued it (the trigger's call).
+        attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
+        with _tracer.start_as_current_span("run", context=tracing.extract(run.trace_parent), attributes=attributes):
+            return await self._execute(run)
+
+    async def _execute(self, run: ClaimedRun) -> Outcome | None:
         self._control.cancel_requested = run.cancel_requested
         async with self._pool.connection() as conn:
             await conn.execute(Q["create_steps"], {"run_id": run.run_id, "commands": run.steps})
@@ -184,14 +194,15 @@ class Runner:
                 return Outcome.cancelled("cancelled by request")
             async with self._pool.connection() as conn:
                 await conn.execute(Q["step_started"], {"run_id": run.run_id, "step_index": index})
-            result = await run_step(
-                command,
-                cwd=work_dir,
-                env=env,
-                on_output=lambda data, index=index: logs.write(index, data),  # type: ignore[misc]
-                control=self._control,
-                limits=limits,
-            )
+            with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
+                result = await run_step(
+                    command,
+                    cwd=work_dir,
+                    env=env,
+                    on_output=lambda data, index=index: logs.write(index, data),  # type: ignore[misc]
+                    control=self._control,
+                    limits=limits,
+                )
             logs.end_step(index)
             await self._store_artifacts(run.run_id, index, Path(work_dir))
             step_status = (
