@@ -35,7 +35,7 @@ from runplane import instruments, tracing
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -307,26 +307,43 @@ class Runner:
                 self._control.cancel_requested = True
 
     async def finish(self, outcome: Outcome) -> bool:
-        bus: AmqpBus | None = None
+        """Write the outcome (compare-and-set on our lease), then tell dispatchers a slot is free.
+
+        Postgres may blink: the write is retried while the lease would still be ours. The pickups
+        are best effort (the scheduler loop sends them anyway), so the bus is only reached after
+        the outcome is safe.
+        """
+        deadline = time.monotonic() + self._settings.runner.lease_seconds
+        while True:
+            try:
+                finished = await end_run(
+                    self._pool,
+                    None,
+                    self._settings.bus_prefix,
+                    self._run_id,
+                    outcome,
+                    policy=RetryPolicy.from_settings(self._settings.runner),
+                    from_statuses=(RunStatus.RUNNING,),
+                    lease_owner=self._owner,
+                )
+                break
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("outcome not written yet; retrying", extra={"run_id": self._run_id, "error": str(exc)})
+                await asyncio.sleep(1.0)
+        if finished is None:
+            return False
         try:
             bus = await AmqpBus.connect(self._settings.amqp_url)
         except ServiceUnavailable as exc:
             log.warning("bus unavailable; the scheduler loop will pick up", extra={"error": str(exc)})
+            return True
         try:
-            finished = await end_run(
-                self._pool,
-                bus,
-                self._settings.bus_prefix,
-                self._run_id,
-                outcome,
-                policy=RetryPolicy.from_settings(self._settings.runner),
-                from_statuses=(RunStatus.RUNNING,),
-                lease_owner=self._owner,
-            )
+            await publish_pickups(bus, self._settings.bus_prefix, finished.pickup_accounts)
         finally:
-            if bus is not None:
-                await bus.close()
-        return finished is not None
+            await bus.close()
+        return True
 
 
 async def run(settings: Settings, run_id: int) -> int:
