@@ -15,6 +15,7 @@ import time
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
 from dispatcher.relaunch import launch_failed
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
@@ -37,10 +38,13 @@ FORGET_DISPATCHER_AFTER = 60.0
 
 
 class SchedulerLoop:
-    def __init__(self, settings: Settings, pool: AsyncConnectionPool[Connection], bus: Bus) -> None:
+    def __init__(
+        self, settings: Settings, pool: AsyncConnectionPool[Connection], bus: Bus, pending: PendingPickups
+    ) -> None:
         self._settings = settings
         self._pool = pool
         self._bus = bus
+        self._pending = pending
         self._queue = Topology(settings.bus_prefix).pickup
 
     async def run_once(self) -> dict[str, int]:
@@ -54,7 +58,8 @@ class SchedulerLoop:
     async def send_pickups(self) -> int:
         async with self._pool.connection() as conn:
             cur = await conn.execute(Q["accounts_with_due_runs"])
-            accounts = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
+            due = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
+        accounts = await self._pending.mark(due)  # not those whose last Pickup still waits
         sent_at_ms = int(time.time() * 1000)
         gate = asyncio.Semaphore(PUBLISH_CONCURRENCY)
 
@@ -125,10 +130,13 @@ class SchedulerLoop:
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """``runplane scheduler``: a pass every ``settings.scheduler.interval`` until ``stop`` is set."""
     pool = await open_pool(settings.database_url, min_size=1, max_size=4, name="scheduler")
+    pending = PendingPickups.from_url(
+        settings.redis_url, prefix=settings.redis_prefix, ttl_ms=pending_pickup_ttl_ms(settings)
+    )
     bus: AmqpBus | None = None
     try:
         bus = await AmqpBus.connect(settings.amqp_url)
-        loop = SchedulerLoop(settings, pool, bus)
+        loop = SchedulerLoop(settings, pool, bus, pending)
         failures = 0
         while not stop.is_set():
             try:
@@ -146,4 +154,5 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     finally:
         if bus is not None:
             await bus.close()
+        await pending.close()
         await pool.close()

@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launchers import companion, make_launcher
 from dispatcher.local_launcher import LocalLauncher
+from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
 from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments
@@ -75,12 +76,15 @@ class Dispatcher:
         bus: Bus | None,
         locks: AccountLocks,
         launcher: Launcher,
+        *,
+        pending: PendingPickups | None = None,
     ) -> None:
         self._settings = settings
         self._pool = pool
         self._bus = bus
         self._locks = locks
         self._launcher = launcher
+        self._pending = pending
         self._policy = RetryPolicy.from_settings(settings.runner)
         self._redis_failures = 0
         self.dispatched = 0  # runs this process moved to starting
@@ -89,6 +93,8 @@ class Dispatcher:
         if not isinstance(message, bus_pb2.Pickup):
             log.error("unexpected message on the pickup queue", extra={"message_type": type(message).__name__})
             return
+        if self._pending is not None:
+            await self._pending.clear(message.account_id)  # changes from here on get a Pickup of their own
         await self.pickup(AccountId(message.account_id))
 
     async def pickup(self, account_id: AccountId) -> list[Started]:
@@ -295,11 +301,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         settings.redis_url, prefix=settings.redis_prefix, ttl_ms=settings.dispatcher.lock_ttl_ms
     )
     launcher = make_launcher(settings, pool)
+    pending = PendingPickups.from_url(
+        settings.redis_url, prefix=settings.redis_prefix, ttl_ms=pending_pickup_ttl_ms(settings)
+    )
     try:
         bus = await AmqpBus.connect(settings.amqp_url)
         if isinstance(launcher, LocalLauncher):
             await launcher.start()
-        dispatcher = Dispatcher(settings, pool, bus, locks, launcher)
+        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending)
         queue = Topology(settings.bus_prefix).pickup
         prefetch = max(1, settings.dispatcher.prefetch // concurrency)
         log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
@@ -319,6 +328,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         log.info("dispatcher stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
     finally:
         await launcher.close()
+        await pending.close()
         await locks.close()
         if bus is not None:
             await bus.close()
