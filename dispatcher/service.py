@@ -110,16 +110,16 @@ class Dispatcher:
             instruments.pickups_dropped.add(1)
             return []  # another dispatcher works this account right now
         started: list[Started] = []
-        superseded_accounts: set[AccountId] = set()
+        other_accounts: set[AccountId] = set()
         try:
-            started, superseded_accounts = await self._dispatch(account_id)
+            started, other_accounts = await self._dispatch(account_id)
         finally:
             try:
                 await lock.release()
             except ServiceUnavailable as exc:
                 log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
         log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
-        await publish_pickups(self._bus, self._settings.bus_prefix, superseded_accounts - {account_id})
+        await publish_pickups(self._bus, self._settings.bus_prefix, other_accounts - {account_id})
         if started:
             self.dispatched += len(started)
             await self._launch_all(started)
