@@ -41,6 +41,10 @@ class DispatcherSettings(BaseModel):
     launcher: str = Field("local", description="local, noop or kubernetes.")
     cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
     prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
+    concurrency: int = Field(4, description="Accounts one dispatcher process works on at once.")
+    local_fork_server: bool = Field(
+        True, description="local launcher: fork runners from a pre-loaded process; false: a fresh process per run."
+    )
 
 
 class KubernetesSettings(BaseModel):

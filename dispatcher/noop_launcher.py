@@ -1,0 +1,71 @@
+"""The noop launcher, for benchmarks only: it claims and finishes each run at once, without a runner.
+
+Launches of one dispatch pass arrive together; the first caller writes every pending run in one
+statement (the others wait for it), so the database sees one round trip per batch, not per run.
+It writes on its own connection, without waiting for durability: a benchmark measures dispatch,
+not the noop launcher's commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import psycopg
+
+from dispatcher.launcher import LaunchRequest, LaunchResult
+from runplane.errors import LaunchError
+from runplane.sql import load_queries
+
+Q = load_queries("dispatcher", "noop.sql")
+
+
+class NoopLauncher:
+    name = "noop"
+
+    def __init__(self, database_url: str, cluster: str) -> None:
+        self._database_url = database_url
+        self._cluster = cluster
+        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._flushing = False
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[request.run_id] = done
+        if not self._flushing:
+            await self._flush()
+        await done
+        return LaunchResult(cluster=self._cluster, pod_name="")
+
+    async def _flush(self) -> None:
+        self._flushing = True
+        try:
+            await asyncio.sleep(0)  # let the rest of the pass enqueue
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                try:
+                    conn = await self._connection()
+                    await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
+                except psycopg.Error as exc:
+                    await self.close()
+                    for future in batch.values():
+                        future.set_exception(LaunchError(f"noop launch failed: {exc}", retryable=True))
+                    continue
+                for future in batch.values():
+                    future.set_result(None)
+        finally:
+            self._flushing = False
+
+    async def _connection(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self._database_url, autocommit=True, options="-c synchronous_commit=off"
+            )
+        return self._conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
+            self._conn = None

@@ -1,0 +1,100 @@
+-- Dispatcher and scheduler loop.
+
+-- name: pass_timeouts
+-- For this transaction only: how long the pass may wait for the account row, and sit idle in it.
+SELECT set_config('lock_timeout', %(ms)s, true), set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+
+-- name: lock_account
+SELECT id, run_slots, memory_mb FROM accounts WHERE id = %(account_id)s FOR UPDATE
+
+-- name: account_runs
+-- Everything one pass decides on, in one round trip: the account's starting/running runs (active)
+-- and its first due queued runs in dispatch order (queued).
+SELECT true AS active, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+  FROM runs
+ WHERE account_id = %(account_id)s AND status IN (2, 3)
+UNION ALL
+(SELECT false, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+   FROM runs
+  WHERE account_id = %(account_id)s
+    AND status = 1
+    AND scheduled_at <= clock_timestamp()
+    AND (not_before IS NULL OR not_before <= clock_timestamp())
+  ORDER BY priority DESC, queued_at, id
+  LIMIT %(limit)s)
+
+-- name: start_runs
+-- Compare-and-set queued → starting: a run another dispatcher already took is left alone.
+UPDATE runs r
+   SET status = 2,
+       dispatched_at = clock_timestamp(),
+       waiting_reason = '',
+       not_before = NULL,
+       launch_attempts = r.launch_attempts + 1,
+       schema_name = v.schema_name,
+       cluster = %(cluster)s
+  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
+ WHERE r.id = v.id AND r.status = 1
+RETURNING r.id, r.job_id, r.launch_attempts, r.overrides,
+          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds
+
+-- name: set_waiting_reasons
+UPDATE runs r
+   SET waiting_reason = v.reason
+  FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS v(id, reason)
+ WHERE r.id = v.id AND r.status = 1 AND r.waiting_reason <> v.reason
+
+-- name: record_launches
+UPDATE runs r
+   SET pod_name = v.pod_name, cluster = v.cluster
+  FROM unnest(%(ids)s::bigint[], %(pod_names)s::text[], %(clusters)s::text[]) AS v(id, pod_name, cluster)
+ WHERE r.id = v.id AND r.status IN (2, 3)
+
+-- name: requeue_for_relaunch
+-- Back to queued after a failed or lost launch; launch_attempts keeps counting.
+UPDATE runs
+   SET status = 1,
+       dispatched_at = NULL,
+       pod_name = '',
+       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
+       waiting_reason = 'launch_backoff',
+       status_message = %(message)s
+ WHERE id = %(run_id)s AND status = 2 AND launch_attempts = %(launch_attempts)s
+RETURNING id
+
+-- name: accounts_with_due_runs
+SELECT DISTINCT account_id
+  FROM runs
+ WHERE status = 1
+   AND scheduled_at <= clock_timestamp()
+   AND (not_before IS NULL OR not_before <= clock_timestamp())
+
+-- name: stuck_starting
+SELECT id, launch_attempts
+  FROM runs
+ WHERE status = 2 AND dispatched_at < clock_timestamp() - make_interval(secs => %(start_timeout)s)
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: lost_running
+SELECT id FROM runs WHERE status = 3 AND lease_expires_at < clock_timestamp() ORDER BY id LIMIT %(limit)s
+
+-- name: dispatcher_seen
+INSERT INTO dispatchers (dispatcher_id, cluster, launcher, dispatched)
+VALUES (%(dispatcher_id)s, %(cluster)s, %(launcher)s, %(dispatched)s)
+ON CONFLICT (dispatcher_id) DO UPDATE SET last_seen_at = now(), dispatched = EXCLUDED.dispatched
+
+-- name: dispatcher_gone
+DELETE FROM dispatchers WHERE dispatcher_id = %(dispatcher_id)s
+
+-- name: forget_silent_dispatchers
+DELETE FROM dispatchers WHERE last_seen_at < now() - make_interval(secs => %(silent_seconds)s)
+
+-- name: run_gauges
+SELECT count(*) FILTER (WHERE status = 1) AS queued,
+       count(*) FILTER (WHERE status IN (2, 3)) AS running,
+       count(*) FILTER (WHERE status IN (2, 3) AND takes_slot) AS slots_in_use,
+       COALESCE(extract(epoch FROM clock_timestamp() - min(queued_at) FILTER (WHERE status = 1)), 0)::float8
+           AS oldest_queued_age
+  FROM runs
+ WHERE status IN (1, 2, 3)

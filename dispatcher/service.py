@@ -1,0 +1,335 @@
+"""Dispatchers: turn a Pickup into started runs, within the account's run slots.
+
+For each Pickup: take the account's Redis lock (dropped when another dispatcher has it), then in one
+Postgres transaction with the account row locked ``FOR UPDATE``: count occupied slots, walk the due
+queued runs in order, decide each (``run_slots.plan_dispatch``), record why runs wait, cancel
+superseded merge runs, and move the chosen runs queued → starting with a compare-and-set. Commit,
+release the lock, then launch. The lock only saves work; the row lock and the compare-and-set make
+a stale or duplicate dispatcher harmless, and the transaction's idle timeout (the lock's TTL) ends
+the transaction of a dispatcher that stalls holding the row, so it can change nothing when it wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+import psycopg.errors
+from google.protobuf.message import Message
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
+from dispatcher.launchers import companion, make_launcher
+from dispatcher.local_launcher import LocalLauncher
+from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
+from dispatcher.relaunch import launch_failed
+from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
+from runplane import instruments
+from runplane.bus import AmqpBus, Bus, Delivery, Topology
+from runplane.db import Connection, open_pool
+from runplane.errors import LaunchError, ServiceUnavailable
+from runplane.locks import AccountLocks, RedisAccountLocks
+from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
+from runplane.settings import Settings
+from runplane.sql import load_queries
+from runplane.supervise import sleep_or_stop, spawn
+from runplane.types import AccountId, JobId, JobType, RunId, RunStatus
+from runplane.v1 import bus_pb2
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("dispatcher")
+
+
+ANNOUNCE_INTERVAL = 5.0
+
+
+@dataclass(frozen=True)
+class Started:
+    run_id: RunId
+    job_id: JobId
+    account_id: AccountId
+    launch_attempts: int
+    memory_mb: int
+    timeout_seconds: int
+
+
+def _timeout(overrides: object, job_timeout: int) -> int:
+    if isinstance(overrides, dict):
+        value = overrides.get("timeout_seconds", overrides.get("timeoutSeconds"))
+        if isinstance(value, int) and value > 0:
+            return value
+    return job_timeout
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool[Connection],
+        bus: Bus | None,
+        locks: AccountLocks,
+        launcher: Launcher,
+        *,
+        pending: PendingPickups | None = None,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._bus = bus
+        self._locks = locks
+        self._launcher = launcher
+        self._pending = pending
+        self._policy = RetryPolicy.from_settings(settings.runner)
+        self._redis_failures = 0
+        self.dispatched = 0  # runs this process moved to starting
+
+    async def on_pickup(self, message: Message, _delivery: Delivery) -> None:
+        if not isinstance(message, bus_pb2.Pickup):
+            log.error("unexpected message on the pickup queue", extra={"message_type": type(message).__name__})
+            return
+        if self._pending is not None:
+            await self._pending.clear(message.account_id)  # changes from here on get a Pickup of their own
+        await self.pickup(AccountId(message.account_id))
+
+    async def pickup(self, account_id: AccountId) -> list[Started]:
+        """One dispatch pass over the account; returns the runs it launched."""
+        try:
+            lock = await self._locks.acquire(account_id)
+        except ServiceUnavailable as exc:
+            await self._redis_unavailable(exc)
+            return []
+        self._redis_failures = 0
+        instruments.lock_attempts.add(1, {"result": "held" if lock is None else "acquired"})
+        if lock is None:
+            instruments.pickups_dropped.add(1)
+            return []  # another dispatcher works this account right now
+        started: list[Started] = []
+        other_accounts: set[AccountId] = set()
+        try:
+            started, other_accounts = await self._dispatch(account_id)
+        finally:
+            try:
+                await lock.release()
+            except ServiceUnavailable as exc:
+                log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
+        log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
+        await publish_pickups(self._bus, self._settings.bus_prefix, other_accounts - {account_id})
+        if started:
+            self.dispatched += len(started)
+            await self._launch_all(started)
+        return started
+
+    async def _redis_unavailable(self, exc: ServiceUnavailable) -> None:
+        """Redis is down: drop the pickup (the scheduler loop resends) and slow down, never crash."""
+        self._redis_failures += 1
+        if self._redis_failures == 1 or self._redis_failures % 50 == 0:
+            log.warning("redis unavailable; dispatching paused", extra={"error": str(exc)})
+        await asyncio.sleep(min(1.0, 0.05 * self._redis_failures))
+
+    async def _dispatch(self, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                return await self._plan_and_start(conn, account_id)
+        except psycopg.errors.LockNotAvailable:
+            log.info("account row busy; pickup dropped", extra={"account_id": account_id})
+        except psycopg.OperationalError as exc:
+            # The transaction was ended under us (idle timeout after a stall, or Postgres went away).
+            log.warning("dispatch pass aborted", extra={"account_id": account_id, "error": str(exc)})
+        return [], set()
+
+    async def _plan_and_start(self, conn: Connection, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
+        # A dispatcher that stalls inside the pass loses the transaction (and the row lock) once
+        # its Redis lock has expired; one that waits for the row that long gives up.
+        await conn.execute(Q["pass_timeouts"], {"ms": str(self._settings.dispatcher.lock_ttl_ms)})
+        cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
+        account = await cur.fetchone()
+        if account is None:
+            return [], set()
+        # Read after the row lock is granted: each statement sees what was committed before it began.
+        cur = await conn.execute(
+            Q["account_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
+        )
+        rows = await cur.fetchall()
+        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in rows if r["active"]]  # type: ignore[arg-type]
+        queued = [
+            QueuedRun(
+                run_id=RunId(r["id"]),  # type: ignore[arg-type]
+                job_id=JobId(r["job_id"]),  # type: ignore[arg-type]
+                job_type=JobType(str(r["job_type"])),
+                takes_slot=bool(r["takes_slot"]),
+                queued_at=r["queued_at"],  # type: ignore[arg-type]
+                pull_request_number=r["pull_request_number"],  # type: ignore[arg-type]
+                schema_name=str(r["schema_name"]),
+            )
+            for r in sorted(
+                (r for r in rows if not r["active"]),
+                key=lambda r: (-int(r["priority"]), r["queued_at"], int(r["id"])),  # type: ignore[call-overload]
+            )
+        ]
+        if not queued:
+            return [], set()
+        plan = plan_dispatch(int(account["run_slots"]), active, queued)  # type: ignore[call-overload]
+        pickups: set[AccountId] = set()
+        for run in plan.superseded:
+            finished = await finish_run(
+                conn,
+                run.run_id,
+                Outcome.cancelled(
+                    f"superseded by a newer merge run of job {run.job_id}: of several queued merge runs only the "
+                    "newest runs; nothing to do"
+                ),
+                policy=self._policy,
+                from_statuses=(RunStatus.QUEUED,),
+            )
+            if finished is not None:
+                instruments.cancellations.add(1, {"reason": "superseded_merge"})
+                pickups |= finished.pickup_accounts
+        if plan.waiting:
+            await conn.execute(
+                Q["set_waiting_reasons"],
+                {"ids": list(plan.waiting), "reasons": [str(reason) for reason in plan.waiting.values()]},
+            )
+        if not plan.start:
+            return [], pickups
+        cur = await conn.execute(
+            Q["start_runs"],
+            {
+                "ids": [run.run_id for run in plan.start],
+                "schemas": [plan.schemas[run.run_id] for run in plan.start],
+                "cluster": self._settings.dispatcher.cluster,
+            },
+        )
+        memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
+        now = datetime.now(UTC)
+        for run in plan.start:
+            instruments.wait_time.record((now - run.queued_at).total_seconds(), {"job_type": str(run.job_type)})
+        started = [
+            Started(
+                run_id=RunId(r["id"]),  # type: ignore[arg-type]
+                job_id=JobId(r["job_id"]),  # type: ignore[arg-type]
+                account_id=account_id,
+                launch_attempts=int(r["launch_attempts"]),  # type: ignore[call-overload]
+                memory_mb=memory_mb,
+                timeout_seconds=_timeout(r["overrides"], int(r["timeout_seconds"] or 0)),  # type: ignore[call-overload]
+            )
+            for r in await cur.fetchall()
+        ]
+        return started, pickups
+
+    async def _launch_all(self, started: list[Started]) -> None:
+        results = await asyncio.gather(*(self._launch(run) for run in started))
+        launched = [(run, result) for run, result in zip(started, results, strict=True) if result and result.pod_name]
+        if not launched:
+            return
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(
+                    Q["record_launches"],
+                    {
+                        "ids": [run.run_id for run, _ in launched],
+                        "pod_names": [result.pod_name for _, result in launched],
+                        "clusters": [result.cluster for _, result in launched],
+                    },
+                )
+        except psycopg.OperationalError as exc:
+            log.warning("pod names not recorded", extra={"error": str(exc)})
+
+    async def _launch(self, run: Started) -> LaunchResult | None:
+        request = LaunchRequest(
+            run_id=run.run_id,
+            job_id=run.job_id,
+            account_id=run.account_id,
+            attempt=run.launch_attempts,
+            memory_mb=run.memory_mb,
+            timeout_seconds=run.timeout_seconds,
+        )
+        try:
+            return await self._launcher.launch(request)
+        except LaunchError as exc:
+            instruments.launch_failures.add(1, {"launcher": self._launcher.name, "retryable": exc.retryable})
+            log.warning(
+                "launch failed",
+                extra={"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id, "error": str(exc)},
+            )
+            await launch_failed(
+                self._pool,
+                self._bus,
+                self._settings,
+                run_id=run.run_id,
+                launch_attempts=run.launch_attempts,
+                message=str(exc),
+                retryable=exc.retryable,
+                retry_after=exc.retry_after,
+            )
+            return None
+
+
+async def announce(
+    pool: AsyncConnectionPool[Connection], settings: Settings, dispatcher: Dispatcher, name: str, stop: asyncio.Event
+) -> None:
+    """Keep this dispatcher's row in ``dispatchers`` fresh (for ``runplane status``); remove it on exit."""
+    params = {"dispatcher_id": name, "cluster": settings.dispatcher.cluster, "launcher": settings.dispatcher.launcher}
+    try:
+        while True:
+            try:
+                async with pool.connection() as conn:
+                    await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
+            except psycopg.OperationalError as exc:
+                log.warning("dispatcher row not updated", extra={"error": str(exc)})
+            if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
+                break
+    finally:
+        try:
+            async with pool.connection() as conn:
+                await conn.execute(Q["dispatcher_gone"], {"dispatcher_id": name})
+        except psycopg.OperationalError:
+            pass  # the scheduler loop forgets silent dispatchers
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    """``runplane dispatcher``: consume Pickups until ``stop`` is set."""
+    concurrency = max(1, settings.dispatcher.concurrency)
+    pool = await open_pool(settings.database_url, min_size=2, max_size=concurrency * 2 + 2, name="dispatcher")
+    bus: AmqpBus | None = None
+    locks = RedisAccountLocks.from_url(
+        settings.redis_url, prefix=settings.redis_prefix, ttl_ms=settings.dispatcher.lock_ttl_ms
+    )
+    launcher = make_launcher(settings, pool)
+    pending = PendingPickups.from_url(
+        settings.redis_url, prefix=settings.redis_prefix, ttl_ms=pending_pickup_ttl_ms(settings)
+    )
+    try:
+        bus = await AmqpBus.connect(settings.amqp_url)
+        if isinstance(launcher, LocalLauncher):
+            await launcher.start()
+        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending)
+        queue = Topology(settings.bus_prefix).pickup
+        prefetch = max(1, settings.dispatcher.prefetch // concurrency)
+        log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
+        started = time.monotonic()
+        name = f"{socket.gethostname()}:{os.getpid()}"
+        async with asyncio.TaskGroup() as group:
+            spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
+            watcher = companion(settings, pool, stop)
+            if watcher is not None:
+                spawn(group, f"dispatcher:{launcher.name}:watch", watcher)
+            for index in range(concurrency):
+                spawn(
+                    group,
+                    f"dispatcher:consume:{index}",
+                    bus.consume(queue, dispatcher.on_pickup, prefetch=prefetch, stop=stop),
+                )
+        log.info("dispatcher stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
+    finally:
+        await launcher.close()
+        await pending.close()
+        await locks.close()
+        if bus is not None:
+            await bus.close()
+        await pool.close()

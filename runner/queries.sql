@@ -1,0 +1,52 @@
+-- The runner: claim, lease, steps, logs, artifacts.
+
+-- name: claim_run
+-- Compare-and-set starting → running: a duplicate runner finds nothing and leaves.
+UPDATE runs r
+   SET status = 3,
+       started_at = clock_timestamp(),
+       lease_owner = %(owner)s,
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = clock_timestamp(),
+       waiting_reason = ''
+  FROM jobs j, accounts a
+ WHERE r.id = %(run_id)s AND r.status = 2 AND j.id = r.job_id AND a.id = r.account_id
+RETURNING r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
+          r.pull_request_number, r.cancel_requested_at, r.scheduled_at, r.dispatched_at, r.started_at, j.steps, j.environment, j.threads,
+          j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
+
+-- name: heartbeat
+UPDATE runs
+   SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = clock_timestamp()
+ WHERE id = %(run_id)s AND status = 3 AND lease_owner = %(owner)s
+RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
+
+-- name: poll_run
+SELECT cancel_requested_at IS NOT NULL AS cancel_requested, status = 3 AND lease_owner = %(owner)s AS held
+  FROM runs WHERE id = %(run_id)s
+
+-- name: create_steps
+INSERT INTO run_steps (run_id, step_index, command)
+SELECT %(run_id)s, i - 1, c FROM unnest(%(commands)s::text[]) WITH ORDINALITY AS s(c, i)
+ON CONFLICT (run_id, step_index) DO NOTHING
+
+-- name: step_started
+UPDATE run_steps SET status = 3, started_at = clock_timestamp() WHERE run_id = %(run_id)s AND step_index = %(step_index)s
+
+-- name: step_finished
+UPDATE run_steps SET status = %(status)s, exit_code = %(exit_code)s, finished_at = clock_timestamp()
+ WHERE run_id = %(run_id)s AND step_index = %(step_index)s
+
+-- name: steps_skipped
+UPDATE run_steps SET status = 30 WHERE run_id = %(run_id)s AND step_index >= %(from_index)s AND started_at IS NULL
+
+-- name: insert_log_chunks
+INSERT INTO run_log_chunks (run_id, seq, step_index, text)
+SELECT %(run_id)s, s, i, t FROM unnest(%(seqs)s::bigint[], %(step_indexes)s::int[], %(texts)s::text[]) AS v(s, i, t)
+
+-- name: upsert_artifact
+INSERT INTO artifacts (run_id, path, step_index, content)
+VALUES (%(run_id)s, %(path)s, %(step_index)s, %(content)s)
+ON CONFLICT (run_id, path) DO UPDATE
+   SET step_index = EXCLUDED.step_index, content = EXCLUDED.content, created_at = now()

@@ -1,0 +1,116 @@
+"""Arranging accounts, jobs and runs with SQL (the test's own connection), and reading them back."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+Conn = psycopg.Connection[Any]
+
+
+def create_account(db: Conn, *, run_slots: int = 1, memory_mb: int = 1024, name: str = "acme") -> int:
+    row = db.execute(
+        "INSERT INTO accounts (name, run_slots, memory_mb) VALUES (%s, %s, %s) RETURNING id",
+        (name, run_slots, memory_mb),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def create_job(
+    db: Conn,
+    account_id: int,
+    *,
+    steps: Sequence[str] = ("echo hello",),
+    job_type: str = "deploy",
+    name: str = "job",
+    timeout_seconds: int = 0,
+    environment: dict[str, str] | None = None,
+    retry_max_attempts: int = 0,
+    retry_on_step_failure: bool = False,
+    threads: int = 4,
+) -> int:
+    row = db.execute(
+        """INSERT INTO jobs (account_id, name, job_type, steps, timeout_seconds, environment, retry_max_attempts,
+                             retry_on_step_failure, threads)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+        (
+            account_id,
+            name,
+            job_type,
+            list(steps),
+            timeout_seconds,
+            json.dumps(environment or {}),
+            retry_max_attempts,
+            retry_on_step_failure,
+            threads,
+        ),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def queue_run(
+    db: Conn,
+    job_id: int,
+    *,
+    trigger: str = "manual",
+    pull_request_number: int | None = None,
+    overrides: dict[str, object] | None = None,
+    status: int = 1,
+    key: str | None = None,
+) -> int:
+    row = db.execute(
+        """INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, overrides,
+                             pull_request_number, status, scheduled_at, priority)
+           SELECT account_id, id, job_type, %s, %s, job_type <> 'ci', %s, %s, %s, clock_timestamp(), priority
+             FROM jobs WHERE id = %s RETURNING id""",
+        (
+            trigger,
+            key or f"test:{uuid.uuid4().hex}",
+            json.dumps(overrides or {}),
+            pull_request_number,
+            status,
+            job_id,
+        ),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run_row(db: Conn, run_id: int) -> dict[str, Any]:
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        row = cur.execute("SELECT * FROM runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None, f"run {run_id} not found"
+    return row
+
+
+def rows(db: Conn, sql: str, params: Sequence[object] = ()) -> list[dict[str, Any]]:
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def statuses(db: Conn, run_ids: Sequence[int]) -> dict[int, int]:
+    found = db.execute("SELECT id, status FROM runs WHERE id = ANY(%s)", (list(run_ids),)).fetchall()
+    return {int(r[0]): int(r[1]) for r in found}
+
+
+def all_terminal(db: Conn, run_ids: Sequence[int]) -> bool:
+    return all(status >= 10 for status in statuses(db, run_ids).values())
