@@ -1,7 +1,8 @@
 """``PodOutcomes`` on Postgres: what the Pod watcher does to runs, as compare-and-set SQL.
 
-Statements live in ``kubernetes_queries.sql``. A run ended here gets its terminal status and
-message; anything else that follows a run's end is the business of whoever reads terminal runs.
+Statements live in ``kubernetes_queries.sql``. A run ended here goes through
+:func:`runplane.outcomes.finish_run` like every other run's end (failure counts, deactivation,
+retries, completion triggers); the scheduler loop's next pass publishes the pickups that follow.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
+from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, finish_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import RunId
+from runplane.types import RunId, RunStatus
 
 QUERIES = load_queries("dispatcher", "kubernetes_queries.sql")
 
@@ -24,23 +26,47 @@ class PostgresPodOutcomes:
         self._launch_budget = settings.scheduler.launch_attempts
         self._backoff = settings.scheduler.launch_backoff
         self._orphan_grace = settings.kubernetes.orphan_grace_seconds
+        self._policy = RetryPolicy.from_settings(settings.runner)
 
     async def memory_limit_exceeded(self, run_id: RunId, pod_name: str) -> bool:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(QUERIES["memory_limit_exceeded"], {"run_id": run_id, "pod_name": pod_name})
-            return await cur.fetchone() is not None
+        """The Pod was OOMKilled: the run ends in error "memory limit error"."""
+        statuses = (RunStatus.STARTING, RunStatus.RUNNING)
+        async with self._pool.connection() as conn, conn.transaction():
+            if await self._lock(conn, run_id, pod_name, statuses) is None:
+                return False
+            outcome = Outcome.error(MEMORY_LIMIT_ERROR, FailureKind.STEP)
+            return await finish_run(conn, run_id, outcome, policy=self._policy, from_statuses=statuses) is not None
 
     async def failed_before_claim(self, run_id: RunId, pod_name: str, reason: str) -> bool:
-        params = {
-            "run_id": run_id,
-            "pod_name": pod_name,
-            "reason": reason[:1000],
-            "launch_budget": self._launch_budget,
-            "backoff": self._backoff,
-        }
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(QUERIES["failed_before_claim"], params)
-            return await cur.fetchone() is not None
+        """The Pod failed before its runner claimed the run: relaunch within the budget, else error."""
+        reason = reason[:1000]
+        async with self._pool.connection() as conn, conn.transaction():
+            row = await self._lock(conn, run_id, pod_name, (RunStatus.STARTING,))
+            if row is None:
+                return False
+            attempts = int(row["launch_attempts"]) + 1  # type: ignore[call-overload]
+            if attempts < self._launch_budget:
+                delay = self._backoff * 2 ** (attempts - 1)
+                await conn.execute(
+                    QUERIES["requeue_after_pod_failure"],
+                    {"run_id": run_id, "launch_attempts": attempts, "delay": delay, "reason": reason},
+                )
+                return True
+            await conn.execute(QUERIES["count_pod_launch"], {"run_id": run_id, "launch_attempts": attempts})
+            outcome = Outcome.error(
+                f"pod failed before the runner started ({attempts} launch attempts): {reason}",
+                FailureKind.INFRASTRUCTURE,
+            )
+            finished = await finish_run(conn, run_id, outcome, policy=self._policy, from_statuses=(RunStatus.STARTING,))
+            return finished is not None
+
+    async def _lock(
+        self, conn: Connection, run_id: RunId, pod_name: str, statuses: tuple[RunStatus, ...]
+    ) -> dict[str, object] | None:
+        cur = await conn.execute(
+            QUERIES["lock_pod_run"], {"run_id": run_id, "pod_name": pod_name, "statuses": [int(s) for s in statuses]}
+        )
+        return await cur.fetchone()
 
     async def live_pods(self, pods: Sequence[tuple[RunId, str]]) -> set[str]:
         if not pods:

@@ -1,39 +1,30 @@
 -- Reconciling run Pods with their runs (the kubernetes launcher's watcher). Every statement is a
 -- compare-and-set on the run's status, so a replayed watch event changes nothing.
 
--- name: memory_limit_exceeded
-UPDATE runs
-   SET status = 20,
-       status_message = 'memory limit error',
-       finished_at = clock_timestamp(),
-       lease_owner = NULL,
-       lease_expires_at = NULL
+-- name: lock_pod_run
+-- The run a Pod belongs to, locked, while it is still in one of the statuses the caller handles and
+-- the Pod is the one recorded on it (or none is recorded yet).
+SELECT id, launch_attempts
+  FROM runs
  WHERE id = %(run_id)s
-   AND status IN (2, 3)
+   AND status = ANY(%(statuses)s::smallint[])
    AND (pod_name = %(pod_name)s OR pod_name = '')
-RETURNING id;
+   FOR UPDATE;
 
--- name: failed_before_claim
--- The runner never claimed the run (still starting): relaunch after a backoff while the launch
--- budget lasts, else end the run. In SET, every column reads the row as it was before the update.
+-- name: count_pod_launch
+UPDATE runs SET launch_attempts = %(launch_attempts)s WHERE id = %(run_id)s;
+
+-- name: requeue_after_pod_failure
+-- The runner never claimed the run: back to queued, launched again after the backoff.
 UPDATE runs
-   SET launch_attempts = launch_attempts + 1,
-       status = CASE WHEN launch_attempts + 1 < %(launch_budget)s THEN 1 ELSE 20 END,
-       not_before = CASE WHEN launch_attempts + 1 < %(launch_budget)s
-                         THEN clock_timestamp() + make_interval(secs => %(backoff)s * power(2, launch_attempts))
-                    END,
-       waiting_reason = CASE WHEN launch_attempts + 1 < %(launch_budget)s THEN 'launch_backoff' ELSE '' END,
-       status_message = CASE WHEN launch_attempts + 1 < %(launch_budget)s
-                             THEN 'pod failed before the runner started, relaunching: ' || %(reason)s
-                             ELSE 'pod failed before the runner started (' || (launch_attempts + 1)
-                                  || ' launch attempts): ' || %(reason)s
-                        END,
-       pod_name = CASE WHEN launch_attempts + 1 < %(launch_budget)s THEN '' ELSE pod_name END,
-       finished_at = CASE WHEN launch_attempts + 1 < %(launch_budget)s THEN NULL ELSE clock_timestamp() END
- WHERE id = %(run_id)s
-   AND status = 2
-   AND (pod_name = %(pod_name)s OR pod_name = '')
-RETURNING status, launch_attempts;
+   SET status = 1,
+       launch_attempts = %(launch_attempts)s,
+       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
+       waiting_reason = 'launch_backoff',
+       status_message = 'pod failed before the runner started, relaunching: ' || %(reason)s,
+       pod_name = '',
+       dispatched_at = NULL
+ WHERE id = %(run_id)s AND status = 2;
 
 -- name: live_pods
 -- A starting run may be between launches (its new Pod not recorded yet): any of its Pods is live.

@@ -135,6 +135,11 @@ async def test_oom_killed_pod_ends_the_run_with_memory_limit_error(cluster: Clus
     row = _row(db, run_id)
     assert row["status_message"] == "memory limit error"
     assert row["finished_at"] is not None
+    # Ended through the shared outcome path: the job's failure count moved.
+    failures = db.execute(
+        "SELECT j.consecutive_failures FROM jobs j JOIN runs r ON r.job_id = j.id WHERE r.id = %s", (run_id,)
+    )
+    assert failures.fetchone() == (1,)
 
 
 async def test_evicted_before_claim_goes_back_to_the_queue_with_backoff(cluster: Cluster, db: Db) -> None:
