@@ -18,7 +18,7 @@ from runplane import instruments, tracing
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.supervise import sleep_or_stop
-from runplane.types import AccountId, JobId, JobType, RunId, RunStatus, Trigger, takes_run_slot
+from runplane.types import AccountId, JobId, JobType, RunId, RunStatus, Trigger, ci_schema, takes_run_slot
 from runplane.v1 import runs_pb2, runs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,6 @@ def client_idempotency_key(account_id: AccountId, key: str) -> str:
 
 def generated_idempotency_key() -> str:
     return f"api-once:{uuid.uuid4().hex}"
-
-
-def ci_schema(job_id: int, pull_request_number: int) -> str:
-    """The schema a CI run builds into: one per job and pull request."""
-    return f"runplane_pr_{job_id}_{pull_request_number}"
 
 
 class RunService(runs_pb2_grpc.RunServiceServicer):

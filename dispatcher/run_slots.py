@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from runplane.types import JobId, JobType, RunId, WaitingReason
+from runplane.types import JobId, JobType, RunId, WaitingReason, ci_schema
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,6 @@ class DispatchPlan:
     schemas: dict[RunId, str] = field(default_factory=dict)  # the schema each started run writes to
     waiting: dict[RunId, WaitingReason] = field(default_factory=dict)
     superseded: list[QueuedRun] = field(default_factory=list)  # older queued merge runs: cancelled
-
-
-def ci_schema(job_id: int, pull_request_number: int | None, run_id: int) -> str:
-    """The schema of a CI run, named after the job and the pull request (as the API names it)."""
-    if pull_request_number is None:
-        return f"runplane_pr_{job_id}_run_{run_id}"
-    return f"runplane_pr_{job_id}_{pull_request_number}"
 
 
 def plan_dispatch(run_slots: int, active: list[ActiveRun], queued: list[QueuedRun]) -> DispatchPlan:
