@@ -75,9 +75,6 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             "run queued",
             extra={"account_id": account_id, "job_id": spec.job_id, "run_id": run.id, "trigger": spec.trigger.value},
         )
-        attributes = {"trigger": spec.trigger.value, "job_type": row["job_type"]}
-        instruments.runs_queued.add(1, attributes)
-        instruments.trigger_lag.record((row["queued_at"] - row["scheduled_at"]).total_seconds(), attributes)
         if await self._pickups.publish(account_id):
             instruments.pickups_published.add(1, {"source": "api"})
         return run

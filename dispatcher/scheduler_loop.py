@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
 from dispatcher.relaunch import launch_failed
+from dispatcher.run_metrics import observe_runs
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
@@ -53,7 +54,11 @@ class SchedulerLoop:
         relaunched, stuck_failed = await self.reap_starting()
         lost = await self.reap_lost()
         await self.observe()
-        return {"pickups": pickups, "relaunched": relaunched, "start_failed": stuck_failed, "lost": lost}
+        observed = await observe_runs(self._pool)
+        return {
+            "pickups": pickups, "relaunched": relaunched, "start_failed": stuck_failed, "lost": lost,
+            "observed": observed,
+        }  # fmt: skip
 
     async def send_pickups(self) -> int:
         async with self._pool.connection() as conn:

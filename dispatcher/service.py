@@ -17,7 +17,6 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import psycopg
 import psycopg.errors
@@ -206,9 +205,6 @@ class Dispatcher:
             },
         )
         memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
-        now = datetime.now(UTC)
-        for run in plan.start:
-            instruments.wait_time.record((now - run.queued_at).total_seconds(), {"job_type": str(run.job_type)})
         started = [
             Started(
                 run_id=RunId(r["id"]),  # type: ignore[arg-type]

@@ -22,7 +22,6 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -31,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
-from runplane import instruments, tracing
+from runplane import tracing
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -139,13 +138,7 @@ class Runner:
             row = await cur.fetchone()
         if row is None:
             return None
-        labels = {"trigger": str(row["trigger"]), "job_type": str(row["job_type"])}
-        instruments.runs_started.add(1, labels)
-        started_at: datetime = row["started_at"]  # type: ignore[assignment]
-        if isinstance(row["dispatched_at"], datetime):
-            instruments.prep_time.record((started_at - row["dispatched_at"]).total_seconds(), labels)
-        if isinstance(row["scheduled_at"], datetime):
-            instruments.run_delay.record((started_at - row["scheduled_at"]).total_seconds(), labels)
+        # Started/prep/delay metrics are made from this row's timestamps by the scheduler loop.
         return ClaimedRun.from_row(row)
 
     async def execute(self, run: ClaimedRun) -> Outcome | None:

@@ -165,8 +165,6 @@ async def finish_run(
         for row in await cur.fetchall():
             downstream.append(RunId(int(row["id"])))  # type: ignore[call-overload]
             pickups.add(AccountId(int(row["account_id"])))  # type: ignore[call-overload]
-    labels = {"status": outcome.status.name.lower(), "trigger": str(run["trigger"]), "job_type": str(run["job_type"])}
-    instruments.runs_finished.add(1, labels)
     if deactivated:
         instruments.deactivations.add(1)
     if retry_run_id is not None:

@@ -87,6 +87,7 @@ CREATE TABLE runs (
     pod_name             text NOT NULL DEFAULT '',
     cluster              text NOT NULL DEFAULT '',
     trace_parent         text NOT NULL DEFAULT '',     -- W3C traceparent of the span that queued the run
+    observed             smallint NOT NULL DEFAULT 0,  -- metrics recorded: 1 queued, 2 started, 4 finished
     scheduled_at         timestamptz NOT NULL,        -- cron fire time, or trigger time
     queued_at            timestamptz NOT NULL DEFAULT clock_timestamp(),
     dispatched_at        timestamptz,
@@ -98,6 +99,8 @@ CREATE INDEX runs_queued_idx ON runs (account_id, priority DESC, queued_at, id) 
 -- Slots and serial execution: what is starting or running.
 CREATE INDEX runs_active_idx ON runs (account_id, job_id) WHERE status IN (2, 3);
 CREATE INDEX runs_job_idx ON runs (job_id, id DESC);
+-- The scheduler loop turns run rows into metrics once each: what it has not recorded yet.
+CREATE INDEX runs_unobserved_idx ON runs (id) WHERE observed <> 7;
 CREATE INDEX runs_account_idx ON runs (account_id, id DESC);
 
 CREATE TABLE run_steps (
