@@ -114,8 +114,7 @@ class Leader:
             "leading",
             extra={"term": self.term, "leader": self.leader_id, "workers": sum(w.alive for w in self.workers.values())},
         )
-        async with self._lock:
-            await self._reassign_orphans()
+        await self._reassign_orphans()
         self._full_sync.set()
 
     # -- job changes ------------------------------------------------------------------------------
@@ -147,8 +146,7 @@ class Leader:
                 return
             if self._full_sync.is_set():
                 self._full_sync.clear()
-                async with self._lock:
-                    await self._sync(await self._fetch(QUERIES["drift"], {}))
+                await self._sync(await self._drift())
                 continue
             await sleep_or_stop(stop, _NOTIFY_DEBOUNCE)  # let a burst of notifications collect
             self._changed.clear()
@@ -158,19 +156,32 @@ class Leader:
                 rows = await self._fetch(QUERIES["account_jobs"], {"account_id": account_id})
                 job_ids.update(_int(r["id"]) for r in rows)
             if job_ids:
-                async with self._lock:
-                    await self._sync(await self._fetch(QUERIES["job_states"], {"job_ids": sorted(job_ids)}))
+                await self._sync(sorted(job_ids))
 
     async def _reconcile_loop(self, stop: asyncio.Event) -> None:
         """Heal lost notifications and lost Assigns."""
         while not await sleep_or_stop(stop, self.settings.orchestrator.reconcile_interval):
-            async with self._lock:
-                await self._sync(await self._fetch(QUERIES["drift"], {}))
-                await self._resend_stale_pending()
-                await self._reassign_orphans()
+            await self._sync(await self._drift())
+            await self._resend_stale_pending()
+            await self._reassign_orphans()
 
-    async def _sync(self, rows: list[Row]) -> None:
-        """Bring ownership in line with what the jobs say, for the given job states."""
+    async def _drift(self) -> list[int]:
+        return [_int(r["job_id"]) for r in await self._fetch(QUERIES["drift"], {})]
+
+    async def _sync(self, job_ids: list[int]) -> None:
+        """Bring ownership in line with what the jobs say, one batch per hold of the lock.
+
+        Short holds keep heartbeats and claims flowing while a large change is worked through; each
+        batch re-reads its jobs under the lock, so it acts on current state.
+        """
+        size = self.settings.orchestrator.assign_batch_size
+        for start in range(0, len(job_ids), size):
+            async with self._lock:
+                rows = await self._fetch(QUERIES["job_states"], {"job_ids": job_ids[start : start + size]})
+                await self._sync_locked(rows)
+
+    async def _sync_locked(self, rows: list[Row]) -> None:
+        """Act on the given job states (the caller holds the lock)."""
         new: list[Row] = []
         gone: dict[str | None, list[int]] = defaultdict(list)
         changed: list[Row] = []
@@ -222,7 +233,7 @@ class Leader:
 
     async def _resend(self, job_ids: list[int], worker_id: str | None) -> None:
         """Publish again the pending Assigns of ``job_ids`` with their recorded stamps."""
-        rows = await self._fetch(QUERIES["definitions"], {"job_ids": job_ids})
+        rows = await self._fetch(QUERIES["definitions"], {"job_ids": job_ids, "worker_id": worker_id, "claimed": False})
         by_stamp: dict[tuple[int, int], list[Row]] = defaultdict(list)
         for row in rows:
             by_stamp[(_int(row["term"]), _int(row["clock"]))].append(row)
@@ -339,7 +350,7 @@ class Leader:
             behind = [r for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
             if behind:
                 fresh = await self._fetch(QUERIES["job_states"], {"job_ids": [_int(r["job_id"]) for r in behind]})
-                await self._sync(fresh)
+                await self._sync_locked(fresh)
         if refused and alive:
             await self._revoke(claimer, refused)
         if unclaimed:
@@ -352,10 +363,9 @@ class Leader:
         tick = 0
         while not await sleep_or_stop(stop, interval / 10):
             tick += 1
-            async with self._lock:
-                await self._declare_dead()
-                if tick % 10 == 0:
-                    await self._rebalance()
+            await self._declare_dead()
+            if tick % 10 == 0:
+                await self._rebalance()
 
     async def _declare_dead(self) -> None:
         now = time.monotonic()
@@ -365,16 +375,16 @@ class Leader:
 
     async def _bury(self, worker_id: str) -> None:
         """Declare a worker dead: delete its queue and reassign everything it owned."""
-        now = time.monotonic()
-        info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
-        info.alive = False
-        await self._execute(QUERIES["mark_dead"], {"worker_id": worker_id})
-        await self.bus.delete(self.topology.worker(worker_id))
-        job_ids = [_int(r["job_id"]) for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
+        async with self._lock:
+            now = time.monotonic()
+            info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
+            info.alive = False
+            await self._execute(QUERIES["mark_dead"], {"worker_id": worker_id})
+            await self.bus.delete(self.topology.worker(worker_id))
+            job_ids = [_int(r["job_id"]) for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
         log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
         metrics.workers_declared_dead.add(1)
-        if job_ids:
-            await self._reassign(job_ids)
+        await self._reassign(job_ids, worker_id)
 
     async def _reassign_orphans(self) -> None:
         """Jobs still owned by workers that are not alive (a previous leader died mid-way)."""
@@ -383,22 +393,32 @@ class Leader:
             if not self._is_alive(worker_id):
                 await self._bury(worker_id)
 
-    async def _reassign(self, job_ids: list[int]) -> None:
+    async def _reassign(self, job_ids: list[int], dead: str) -> None:
         """Give the jobs of a dead worker to whoever takes them from the shared queue."""
-        rows = await self._fetch(QUERIES["definitions"], {"job_ids": job_ids})
-        fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
-        await self._assign(rows, worker_id=None, fires_after=fires_after)
+        size = self.settings.orchestrator.assign_batch_size
+        for start in range(0, len(job_ids), size):
+            async with self._lock:
+                # Only what the dead worker still owns: the batch may have changed since.
+                rows = await self._fetch(
+                    QUERIES["definitions"],
+                    {"job_ids": job_ids[start : start + size], "worker_id": dead, "claimed": False},
+                )
+                fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
+                await self._assign(rows, worker_id=None, fires_after=fires_after)
 
     async def _resend_stale_pending(self) -> None:
         rows = await self._fetch(QUERIES["stale_pending"], {"timeout": self.settings.orchestrator.claim_timeout})
         by_target: dict[str | None, list[int]] = defaultdict(list)
         for row in rows:
             by_target[_opt_str(row["worker_id"])].append(_int(row["job_id"]))
+        size = self.settings.orchestrator.assign_batch_size
         for worker_id, job_ids in by_target.items():
             if worker_id is not None and not self._is_alive(worker_id):
                 continue  # the dead-worker path reassigns them
             log.info("resending unclaimed Assigns", extra={"jobs": len(job_ids), "worker_id": worker_id})
-            await self._resend(job_ids, worker_id)
+            for start in range(0, len(job_ids), size):
+                async with self._lock:
+                    await self._resend(job_ids[start : start + size], worker_id)
 
     async def _rebalance(self) -> None:
         """Move jobs (Revoke, then Assign to the new owner's queue) until loads are within tolerance."""
@@ -425,11 +445,23 @@ class Leader:
         if not moves:
             return
         log.info("rebalancing", extra={"moves": len(moves), "jobs": sum(len(m.job_ids) for m in moves)})
+        size = self.settings.orchestrator.assign_batch_size
         for move in moves:
-            rows = await self._fetch(QUERIES["definitions"], {"job_ids": move.job_ids})
-            await self._revoke(move.donor, move.job_ids)
-            fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
-            await self._assign(rows, worker_id=move.target, fires_after=fires_after)
+            for start in range(0, len(move.job_ids), size):
+                async with self._lock:
+                    if not (self._is_alive(move.donor) and self._is_alive(move.target)):
+                        return  # the next pass plans again
+                    rows = await self._fetch(
+                        QUERIES["definitions"],
+                        {"job_ids": move.job_ids[start : start + size], "worker_id": move.donor, "claimed": True},
+                    )
+                    if not rows:
+                        continue
+                    # Revoke first, then Assign: the new owner queues a fire that fell in between
+                    # (its missed-fire grace), and the idempotency key makes a fire queued by both one run.
+                    await self._revoke(move.donor, [_int(r["job_id"]) for r in rows])
+                    fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
+                    await self._assign(rows, worker_id=move.target, fires_after=fires_after)
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -40,19 +40,28 @@ class TickResult:
 
 
 async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int, int]]) -> TickResult:
-    """Insert the runs of ``due`` [(job_id, fire_ts)] in one statement and one transaction."""
+    """Insert the runs of ``due`` [(job_id, fire_ts)] in one statement, and cancel the runs they
+    supersede, in one transaction."""
     if not due:
         return TickResult(0, 0, frozenset())
     job_ids = [job_id for job_id, _ in due]
     fire_ts = [fire for _, fire in due]
     keys = [schedule_idempotency_key(job_id, fire) for job_id, fire in due]
+    superseded = 0
     async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-        await cur.execute(
-            QUERIES["queue_runs"],
-            {"job_ids": job_ids, "fire_ts": fire_ts, "keys": keys, "superseded_message": SUPERSEDED_MESSAGE},
-        )
+        await cur.execute(QUERIES["queue_runs"], {"job_ids": job_ids, "fire_ts": fire_ts, "keys": keys})
         rows = await cur.fetchall()
-    superseded = int(cast(SupportsInt, rows[0]["superseded"])) if rows else 0
+        if rows:
+            await cur.execute("SET LOCAL enable_nestloop = off")
+            await cur.execute(
+                QUERIES["cancel_superseded"],
+                {
+                    "job_ids": [row["job_id"] for row in rows],
+                    "fire_ts": [row["fire_ts"] for row in rows],
+                    "message": SUPERSEDED_MESSAGE,
+                },
+            )
+            superseded = cur.rowcount
     for row in rows:
         metrics.trigger_lag.record(float(cast(float, row["trigger_lag"])))
     metrics.runs_queued.add(len(rows))

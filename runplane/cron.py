@@ -79,8 +79,16 @@ def previous_fire(expr: str, timezone: str, at_or_before: float) -> int | None:
     """The newest fire time at or before ``at_or_before``; None if there is none in a year."""
     tz = zone(timezone)
     it = _iterator(expr)
-    # One second past the wall time of ``at_or_before``, so a fire exactly at it counts.
-    it.set_current(_wall(math.floor(at_or_before), tz) + timedelta(seconds=1), force=True)
+    local = datetime.fromtimestamp(math.floor(at_or_before), tz)
+    start = local.replace(tzinfo=None)
+    if local.fold:
+        # In the second pass of a repeated hour, later wall times of that hour already happened (in
+        # the first pass): start the search past them.
+        first_offset, offset = local.replace(fold=0).utcoffset(), local.utcoffset()
+        if first_offset is not None and offset is not None:
+            start += first_offset - offset
+    # One second past it, so a fire exactly at ``at_or_before`` counts.
+    it.set_current(start + timedelta(seconds=1), force=True)
     limit = at_or_before - 366 * 86400
     for _ in range(_MAX_CANDIDATES):
         candidate: datetime = it.get_prev(datetime)
