@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import AsyncIterator
 from functools import reduce
 
 import pytest
 
+from orchestrator.leadership import LEADER_LOCK_KEY
 from queuer_worker.heap import job_digest
 from runplane.settings import Settings
 from tests.queuer.support import Cluster, Db, claimed_counts, insert_jobs, ownership, wait_for
@@ -91,3 +93,43 @@ async def test_standby_takes_over_when_the_leader_is_killed(cluster: Cluster, db
     # The new leader keeps every ownership: nothing reassigned, the workers still agree with Postgres.
     await wait_for(lambda: workers_agree(db), 5, what="workers agree with Postgres under the new leader")
     assert ownership(db) == before
+
+
+async def test_a_worker_declared_dead_that_returns_drops_everything(cluster: Cluster, db: Db) -> None:
+    insert_jobs(db, 400, cron=NEVER_SOON)
+    cluster.orchestrator()
+    frozen = cluster.worker()
+    cluster.worker()
+    await wait_for(lambda: all_claimed(db, 400) and len(claimed_counts(db)) == 2 and workers_agree(db), 30)
+    frozen_id = db.execute("SELECT worker_id FROM queuer_workers WHERE worker_id LIKE %s", (f"%-{frozen.pid}-%",))
+    worker_id = frozen_id.fetchone()[0]
+
+    # A paused process sends no heartbeats: after 3 intervals it is dead and its jobs move.
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        await wait_for(lambda: worker_id not in {w for w, _ in ownership(db).values()} and all_claimed(db, 400), 10)
+        assert db.execute("SELECT state FROM queuer_workers WHERE worker_id = %s", (worker_id,)).fetchone()[0] == "dead"
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    # Back, it is told to drop what it held, registers again and gets a fair share; what every worker
+    # holds still equals Postgres.
+    await wait_for(
+        lambda: claimed_counts(db).get(worker_id, 0) > 0 and within(claimed_counts(db), 200) and workers_agree(db),
+        40,
+        what="the returning worker to re-register and be rebalanced",
+    )
+    assert all_claimed(db, 400)
+
+
+async def test_a_leader_that_loses_its_lock_connection_exits(cluster: Cluster, db: Db) -> None:
+    leader = cluster.orchestrator()
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 1, 20, what="term 1")
+    standby = cluster.orchestrator()
+    db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted",
+        (LEADER_LOCK_KEY & 0xFFFFFFFF,),
+    )
+    await wait_for(lambda: leader.poll() is not None, 10, what="the old leader to exit")
+    assert leader.returncode != 0
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 2, 10, what="term 2")
+    assert standby.poll() is None
