@@ -37,6 +37,7 @@ _REGISTERING_BEATS = 3
 # The fire loop re-reads the clock at least this often, so a wall-clock jump is noticed.
 _MAX_SLEEP = 30.0
 _INSERT_ATTEMPTS = 3
+_MIN_BEAT_GAP = 0.2
 
 DIGEST_HEADER = "owned_digest"
 
@@ -60,6 +61,7 @@ class QueuerWorker:
         self.gate = StampGate()
         self._clock = clock
         self._wake = asyncio.Event()
+        self._held_changed = asyncio.Event()
         self._registering_beats = _REGISTERING_BEATS
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
 
@@ -90,6 +92,7 @@ class QueuerWorker:
         else:
             log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})
         self._wake.set()
+        self._held_changed.set()
 
     async def _on_assign(self, message: bus_pb2.Assign) -> None:
         stamp = Stamp.from_proto(message.stamp)
@@ -179,8 +182,12 @@ class QueuerWorker:
             else:
                 if registering:
                     self._registering_beats -= 1
-            if await sleep_or_stop(stop, interval):
+            # Next beat after the interval, or sooner when the held jobs changed, so the leader's view
+            # (count and digest) follows changes closely; never more often than _MIN_BEAT_GAP.
+            if await sleep_or_stop(stop, _MIN_BEAT_GAP):
                 return
+            self._held_changed.clear()
+            await self._sleep_on(self._held_changed, stop, interval - _MIN_BEAT_GAP)
 
     # -- firing -----------------------------------------------------------------------------------
 
@@ -191,14 +198,16 @@ class QueuerWorker:
             now = self._clock()
             if head is None or head > now:
                 wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now)
-                await self._sleep(stop, wait)
+                await self._sleep_on(self._wake, stop, wait)
                 continue
             due = self.heap.pop_due(now)
             await self._queue(due)
             self.heap.reschedule(due)
 
-    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
-        wake = asyncio.ensure_future(self._wake.wait())
+    @staticmethod
+    async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until ``event`` or ``stop`` is set."""
+        wake = asyncio.ensure_future(event.wait())
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({wake, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)

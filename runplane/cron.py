@@ -77,6 +77,11 @@ def _next_fire(expr: str, timezone: str, after: int) -> int:
 
 def previous_fire(expr: str, timezone: str, at_or_before: float) -> int | None:
     """The newest fire time at or before ``at_or_before``; None if there is none in a year."""
+    return _previous_fire(expr, timezone, math.floor(at_or_before))
+
+
+@lru_cache(maxsize=16_384)
+def _previous_fire(expr: str, timezone: str, at_or_before: int) -> int | None:
     tz = zone(timezone)
     it = _iterator(expr)
     local = datetime.fromtimestamp(math.floor(at_or_before), tz)
