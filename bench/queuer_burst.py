@@ -50,7 +50,7 @@ def run(n: int, workers: int = 2) -> dict[str, Any]:
             "RUNPLANE_BUS_PREFIX": prefix,
             "RUNPLANE_REDIS_PREFIX": prefix,
             "RUNPLANE_LOG_FORMAT": "text",
-            "RUNPLANE_LOG_LEVEL": "WARNING",
+            "RUNPLANE_LOG_LEVEL": os.environ.get("RUNPLANE_LOG_LEVEL", "WARNING"),
             "RUNPLANE_ORCHESTRATOR__HEARTBEAT_INTERVAL": "1",
             "RUNPLANE_ORCHESTRATOR__RECONCILE_INTERVAL": "30",
         }
