@@ -281,6 +281,11 @@ class Leader:
     # -- messages from workers --------------------------------------------------------------------
 
     async def on_message(self, message: Message, delivery: Delivery) -> None:
+        if isinstance(message, bus_pb2.Heartbeat):
+            # Heard now, even if the lock is busy: waiting on it is not the worker's silence.
+            info = self.workers.get(message.worker_id)
+            if info is not None and info.alive:
+                info.last_seen = time.monotonic()
         async with self._lock:
             if isinstance(message, bus_pb2.Heartbeat):
                 await self._on_heartbeat(message, delivery)
