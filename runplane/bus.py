@@ -3,7 +3,8 @@
 Queues (all durable, messages persistent, publisher confirms on, manual acks after the effect):
 
 - ``{prefix}.assign``        Assign, shared by every queuer worker (round robin)
-- ``{prefix}.worker.{id}``   Update / Revoke for one worker; deleted when the worker is declared dead
+- ``{prefix}.worker.{id}``   Update / Revoke (and Assign when rebalancing) for one worker; deleted when the
+                             worker is declared dead
 - ``{prefix}.orchestrator``  Claimed / Heartbeat, to the leader
 - ``{prefix}.pickup``        Pickup, shared by every dispatcher
 

@@ -7,7 +7,8 @@ its first occurrence.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import math
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -54,31 +55,71 @@ def zone(name: str) -> ZoneInfo:
 
 def next_fire(expr: str, timezone: str, after: float) -> int:
     """The first fire time strictly after ``after`` (unix seconds)."""
+    # Fire times are whole seconds: the first one after floor(after) is also the first after ``after``.
+    return _next_fire(expr, timezone, math.floor(after))
+
+
+@lru_cache(maxsize=16_384)
+def _next_fire(expr: str, timezone: str, after: int) -> int:
+    # Cached: a burst of jobs sharing a schedule asks the same question many times in one second.
     tz = zone(timezone)
-    start = datetime.fromtimestamp(int(after), tz)
-    it = croniter(expr, start)
-    while True:
+    it = _iterator(expr)
+    # Iterate in naive local wall time: croniter then only ever yields wall times that match the
+    # expression, and the zone decides which of them exist (gap) or repeat (fold).
+    it.set_current(_wall(after, tz), force=True)
+    for _ in range(_MAX_CANDIDATES):
         candidate: datetime = it.get_next(datetime)
-        ts = _wall_to_unix(candidate.replace(tzinfo=None), tz)
+        ts = _wall_to_unix(candidate, tz)
         if ts is not None and ts > after:
             return ts
+    raise ValueError(f"{expr!r} does not fire in {timezone}")
 
 
 def previous_fire(expr: str, timezone: str, at_or_before: float) -> int | None:
     """The newest fire time at or before ``at_or_before``; None if there is none in a year."""
+    return _previous_fire(expr, timezone, math.floor(at_or_before))
+
+
+@lru_cache(maxsize=16_384)
+def _previous_fire(expr: str, timezone: str, at_or_before: int) -> int | None:
     tz = zone(timezone)
-    start = datetime.fromtimestamp(int(at_or_before) + 1, tz)
-    it = croniter(expr, start)
+    it = _iterator(expr)
+    local = datetime.fromtimestamp(math.floor(at_or_before), tz)
+    start = local.replace(tzinfo=None)
+    if local.fold:
+        # In the second pass of a repeated hour, later wall times of that hour already happened (in
+        # the first pass): start the search past them.
+        first_offset, offset = local.replace(fold=0).utcoffset(), local.utcoffset()
+        if first_offset is not None and offset is not None:
+            start += first_offset - offset
+    # One second past it, so a fire exactly at ``at_or_before`` counts.
+    it.set_current(start + timedelta(seconds=1), force=True)
     limit = at_or_before - 366 * 86400
-    while True:
+    for _ in range(_MAX_CANDIDATES):
         candidate: datetime = it.get_prev(datetime)
-        ts = _wall_to_unix(candidate.replace(tzinfo=None), tz)
+        ts = _wall_to_unix(candidate, tz)
         if ts is None:
             continue
         if ts < limit:
             return None
         if ts <= at_or_before:
             return ts
+    return None
+
+
+# Bounds a search through wall times that never exist or lie on the wrong side of a fold.
+_MAX_CANDIDATES = 2_000
+
+
+@lru_cache(maxsize=4096)
+def _iterator(expr: str) -> croniter:
+    """One parsed expression per distinct cron string; callers reposition it with set_current."""
+    return croniter(expr, datetime(2000, 1, 1))
+
+
+def _wall(unix_ts: int, tz: ZoneInfo) -> datetime:
+    """Naive local wall time of an instant (on a fold, the wall time as shown at that instant)."""
+    return datetime.fromtimestamp(unix_ts, tz).replace(tzinfo=None)
 
 
 def _wall_to_unix(wall: datetime, tz: ZoneInfo) -> int | None:
@@ -86,7 +127,7 @@ def _wall_to_unix(wall: datetime, tz: ZoneInfo) -> int | None:
     fall-back repeat."""
     first = wall.replace(tzinfo=tz, fold=0)
     # A wall time in a gap does not survive the round trip through UTC.
-    if first.astimezone(ZoneInfo("UTC")).astimezone(tz).replace(tzinfo=None) != wall:
+    if first.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != wall:
         return None
     return int(first.timestamp())
 

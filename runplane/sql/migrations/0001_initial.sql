@@ -102,6 +102,8 @@ CREATE INDEX runs_job_idx ON runs (job_id, id DESC);
 -- The scheduler loop turns run rows into metrics once each: what it has not recorded yet.
 CREATE INDEX runs_unobserved_idx ON runs (id) WHERE observed <> 7;
 CREATE INDEX runs_account_idx ON runs (account_id, id DESC);
+-- Over-scheduling: the queuer cancels a job's older cron runs that are still queued.
+CREATE INDEX runs_schedule_queued_idx ON runs (job_id, scheduled_at) WHERE status = 1 AND trigger = 'schedule';
 
 CREATE TABLE run_steps (
     run_id       bigint NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
@@ -146,7 +148,8 @@ CREATE TABLE queuer_workers (
     state              text NOT NULL DEFAULT 'alive' CHECK (state IN ('alive', 'dead')),
     registered_at      timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at  timestamptz NOT NULL DEFAULT now(),
-    jobs_owned         integer NOT NULL DEFAULT 0
+    jobs_owned         integer NOT NULL DEFAULT 0,
+    owned_digest       bigint NOT NULL DEFAULT 0   -- XOR of the worker's (job_id, version) hashes, as it reports them
 );
 
 -- Live dispatchers: each upserts its row every few seconds (for `runplane status` and dashboards).
@@ -159,14 +162,16 @@ CREATE TABLE dispatchers (
     dispatched     bigint NOT NULL DEFAULT 0   -- runs this process moved to starting
 );
 
--- Which worker owns which job; 'pending' until the worker answers Claimed.
+-- Which worker owns which job; 'pending' until the worker answers Claimed. No foreign key: when a
+-- job row is deleted its ownership stays until the leader has told the owner to stop.
 CREATE TABLE job_ownership (
-    job_id        bigint PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
-    worker_id     text,
+    job_id        bigint PRIMARY KEY,
+    worker_id     text,                 -- NULL while an Assign waits on the shared queue
     state         text NOT NULL CHECK (state IN ('pending', 'claimed')),
     term          bigint NOT NULL,
     clock         bigint NOT NULL,
     version       bigint NOT NULL,      -- job version the owner was last sent
+    fires_after   bigint NOT NULL,      -- unix seconds: a new owner never queues a fire at or before it
     assigned_at   timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX job_ownership_worker_idx ON job_ownership (worker_id);

@@ -1,0 +1,100 @@
+-- name: bump_term
+UPDATE orchestrator_term SET term = term + 1, leader = %(leader)s, elected_at = now() RETURNING term;
+
+-- name: workers
+SELECT worker_id, state FROM queuer_workers;
+
+-- name: heartbeat
+INSERT INTO queuer_workers (worker_id, state, last_heartbeat_at, jobs_owned, owned_digest)
+VALUES (%(worker_id)s, 'alive', now(), %(jobs_owned)s, %(owned_digest)s)
+ON CONFLICT (worker_id) DO UPDATE
+SET state = 'alive', last_heartbeat_at = now(), jobs_owned = EXCLUDED.jobs_owned, owned_digest = EXCLUDED.owned_digest;
+
+-- name: mark_dead
+UPDATE queuer_workers SET state = 'dead' WHERE worker_id = %(worker_id)s;
+
+-- name: job_states
+-- What the leader needs to decide about some jobs: whether they should be scheduled and who has them.
+SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
+       j.priority, (j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
+       o.job_id IS NOT NULL AS owned, o.worker_id, o.state, o.version AS sent_version
+FROM jobs j LEFT JOIN job_ownership o ON o.job_id = j.id
+WHERE j.id = ANY(%(job_ids)s)
+UNION ALL
+SELECT o.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true, o.worker_id, o.state, o.version
+FROM job_ownership o
+WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = o.job_id);
+
+-- name: drift
+-- The full reconcile: every job whose ownership does not match what it should be.
+SELECT coalesce(j.id, o.job_id) AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds,
+       j.job_type, j.priority,
+       (j.id IS NOT NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
+       o.job_id IS NOT NULL AS owned, o.worker_id, o.state, o.version AS sent_version
+FROM jobs j FULL JOIN job_ownership o ON o.job_id = j.id
+WHERE (o.job_id IS NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL)
+   OR (o.job_id IS NOT NULL AND (j.id IS NULL OR j.deleted_at IS NOT NULL OR j.deactivated_at IS NOT NULL OR j.cron IS NULL))
+   OR (o.state = 'claimed' AND o.version <> j.version);
+
+-- name: account_jobs
+SELECT id FROM jobs WHERE account_id = %(account_id)s;
+
+-- name: definitions
+-- Jobs of some ownership rows, optionally only those of one worker (NULL worker: pending on the
+-- shared queue) and only claimed ones.
+SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type, j.priority,
+       o.fires_after, o.term, o.clock
+FROM job_ownership o JOIN jobs j ON j.id = o.job_id
+WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s
+  AND (NOT %(claimed)s OR o.state = 'claimed');
+
+-- name: upsert_pending
+-- Record an Assign: pending until the worker answers Claimed. A job that had an owner keeps its
+-- fires_after (its new owner may queue a fire missed in between); a new one starts now.
+INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)
+SELECT d.job_id, %(worker_id)s, 'pending', %(term)s, %(clock)s, d.version, %(now)s
+FROM unnest(%(job_ids)s::bigint[], %(versions)s::bigint[]) AS d (job_id, version)
+ON CONFLICT (job_id) DO UPDATE
+SET worker_id = EXCLUDED.worker_id, state = 'pending', term = EXCLUDED.term, clock = EXCLUDED.clock,
+    version = EXCLUDED.version, assigned_at = now();
+
+-- name: ownership
+SELECT o.job_id, o.worker_id, o.state, o.term, o.clock, o.version, j.version AS job_version
+FROM job_ownership o LEFT JOIN jobs j ON j.id = o.job_id
+WHERE o.job_id = ANY(%(job_ids)s);
+
+-- name: claim
+UPDATE job_ownership SET state = 'claimed', worker_id = %(worker_id)s WHERE job_id = ANY(%(job_ids)s);
+
+-- name: sent_versions
+-- An Update went out: the owner now has these versions, and a later owner must not queue a fire
+-- of the old schedule.
+UPDATE job_ownership o SET version = d.version, fires_after = greatest(o.fires_after, %(now)s)
+FROM unnest(%(job_ids)s::bigint[], %(versions)s::bigint[]) AS d (job_id, version)
+WHERE o.job_id = d.job_id;
+
+-- name: delete_ownership
+DELETE FROM job_ownership WHERE job_id = ANY(%(job_ids)s);
+
+-- name: owned_by
+SELECT job_id FROM job_ownership WHERE worker_id = %(worker_id)s;
+
+-- name: owners
+SELECT DISTINCT worker_id FROM job_ownership WHERE worker_id IS NOT NULL;
+
+-- name: stale_pending
+SELECT job_id, worker_id, term, clock FROM job_ownership
+WHERE state = 'pending' AND assigned_at < now() - make_interval(secs => %(timeout)s);
+
+-- name: touch_pending
+UPDATE job_ownership SET assigned_at = now() WHERE job_id = ANY(%(job_ids)s);
+
+-- name: pending_count
+SELECT count(*) AS n FROM job_ownership WHERE state = 'pending';
+
+-- name: claimed_by_worker
+SELECT worker_id, array_agg(job_id ORDER BY job_id) AS job_ids
+FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;
+
+-- name: claimed_counts
+SELECT worker_id, count(*) AS n FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;

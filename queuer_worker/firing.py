@@ -1,0 +1,81 @@
+"""Queuing the runs of one tick: one multi-row INSERT, then a Pickup per account.
+
+Runs are keyed ``sched:{job_id}:{unix_ts}`` and inserted ``ON CONFLICT DO NOTHING``, so a fire
+queued twice (two owners during a failover, a redelivered message, a missed fire that was in fact
+queued) is still one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import SupportsInt, cast
+
+from psycopg_pool import AsyncConnectionPool
+
+from queuer_worker import metrics
+from runplane.bus import Bus, Topology
+from runplane.db import Connection
+from runplane.sql import load_queries
+from runplane.types import schedule_idempotency_key
+from runplane.v1 import bus_pb2
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("queuer_worker")
+
+SUPERSEDED_MESSAGE = (
+    "Cancelled: superseded by a newer scheduled run of this job that was queued while this one was still "
+    "waiting. The job is over-scheduled: make it run faster or make its schedule less frequent."
+)
+
+
+@dataclass(frozen=True)
+class TickResult:
+    queued: int
+    superseded: int
+    accounts: frozenset[int]
+
+
+async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int, int]]) -> TickResult:
+    """Insert the runs of ``due`` [(job_id, fire_ts)] in one statement, and cancel the runs they
+    supersede, in one transaction."""
+    if not due:
+        return TickResult(0, 0, frozenset())
+    job_ids = [job_id for job_id, _ in due]
+    fire_ts = [fire for _, fire in due]
+    keys = [schedule_idempotency_key(job_id, fire) for job_id, fire in due]
+    superseded = 0
+    async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        await cur.execute(QUERIES["queue_runs"], {"job_ids": job_ids, "fire_ts": fire_ts, "keys": keys})
+        rows = await cur.fetchall()
+        if rows:
+            await cur.execute("SET LOCAL enable_nestloop = off")
+            await cur.execute(
+                QUERIES["cancel_superseded"],
+                {
+                    "job_ids": [row["job_id"] for row in rows],
+                    "fire_ts": [row["fire_ts"] for row in rows],
+                    "message": SUPERSEDED_MESSAGE,
+                },
+            )
+            superseded = cur.rowcount
+    for row in rows:
+        metrics.trigger_lag.record(float(cast(float, row["trigger_lag"])))
+    metrics.runs_queued.add(len(rows))
+    if superseded:
+        metrics.runs_superseded.add(superseded)
+    return TickResult(len(rows), superseded, frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows))
+
+
+async def publish_pickups(bus: Bus, topology: Topology, accounts: frozenset[int]) -> None:
+    """Tell the dispatchers right away that these accounts have new queued runs."""
+    now_ms = int(time.time() * 1000)
+    await asyncio.gather(
+        *(
+            bus.publish(topology.pickup, bus_pb2.Pickup(account_id=account_id, sent_at_ms=now_ms))
+            for account_id in accounts
+        )
+    )

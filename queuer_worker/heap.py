@@ -1,0 +1,174 @@
+"""The cron heap: the jobs a worker owns, ordered by their next fire time.
+
+Per-job state is kept small (a ``__slots__`` object, interned cron and zone strings, one heap
+tuple): a worker holds hundreds of thousands of jobs. Next fire times are computed on demand by
+``runplane.cron`` (cached per expression), never held as per-job iterators.
+
+Heap entries are ``(fire_ts, job_id)``; an entry whose job is gone or was rescheduled is skipped
+when it reaches the top (lazy deletion), so updates and revokes are O(1).
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from dataclasses import dataclass
+
+from runplane.cron import next_fire, previous_fire
+
+_MASK = (1 << 63) - 1
+
+
+def job_digest(job_id: int, version: int) -> int:
+    """A 63-bit hash of one (job_id, version) pair (splitmix64), XORed into a worker's digest.
+
+    The XOR over everything a worker holds is order-independent and cheap to keep up to date, so
+    the orchestrator can compare what a worker holds with what Postgres says it owns.
+    """
+    z = (job_id * 0x9E3779B97F4A7C15 + version * 0xD1B54A32D192ED03) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK
+
+
+class OwnedJob:
+    """What a worker needs to schedule one job (everything else is re-read from Postgres at fire)."""
+
+    __slots__ = ("cron", "grace", "job_id", "next_fire", "timezone", "version")
+
+    def __init__(self, job_id: int, version: int, cron: str, timezone: str, grace: int, next_fire: int) -> None:  # noqa: PLR0917
+        self.job_id = job_id
+        self.version = version
+        self.cron = cron
+        self.timezone = timezone
+        self.grace = grace
+        self.next_fire = next_fire
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    """A job's schedule as the orchestrator sent it."""
+
+    job_id: int
+    version: int
+    cron: str
+    timezone: str
+    missed_run_grace_seconds: int
+
+
+def missed_fire(defn: Definition, *, last_fire_ts: int, now: float) -> int | None:
+    """The newest fire at or before ``now`` that is after ``last_fire_ts`` and within the job's
+    missed-run grace; None when there is none (grace 0 skips missed fires)."""
+    if defn.missed_run_grace_seconds <= 0:
+        return None
+    prev = previous_fire(defn.cron, defn.timezone, now)
+    if prev is None or prev <= last_fire_ts or now - prev > defn.missed_run_grace_seconds:
+        return None
+    return prev
+
+
+class CronHeap:
+    """Owned jobs by next fire time."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, OwnedJob] = {}
+        self._heap: list[tuple[int, int]] = []
+        self.digest = 0
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._jobs
+
+    def get(self, job_id: int) -> OwnedJob | None:
+        return self._jobs.get(job_id)
+
+    def job_ids(self) -> list[int]:
+        return list(self._jobs)
+
+    def assign(self, defn: Definition, *, last_fire_ts: int, now: float) -> int:
+        """Take (or replace) a job; returns its next fire, which is the missed fire when one is due."""
+        upcoming = next_fire(defn.cron, defn.timezone, now - 1)  # a fire in this very second counts
+        missed = missed_fire(defn, last_fire_ts=last_fire_ts, now=now)
+        first = missed if missed is not None and missed < upcoming else upcoming
+        self._put(defn, first)
+        return first
+
+    def update(self, defn: Definition, *, now: float) -> int:
+        """Apply a changed definition; a job whose schedule is unchanged keeps its pending fire."""
+        current = self._jobs.get(defn.job_id)
+        if current is not None and current.cron == defn.cron and current.timezone == defn.timezone:
+            fire = current.next_fire
+        else:
+            fire = next_fire(defn.cron, defn.timezone, now - 1)
+        self._put(defn, fire)
+        return fire
+
+    def remove(self, job_id: int) -> bool:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return False
+        self.digest ^= job_digest(job_id, job.version)
+        return True
+
+    def clear(self) -> None:
+        self._jobs.clear()
+        self._heap.clear()
+        self.digest = 0
+
+    def next_due(self) -> int | None:
+        """The earliest pending fire, or None when nothing is owned."""
+        while self._heap:
+            fire, job_id = self._heap[0]
+            job = self._jobs.get(job_id)
+            if job is not None and job.next_fire == fire:
+                return fire
+            heapq.heappop(self._heap)  # stale entry
+        return None
+
+    def pop_due(self, now: float) -> list[tuple[int, int]]:
+        """Every (job_id, fire_ts) due at ``now``; each job is rescheduled to its following fire."""
+        due: list[tuple[int, int]] = []
+        heap = self._heap
+        jobs = self._jobs
+        while heap and heap[0][0] <= now:
+            fire, job_id = heapq.heappop(heap)
+            job = jobs.get(job_id)
+            if job is None or job.next_fire != fire:
+                continue
+            due.append((job_id, fire))
+        # Rescheduling after collecting keeps the insert of this tick from waiting on cron maths.
+        return due
+
+    def reschedule(self, due: list[tuple[int, int]]) -> None:
+        """Push the fire after each of ``due`` (called once the tick's runs are queued)."""
+        for job_id, fire in due:
+            job = self._jobs.get(job_id)
+            if job is None or job.next_fire != fire:
+                continue  # revoked or updated meanwhile
+            job.next_fire = next_fire(job.cron, job.timezone, fire)
+            heapq.heappush(self._heap, (job.next_fire, job_id))
+        self._compact()
+
+    def _put(self, defn: Definition, fire: int) -> None:
+        old = self._jobs.get(defn.job_id)
+        if old is not None:
+            self.digest ^= job_digest(defn.job_id, old.version)
+        self._jobs[defn.job_id] = OwnedJob(
+            defn.job_id,
+            defn.version,
+            sys.intern(defn.cron),
+            sys.intern(defn.timezone),
+            defn.missed_run_grace_seconds,
+            fire,
+        )
+        self.digest ^= job_digest(defn.job_id, defn.version)
+        heapq.heappush(self._heap, (fire, defn.job_id))
+        self._compact()
+
+    def _compact(self) -> None:
+        # Updates leave stale entries behind; rebuild when they outnumber the live ones.
+        if len(self._heap) > 2 * len(self._jobs) + 1024:
+            self._heap = [(job.next_fire, job.job_id) for job in self._jobs.values()]
+            heapq.heapify(self._heap)

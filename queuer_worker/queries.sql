@@ -1,0 +1,20 @@
+-- name: queue_runs
+-- One statement per tick: insert the due cron runs. Postgres is re-checked: deleted or deactivated
+-- jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
+INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
+SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
+FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[], %(keys)s::text[]) AS d (job_id, fire_ts, key)
+JOIN jobs j ON j.id = d.job_id
+WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
+          extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag;
+
+-- name: cancel_superseded
+-- Same transaction, right after: older cron runs of the jobs just queued that are still queued are
+-- over-scheduled. Runs of other triggers are never touched. (Run with nested loops off: on a table
+-- whose statistics lag a burst, a nested loop would rescan the index once per queued run.)
+UPDATE runs r
+SET status = 30, finished_at = now(), status_message = %(message)s
+FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
+WHERE r.job_id = d.job_id AND r.status = 1 AND r.trigger = 'schedule' AND r.scheduled_at < to_timestamp(d.fire_ts);

@@ -1,0 +1,237 @@
+"""A queuer worker: applies the orchestrator's messages to its cron heap and queues runs on time.
+
+It consumes the shared Assign queue (round robin with the other workers) and its own queue
+(Update, Revoke, and Assigns aimed at it when jobs are rebalanced), heartbeats to the leader, and
+sleeps until the head of its heap is due or a message changes the heap.
+
+Every message is gated by ``(term, clock)``: a job's state changes only for a stamp newer than the
+last one applied to it, and nothing from a term older than the newest seen is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from google.protobuf.message import Message
+from psycopg_pool import AsyncConnectionPool
+
+from queuer_worker import metrics
+from queuer_worker.firing import publish_pickups, queue_runs
+from queuer_worker.heap import CronHeap, Definition
+from runplane.bus import AmqpBus, Delivery, Topology
+from runplane.db import Connection
+from runplane.errors import ServiceUnavailable
+from runplane.settings import Settings
+from runplane.stamps import Stamp, StampGate
+from runplane.supervise import sleep_or_stop, spawn
+from runplane.v1 import bus_pb2
+
+log = logging.getLogger(__name__)
+
+# Heartbeats that say "registering" after a start or a drop-everything, so one lost message (no
+# leader at that moment) does not leave the worker unknown.
+_REGISTERING_BEATS = 3
+# The fire loop re-reads the clock at least this often, so a wall-clock jump is noticed.
+_MAX_SLEEP = 30.0
+_INSERT_ATTEMPTS = 3
+_MIN_BEAT_GAP = 0.2
+
+DIGEST_HEADER = "owned_digest"
+
+
+class QueuerWorker:
+    def __init__(
+        self,
+        settings: Settings,
+        bus: AmqpBus,
+        pool: AsyncConnectionPool[Connection],
+        worker_id: str,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.pool = pool
+        self.worker_id = worker_id
+        self.topology = Topology(settings.bus_prefix)
+        self.heap = CronHeap()
+        self.gate = StampGate()
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._held_changed = asyncio.Event()
+        self._registering_beats = _REGISTERING_BEATS
+        metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
+
+    @property
+    def own_queue(self) -> str:
+        return self.topology.worker(self.worker_id)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.bus.declare(self.own_queue)
+        async with asyncio.TaskGroup() as group:
+            # prefetch 1 on the shared queue: Assigns spread one message at a time over the workers.
+            spawn(
+                group, "queuer:assign", self.bus.consume(self.topology.assign, self.on_message, prefetch=1, stop=stop)
+            )
+            spawn(group, "queuer:own-queue", self._consume_own(stop))
+            spawn(group, "queuer:heartbeat", self._heartbeat(stop))
+            spawn(group, "queuer:fire", self._fire_loop(stop))
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    async def on_message(self, message: Message, _delivery: Delivery) -> None:
+        if isinstance(message, bus_pb2.Assign):
+            await self._on_assign(message)
+        elif isinstance(message, bus_pb2.Update):
+            self._on_update(message)
+        elif isinstance(message, bus_pb2.Revoke):
+            self._on_revoke(message)
+        else:
+            log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})
+        self._wake.set()
+        self._held_changed.set()
+
+    async def _on_assign(self, message: bus_pb2.Assign) -> None:
+        stamp = Stamp.from_proto(message.stamp)
+        if not self.gate.observe_term(stamp.term):
+            metrics.messages_applied.add(1, {"kind": "assign", "applied": False})
+            return
+        now = self._clock()
+        taken: list[int] = []
+        for assignment in message.jobs:
+            job = assignment.job
+            job_stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else stamp
+            if not self.gate.admit(job.job_id, job_stamp):
+                continue
+            if job.active and job.cron:
+                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                taken.append(job.job_id)
+            else:
+                self.heap.remove(job.job_id)
+        metrics.messages_applied.add(1, {"kind": "assign", "applied": bool(taken)})
+        if taken:
+            claimed = bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken)
+            await self.bus.publish(self.topology.orchestrator, claimed)
+
+    def _on_update(self, message: bus_pb2.Update) -> None:
+        assignment = message.job
+        stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else Stamp.from_proto(message.stamp)
+        job = assignment.job
+        applied = self.gate.admit(job.job_id, stamp)
+        metrics.messages_applied.add(1, {"kind": "update", "applied": applied})
+        if not applied:
+            return
+        if not (job.active and job.cron):
+            self.heap.remove(job.job_id)
+        elif job.job_id in self.heap:
+            self.heap.update(_definition(job), now=self._clock())
+        else:
+            # The orchestrator believes this worker owns the job: hold it.
+            self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+
+    def _on_revoke(self, message: bus_pb2.Revoke) -> None:
+        stamp = Stamp.from_proto(message.stamp)
+        if message.drop_all:
+            applied = self.gate.observe_term(stamp.term)
+            if applied:
+                self._drop_older_than(stamp)
+            metrics.messages_applied.add(1, {"kind": "drop_all", "applied": applied})
+            return
+        for job_id in message.job_ids:
+            if self.gate.admit(job_id, stamp):
+                self.heap.remove(job_id)
+        metrics.messages_applied.add(1, {"kind": "revoke", "applied": True})
+
+    def _drop_older_than(self, stamp: Stamp) -> None:
+        """Drop every job assigned before ``stamp`` (the worker was declared dead) and re-register."""
+        dropped = 0
+        for job_id in self.heap.job_ids():
+            applied = self.gate.applied.get(job_id)
+            if applied is None or applied < stamp:
+                self.heap.remove(job_id)
+                self.gate.applied[job_id] = stamp
+                dropped += 1
+        self._registering_beats = _REGISTERING_BEATS
+        log.warning("told to drop everything", extra={"worker_id": self.worker_id, "jobs_dropped": dropped})
+
+    async def _consume_own(self, stop: asyncio.Event) -> None:
+        # When the leader declares this worker dead it deletes this queue; the robust connection
+        # then re-declares it and resumes, and the leader's drop-everything Revoke arrives here.
+        await self.bus.consume(self.own_queue, self.on_message, prefetch=self.settings.queuer.prefetch, stop=stop)
+
+    # -- heartbeats -------------------------------------------------------------------------------
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        interval = self.settings.orchestrator.heartbeat_interval
+        while not stop.is_set():
+            registering = self._registering_beats > 0
+            beat = bus_pb2.Heartbeat(
+                worker_id=self.worker_id,
+                newest_term=self.gate.newest_term,
+                jobs_owned=len(self.heap),
+                sent_at_ms=int(time.time() * 1000),
+                registering=registering,
+            )
+            try:
+                await self.bus.publish(self.topology.orchestrator, beat, headers={DIGEST_HEADER: str(self.heap.digest)})
+            except ServiceUnavailable:
+                log.warning("heartbeat not sent", extra={"worker_id": self.worker_id})
+            else:
+                if registering:
+                    self._registering_beats -= 1
+            # Next beat after the interval, or sooner when the held jobs changed, so the leader's view
+            # (count and digest) follows changes closely; never more often than _MIN_BEAT_GAP.
+            if await sleep_or_stop(stop, _MIN_BEAT_GAP):
+                return
+            self._held_changed.clear()
+            await self._sleep_on(self._held_changed, stop, interval - _MIN_BEAT_GAP)
+
+    # -- firing -----------------------------------------------------------------------------------
+
+    async def _fire_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            head = self.heap.next_due()
+            now = self._clock()
+            if head is None or head > now:
+                wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now)
+                await self._sleep_on(self._wake, stop, wait)
+                continue
+            due = self.heap.pop_due(now)
+            await self._queue(due)
+            self.heap.reschedule(due)
+
+    @staticmethod
+    async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until ``event`` or ``stop`` is set."""
+        wake = asyncio.ensure_future(event.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({wake, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+            stopped.cancel()
+
+    async def _queue(self, due: list[tuple[int, int]]) -> None:
+        for attempt in range(1, _INSERT_ATTEMPTS + 1):
+            try:
+                result = await queue_runs(self.pool, due)
+                break
+            except Exception as exc:
+                if attempt == _INSERT_ATTEMPTS:
+                    raise
+                log.warning("queuing runs failed; retrying", extra={"attempt": attempt, "error": repr(exc)})
+                await asyncio.sleep(0.2 * attempt)
+        if result.queued or result.superseded:
+            log.info(
+                "queued cron runs",
+                extra={"due": len(due), "queued": result.queued, "superseded": result.superseded},
+            )
+        await publish_pickups(self.bus, self.topology, result.accounts)
+
+
+def _definition(job: bus_pb2.JobDefinition) -> Definition:
+    return Definition(job.job_id, job.version, job.cron, job.timezone or "UTC", job.missed_run_grace_seconds)

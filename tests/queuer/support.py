@@ -1,0 +1,174 @@
+"""Arranging queuer scenarios: jobs inserted in bulk with SQL, services started as OS processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import psycopg
+
+from runplane.bus import Topology
+from runplane.settings import Settings
+
+Db = psycopg.Connection[tuple[Any, ...]]
+
+# Fast heartbeats keep failover scenarios short; every bound in the tests is stated in intervals.
+FAST = {
+    "RUNPLANE_ORCHESTRATOR__HEARTBEAT_INTERVAL": "0.5",
+    "RUNPLANE_ORCHESTRATOR__RECONCILE_INTERVAL": "2",
+    "RUNPLANE_ORCHESTRATOR__CLAIM_TIMEOUT": "5",
+    "RUNPLANE_DRAIN_SECONDS": "5",
+}
+
+
+def insert_accounts(db: Db, n: int, run_slots: int = 5) -> list[int]:
+    rows = db.execute(
+        "INSERT INTO accounts (name, run_slots) SELECT 'acct-' || g, %s FROM generate_series(1, %s) g RETURNING id",
+        (run_slots, n),
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def insert_jobs(
+    db: Db,
+    n: int,
+    *,
+    cron: str | None,
+    timezone: str = "UTC",
+    accounts: list[int] | None = None,
+    grace: int = 300,
+    job_type: str = "deploy",
+) -> list[int]:
+    """``n`` jobs spread round robin over ``accounts`` (one new account when none), in one statement."""
+    accounts = accounts or insert_accounts(db, 1)
+    rows = db.execute(
+        """
+        INSERT INTO jobs (account_id, name, job_type, steps, cron, timezone, missed_run_grace_seconds)
+        SELECT (%(accounts)s::bigint[])[1 + (g %% cardinality(%(accounts)s::bigint[]))], 'job-' || g, %(job_type)s,
+               ARRAY['true'], %(cron)s, %(tz)s, %(grace)s
+        FROM generate_series(1, %(n)s) g
+        ORDER BY g
+        RETURNING id
+        """,
+        {"accounts": accounts, "job_type": job_type, "cron": cron, "tz": timezone, "grace": grace, "n": n},
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def update_job(db: Db, job_id: int, **changes: object) -> None:
+    """Change scheduling fields the way the API does: bump the version in the same statement."""
+    sets = ", ".join(f"{column} = %({column})s" for column in changes)
+    db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = %(id)s", {**changes, "id": job_id})
+
+
+def ownership(db: Db) -> dict[int, tuple[str | None, str]]:
+    return {int(r[0]): (r[1], str(r[2])) for r in db.execute("SELECT job_id, worker_id, state FROM job_ownership")}
+
+
+def claimed_counts(db: Db) -> dict[str, int]:
+    rows = db.execute(
+        "SELECT o.worker_id, count(*) FROM job_ownership o JOIN queuer_workers w USING (worker_id)"
+        " WHERE o.state = 'claimed' AND w.state = 'alive' GROUP BY o.worker_id"
+    ).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def duplicate_keys(db: Db) -> int:
+    """Runs per (job, scheduled_at) beyond the first: must always be 0."""
+    row = db.execute(
+        "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM runs WHERE trigger = 'schedule'"
+        " GROUP BY job_id, scheduled_at) c"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def wait_for(
+    condition: Callable[[], Any], timeout: float, *, interval: float = 0.1, what: str = "condition"
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; its value, or AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if isinstance(last, Awaitable):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Cluster:
+    """Orchestrators and queuer workers as OS processes; everything is killed and cleaned on exit."""
+
+    def __init__(self, settings: Settings, env: dict[str, str], **overrides: str) -> None:
+        self.settings = settings
+        self.env = {**env, **FAST, **overrides}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs = Path(tempfile.mkdtemp(prefix="rp-queuer-"))
+
+    def start(self, command: str) -> subprocess.Popen[bytes]:
+        with (self._logs / f"{command}-{len(self.procs)}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "runplane", command], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.procs.append(proc)
+        return proc
+
+    def orchestrator(self) -> subprocess.Popen[bytes]:
+        return self.start("orchestrator")
+
+    def worker(self) -> subprocess.Popen[bytes]:
+        return self.start("queuer-worker")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(self._logs.iterdir()))
+
+    @staticmethod
+    def kill9(proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(timeout=10)
+
+    async def cleanup(self, db: Db) -> None:
+        """Kill every process, then delete the scenario's queues (per-worker ones included)."""
+        self.stop_all()
+        if os.environ.get("RUNPLANE_TEST_LOGS"):
+            print(self.logs())
+        worker_ids = [str(r[0]) for r in db.execute("SELECT worker_id FROM queuer_workers")]
+        await delete_queues(self.settings.bus_prefix, worker_ids)
+        for path in self._logs.iterdir():
+            path.unlink()
+        os.rmdir(self._logs)
+
+
+async def delete_queues(prefix: str, worker_ids: list[str]) -> None:
+    topo = Topology(prefix)
+    names = [topo.assign, topo.orchestrator, topo.pickup, *(topo.worker(w) for w in worker_ids)]
+    connection = await aio_pika.connect(Settings().amqp_url)
+    try:
+        for name in names:
+            channel = await connection.channel()
+            with contextlib.suppress(aio_pika.exceptions.AMQPError):  # never declared
+                await channel.queue_delete(name)
+            if not channel.is_closed:
+                await channel.close()
+    finally:
+        await connection.close()
