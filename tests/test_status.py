@@ -43,8 +43,8 @@ def _arrange(db: Conn) -> None:
     )
     db.execute("INSERT INTO queuer_workers (worker_id, last_heartbeat_at) VALUES ('w1', now() - interval '3 s')")
     db.execute(
-        "INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version)"
-        " VALUES (1, 'w1', 'claimed', 4, 9, 1)"
+        "INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)"
+        " VALUES (1, 'w1', 'claimed', 4, 9, 1, 0)"
     )
     db.execute("UPDATE orchestrator_term SET term = 4, leader = 'o1', elected_at = now()")
     db.execute(
