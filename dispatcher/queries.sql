@@ -35,7 +35,7 @@ UPDATE runs r
        cluster = %(cluster)s
   FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
  WHERE r.id = v.id AND r.status = 1
-RETURNING r.id, r.job_id, r.launch_attempts, r.overrides,
+RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
           (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds
 
 -- name: set_waiting_reasons

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 import psycopg.errors
 from google.protobuf.message import Message
+from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
@@ -29,7 +30,7 @@ from dispatcher.local_launcher import LocalLauncher
 from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
 from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
-from runplane import instruments
+from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
@@ -42,6 +43,7 @@ from runplane.types import AccountId, JobId, JobType, RunId, RunStatus
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 Q = load_queries("dispatcher")
 
@@ -57,6 +59,7 @@ class Started:
     launch_attempts: int
     memory_mb: int
     timeout_seconds: int
+    trace_parent: str = ""
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -213,6 +216,7 @@ class Dispatcher:
                 launch_attempts=int(r["launch_attempts"]),  # type: ignore[call-overload]
                 memory_mb=memory_mb,
                 timeout_seconds=_timeout(r["overrides"], int(r["timeout_seconds"] or 0)),  # type: ignore[call-overload]
+                trace_parent=str(r["trace_parent"] or ""),
             )
             for r in await cur.fetchall()
         ]
@@ -245,8 +249,13 @@ class Dispatcher:
             memory_mb=run.memory_mb,
             timeout_seconds=run.timeout_seconds,
         )
+        attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         try:
-            return await self._launcher.launch(request)
+            # The run's own trace (from whatever queued it), not the Pickup's: a Pickup names an account.
+            with _tracer.start_as_current_span(
+                "dispatch", context=tracing.extract(run.trace_parent), attributes=attributes
+            ):
+                return await self._launcher.launch(request)
         except LaunchError as exc:
             instruments.launch_failures.add(1, {"launcher": self._launcher.name, "retryable": exc.retryable})
             log.warning(
