@@ -110,7 +110,8 @@ def _scenario(
                   extract(epoch FROM max(queued_at) - min(scheduled_at)),
                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM queued_at - scheduled_at)),
                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM queued_at - scheduled_at)),
-                  max(extract(epoch FROM queued_at - scheduled_at))
+                  max(extract(epoch FROM queued_at - scheduled_at)),
+                  min(extract(epoch FROM queued_at - scheduled_at))
            FROM runs WHERE trigger = 'schedule'"""
     ).fetchone()
     assert row is not None
@@ -125,6 +126,7 @@ def _scenario(
         "runs_queued": int(row[0]),
         "duplicate_runs": int(dup[0]) if dup else None,
         "all_queued_seconds": round(float(row[1]), 3),
+        "trigger_lag_min_s": round(float(row[5]), 3),
         "trigger_lag_p50_s": round(float(row[2]), 3),
         "trigger_lag_p99_s": round(float(row[3]), 3),
         "trigger_lag_max_s": round(float(row[4]), 3),

@@ -141,6 +141,13 @@ class CronHeap:
         # Rescheduling after collecting keeps the insert of this tick from waiting on cron maths.
         return due
 
+    def still_due(self, due: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Those of ``due`` (taken by pop_due) that were neither revoked nor rescheduled since."""
+        jobs = self._jobs
+        return [
+            (job_id, fire) for job_id, fire in due if (job := jobs.get(job_id)) is not None and job.next_fire == fire
+        ]
+
     def reschedule(self, due: list[tuple[int, int]]) -> None:
         """Push the fire after each of ``due`` (called once the tick's runs are queued)."""
         for job_id, fire in due:

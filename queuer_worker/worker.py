@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import publish_pickups, queue_runs
+from queuer_worker.firing import PreparedTick, prepare, publish_pickups, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
 from runplane.db import Connection
@@ -38,6 +38,8 @@ _REGISTERING_BEATS = 3
 _MAX_SLEEP = 30.0
 _INSERT_ATTEMPTS = 3
 _MIN_BEAT_GAP = 0.2
+# How long before a fire its statement is prepared (due jobs taken off the heap, parameters built).
+_PREPARE_AHEAD = 0.5
 
 DIGEST_HEADER = "owned_digest"
 
@@ -196,13 +198,24 @@ class QueuerWorker:
             self._wake.clear()
             head = self.heap.next_due()
             now = self._clock()
-            if head is None or head > now:
-                wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now)
+            if head is None or head - now > _PREPARE_AHEAD:
+                wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now - _PREPARE_AHEAD)
                 await self._sleep_on(self._wake, stop, wait)
                 continue
-            due = self.heap.pop_due(now)
-            await self._queue(due)
-            self.heap.reschedule(due)
+            # Just before the fire: take what is due then and build the statement's parameters, so
+            # at the fire second only the INSERT is left to do.
+            due = self.heap.pop_due(max(head, now))  # late: everything due so far, in one statement
+            tick = prepare(due)
+            if head > self._clock():
+                # Messages are still applied meanwhile; what they changed is checked below.
+                await self._sleep_on(asyncio.Event(), stop, head - self._clock())
+                if stop.is_set():
+                    return
+            still_due = self.heap.still_due(due)
+            if len(still_due) != len(due):
+                tick = prepare(still_due)
+            await self._queue(tick)
+            self.heap.reschedule(still_due)
 
     @staticmethod
     async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
@@ -215,10 +228,10 @@ class QueuerWorker:
             wake.cancel()
             stopped.cancel()
 
-    async def _queue(self, due: list[tuple[int, int]]) -> None:
+    async def _queue(self, tick: PreparedTick) -> None:
         for attempt in range(1, _INSERT_ATTEMPTS + 1):
             try:
-                result = await queue_runs(self.pool, due)
+                result = await queue_runs(self.pool, tick)
                 break
             except Exception as exc:
                 if attempt == _INSERT_ATTEMPTS:
@@ -228,7 +241,7 @@ class QueuerWorker:
         if result.queued or result.superseded:
             log.info(
                 "queued cron runs",
-                extra={"due": len(due), "queued": result.queued, "superseded": result.superseded},
+                extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
             )
         await publish_pickups(self.bus, self.topology, result.accounts)
 
