@@ -85,11 +85,8 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
                 },
             )
             superseded = cur.rowcount
-    for row in rows:
-        metrics.trigger_lag.record(float(cast(float, row["trigger_lag"])))
-    metrics.runs_queued.add(len(rows))
     if superseded:
-        metrics.runs_superseded.add(superseded)
+        metrics.runs_superseded(superseded)
     return TickResult(len(rows), superseded, frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows))
 
 

@@ -1,32 +1,29 @@
-"""OpenTelemetry instruments of the queuer worker (exporting them is the entry point's business)."""
+"""The queuer worker's metrics. Instruments are declared in ``runplane.instruments``.
+
+Runs queued and their trigger lag are not counted here: the scheduler loop makes them from the run
+rows once per run, whoever queued it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-meter = metrics.get_meter(__name__)
+from runplane import instruments
 
-trigger_lag = meter.create_histogram(
-    "runplane.queuer.trigger_lag", unit="s", description="queued_at - scheduled_at of each cron run queued"
-)
-runs_queued = meter.create_counter("runplane.queuer.runs_queued", description="Cron runs inserted")
-runs_superseded = meter.create_counter(
-    "runplane.queuer.runs_superseded", description="Older queued cron runs cancelled as over-scheduled"
-)
-messages_applied = meter.create_counter(
-    "runplane.queuer.messages", description="Assign/Update/Revoke messages by kind and whether they were applied"
-)
+messages_applied = instruments.worker_messages
+
+
+def runs_superseded(count: int) -> None:
+    """Older queued cron runs cancelled as over-scheduled."""
+    instruments.cancellations.add(count, {"reason": "over_scheduled"})
 
 
 def observe_jobs_owned(worker_id: str, count: Callable[[], int]) -> None:
     """Register the gauge of jobs this worker owns."""
 
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(count(), {"worker_id": worker_id})
+        yield Observation(count(), {"worker": worker_id})
 
-    meter.create_observable_gauge(
-        "runplane.queuer.jobs_owned", callbacks=[callback], description="Jobs this queuer worker owns"
-    )
+    instruments.observe_gauge("runplane.worker.jobs_owned", callback)

@@ -8,11 +8,12 @@ job type, status, reason — never a job or run id.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Counter, Histogram, _Gauge
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation, _Gauge
 
 _meter = metrics.get_meter("runplane")
 
@@ -106,14 +107,31 @@ bus_redeliveries = _counter(
     "runplane.bus.redeliveries", "Bus messages delivered again after a consumer died (message_type)"
 )
 orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in Assign")
-orchestrator_updates = _counter("runplane.orchestrator.updates", "Update messages sent")
+orchestrator_updates = _counter("runplane.orchestrator.updates", "Jobs sent in Update messages")
+orchestrator_revoked = _counter("runplane.orchestrator.revoked", "Jobs sent in Revoke messages")
+workers_declared_dead = _counter("runplane.orchestrator.workers_dead", "Queuer workers declared dead")
+worker_messages = _counter(
+    "runplane.worker.messages", "Assign/Update/Revoke messages a worker received (kind, applied)"
+)
 
 # -- gauges --------------------------------------------------------------------------------------
 queued_runs = _gauge("runplane.runs.queued_now", "Runs queued right now")
 oldest_queued_age = _gauge("runplane.runs.oldest_queued_age", "Age of the oldest queued run", unit="s")
 running_runs = _gauge("runplane.runs.running_now", "Runs starting or running right now")
 slots_in_use = _gauge("runplane.slots.in_use", "Run slots taken, all accounts")
-jobs_owned = _gauge("runplane.worker.jobs_owned", "Jobs a queuer worker owns (worker)")
-heartbeat_age = _gauge("runplane.worker.heartbeat_age", "Seconds since a worker's last heartbeat (worker)", unit="s")
-orchestrator_term = _gauge("runplane.orchestrator.term", "The leader's term")
-orchestrator_leader = _gauge("runplane.orchestrator.leader", "1 while this process leads")
+
+# -- gauges read from a process's own state when scraped (callbacks given by the service) ---------
+OBSERVED_GAUGES: dict[str, tuple[str, str]] = {  # name -> (description, unit)
+    "runplane.worker.jobs_owned": ("Jobs a queuer worker holds in its heap (worker)", ""),
+    "runplane.orchestrator.worker_jobs_owned": ("Jobs each live worker reports owning, as the leader sees it", ""),
+    "runplane.worker.heartbeat_age": ("Seconds since the leader heard each live worker (worker)", "s"),
+    "runplane.orchestrator.term": ("The leader's term", ""),
+    "runplane.orchestrator.leader": ("1 while this process leads", ""),
+}
+CATALOGUE.extend(MetricSpec(name, "gauge", unit) for name, (_, unit) in OBSERVED_GAUGES.items())
+
+
+def observe_gauge(name: str, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> None:
+    """Register the callback of one of :data:`OBSERVED_GAUGES`."""
+    description, unit = OBSERVED_GAUGES[name]
+    _meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)

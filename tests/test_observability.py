@@ -210,6 +210,12 @@ def test_metrics_and_traces_agree_with_the_runs(
         assert _sum(samples, "runplane_wait_time_seconds_sum") == pytest.approx(wait_sum, abs=1e-3 * started)
         assert wait_sum > 1.0  # the failing run waited for the slow run's slot
         assert _sum(samples, "runplane_pickups_published_total") >= 1
+        assert _sum(samples, "runplane_orchestrator_leader") == 1
+        assert _sum(samples, "runplane_orchestrator_term") >= 1
+        ages = [v for (n, _), v in samples.items() if n == "runplane_worker_heartbeat_age_seconds"]
+        assert len(ages) == 2 and all(0 <= age < 10 for age in ages)  # both live workers, heard recently
+        assert len([n for (n, _) in samples if n == "runplane_worker_jobs_owned"]) == 2
+        assert _sum(samples, "runplane_runs_queued_now") == 0
 
         def traced_spans() -> set[str]:
             with spans.lock:
