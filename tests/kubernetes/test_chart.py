@@ -6,6 +6,7 @@ of ``make test``). Without it these tests fail, never skip.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,7 @@ def test_every_container_is_non_root_limited_and_probed(variant: str) -> None:
 @pytest.mark.parametrize("variant", sorted(VALUES))
 def test_grace_period_outlasts_the_drain(variant: str) -> None:
     docs = render(variant)
-    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "RUNPLANE_DRAIN_SECONDS" in d.get("data", {})]
     drain = float(config["data"]["RUNPLANE_DRAIN_SECONDS"])
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     for deployment in deployments:
@@ -195,3 +196,13 @@ def test_dispatcher_env_is_read_by_the_settings() -> None:
     assert settings.kubernetes.image_pull_secrets == ["registry-credentials"]
     assert settings.kubernetes.env_from_secrets == ["runplane-urls", "warehouse-credentials"]
     assert settings.kubernetes.pod_retention_seconds == 600
+
+
+def test_the_chart_ships_the_grafana_dashboard() -> None:
+    shipped = (CHART / "dashboards" / "runplane.json").read_text()
+    assert shipped == (ROOT / "deploy" / "grafana" / "runplane.json").read_text(), "copy deploy/grafana/runplane.json"
+    [configmap] = [
+        d for d in render("default") if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["runplane.json"]) == json.loads(shipped)
