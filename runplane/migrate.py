@@ -6,6 +6,7 @@ the others wait for it and then find nothing to do.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from importlib import resources
 import psycopg
 
 from runplane.db import redact
-from runplane.errors import ServiceUnavailable
+from runplane.errors import FailedPrecondition, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
 def migrations() -> list[Migration]:
@@ -57,18 +62,26 @@ def migrate(database_url: str) -> list[int]:
         try:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
+                " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            done: dict[int, str] = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
             for migration in migrations():
                 if migration.version in done:
+                    # An applied migration whose text changed means this schema is not the one the code
+                    # expects; going on would fail later, far from the cause.
+                    if done[migration.version] != migration.checksum:
+                        raise FailedPrecondition(
+                            f"migration {migration.version:04d}_{migration.name} differs from the one applied to "
+                            f"{redact(database_url)}: the database was made by another version of runplane. "
+                            "Use a new database (or drop this one) and run `runplane migrate` again."
+                        )
                     continue
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
                     conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
+                        "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                        (migration.version, migration.name, migration.checksum),
                     )
                 log.info("applied migration", extra={"version": migration.version, "migration": migration.name})
                 applied_now.append(migration.version)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from runplane.errors import FailedPrecondition
 from runplane.migrate import migrate, migrations
 from tests.conftest import ADMIN_URL, _db_url, _drop
 
@@ -86,3 +87,17 @@ def test_every_job_change_that_bumps_the_version_notifies(db: psycopg.Connection
         f'{{"job_id" : {job_id}, "version" : 1, "op" : "insert"}}',
         f'{{"job_id" : {job_id}, "version" : 2, "op" : "update"}}',
     ]
+
+
+def test_a_database_made_by_another_version_is_refused_with_the_fix(empty_db: str) -> None:
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("UPDATE schema_migrations SET checksum = 'older' WHERE version = 1")
+    with pytest.raises(FailedPrecondition, match=r"made by another version of runplane.*new database"):
+        migrate(empty_db)
+    env = {"RUNPLANE_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runplane", "migrate"], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 2
+    assert "differs from the one applied" in done.stderr
