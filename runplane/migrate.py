@@ -65,7 +65,13 @@ def migrate(database_url: str) -> list[int]:
                 " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done: dict[int, str] = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+            try:
+                done: dict[int, str] = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+            except psycopg.errors.UndefinedColumn as exc:
+                raise FailedPrecondition(
+                    f"{redact(database_url)} was made by an older version of runplane. "
+                    "Use a new database (or drop this one) and run `runplane migrate` again."
+                ) from exc
             for migration in migrations():
                 if migration.version in done:
                     # An applied migration whose text changed means this schema is not the one the code
