@@ -111,6 +111,27 @@ async def call(policy: RetryPolicy, what: str, fn: Callable[..., T], /, *args: A
         attempt += 1
 
 
+async def delete_pod(
+    policy: RetryPolicy, core: kubernetes.client.CoreV1Api, settings: KubernetesSettings, name: str
+) -> bool:
+    """Delete one Pod in the runs namespace; False when it was already gone."""
+    try:
+        await call(
+            policy,
+            "delete pod",
+            core.delete_namespaced_pod,
+            name,
+            settings.namespace,
+            _preload_content=False,
+            _request_timeout=settings.request_timeout,
+        )
+    except KubernetesApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def api_error(exc: ApiException) -> KubernetesApiError:
     """Our error for the client's, with the API's own message (a ``Status`` object) when it sent one."""
     message = ""

@@ -74,21 +74,7 @@ class KubernetesLauncher:
 
     async def delete_pod(self, name: str) -> bool:
         """Delete one Pod in the runs namespace; False when it was already gone."""
-        try:
-            await kubernetes_api.call(
-                self._policy,
-                "delete pod",
-                self._core.delete_namespaced_pod,
-                name,
-                self._k8s.namespace,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
-        except KubernetesApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
 
     async def close(self) -> None:
         self._api_client.close()  # type: ignore[no-untyped-call]

@@ -248,19 +248,7 @@ class PodWatcher:
         return self._terminal_since.setdefault(view.name, now)
 
     async def _delete(self, name: str, why: str) -> None:
-        try:
-            await kubernetes_api.call(
-                self._policy,
-                "delete pod",
-                self._core.delete_namespaced_pod,
-                name,
-                self._k8s.namespace,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
-        except KubernetesApiError as exc:
-            if exc.status != 404:
-                raise
+        await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
         self._pods.pop(name, None)
         self._terminal_since.pop(name, None)
         log.info("pod deleted", extra={"pod": name, "why": why})
