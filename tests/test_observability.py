@@ -118,7 +118,7 @@ def test_metrics_and_traces_agree_with_the_runs(
         RUNPLANE_METRICS_PORT=str(metrics_ports[0]),
         RUNPLANE_OTLP_ENDPOINT=f"127.0.0.1:{otlp_port}",
         RUNPLANE_DRAIN_SECONDS="5",
-        RUNPLANE_ORCHESTRATOR__HEARTBEAT_INTERVAL="0.5",
+        RUNPLANE_ORCHESTRATOR__HEARTBEAT_INTERVAL="1.0",
         RUNPLANE_ORCHESTRATOR__RECONCILE_INTERVAL="2",
     )
     admin = subprocess.run(
