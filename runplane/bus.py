@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from runplane import tracing
+from runplane import instruments, tracing
 from runplane.errors import ServiceUnavailable
 from runplane.v1 import bus_pb2
 
@@ -175,6 +175,8 @@ class AmqpBus:
             log.error("dropping undecodable bus message", extra={"message_type": incoming.type})
             await incoming.reject(requeue=False)
             return
+        if incoming.redelivered:  # a consumer died or failed before acking: this message is seen again
+            instruments.bus_redeliveries.add(1, {"message_type": incoming.type or ""})
         headers: dict[str, object] = dict(incoming.headers or {})
         span_name = f"consume {incoming.type}"
         try:

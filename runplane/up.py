@@ -29,8 +29,11 @@ class Child:
     descendants: set[int] = field(default_factory=set)
 
 
+DEFAULT_METRICS_PORT = 9464  # the first service's; each next one takes the next port
+
+
 def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher: str | None) -> list[Child]:
-    """The processes ``up`` starts, each with its own metrics port when metrics are on."""
+    """The processes ``up`` starts, each with its own metrics port (from RUNPLANE_METRICS_PORT, or 9464)."""
     base = os.environ.copy()
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
@@ -42,8 +45,7 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
     children = []
     for index, name in enumerate(names):
         env = dict(base)
-        if settings.metrics_port:
-            env["RUNPLANE_METRICS_PORT"] = str(settings.metrics_port + index)
+        env["RUNPLANE_METRICS_PORT"] = str((settings.metrics_port or DEFAULT_METRICS_PORT) + index)
         command = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
         children.append(Child(name, [*exe, command], env))
     return children

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 from google.protobuf.message import Message
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from runplane import tracing
@@ -54,7 +56,30 @@ async def test_messages_arrive_in_order_and_are_acked(bus: AmqpBus, prefix: str)
     assert declared == 0  # all acked
 
 
-async def test_a_failing_handler_leaves_the_message_for_redelivery(bus: AmqpBus, prefix: str) -> None:
+@pytest.fixture(scope="module")
+def metric_reader() -> InMemoryMetricReader:
+    """This process's meter provider, read in memory (the instruments are global, like in a service)."""
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
+
+
+def _counted(reader: InMemoryMetricReader, name: str, **attributes: str) -> float:
+    data = reader.get_metrics_data()
+    return sum(
+        point.value
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points  # type: ignore[union-attr]
+        if all(point.attributes.get(k) == v for k, v in attributes.items())  # type: ignore[union-attr]
+    )
+
+
+async def test_a_failing_handler_leaves_the_message_for_redelivery(
+    bus: AmqpBus, prefix: str, metric_reader: InMemoryMetricReader
+) -> None:
     queue = Topology(prefix).pickup
     await bus.publish(queue, bus_pb2.Pickup(account_id=7))
 
@@ -70,6 +95,7 @@ async def test_a_failing_handler_leaves_the_message_for_redelivery(bus: AmqpBus,
 
     await _consume_until(bus, queue, handler, 1, seen)
     assert seen == [(7, True)]
+    assert _counted(metric_reader, "runplane.bus.redeliveries", message_type="Pickup") == 1
 
 
 async def test_an_undecodable_message_is_dropped_not_looped(bus: AmqpBus, prefix: str) -> None:
