@@ -6,7 +6,8 @@ Outputs: Assign on the shared queue (or on one worker's queue when rebalancing),
 on the owner's queue, every message stamped ``(term, clock)``.
 
 Ownership rows are written before the message that makes them true is sent, and all decisions are
-taken under one lock, so each decision sees the effect of the previous one.
+taken under one lock, so each decision sees the effect of the previous one. A sweep's Assigns are
+built and published after the lock is released, so that claims are taken while they go out.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import SupportsInt, cast
+from typing import Any
 
 from google.protobuf.message import Message
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import metrics
@@ -42,7 +44,17 @@ DIGEST_HEADER = "owned_digest"
 _NOTIFY_DEBOUNCE = 0.05
 _PUBLISH_CONCURRENCY = 64
 
-Row = dict[str, object]
+Row = dict[str, Any]  # psycopg's values: int for bigint, str for text
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """An Assign recorded in ``job_ownership``, to be published."""
+
+    queue: str
+    rows: list[Row]
+    stamp: Stamp
+    fires_after: dict[int, int]
 
 
 @dataclass
@@ -70,6 +82,7 @@ class Leader:
         self._dirty_accounts: set[int] = set()
         self._changed = asyncio.Event()
         self._full_sync = asyncio.Event()
+        self._sweeping = asyncio.Lock()  # held through a full sweep: one at a time
         cfg = settings.orchestrator
         self._dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals
         metrics.observe(
@@ -146,7 +159,7 @@ class Leader:
                 return
             if self._full_sync.is_set():
                 self._full_sync.clear()
-                await self._sync(await self._drift())
+                await self._sweep()
                 continue
             await sleep_or_stop(stop, _NOTIFY_DEBOUNCE)  # let a burst of notifications collect
             self._changed.clear()
@@ -154,19 +167,30 @@ class Leader:
             accounts, self._dirty_accounts = self._dirty_accounts, set()
             for account_id in accounts:
                 rows = await self._fetch(QUERIES["account_jobs"], {"account_id": account_id})
-                job_ids.update(_int(r["id"]) for r in rows)
+                job_ids.update(r["id"] for r in rows)
             if job_ids:
                 await self._sync(sorted(job_ids))
 
     async def _reconcile_loop(self, stop: asyncio.Event) -> None:
         """Heal lost notifications and lost Assigns."""
         while not await sleep_or_stop(stop, self.settings.orchestrator.reconcile_interval):
-            await self._sync(await self._drift())
+            if self._sweeping.locked():
+                # A sweep is under way: it is the reconcile. Claims of the Assigns it sends wait
+                # behind it in the inbox, so they are not lost yet either.
+                continue
+            await self._sweep()
             await self._resend_stale_pending()
             await self._reassign_orphans()
 
+    async def _sweep(self) -> None:
+        async with self._sweeping:
+            await self._sync(await self._drift())
+
     async def _drift(self) -> list[int]:
-        return [_int(r["job_id"]) for r in await self._fetch(QUERIES["drift"], {})]
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(QUERIES["drift"])
+            return [job_id for (job_id,) in await cur.fetchall()]
 
     async def _sync(self, job_ids: list[int]) -> None:
         """Bring ownership in line with what the jobs say, one batch per hold of the lock.
@@ -176,12 +200,36 @@ class Leader:
         """
         size = self.settings.orchestrator.assign_batch_size
         for start in range(0, len(job_ids), size):
+            batch = job_ids[start : start + size]
             async with self._lock:
-                rows = await self._fetch(QUERIES["job_states"], {"job_ids": job_ids[start : start + size]})
-                await self._sync_locked(rows)
+                outgoing = await self._assign_new(batch)
+                assigned = {r["job_id"] for assign in outgoing for r in assign.rows}
+                rest = [job_id for job_id in batch if job_id not in assigned]
+                if rest:
+                    rows = await self._fetch(QUERIES["job_states"], {"job_ids": rest})
+                    outgoing += await self._sync_locked(rows)
+            # Recorded as pending under the lock; built and sent outside it, so that claims of the
+            # previous batch are taken meanwhile. Nothing decides on a pending shared-queue Assign
+            # before its claim comes back but the claim itself.
+            await self._publish_assigns(outgoing)
 
-    async def _sync_locked(self, rows: list[Row]) -> None:
-        """Act on the given job states (the caller holds the lock)."""
+    async def _assign_new(self, job_ids: list[int]) -> list[Outgoing]:
+        """Record one Assign for those of ``job_ids`` that are schedulable and unowned (the caller
+        holds the lock); the others are left to ``_sync_locked``."""
+        if not self._alive():
+            return []  # assigned when the first worker registers
+        stamp = self.clock.tick()
+        now = int(time.time())
+        rows = await self._fetch(
+            QUERIES["assign_new"], {"job_ids": job_ids, "term": stamp.term, "clock": stamp.clock, "now": now}
+        )
+        if not rows:
+            return []
+        return [Outgoing(self.topology.assign, rows, stamp, {r["job_id"]: now for r in rows})]
+
+    async def _sync_locked(self, rows: list[Row]) -> list[Outgoing]:
+        """Act on the given job states (the caller holds the lock); returns the Assigns of new jobs,
+        recorded but not yet published."""
         new: list[Row] = []
         gone: dict[str | None, list[int]] = defaultdict(list)
         changed: list[Row] = []
@@ -189,7 +237,7 @@ class Leader:
             if row["schedulable"] and not row["owned"]:
                 new.append(row)
             elif row["owned"] and not row["schedulable"]:
-                gone[_opt_str(row["worker_id"])].append(_int(row["job_id"]))
+                gone[_opt_str(row["worker_id"])].append(row["job_id"])
             elif row["owned"] and row["state"] == "claimed" and row["version"] != row["sent_version"]:
                 changed.append(row)
         for worker_id, job_ids in gone.items():
@@ -199,47 +247,56 @@ class Leader:
                 await self._revoke(worker_id, job_ids)
         if changed:
             await self._send_updates(changed)
-        if new:
-            if not self._alive():
-                return  # assigned when the first worker registers
-            now = int(time.time())
-            await self._assign(new, worker_id=None, fires_after={_int(r["job_id"]): now for r in new})
+        if not new or not self._alive():
+            return []  # new jobs are assigned when the first worker registers
+        now = int(time.time())
+        return await self._record_assigns(new, worker_id=None, fires_after={r["job_id"]: now for r in new})
 
     # -- messages to workers ----------------------------------------------------------------------
 
     async def _assign(self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]) -> None:
         """Record and publish Assigns for ``rows`` (job definitions): on the shared queue, or on one
         worker's own queue when ``worker_id`` is given (rebalancing)."""
+        await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
+
+    async def _record_assigns(
+        self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]
+    ) -> list[Outgoing]:
+        """Stamp and record the Assigns for ``rows`` as pending; the caller publishes them."""
         queue = self.topology.assign if worker_id is None else self.topology.worker(worker_id)
         size = self.settings.orchestrator.assign_batch_size
+        outgoing: list[Outgoing] = []
         for start in range(0, len(rows), size):
             batch = rows[start : start + size]
             stamp = self.clock.tick()
-            job_ids = [_int(r["job_id"]) for r in batch]
             await self._execute(
                 QUERIES["upsert_pending"],
                 {
-                    "job_ids": job_ids,
-                    "versions": [_int(r["version"]) for r in batch],
+                    "job_ids": [r["job_id"] for r in batch],
+                    "versions": [r["version"] for r in batch],
                     "worker_id": worker_id,
                     "term": stamp.term,
                     "clock": stamp.clock,
                     "now": int(time.time()),
                 },
             )
-            message = _assign_message(batch, stamp, fires_after)
-            await self.bus.publish(queue, message)
-            metrics.jobs_assigned.add(len(batch))
+            outgoing.append(Outgoing(queue, batch, stamp, fires_after))
+        return outgoing
+
+    async def _publish_assigns(self, outgoing: list[Outgoing]) -> None:
+        for assign in outgoing:
+            await self.bus.publish(assign.queue, _assign_message(assign.rows, assign.stamp, assign.fires_after))
+            metrics.jobs_assigned.add(len(assign.rows))
 
     async def _resend(self, job_ids: list[int], worker_id: str | None) -> None:
         """Publish again the pending Assigns of ``job_ids`` with their recorded stamps."""
         rows = await self._fetch(QUERIES["definitions"], {"job_ids": job_ids, "worker_id": worker_id, "claimed": False})
         by_stamp: dict[tuple[int, int], list[Row]] = defaultdict(list)
         for row in rows:
-            by_stamp[(_int(row["term"]), _int(row["clock"]))].append(row)
+            by_stamp[(row["term"], row["clock"])].append(row)
         queue = self.topology.assign if worker_id is None else self.topology.worker(worker_id)
         for (term, clock), batch in by_stamp.items():
-            fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in batch}
+            fires_after = {r["job_id"]: r["fires_after"] for r in batch}
             await self.bus.publish(queue, _assign_message(batch, Stamp(term, clock), fires_after))
         await self._execute(QUERIES["touch_pending"], {"job_ids": job_ids})
 
@@ -265,8 +322,8 @@ class Leader:
             await self._execute(
                 QUERIES["sent_versions"],
                 {
-                    "job_ids": [_int(r["job_id"]) for r in sendable],
-                    "versions": [_int(r["version"]) for r in sendable],
+                    "job_ids": [r["job_id"] for r in sendable],
+                    "versions": [r["version"] for r in sendable],
                     "now": int(time.time()),
                 },
             )
@@ -282,10 +339,12 @@ class Leader:
 
     async def on_message(self, message: Message, delivery: Delivery) -> None:
         if isinstance(message, bus_pb2.Heartbeat):
-            # Heard now, even if the lock is busy: waiting on it is not the worker's silence.
             info = self.workers.get(message.worker_id)
             if info is not None and info.alive:
-                info.last_seen = time.monotonic()
+                # A live worker's beat decides nothing, so it does not wait for the lock: a long
+                # sweep would otherwise delay it, and the claims queued behind it.
+                await self._on_live_heartbeat(info, message, delivery)
+                return
         async with self._lock:
             if isinstance(message, bus_pb2.Heartbeat):
                 await self._on_heartbeat(message, delivery)
@@ -294,21 +353,33 @@ class Leader:
             else:
                 log.warning("unexpected message on the orchestrator queue", extra={"type": type(message).__name__})
 
+    async def _on_live_heartbeat(self, info: WorkerInfo, beat: bus_pb2.Heartbeat, delivery: Delivery) -> None:
+        info.last_seen = time.monotonic()
+        info.jobs_owned = beat.jobs_owned
+        info.owned_digest = int(str(delivery.headers.get(DIGEST_HEADER, "0")))
+        # Only while the row says alive: a burial that got in first stays a burial.
+        await self._execute(
+            QUERIES["beat"],
+            {"worker_id": beat.worker_id, "jobs_owned": beat.jobs_owned, "owned_digest": info.owned_digest},
+        )
+
     async def _on_heartbeat(self, beat: bus_pb2.Heartbeat, delivery: Delivery) -> None:
+        """A beat from a worker not known to be alive (the caller holds the lock)."""
         worker_id = beat.worker_id
         info = self.workers.get(worker_id)
+        if info is not None and info.alive:
+            await self._on_live_heartbeat(info, beat, delivery)  # registered while this one waited
+            return
+        if not beat.registering:
+            # Declared dead (or unknown to us): whatever it holds was given to others.
+            await self._drop_all(worker_id)
+            return
         now = time.monotonic()
-        if info is None or not info.alive:
-            if not beat.registering:
-                # Declared dead (or unknown to us): whatever it holds was given to others.
-                await self._drop_all(worker_id)
-                return
-            info = WorkerInfo(True, now, now)
-            self.workers[worker_id] = info
-            log.info("queuer worker registered", extra={"worker_id": worker_id})
-            # Jobs may be waiting for workers: assign them once the workers starting together are in.
-            asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
-        info.last_seen = now
+        info = WorkerInfo(True, now, now)
+        self.workers[worker_id] = info
+        log.info("queuer worker registered", extra={"worker_id": worker_id})
+        # Jobs may be waiting for workers: assign them once the workers starting together are in.
+        asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
         info.owned_digest = int(str(delivery.headers.get(DIGEST_HEADER, "0")))
         await self._execute(
@@ -323,43 +394,34 @@ class Leader:
 
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id
+        job_ids = list(claimed.job_ids)
         stamp = (claimed.stamp.term, claimed.stamp.clock)
-        rows = await self._fetch(QUERIES["ownership"], {"job_ids": list(claimed.job_ids)})
-        by_job = {_int(r["job_id"]): r for r in rows}
-        alive = self._is_alive(claimer)
-        accepted: list[Row] = []
-        refused: list[int] = []
-        unclaimed: list[int] = []
-        for job_id in claimed.job_ids:
-            row = by_job.get(job_id)
-            if row is None:
-                refused.append(job_id)  # deleted or deactivated since
-                continue
-            owner = _opt_str(row["worker_id"])
-            same_stamp = (_int(row["term"]), _int(row["clock"])) == stamp
-            if owner == claimer:
-                if alive and same_stamp and row["state"] == "pending":
-                    accepted.append(row)
-                continue  # a duplicate claim, or an older one for a job it holds again
-            if alive and same_stamp and row["state"] == "pending" and owner is None:
-                accepted.append(row)
-                continue
-            refused.append(job_id)
-            if not alive and same_stamp and owner is None:
-                unclaimed.append(job_id)  # a dead worker took it from the shared queue
-        if accepted:
-            await self._execute(
-                QUERIES["claim"], {"worker_id": claimer, "job_ids": [_int(r["job_id"]) for r in accepted]}
-            )
-            # An update that arrived while the claim was pending goes to the owner now.
-            behind = [r for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
-            if behind:
-                fresh = await self._fetch(QUERIES["job_states"], {"job_ids": [_int(r["job_id"]) for r in behind]})
-                await self._sync_locked(fresh)
-        if refused and alive:
-            await self._revoke(claimer, refused)
-        if unclaimed:
-            await self._resend(unclaimed, None)
+        if not self._is_alive(claimer):
+            # Refused: what a dead worker took from the shared queue goes out again to the others.
+            rows = await self._fetch(QUERIES["ownership"], {"job_ids": job_ids})
+            unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and (r["term"], r["clock"]) == stamp]
+            if unclaimed:
+                await self._resend(unclaimed, None)
+            return
+        # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
+        accepted = await self._fetch(
+            QUERIES["claim"], {"worker_id": claimer, "job_ids": job_ids, "term": stamp[0], "clock": stamp[1]}
+        )
+        if len(accepted) < len(job_ids):
+            taken = {r["job_id"] for r in accepted}
+            rest = [job_id for job_id in job_ids if job_id not in taken]
+            rows = await self._fetch(QUERIES["ownership"], {"job_ids": rest})
+            # A job it holds already is a duplicate or older claim; any other was deleted,
+            # deactivated or given to another worker since, and the claimer must let it go.
+            holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
+            refused = [job_id for job_id in rest if job_id not in holds]
+            if refused:
+                await self._revoke(claimer, refused)
+        # An update that arrived while the claim was pending goes to the owner now.
+        behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
+        if behind:
+            fresh = await self._fetch(QUERIES["job_states"], {"job_ids": behind})
+            await self._publish_assigns(await self._sync_locked(fresh))
 
     # -- time -------------------------------------------------------------------------------------
 
@@ -386,7 +448,7 @@ class Leader:
             info.alive = False
             await self._execute(QUERIES["mark_dead"], {"worker_id": worker_id})
             await self.bus.delete(self.topology.worker(worker_id))
-            job_ids = [_int(r["job_id"]) for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
+            job_ids = [r["job_id"] for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
         log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
         metrics.workers_declared_dead.add(1)
         await self._reassign(job_ids, worker_id)
@@ -408,14 +470,14 @@ class Leader:
                     QUERIES["definitions"],
                     {"job_ids": job_ids[start : start + size], "worker_id": dead, "claimed": False},
                 )
-                fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
+                fires_after = {r["job_id"]: r["fires_after"] for r in rows}
                 await self._assign(rows, worker_id=None, fires_after=fires_after)
 
     async def _resend_stale_pending(self) -> None:
         rows = await self._fetch(QUERIES["stale_pending"], {"timeout": self.settings.orchestrator.claim_timeout})
         by_target: dict[str | None, list[int]] = defaultdict(list)
         for row in rows:
-            by_target[_opt_str(row["worker_id"])].append(_int(row["job_id"]))
+            by_target[_opt_str(row["worker_id"])].append(row["job_id"])
         size = self.settings.orchestrator.assign_batch_size
         for worker_id, job_ids in by_target.items():
             if worker_id is not None and not self._is_alive(worker_id):
@@ -430,7 +492,7 @@ class Leader:
         if not self._alive():
             return
         pending = await self._fetch(QUERIES["pending_count"], {})
-        if pending and _int(pending[0]["n"]):
+        if pending and pending[0]["n"]:
             return  # wait until every Assign is claimed: counts are not final before
         settled = time.monotonic() - self.settings.orchestrator.heartbeat_interval
         if any(i.alive_since > settled for i in self.workers.values() if i.alive):
@@ -438,14 +500,14 @@ class Leader:
         counts = {w: 0 for w in self._alive()}
         for row in await self._fetch(QUERIES["claimed_counts"], {}):
             if str(row["worker_id"]) in counts:
-                counts[str(row["worker_id"])] = _int(row["n"])
+                counts[str(row["worker_id"])] = row["n"]
         if balanced(counts, self.settings.orchestrator.rebalance_tolerance):
             return
         owned: dict[str, list[int]] = {w: [] for w in counts}
         for row in await self._fetch(QUERIES["claimed_by_worker"], {}):
             worker_id = str(row["worker_id"])
             if worker_id in owned:
-                owned[worker_id] = [_int(j) for j in cast(list[int], row["job_ids"])]
+                owned[worker_id] = list(row["job_ids"])
         moves = plan_moves(owned, self.settings.orchestrator.rebalance_tolerance)
         if not moves:
             return
@@ -464,8 +526,8 @@ class Leader:
                         continue
                     # Revoke first, then Assign: the new owner queues a fire that fell in between
                     # (its missed-fire grace), and the idempotency key makes a fire queued by both one run.
-                    await self._revoke(move.donor, [_int(r["job_id"]) for r in rows])
-                    fires_after = {_int(r["job_id"]): _int(r["fires_after"]) for r in rows}
+                    await self._revoke(move.donor, [r["job_id"] for r in rows])
+                    fires_after = {r["job_id"]: r["fires_after"] for r in rows}
                     await self._assign(rows, worker_id=move.target, fires_after=fires_after)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -492,9 +554,7 @@ def _assign_message(rows: Iterable[Row], stamp: Stamp, fires_after: dict[int, in
     return bus_pb2.Assign(
         stamp=proto_stamp,
         jobs=[
-            bus_pb2.JobAssignment(
-                job=_definition(r), stamp=proto_stamp, last_fire_ts=fires_after.get(_int(r["job_id"]), 0)
-            )
+            bus_pb2.JobAssignment(job=_definition(r), stamp=proto_stamp, last_fire_ts=fires_after.get(r["job_id"], 0))
             for r in rows
         ],
     )
@@ -502,20 +562,16 @@ def _assign_message(rows: Iterable[Row], stamp: Stamp, fires_after: dict[int, in
 
 def _definition(row: Row) -> bus_pb2.JobDefinition:
     return bus_pb2.JobDefinition(
-        job_id=_int(row["job_id"]),
-        account_id=_int(row["account_id"]),
-        version=_int(row["version"]),
+        job_id=row["job_id"],
+        account_id=row["account_id"],
+        version=row["version"],
         cron=str(row["cron"] or ""),
         timezone=str(row["timezone"] or "UTC"),
         active=bool(row["cron"]),
-        missed_run_grace_seconds=_int(row["missed_run_grace_seconds"]),
+        missed_run_grace_seconds=row["missed_run_grace_seconds"],
         job_type=JOB_TYPE_TO_PROTO[JobType(str(row["job_type"]))],
-        priority=_int(row["priority"]),
+        priority=row["priority"],
     )
-
-
-def _int(value: object) -> int:
-    return int(cast(SupportsInt, value))
 
 
 def _opt_str(value: object) -> str | None:

@@ -10,6 +10,10 @@ VALUES (%(worker_id)s, 'alive', now(), %(jobs_owned)s, %(owned_digest)s)
 ON CONFLICT (worker_id) DO UPDATE
 SET state = 'alive', last_heartbeat_at = now(), jobs_owned = EXCLUDED.jobs_owned, owned_digest = EXCLUDED.owned_digest;
 
+-- name: beat
+UPDATE queuer_workers SET last_heartbeat_at = now(), jobs_owned = %(jobs_owned)s, owned_digest = %(owned_digest)s
+WHERE worker_id = %(worker_id)s AND state = 'alive';
+
 -- name: mark_dead
 UPDATE queuer_workers SET state = 'dead' WHERE worker_id = %(worker_id)s;
 
@@ -25,16 +29,31 @@ SELECT o.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true, o.worker
 FROM job_ownership o
 WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = o.job_id);
 
+-- name: assign_new
+-- Among some jobs, the schedulable ones nobody owns: recorded as pending under one Assign's stamp,
+-- and returned with what the Assign says of them. One statement for the common case of a sweep.
+WITH new AS (
+    SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
+           j.priority
+    FROM jobs j
+    WHERE j.id = ANY(%(job_ids)s) AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM job_ownership o WHERE o.job_id = j.id)
+), recorded AS (
+    INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)
+    SELECT job_id, NULL, 'pending', %(term)s, %(clock)s, version, %(now)s FROM new
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id
+)
+SELECT new.* FROM new JOIN recorded USING (job_id);
+
 -- name: drift
 -- The full reconcile: every job whose ownership does not match what it should be.
-SELECT coalesce(j.id, o.job_id) AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds,
-       j.job_type, j.priority,
-       (j.id IS NOT NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
-       o.job_id IS NOT NULL AS owned, o.worker_id, o.state, o.version AS sent_version
+SELECT coalesce(j.id, o.job_id) AS job_id
 FROM jobs j FULL JOIN job_ownership o ON o.job_id = j.id
 WHERE (o.job_id IS NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL)
    OR (o.job_id IS NOT NULL AND (j.id IS NULL OR j.deleted_at IS NOT NULL OR j.deactivated_at IS NOT NULL OR j.cron IS NULL))
-   OR (o.state = 'claimed' AND o.version <> j.version);
+   OR (o.state = 'claimed' AND o.version <> j.version)
+ORDER BY 1;
 
 -- name: account_jobs
 SELECT id FROM jobs WHERE account_id = %(account_id)s;
@@ -64,7 +83,12 @@ FROM job_ownership o LEFT JOIN jobs j ON j.id = o.job_id
 WHERE o.job_id = ANY(%(job_ids)s);
 
 -- name: claim
-UPDATE job_ownership SET state = 'claimed', worker_id = %(worker_id)s WHERE job_id = ANY(%(job_ids)s);
+-- A claim of the Assign stamped (term, clock) takes what is still pending under that stamp,
+-- unowned (the shared queue) or aimed at the claimer; the rest is answered by the caller.
+UPDATE job_ownership o SET state = 'claimed', worker_id = %(worker_id)s
+WHERE o.job_id = ANY(%(job_ids)s) AND o.state = 'pending' AND o.term = %(term)s AND o.clock = %(clock)s
+  AND (o.worker_id IS NULL OR o.worker_id = %(worker_id)s)
+RETURNING o.job_id, o.version, (SELECT j.version FROM jobs j WHERE j.id = o.job_id) AS job_version;
 
 -- name: sent_versions
 -- An Update went out: the owner now has these versions, and a later owner must not queue a fire

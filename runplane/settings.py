@@ -19,7 +19,7 @@ class OrchestratorSettings(BaseModel):
     heartbeat_interval: float = Field(2.0, description="Seconds between queuer-worker heartbeats.")
     dead_after_intervals: int = Field(3, description="Missed heartbeats before a worker is dead.")
     reconcile_interval: float = Field(10.0, description="Seconds between full version reconciles.")
-    assign_batch_size: int = Field(500, description="Jobs per Assign message.")
+    assign_batch_size: int = Field(2000, description="Jobs per Assign message.")
     rebalance_tolerance: float = Field(0.10, description="Allowed deviation from the mean per worker.")
     claim_timeout: float = Field(15.0, description="Seconds before an unclaimed Assign is resent.")
 

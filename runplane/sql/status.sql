@@ -54,8 +54,11 @@ SELECT
     w.worker_id,
     w.state,
     extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_seconds,
-    (SELECT count(*) FROM job_ownership o WHERE o.worker_id = w.worker_id AND o.state = 'claimed') AS jobs_owned
+    coalesce(o.jobs_owned, 0) AS jobs_owned
 FROM queuer_workers w
+LEFT JOIN (
+    SELECT worker_id, count(*) AS jobs_owned FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id
+) o ON o.worker_id = w.worker_id
 ORDER BY w.state, w.worker_id;
 
 -- name: dispatchers
