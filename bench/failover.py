@@ -25,6 +25,10 @@ SETTLE = 15.0
 
 
 CLAIM_TIMEOUT = 60.0
+# Seconds from the start that a repetition needs before the minute boundary it kills at: about 3.5
+# for the database, the services and the claims, 3 more as a margin, then the kill's lead and 2 s
+# (a repetition that needs more waits for the boundary after).
+MINUTE_LEAD = 6.5 + KILL_BEFORE_FIRE + 2.0 + 3.5
 REASSIGN_TIMEOUT = 60.0
 
 
@@ -33,9 +37,9 @@ def require() -> None:
 
 
 def expected_duration(minutes_after: int) -> float:
-    """What one repetition takes when the services start normally: setup, registrations and claims
-    (~50 s), up to a minute's wait for the next fires, the minutes observed, stopping."""
-    return 50.0 + 65.0 + 60.0 * (minutes_after - 1) + SETTLE + 15.0
+    """What one repetition started ``MINUTE_LEAD`` before a minute boundary takes: the minutes
+    observed after that boundary, the settling, stopping."""
+    return MINUTE_LEAD + 60.0 * (minutes_after - 1) + SETTLE + 3.0
 
 
 def measure_failover(n: int, minutes_after: int = 1) -> list[Measurement]:

@@ -18,6 +18,8 @@ from bench.scenarios import Case
 
 Say = Callable[[str], None]
 
+ALIGN_SLACK = 4.0  # seconds of waiting for a minute boundary not worth running another case for
+
 
 @dataclass
 class Outcome:
@@ -56,14 +58,20 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
             continue
         active.append(case)
     took: dict[int, float] = {}
+
+    def needs(case: Case) -> float:
+        return took[id(case)] * 1.1 if id(case) in took else case.estimate
+
     for index in range(max((case.repeats for case in active), default=0)):
-        for case in sorted((c for c in active if index < c.repeats), key=lambda c: c.late):
+        queue = sorted((c for c in active if index < c.repeats), key=lambda c: c.late)
+        while queue:
+            case = next_case(queue, needs)
+            queue.remove(case)
             remaining = deadline - time.monotonic()
-            needs = took[id(case)] * 1.1 if id(case) in took else case.estimate
-            if remaining < needs:
+            if remaining < needs(case):
                 reason = (
                     f"run {index + 1} of {case.repeats} skipped: {remaining:.0f} s of the time budget left,"
-                    f" a run may need {needs:.0f} s"
+                    f" a run may need {needs(case):.0f} s"
                 )
                 outcome.add(case, _note_sample(case, "skipped", reason))
                 say(f"{_where(case)}: {reason}")
@@ -75,6 +83,26 @@ def run_cases(cases: Sequence[Case], budget: float, say: Say = print) -> Outcome
             if not repeat:
                 active.remove(case)
     return outcome
+
+
+def next_case(queue: Sequence[Case], needs: Callable[[Case], float], now: Callable[[], float] = time.time) -> Case:
+    """The case to run next, in queue order, except around minute boundaries: a case that measures
+    at one starts when the next boundary is about its ``minute_lead`` away. Until then, other cases
+    run: first one that fits in the time left before that moment, else any, so the wait is spent
+    measuring. Only when nothing else is left does a case wait for its boundary."""
+    aligned = [c for c in queue if c.minute_lead is not None]
+    others = [c for c in queue if c.minute_lead is None]
+    if not aligned:
+        return queue[0]
+
+    def wait(case: Case) -> float:  # seconds until its ideal start
+        return (-(now() + (case.minute_lead or 0.0))) % 60.0
+
+    soonest = min(aligned, key=wait)
+    if wait(soonest) <= ALIGN_SLACK or not others:
+        return soonest
+    fitting = [c for c in others if needs(c) <= wait(soonest)]
+    return (fitting or others)[0]
 
 
 def _run_once(case: Case, index: int, outcome: Outcome, say: Say) -> bool:

@@ -96,14 +96,27 @@ def require_dispatch_throughput() -> None:
         raise Unavailable(f"{DISPATCH_THROUGHPUT} does not exist yet")
 
 
+def queuer_burst_lead(n: int) -> float:
+    """Seconds from the start of a burst repetition to the minute boundary it fires at, when it is
+    started that long before one: the child's start, the database and the workers (about 3.5 s; 6
+    with a margin), then the lead it leaves itself to insert and assign the jobs."""
+    from bench.queuer_burst import fire_lead
+
+    return 6.0 + fire_lead(n)
+
+
 def measure_queuer_burst(n: int, cap: float) -> list[Measurement]:
     """runplane's burst with 2 queuer workers."""
     return to_measurements(call_in_child(QUEUER_BURST, {"n": n, "workers": 2}, cap), QUEUER_BURST_METRICS)
 
 
-def measure_dispatch(quick: bool, cap: float) -> list[Measurement]:
-    """Throughput (noop launcher) and prep time (local launcher), each under its own scenario."""
-    measured = to_measurements(call_in_child(DISPATCH_THROUGHPUT, dispatch_kwargs(quick), cap), DISPATCH_METRICS)
+def measure_dispatch(quick: bool, cap: float, part: str | None = None) -> list[Measurement]:
+    """Throughput (noop launcher) and prep time (local launcher), each under its own scenario;
+    ``part`` ("throughput" or "prep_time") runs only that one."""
+    kwargs = dispatch_kwargs(quick)
+    if part is not None:
+        kwargs["parts"] = [part]
+    measured = to_measurements(call_in_child(DISPATCH_THROUGHPUT, kwargs, cap), DISPATCH_METRICS)
     return [
         m
         if m.scenario

@@ -32,11 +32,14 @@ WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.i
 -- name: assign_new
 -- Among some jobs, the schedulable ones nobody owns: recorded as pending under one Assign's stamp,
 -- and returned with what the Assign says of them. One statement for the common case of a sweep.
+-- Each job is looked up by its primary key (LATERAL ... LIMIT 1 keeps it a lookup), so the plan
+-- stays right before a freshly loaded table has statistics.
 WITH new AS (
     SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
            j.priority
-    FROM jobs j
-    WHERE j.id = ANY(%(job_ids)s) AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+    FROM unnest(%(job_ids)s::bigint[]) AS b (id)
+    CROSS JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = b.id LIMIT 1) AS j
+    WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM job_ownership o WHERE o.job_id = j.id)
 ), recorded AS (
     INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)
@@ -44,7 +47,8 @@ WITH new AS (
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
 )
-SELECT new.* FROM new JOIN recorded USING (job_id);
+-- (Not a join with "recorded": estimated at one row each, that becomes a nested loop.)
+SELECT new.* FROM new WHERE new.job_id = ANY (ARRAY(SELECT job_id FROM recorded));
 
 -- name: drift
 -- The full reconcile: every job whose ownership does not match what it should be.

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 
 from bench.burst_jobs import insert_burst_jobs, plan_burst
-from bench.harness import finish, run_cases, with_ceiling_ratio
+from bench.harness import ALIGN_SLACK, finish, next_case, run_cases, with_ceiling_ratio
 from bench.records import Measurement, Sample, Unavailable, aggregate, lag_measurements, percentile
 from bench.report import markdown_table
 from bench.runplane_scenarios import DISPATCH_METRICS, QUEUER_BURST_METRICS, to_measurements
@@ -213,6 +213,32 @@ def test_repetitions_run_in_rounds_and_the_budget_drops_the_last_ones() -> None:
     assert "run 2 of 2 skipped" in skipped[0].note
 
 
+def test_a_case_at_a_minute_boundary_starts_its_lead_before_one_and_others_fill_the_wait() -> None:
+    def case(system: str, estimate: float, lead: float | None = None) -> Case:
+        return Case("burst", system, 10, lambda: [], repeats=1, estimate=estimate, minute_lead=lead)
+
+    aligned, short, long = case("aligned", 40.0, lead=25.0), case("short", 10.0), case("long", 100.0)
+    queue = [aligned, long, short]
+
+    def at(second: float) -> float:  # a wall clock `second` s past some minute
+        return 1_800_000_000.0 + second
+
+    def needs(c: Case) -> float:
+        return c.estimate
+
+    # 35 s past: its boundary is 25 s away, its lead: it starts now.
+    assert next_case(queue, needs, now=lambda: at(35.0)) is aligned
+    assert next_case(queue, needs, now=lambda: at(35.0 - ALIGN_SLACK + 0.5)) is aligned
+    # 5 s past: 30 s to wait; the short case fits in them, the long one does not.
+    assert next_case(queue, needs, now=lambda: at(5.0)) is short
+    # 30 s to wait and only a long case left besides: it runs (better than waiting).
+    assert next_case([aligned, long], needs, now=lambda: at(5.0)) is long
+    # Nothing else left: it starts and waits for its boundary.
+    assert next_case([aligned], needs, now=lambda: at(5.0)) is aligned
+    # No aligned case: the queue's order.
+    assert next_case([long, short], needs, now=lambda: at(5.0)) is long
+
+
 def test_ceiling_ratio_needs_a_ceiling() -> None:
     records = aggregate([Sample("throughput", "runplane", 1000, "runs_per_s", 900.0, "1/s")])
     assert with_ceiling_ratio(records) == records
@@ -221,7 +247,7 @@ def test_ceiling_ratio_needs_a_ceiling() -> None:
 
 def test_plan_lists_every_scenario_and_honours_repeat() -> None:
     quick = plan(Mode(quick=True))
-    assert {c.scenario for c in quick} == {"ceiling", "burst", "throughput", "scale", "failover"}
+    assert {c.scenario for c in quick} == {"ceiling", "burst", "throughput", "prep_time", "scale", "failover"}
     assert {c.system for c in quick if c.scenario == "burst"} == {
         "runplane",
         "single_loop",
