@@ -25,10 +25,10 @@ SETTLE = 15.0
 
 
 CLAIM_TIMEOUT = 60.0
-# Seconds from the start that a repetition needs before the minute boundary it kills at: about 3.5
-# for the database, the services and the claims, 3 more as a margin, then the kill's lead and 2 s
-# (a repetition that needs more waits for the boundary after).
-MINUTE_LEAD = 6.5 + KILL_BEFORE_FIRE + 2.0 + 3.5
+# Seconds from the start that a repetition needs before the minute boundary it kills at: the
+# database, the services and the claims (about 3.5 s idle, twice that on a loaded machine), the
+# kill's lead and 2 s, and a margin; a repetition that needs more waits for the boundary after.
+MINUTE_LEAD = 7.0 + KILL_BEFORE_FIRE + 2.0 + 9.0
 REASSIGN_TIMEOUT = 60.0
 
 
