@@ -28,7 +28,7 @@ def require() -> None:
 
 def setup_time(n: int) -> float:
     """Seconds before the orchestrator starts: the COPY of N jobs and the workers' idle memory."""
-    return 8.0 + n * 15e-6
+    return 4.0 + n * 12e-6
 
 
 def measure_scale(n: int, cap: float) -> list[Measurement]:

@@ -186,7 +186,7 @@ def _scale(mode: Mode) -> list[Case]:
             n,
             _bind(scale.measure_scale, n, cap),
             mode.repeats(1),
-            estimate=scale.setup_time(n) + assign + 15.0,
+            estimate=scale.setup_time(n) + assign + 5.0,
             note="" if mode.repeat else "1 run: each takes minutes",
             check=scale.require,
         )
