@@ -1,7 +1,8 @@
-"""The gRPC server: JobService and RunService behind token auth, plus health checking and reflection.
+"""The gRPC servers: JobService and RunService behind token auth, plus health checking and reflection;
+and the runner API (RunnerService, run tokens) on a port of its own (``api.runner_port``).
 
-``serve`` is the service entry point (``runplane api``); ``start_server`` starts the same server
-in-process (tests use it on port 0).
+``serve`` is the service entry point (``runplane api``); ``start_server`` starts the same servers
+in-process (tests use them on port 0).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from psycopg_pool import AsyncConnectionPool
 from api.auth import AuthInterceptor
 from api.jobs import JobService
 from api.pickup import PickupPublisher
+from api.runner_service import RunnerService
 from api.runs import RunService
 from api.store import Store
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
+from runplane.secrets import SecretBox, box_from_settings
 from runplane.settings import Settings
-from runplane.v1 import jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from runplane.v1 import jobs_pb2, jobs_pb2_grpc, runner_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class RunningApi:
     health: health_aio.HealthServicer
     pool: AsyncConnectionPool[Connection]
     pickups: PickupPublisher
+    runner_server: grpc.aio.Server
+    runner_port: int
     draining: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def stop(self, grace: float) -> None:
@@ -56,13 +61,15 @@ class RunningApi:
             return
         self.draining.set()  # log followers end; health says NOT_SERVING
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        await asyncio.gather(self.server.stop(grace), self.runner_server.stop(grace))
         await self.pickups.close()
         await self.pool.close()
 
 
-async def start_server(settings: Settings, *, port: int | None = None) -> RunningApi:
-    """Start the API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one)."""
+async def start_server(settings: Settings, *, port: int | None = None, runner_port: int | None = None) -> RunningApi:
+    """Start the API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one),
+    and the runner API on ``runner_port`` (default ``settings.api.runner_port``)."""
+    box = _secret_box(settings)
     pool = await open_pool(settings.database_url, min_size=1, max_size=POOL_SIZE, name="api")
     pickups = PickupPublisher(settings.amqp_url, Topology(settings.bus_prefix))
     try:
@@ -99,7 +106,22 @@ async def start_server(settings: Settings, *, port: int | None = None) -> Runnin
         bound = server.add_insecure_port(address)
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
+        runner_server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        runner_pb2_grpc.add_RunnerServiceServicer_to_server(
+            RunnerService(store, pickups, settings.runner, box), runner_server
+        )
+        runner_address = f"{settings.api.host}:{settings.api.runner_port if runner_port is None else runner_port}"
+        runner_bound = runner_server.add_insecure_port(runner_address)
+        if runner_bound == 0:
+            raise ServiceUnavailable(f"cannot listen on {runner_address}")
         await server.start()
+        await runner_server.start()
     except BaseException:
         await pickups.close()
         await pool.close()
@@ -107,8 +129,19 @@ async def start_server(settings: Settings, *, port: int | None = None) -> Runnin
     for name in SERVICE_NAMES:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await pickups.connect()  # early, so the first trigger does not pay for it; failure only warns
-    log.info("api listening", extra={"address": f"{settings.api.host}:{bound}"})
-    return RunningApi(server, bound, health, pool, pickups, draining)
+    log.info(
+        "api listening",
+        extra={"address": f"{settings.api.host}:{bound}", "runner_address": f"{settings.api.host}:{runner_bound}"},
+    )
+    return RunningApi(server, bound, health, pool, pickups, runner_server, runner_bound, draining)
+
+
+def _secret_box(settings: Settings) -> SecretBox | None:
+    """The keys of stored secrets; None when none are configured (then no secret can be stored or read)."""
+    if not settings.secret_keys.get_secret_value().strip():
+        log.warning("RUNPLANE_SECRET_KEYS is empty: secret variables can be neither stored nor given to runners")
+        return None
+    return box_from_settings(settings)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, finish_run
+from runplane.outcomes import RetryPolicy, finish_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import RunId, RunStatus
+from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunId, RunStatus
 
 QUERIES = load_queries("dispatcher", "kubernetes_queries.sql")
 

@@ -1,14 +1,15 @@
 """The launcher interface: how a dispatched run gets a runner.
 
-A dispatcher moves a run queued → starting in Postgres, commits, then calls ``launch``. The runner
-it starts claims the run itself (starting → running, compare-and-set), so launching twice is
-harmless. Implementations: ``local`` (a process on this machine), ``noop`` (benchmarks) and
-``kubernetes`` (a Pod per run).
+A dispatcher moves a run queued → starting in Postgres (issuing the run's token, stored hashed),
+commits, then calls ``launch`` with the token. The runner it starts claims the run through the
+runner API with that token (starting → running, compare-and-set), so launching twice is harmless.
+A launcher hands the token over without putting it in an environment variable. Implementations:
+``local`` (a process on this machine), ``noop`` (benchmarks) and ``kubernetes`` (a Pod per run).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from runplane.types import AccountId, JobId, RunId
@@ -22,6 +23,7 @@ class LaunchRequest:
     attempt: int  # launch attempt, 1-based; part of a Pod's deterministic name
     memory_mb: int  # the account's memory limit per run
     timeout_seconds: int  # 0: none
+    token: str = field(default="", repr=False)  # the run's token: the runner's only credential
 
 
 @dataclass(frozen=True)

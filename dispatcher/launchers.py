@@ -20,7 +20,7 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
     name = settings.dispatcher.launcher
     match name:
         case "local":
-            return LocalLauncher(settings.dispatcher.cluster, fork_server=settings.dispatcher.local_fork_server)
+            return LocalLauncher(settings)
         case "noop":
             return NoopLauncher(settings.database_url, settings.dispatcher.cluster)
         case "kubernetes":

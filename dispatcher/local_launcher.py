@@ -4,8 +4,13 @@ By default runners are forked from a pre-loaded runner (``python -m runner.fork_
 dispatcher), so a run starts in milliseconds instead of the second a fresh interpreter spends
 importing; with ``dispatcher.local_fork_server`` off, each run gets a fresh
 ``python -m runplane runner --run-id N``. Either way the runner lives in its own session, so it
-outlives a dispatcher restart the way a Pod outlives the dispatcher that created it, and reads the
-same ``RUNPLANE_*`` environment.
+outlives a dispatcher restart the way a Pod outlives the dispatcher that created it.
+
+A runner gets no control-plane credential: its environment is built from an allow-list
+(:func:`runner_environment`: PATH, HOME, locale, Python's own, the runner's settings and the runner
+API address) and never holds the database, Redis or RabbitMQ URLs or the secret keys. The run's
+token travels through a pipe (the fork server's stdin, or a fresh runner's stdin), never through
+an environment variable or a file left on disk.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.errors import LaunchError
+from runplane.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +32,34 @@ FORK_SERVER_MODULE = "runner.fork_server"
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
 
 
-class ForkServer:
-    """The dispatcher's end of ``runner.fork_server``: a run id in, the forked runner's pid out."""
+# Passed through from the dispatcher's environment to a runner; nothing else is.
+RUNNER_INHERITS = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+RUNNER_INHERITS_PREFIXES = ("LC_",)
+# Settings a runner reads; database, Redis, RabbitMQ URLs and secret keys are not among them.
+RUNNER_SETTINGS = ("RUNPLANE_LOG_FORMAT", "RUNPLANE_LOG_LEVEL", "RUNPLANE_OTLP_ENDPOINT")
+RUNNER_SETTINGS_PREFIX = "RUNPLANE_RUNNER__"
 
-    def __init__(self) -> None:
+
+def runner_environment(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a local runner starts with: an allow-list, plus the runner API address."""
+    source = os.environ if environ is None else environ
+    env = {
+        k: v
+        for k, v in source.items()
+        if k in RUNNER_INHERITS
+        or k.startswith(RUNNER_INHERITS_PREFIXES)
+        or k in RUNNER_SETTINGS
+        or k.startswith(RUNNER_SETTINGS_PREFIX)
+    }
+    env["RUNPLANE_RUNNER__API_ADDRESS"] = settings.runner.api_address
+    return env
+
+
+class ForkServer:
+    """The dispatcher's end of ``runner.fork_server``: a run id and its token in, the forked runner's pid out."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = dict(env)
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
 
@@ -46,6 +77,7 @@ class ForkServer:
                 FORK_SERVER_MODULE,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
+                env=self._env,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start the runner fork server: {exc}", retryable=True) from exc
@@ -61,12 +93,12 @@ class ForkServer:
         log.info("runner fork server ready", extra={"pid": process.pid})
         return process
 
-    async def fork(self, run_id: int) -> int:
+    async def fork(self, run_id: int, token: str) -> int:
         async with self._lock:
             process = await self._ensure_started()
             assert process.stdin is not None and process.stdout is not None
             try:
-                process.stdin.write(f"{run_id}\n".encode())
+                process.stdin.write(f"{run_id} {token}\n".encode())
                 await process.stdin.drain()
                 answer = await asyncio.wait_for(process.stdout.readline(), timeout=FORK_SERVER_ANSWER_TIMEOUT)
             except (OSError, TimeoutError) as exc:
@@ -101,9 +133,10 @@ class ForkServer:
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, cluster: str, *, fork_server: bool = True) -> None:
-        self._cluster = cluster
-        self._fork_server = ForkServer() if fork_server else None
+    def __init__(self, settings: Settings) -> None:
+        self._cluster = settings.dispatcher.cluster
+        self._env = runner_environment(settings)
+        self._fork_server = ForkServer(self._env) if settings.dispatcher.local_fork_server else None
         self._children: set[int] = set()
 
     async def start(self) -> None:
@@ -112,27 +145,38 @@ class LocalLauncher:
             await self._fork_server.start()
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
+        if not request.token:
+            raise LaunchError(f"run {request.run_id} has no run token", retryable=False)
         if self._fork_server is not None:
-            pid = await self._fork_server.fork(request.run_id)
+            pid = await self._fork_server.fork(request.run_id, request.token)
         else:
-            pid = self._spawn(request.run_id)
+            pid = self._spawn(request.run_id, request.token)
         log.info("runner started", extra={"run_id": request.run_id, "pid": pid})
         return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}")
 
-    def _spawn(self, run_id: int) -> int:
+    def _spawn(self, run_id: int, token: str) -> int:
         self._reap()
-        argv = [sys.executable, "-m", "runplane", "runner", "--run-id", str(run_id)]
+        argv = [sys.executable, "-m", "runplane", "runner", "--run-id", str(run_id), "--token-file", "-"]
+        # The token waits in a pipe that becomes the runner's stdin (far below the pipe's buffer size).
+        read_end, write_end = os.pipe()
         try:
+            os.write(write_end, f"{token}\n".encode())
+            os.close(write_end)
+            write_end = -1
             # posix_spawn (vfork) keeps the event loop's pause to well under a millisecond.
             pid = os.posix_spawn(
                 sys.executable,
                 argv,
-                os.environ,
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
+                self._env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0)],
                 setsid=True,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start a runner process: {exc}", retryable=True) from exc
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
         self._children.add(pid)
         return pid
 

@@ -25,15 +25,17 @@ UNION ALL
 
 -- name: start_runs
 -- Compare-and-set queued → starting: a run another dispatcher already took is left alone.
+-- Each start issues the run a new token (only its hash is kept); any earlier token is dead.
 UPDATE runs r
    SET status = 2,
+       runner_token_hash = v.token_hash,
        dispatched_at = clock_timestamp(),
        waiting_reason = '',
        not_before = NULL,
        launch_attempts = r.launch_attempts + 1,
        schema_name = v.schema_name,
        cluster = %(cluster)s
-  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
+  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[], %(token_hashes)s::bytea[]) AS v(id, schema_name, token_hash)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
           (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds
@@ -55,6 +57,7 @@ UPDATE runs r
 UPDATE runs
    SET status = 1,
        dispatched_at = NULL,
+       runner_token_hash = NULL,
        pod_name = '',
        not_before = clock_timestamp() + make_interval(secs => %(delay)s),
        waiting_reason = 'launch_backoff',

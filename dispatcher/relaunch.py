@@ -13,10 +13,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from runplane.bus import Bus
 from runplane.db import Connection
-from runplane.outcomes import FailureKind, Outcome, RetryPolicy, end_run
+from runplane.outcomes import RetryPolicy, end_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import RunStatus
+from runplane.types import FailureKind, Outcome, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.outcomes import RUNNER_LOST, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.outcomes import RetryPolicy, end_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
-from runplane.types import RunStatus
+from runplane.types import RUNNER_LOST, FailureKind, Outcome, RunStatus
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 import psycopg.errors
@@ -35,11 +35,12 @@ from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
+from runplane.outcomes import RetryPolicy, finish_run, publish_pickups
+from runplane.run_tokens import new_run_token, run_token_hash
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn
-from runplane.types import AccountId, JobId, JobType, RunId, RunStatus
+from runplane.types import AccountId, JobId, JobType, Outcome, RunId, RunStatus
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Started:
     memory_mb: int
     timeout_seconds: int
     trace_parent: str = ""
+    token: str = field(default="", repr=False)
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -199,11 +201,13 @@ class Dispatcher:
             )
         if not plan.start:
             return [], pickups
+        tokens = {run.run_id: new_run_token() for run in plan.start}
         cur = await conn.execute(
             Q["start_runs"],
             {
                 "ids": [run.run_id for run in plan.start],
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],
+                "token_hashes": [run_token_hash(tokens[run.run_id]) for run in plan.start],
                 "cluster": self._settings.dispatcher.cluster,
             },
         )
@@ -217,6 +221,7 @@ class Dispatcher:
                 memory_mb=memory_mb,
                 timeout_seconds=_timeout(r["overrides"], int(r["timeout_seconds"] or 0)),  # type: ignore[call-overload]
                 trace_parent=str(r["trace_parent"] or ""),
+                token=tokens[RunId(r["id"])],  # type: ignore[arg-type]
             )
             for r in await cur.fetchall()
         ]
@@ -248,6 +253,7 @@ class Dispatcher:
             attempt=run.launch_attempts,
             memory_mb=run.memory_mb,
             timeout_seconds=run.timeout_seconds,
+            token=run.token,
         )
         attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         try:

@@ -1,9 +1,13 @@
-"""Streaming a run's output into ``run_log_chunks`` as it comes.
+"""Streaming a run's output to the runner API as it comes, with its secrets masked.
 
 Output is batched a little (``flush_interval`` or ``max_bytes``, whichever comes first) so a chatty
-step costs a handful of inserts per second, and a reader following the run sees lines within a
+step costs a handful of calls per second, and a reader following the run sees lines within a
 fraction of a second. ``seq`` increases across the whole run; text is decoded per step, so a
 character split between two reads is not garbled.
+
+Secret values are replaced with ``*****`` before anything leaves the runner. A value can arrive cut
+in two by the pipe, so each step's stream holds back its last ``longest secret - 1`` characters
+until more output (or the end of the step) shows whether they start a secret.
 """
 
 from __future__ import annotations
@@ -11,29 +15,61 @@ from __future__ import annotations
 import asyncio
 import codecs
 import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from psycopg_pool import AsyncConnectionPool
-
-from runplane.db import Connection
-from runplane.sql import load_queries
+from runplane.secrets import MASK
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("runner")
+CHUNK_CHARS = 256 * 1024  # well inside what the runner API takes per chunk and per call
+CALL_CHARS = 4 * 1024 * 1024
+AppendChunks = Callable[[Sequence[tuple[int, int, str]]], Awaitable[None]]
+
+
+class StreamMasker:
+    """Masks secrets in a stream of text pieces, also when a secret is split between two pieces."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        values = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
+        self._keep = max((len(v) for v in values), default=1) - 1
+        self._held = ""
+
+    def feed(self, text: str, *, final: bool = False) -> str:
+        """The masked text that is safe to emit now; the rest waits for the next piece."""
+        if self._pattern is None:
+            return text
+        buffer = self._held + text
+        cut = len(buffer) if final else max(0, len(buffer) - self._keep)
+        out: list[str] = []
+        position = 0
+        for match in self._pattern.finditer(buffer):
+            if match.start() >= cut:
+                break
+            # A match that starts before the cut ends inside the buffer: it is emitted whole.
+            out.append(buffer[position : match.start()])
+            out.append(MASK)
+            position = match.end()
+        cut = max(cut, position)
+        out.append(buffer[position:cut])
+        self._held = buffer[cut:]
+        return "".join(out)
 
 
 class RunLogs:
     def __init__(
         self,
-        pool: AsyncConnectionPool[Connection],
-        run_id: int,
+        append: AppendChunks,
         *,
+        secrets: Iterable[str] = (),
         first_seq: int = 1,
         flush_interval: float = 0.2,
         max_bytes: int = 64 * 1024,
     ) -> None:
-        self._pool = pool
-        self._run_id = run_id
+        self._append = append
+        self._secrets = tuple(secrets)
+        self._maskers: dict[int, StreamMasker] = {}
         self._next_seq = first_seq
         self._flush_interval = flush_interval
         self._max_bytes = max_bytes
@@ -45,7 +81,9 @@ class RunLogs:
 
     def write(self, step_index: int, data: bytes, *, final: bool = False) -> None:
         decoder = self._decoders.setdefault(step_index, codecs.getincrementaldecoder("utf-8")(errors="replace"))
-        text = decoder.decode(data, final=final)
+        masker = self._maskers.setdefault(step_index, StreamMasker(self._secrets))
+        # NUL cannot be stored in a text column; it is no printable output either.
+        text = masker.feed(decoder.decode(data, final=final).replace("\x00", "\ufffd"), final=final)
         if not text:
             return
         self._pending.append((step_index, text))
@@ -62,19 +100,11 @@ class RunLogs:
                 return
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             self._full.clear()
-            merged = _merge(batch)
-            seqs = list(range(self._next_seq, self._next_seq + len(merged)))
-            self._next_seq += len(merged)
-            async with self._pool.connection() as conn:
-                await conn.execute(
-                    Q["insert_log_chunks"],
-                    {
-                        "run_id": self._run_id,
-                        "seqs": seqs,
-                        "step_indexes": [step for step, _ in merged],
-                        "texts": [text for _, text in merged],
-                    },
-                )
+            pieces = _split(_merge(batch), CHUNK_CHARS)
+            chunks = [(self._next_seq + n, step, text) for n, (step, text) in enumerate(pieces)]
+            self._next_seq += len(chunks)
+            for call in _calls(chunks, CALL_CHARS):
+                await self._append(call)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush every interval (sooner when the buffer fills) until ``stop``, then once more."""
@@ -108,3 +138,21 @@ def _merge(batch: list[tuple[int, str]]) -> list[tuple[int, str]]:
         else:
             merged.append((step, text))
     return merged
+
+
+def _split(merged: list[tuple[int, str]], size: int) -> list[tuple[int, str]]:
+    """Chunks of at most ``size`` characters."""
+    return [(step, text[i : i + size]) for step, text in merged for i in range(0, len(text), size)]
+
+
+def _calls(chunks: list[tuple[int, int, str]], size: int) -> list[list[tuple[int, int, str]]]:
+    """Chunks grouped into calls of at most ``size`` characters (in order: seq stays increasing)."""
+    calls: list[list[tuple[int, int, str]]] = [[]]
+    total = 0
+    for chunk in chunks:
+        if calls[-1] and (total + len(chunk[2]) > size or len(calls[-1]) >= 1000):
+            calls.append([])
+            total = 0
+        calls[-1].append(chunk)
+        total += len(chunk[2])
+    return calls

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=f"run the {name} service")
     runner = sub.add_parser("runner", help="execute one run")
     runner.add_argument("--run-id", type=int, required=True)
+    runner.add_argument(
+        "--token-file", default="-", help="file holding the run's token (a mounted Secret); '-': read it from stdin"
+    )
     up = sub.add_parser("up", help="start the whole system on this machine")
     up.add_argument("--demo", action="store_true", help="migrate and create a demo account and jobs first")
     up.add_argument("--queuer-workers", type=int, default=2)
@@ -116,9 +119,13 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
             logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
             setup_tracing("runner", settings.otlp_endpoint)
-            run: Callable[[Settings, int], Coroutine[Any, Any, int]] = _entry("runner.service", "run")
+            run: Callable[[Settings, int, str], Coroutine[Any, Any, int]] = _entry("runner.service", "run")
+            read_token: Callable[[str], str] = _entry("runner.service", "read_token")
+            become_run_user: Callable[[int], None] = _entry("runner.service", "become_run_user")
+            token = read_token(args.token_file)
+            become_run_user(settings.runner.local_uid)
             try:
-                return asyncio.run(run(settings, args.run_id))
+                return asyncio.run(run(settings, args.run_id, token))
             finally:
                 shutdown_tracing()
         case "up":

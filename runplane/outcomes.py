@@ -25,7 +25,6 @@ The Kubernetes launcher ends a Pod killed for memory with::
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 import time
@@ -41,7 +40,7 @@ from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
 from runplane.settings import RunnerSettings
 from runplane.sql import load_queries
-from runplane.types import AccountId, JobId, RunId, RunStatus, retry_idempotency_key
+from runplane.types import AccountId, FailureKind, JobId, Outcome, RunId, RunStatus, retry_idempotency_key
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -49,33 +48,7 @@ log = logging.getLogger(__name__)
 Q = load_queries("runplane.sql", "outcomes.sql")
 
 DEACTIVATE_AFTER_FAILURES = 100
-MEMORY_LIMIT_ERROR = "memory limit error"
-RUNNER_LOST = "runner lost"
 NON_TERMINAL = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
-
-
-class FailureKind(enum.StrEnum):
-    STEP = "step"  # the work itself failed: retried only when the job says so
-    INFRASTRUCTURE = "infrastructure"  # runner lost, launch failure: retried while budget remains
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: RunStatus
-    message: str = ""
-    failure: FailureKind | None = None
-
-    @classmethod
-    def success(cls) -> Outcome:
-        return cls(RunStatus.SUCCESS)
-
-    @classmethod
-    def error(cls, message: str, failure: FailureKind) -> Outcome:
-        return cls(RunStatus.ERROR, message, failure)
-
-    @classmethod
-    def cancelled(cls, message: str = "cancelled") -> Outcome:
-        return cls(RunStatus.CANCELLED, message)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ApiSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Address the gRPC API listens on.")
     port: int = Field(50051, description="Port of the gRPC API.")
+    runner_port: int = Field(
+        50052, description="Port of the runner API (RunnerService, run tokens), the only one runners may reach."
+    )
     max_page_size: int = Field(500, description="Largest page a List call returns.")
     log_poll_interval: float = Field(0.5, description="How often StreamRunLogs polls a live run.")
 
@@ -86,10 +89,19 @@ class KubernetesSettings(BaseModel):
 
 
 class RunnerSettings(BaseModel):
+    api_address: str = Field(
+        "127.0.0.1:50052",
+        description="Where runners reach the runner API (host:port); their only control-plane address.",
+    )
     lease_seconds: float = Field(30.0, description="A runner silent this long is lost.")
     heartbeat_interval: float = Field(5.0, description="Seconds between lease renewals.")
     cancel_grace: float = Field(10.0, description="Seconds between SIGTERM and SIGKILL.")
     work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
+    local_uid: int = Field(
+        -1,
+        description="local launcher, started as root: the uid (and gid) runners switch to, so a step cannot read "
+        "the control plane's processes; -1 keeps the dispatcher's user (one trusted tenant only).",
+    )
     retry_backoff_base: float = Field(10.0, description="First retry delay in seconds.")
     retry_backoff_cap: float = Field(600.0, description="Longest retry delay in seconds.")
 

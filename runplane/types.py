@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import NewType
 
 AccountId = NewType("AccountId", int)
@@ -99,3 +100,33 @@ def ci_schema(job_id: int, pull_request_number: int | None, run_id: int | None =
     if pull_request_number:
         return f"runplane_pr_{job_id}_{pull_request_number}"
     return f"runplane_pr_{job_id}_run_{run_id}"
+
+
+# How a run ends. The rules that follow from an outcome live in ``runplane.outcomes``; these types
+# are here so the runner can name an outcome without importing anything that reaches Postgres.
+MEMORY_LIMIT_ERROR = "memory limit error"
+RUNNER_LOST = "runner lost"
+
+
+class FailureKind(enum.StrEnum):
+    STEP = "step"  # the work itself failed: retried only when the job says so
+    INFRASTRUCTURE = "infrastructure"  # runner lost, launch failure: retried while budget remains
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: RunStatus
+    message: str = ""
+    failure: FailureKind | None = None
+
+    @classmethod
+    def success(cls) -> Outcome:
+        return cls(RunStatus.SUCCESS)
+
+    @classmethod
+    def error(cls, message: str, failure: FailureKind) -> Outcome:
+        return cls(RunStatus.ERROR, message, failure)
+
+    @classmethod
+    def cancelled(cls, message: str = "cancelled") -> Outcome:
+        return cls(RunStatus.CANCELLED, message)

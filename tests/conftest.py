@@ -8,18 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 import redis
+from pydantic import SecretStr
 
 from runplane.migrate import migrate
 from runplane.preflight import ensure_services
+from runplane.secrets import generate_key
 from runplane.settings import Settings
 
 BASE = Settings()
+# Two keys, as after a rotation: the newest encrypts, both decrypt.
+TEST_SECRET_KEYS = f"{generate_key()},{generate_key()}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 ADMIN_URL = psycopg.conninfo.make_conninfo(BASE.database_url, dbname="postgres")
 
 
@@ -73,7 +86,21 @@ def prefix() -> str:
 
 @pytest.fixture
 def settings(database_url: str, prefix: str) -> Settings:
-    return Settings(database_url=database_url, bus_prefix=prefix, redis_prefix=prefix, log_format="text")
+    """This test's settings: its database and prefixes, secret keys, and free ports for the APIs."""
+    base = Settings(
+        database_url=database_url,
+        bus_prefix=prefix,
+        redis_prefix=prefix,
+        log_format="text",
+        secret_keys=SecretStr(TEST_SECRET_KEYS),
+    )
+    runner_port = free_port()
+    return base.model_copy(
+        update={
+            "api": base.api.model_copy(update={"port": free_port(), "runner_port": runner_port}),
+            "runner": base.runner.model_copy(update={"api_address": f"127.0.0.1:{runner_port}"}),
+        }
+    )
 
 
 @pytest.fixture
@@ -85,6 +112,10 @@ def service_env(settings: Settings) -> dict[str, str]:
         RUNPLANE_BUS_PREFIX=settings.bus_prefix,
         RUNPLANE_REDIS_PREFIX=settings.redis_prefix,
         RUNPLANE_LOG_FORMAT="text",
+        RUNPLANE_SECRET_KEYS=settings.secret_keys.get_secret_value(),
+        RUNPLANE_API__PORT=str(settings.api.port),
+        RUNPLANE_API__RUNNER_PORT=str(settings.api.runner_port),
+        RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address,
     )
     return env
 

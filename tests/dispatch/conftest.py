@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from api.server import RunningApi, start_server
+from runplane.settings import Settings
 from tests.dispatch.processes import Services
+
+
+@pytest.fixture
+async def runner_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach."""
+    running = await start_server(settings, port=0)
+    try:
+        yield running
+    finally:
+        await running.stop(0)
 
 
 @pytest.fixture

@@ -20,9 +20,14 @@ from runplane.v1 import bus_pb2
 
 
 class Services:
-    """Starts ``python -m runplane <command>`` processes; ``stop_all`` ends them and every runner they started."""
+    """Starts ``python -m runplane <command>`` processes; ``stop_all`` ends them and every runner they started.
+
+    Runners reach the control plane only through the runner API, so the first dispatcher brings an
+    ``api`` process along unless ``with_api`` is off (a test that serves the API itself).
+    """
 
     def __init__(self, env: dict[str, str], log_dir: Path, database_url: str) -> None:
+        self.with_api = True
         self.env = dict(env)
         self.log_dir = log_dir
         self.database_url = database_url
@@ -30,6 +35,9 @@ class Services:
         self._extra_pids: set[int] = set()
 
     def start(self, command: str, name: str | None = None, **env: str) -> subprocess.Popen[bytes]:
+        if command == "dispatcher" and self.with_api and not any(n.startswith("api") for n, _ in self.processes):
+            self.start("api", name="api")
+            wait_for_port(self.env["RUNPLANE_RUNNER__API_ADDRESS"])
         name = name or f"{command}-{len(self.processes) + 1}"
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
@@ -100,6 +108,17 @@ def publish_pickup(amqp_url: str, prefix: str, account_id: int) -> None:
             await bus.close()
 
     asyncio.run(publish())
+
+
+def wait_for_port(address: str, timeout: float = 30.0) -> None:
+    """Until something listens on ``host:port``."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {address}")
 
 
 def free_port() -> int:

@@ -10,6 +10,8 @@ from typing import Any
 
 import psycopg
 
+from runplane.run_tokens import new_run_token, run_token_hash
+
 Conn = psycopg.Connection[Any]
 
 
@@ -114,3 +116,14 @@ def statuses(db: Conn, run_ids: Sequence[int]) -> dict[int, int]:
 
 def all_terminal(db: Conn, run_ids: Sequence[int]) -> bool:
     return all(status >= 10 for status in statuses(db, run_ids).values())
+
+
+def make_starting(db: Conn, run_id: int) -> str:
+    """Move a queued run to starting as a dispatcher does, issuing its token; returns the token."""
+    token = new_run_token()
+    db.execute(
+        "UPDATE runs SET status = 2, dispatched_at = clock_timestamp(), launch_attempts = launch_attempts + 1,"
+        " runner_token_hash = %s WHERE id = %s",
+        (run_token_hash(token), run_id),
+    )
+    return token

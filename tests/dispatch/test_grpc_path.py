@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def api(settings: Settings, services: Services) -> AsyncIterator[RunningApi]:
+    services.with_api = False  # served here, in this process
     services.start("scheduler")
     services.start("dispatcher")
     running = await start_server(settings, port=0)

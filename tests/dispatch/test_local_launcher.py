@@ -12,28 +12,21 @@ import pytest
 
 from dispatcher.launcher import LaunchRequest
 from dispatcher.local_launcher import LocalLauncher
+from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.dispatch.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 
-pytestmark = pytest.mark.usefixtures("_cleanup_bus")
-
-
-@pytest.fixture(autouse=True)
-def _runner_environment(monkeypatch: pytest.MonkeyPatch, service_env: dict[str, str]) -> None:
-    """Runners read the test's database and prefixes from the environment, as in production."""
-    for name, value in service_env.items():
-        if name.startswith("RUNPLANE_"):
-            monkeypatch.setenv(name, value)
+pytestmark = pytest.mark.usefixtures("_cleanup_bus", "runner_api")
 
 
 def starting_run(db: Conn, steps: list[str]) -> LaunchRequest:
     account = create_account(db)
     job = create_job(db, account, steps=steps)
     run_id = queue_run(db, job)
-    db.execute(
-        "UPDATE runs SET status = 2, dispatched_at = clock_timestamp(), launch_attempts = 1 WHERE id = %s", (run_id,)
+    token = make_starting(db, run_id)
+    return LaunchRequest(
+        RunId(run_id), JobId(job), AccountId(account), attempt=1, memory_mb=1024, timeout_seconds=0, token=token
     )
-    return LaunchRequest(RunId(run_id), JobId(job), AccountId(account), attempt=1, memory_mb=1024, timeout_seconds=0)
 
 
 async def ended(db: Conn, run_id: int, timeout: float = 30) -> dict[str, object]:
@@ -56,8 +49,10 @@ async def gone(pid: int, timeout: float = 30) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_is_replaced(db: Conn) -> None:
-    launcher = LocalLauncher("local")
+async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_is_replaced(
+    db: Conn, settings: Settings
+) -> None:
+    launcher = LocalLauncher(settings)
     try:
         await launcher.start()
         request = starting_run(db, ["echo from a forked runner"])
@@ -83,8 +78,9 @@ async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_
         await launcher.close()
 
 
-async def test_a_fresh_runner_process_per_run(db: Conn) -> None:
-    launcher = LocalLauncher("local", fork_server=False)
+async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> None:
+    fresh = settings.dispatcher.model_copy(update={"local_fork_server": False})
+    launcher = LocalLauncher(settings.model_copy(update={"dispatcher": fresh}))
     try:
         request = starting_run(db, ["echo from a fresh process"])
         result = await launcher.launch(request)

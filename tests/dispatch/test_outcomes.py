@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 
 from runplane.db import open_pool
-from runplane.outcomes import (
-    DEACTIVATE_AFTER_FAILURES,
-    FailureKind,
-    Outcome,
-    RetryPolicy,
-    end_run,
-    finish_run,
-)
+from runplane.outcomes import DEACTIVATE_AFTER_FAILURES, RetryPolicy, end_run, finish_run
 from runplane.settings import Settings
-from runplane.types import RunStatus, completion_idempotency_key, retry_idempotency_key
+from runplane.types import FailureKind, Outcome, RunStatus, completion_idempotency_key, retry_idempotency_key
 from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 POLICY = RetryPolicy(backoff_base=10.0, backoff_cap=40.0)

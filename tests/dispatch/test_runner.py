@@ -1,4 +1,5 @@
-"""The runner in this process against the real Postgres: steps, logs, artifacts and every outcome."""
+"""The runner in this process, through the runner API on the real Postgres: steps, logs, artifacts
+and every outcome."""
 
 from __future__ import annotations
 
@@ -11,18 +12,22 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.service import run
+from runner.service import run as run_with_token
 from runplane.settings import Settings
 from runplane.types import RunStatus
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.dispatch.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 
-pytestmark = pytest.mark.usefixtures("_cleanup_bus")
+pytestmark = pytest.mark.usefixtures("_cleanup_bus", "runner_api")
+
+TOKENS: dict[int, str] = {}
 
 
-def make_starting(db: Conn, run_id: int) -> None:
-    db.execute(
-        "UPDATE runs SET status = 2, dispatched_at = clock_timestamp(), launch_attempts = 1 WHERE id = %s", (run_id,)
-    )
+def starting(db: Conn, run_id: int) -> None:
+    TOKENS[run_id] = make_starting(db, run_id)
+
+
+async def run(settings: Settings, run_id: int) -> int:
+    return await run_with_token(settings, run_id, TOKENS[run_id])
 
 
 async def wait_until(condition, *, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -47,7 +52,7 @@ async def test_run_with_steps_logs_artifacts_and_timestamps(db: Conn, settings: 
         threads=8,
     )
     run_id = queue_run(db, job)
-    make_starting(db, run_id)
+    starting(db, run_id)
 
     assert await run(settings, run_id) == 0
 
@@ -69,7 +74,7 @@ async def test_run_with_steps_logs_artifacts_and_timestamps(db: Conn, settings: 
 async def test_a_duplicate_runner_changes_nothing(db: Conn, settings: Settings) -> None:
     account = create_account(db)
     run_id = queue_run(db, create_job(db, account, steps=["echo once"]))
-    make_starting(db, run_id)
+    starting(db, run_id)
     assert await run(settings, run_id) == 0
     before = run_row(db, run_id)
     assert await run(settings, run_id) == 0
@@ -80,7 +85,7 @@ async def test_a_duplicate_runner_changes_nothing(db: Conn, settings: Settings) 
 async def test_failing_step_skips_the_rest(db: Conn, settings: Settings) -> None:
     account = create_account(db)
     run_id = queue_run(db, create_job(db, account, steps=["echo a", "exit 3", "echo never"]))
-    make_starting(db, run_id)
+    starting(db, run_id)
     assert await run(settings, run_id) == 0
     row = run_row(db, run_id)
     assert (row["status"], row["status_message"]) == (RunStatus.ERROR, "step 2 failed with exit code 3: exit 3")
@@ -99,7 +104,7 @@ async def test_overridden_steps_and_timeout(db: Conn, settings: Settings) -> Non
     account = create_account(db)
     job = create_job(db, account, steps=["echo job steps"])
     run_id = queue_run(db, job, overrides={"steps": ["echo overridden", "sleep 30"], "timeout_seconds": 1})
-    make_starting(db, run_id)
+    starting(db, run_id)
     started = time.monotonic()
     assert await run(settings, run_id) == 0
     assert time.monotonic() - started < 10
@@ -113,7 +118,7 @@ async def test_memory_limit_error(db: Conn, settings: Settings) -> None:
     account = create_account(db, memory_mb=64)
     hog = f"{sys.executable} -c \"x = 'x' * (256 * 1024 * 1024); import time; time.sleep(30)\""
     run_id = queue_run(db, create_job(db, account, steps=[hog]))
-    make_starting(db, run_id)
+    starting(db, run_id)
     started = time.monotonic()
     assert await run(settings, run_id) == 0
     assert time.monotonic() - started < 15
@@ -125,7 +130,7 @@ async def test_cancel_a_running_run(db: Conn, settings: Settings, tmp_path: Path
     pid_file = tmp_path / "pid"
     account = create_account(db)
     run_id = queue_run(db, create_job(db, account, steps=[f"echo $$ > {pid_file}; sleep 60 & wait", "echo never"]))
-    make_starting(db, run_id)
+    starting(db, run_id)
     runner = asyncio.create_task(run(settings, run_id))
     try:
         await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20, what="step started")

@@ -1,0 +1,69 @@
+"""What a runner is told about its run (``runplane.v1.RunSpec``), made from the claimed run's row.
+
+Run overrides are applied here, once, so the runner never needs the rules; secret environment
+variables are decrypted here, for this runner alone, and listed in ``masked_values`` so the runner
+replaces them with ``*****`` in everything it uploads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runplane.secrets import SecretBox, SecretKeyError
+from runplane.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
+from runplane.v1 import runner_pb2
+
+
+def override(overrides: dict[str, Any], name: str) -> Any:
+    """A run override by its proto field name (stored snake_case or camelCase)."""
+    head, *rest = name.split("_")
+    camel = head + "".join(part.title() for part in rest)
+    return overrides.get(name) or overrides.get(camel)
+
+
+def build_run_spec(
+    row: dict[str, Any],
+    *,
+    lease_id: str,
+    lease_seconds: float,
+    heartbeat_interval: float,
+    box: SecretBox | None,
+) -> runner_pb2.RunSpec:
+    """The spec of a claimed run. ``box`` may be None only when the job has no secret."""
+    overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
+    steps = override(overrides, "steps") or row["steps"]
+    environment = {str(k): str(v) for k, v in (row["environment"] or {}).items()}
+    secrets = decrypt_secret_environment(row["secret_environment"] or {}, box)
+    environment.update(secrets)
+    return runner_pb2.RunSpec(
+        run_id=int(row["id"]),
+        account_id=int(row["account_id"]),
+        job_id=int(row["job_id"]),
+        steps=[str(step) for step in steps],
+        environment=environment,
+        masked_values=sorted(set(secrets.values())),
+        threads=int(override(overrides, "threads") or row["threads"]),
+        schema=str(override(overrides, "schema") or row["schema_name"] or ""),
+        target_name=str(row["target_name"] or ""),
+        git_branch=str(override(overrides, "git_branch") or row["git_branch"] or ""),
+        pull_request_number=int(row["pull_request_number"] or 0),
+        cause=str(row["cause"] or ""),
+        timeout_seconds=int(override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),
+        memory_mb=int(row["memory_mb"]),
+        cancel_requested=row["cancel_requested_at"] is not None,
+        trace_parent=str(row["trace_parent"] or ""),
+        lease_id=lease_id,
+        lease_seconds=lease_seconds,
+        heartbeat_interval=heartbeat_interval,
+        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
+        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
+    )
+
+
+def decrypt_secret_environment(stored: dict[str, Any], box: SecretBox | None) -> dict[str, str]:
+    """Secret variables' plaintext from their stored ciphertext."""
+    if not stored:
+        return {}
+    if box is None:
+        raise SecretKeyError("the job has secrets but no RUNPLANE_SECRET_KEYS are configured")
+    return {str(name): box.decrypt(str(token)) for name, token in stored.items()}

@@ -1,0 +1,81 @@
+-- The runner API: every statement is a compare-and-set on the run's token and lease.
+
+-- name: claim_run
+-- starting → running for the holder of the run's token; the lease id is the runner's.
+UPDATE runs r
+   SET status = 3,
+       started_at = clock_timestamp(),
+       lease_owner = %(lease_id)s,
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = clock_timestamp(),
+       waiting_reason = ''
+  FROM jobs j, accounts a
+ WHERE r.id = %(run_id)s AND r.status = 2 AND r.runner_token_hash = %(token_hash)s
+   AND j.id = r.job_id AND a.id = r.account_id
+RETURNING r.id
+
+-- name: claimed_run
+-- What the runner is told: the run with its job and account, for the holder of the lease.
+SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
+       r.pull_request_number, r.cancel_requested_at, j.steps, j.environment, j.secret_environment, j.threads,
+       j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
+  FROM runs r JOIN jobs j ON j.id = r.job_id JOIN accounts a ON a.id = r.account_id
+ WHERE r.id = %(run_id)s AND r.status = 3 AND r.lease_owner = %(lease_id)s AND r.runner_token_hash = %(token_hash)s
+
+-- name: create_steps
+INSERT INTO run_steps (run_id, step_index, command)
+SELECT %(run_id)s, i - 1, c FROM unnest(%(commands)s::text[]) WITH ORDINALITY AS s(c, i)
+ON CONFLICT (run_id, step_index) DO NOTHING
+
+-- name: run_access
+-- Why a call was refused (or, locked, that it may go on): the token, the status and the lease.
+SELECT status, lease_owner, runner_token_hash = %(token_hash)s AS token_ok,
+       cancel_requested_at IS NOT NULL AS cancel_requested
+  FROM runs WHERE id = %(run_id)s
+
+-- name: lock_lease
+-- Held until the write commits: a reaper or a second runner waits, then finds the write done.
+SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT count(*) FROM run_steps s WHERE s.run_id = r.id) AS step_count
+  FROM runs r
+ WHERE id = %(run_id)s AND status = 3 AND lease_owner = %(lease_id)s AND runner_token_hash = %(token_hash)s
+   FOR SHARE
+
+-- name: renew_lease
+UPDATE runs
+   SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = clock_timestamp()
+ WHERE id = %(run_id)s AND status = 3 AND lease_owner = %(lease_id)s AND runner_token_hash = %(token_hash)s
+RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
+
+-- name: insert_log_chunks
+-- A seq already stored is a retry of a call that took effect: skipped.
+INSERT INTO run_log_chunks (run_id, seq, step_index, text)
+SELECT %(run_id)s, s, i, t FROM unnest(%(seqs)s::bigint[], %(step_indexes)s::int[], %(texts)s::text[]) AS v(s, i, t)
+ON CONFLICT (run_id, seq) DO NOTHING
+
+-- name: step_of_run
+SELECT status, exit_code, started_at IS NOT NULL AS started FROM run_steps
+ WHERE run_id = %(run_id)s AND step_index = %(step_index)s
+
+-- name: step_started
+-- Only a queued step whose predecessors have all ended may start.
+UPDATE run_steps s SET status = 3, started_at = clock_timestamp()
+ WHERE s.run_id = %(run_id)s AND s.step_index = %(step_index)s AND s.status = 1
+   AND NOT EXISTS (SELECT 1 FROM run_steps e
+                    WHERE e.run_id = s.run_id AND e.step_index < s.step_index AND e.status IN (1, 3))
+RETURNING s.step_index
+
+-- name: step_finished
+UPDATE run_steps SET status = %(status)s, exit_code = %(exit_code)s, finished_at = clock_timestamp()
+ WHERE run_id = %(run_id)s AND step_index = %(step_index)s AND status = 3
+RETURNING step_index
+
+-- name: steps_skipped
+UPDATE run_steps SET status = 30 WHERE run_id = %(run_id)s AND step_index >= %(from_index)s AND started_at IS NULL
+
+-- name: upsert_artifact
+INSERT INTO artifacts (run_id, path, step_index, content)
+VALUES (%(run_id)s, %(path)s, %(step_index)s, %(content)s)
+ON CONFLICT (run_id, path) DO UPDATE
+   SET step_index = EXCLUDED.step_index, content = EXCLUDED.content, created_at = now()

@@ -1,0 +1,190 @@
+"""The runner's one door to the control plane: the runner API (``runplane.v1.RunnerService``).
+
+Everything the runner learns about its run comes from :meth:`RunnerApi.claim` (a ``RunSpec``), and
+everything it records goes through the other calls, each carrying the run's token. The runner holds
+no database, Redis or RabbitMQ address.
+
+Writes are retried through a short outage (UNAVAILABLE, DEADLINE_EXCEEDED) for as long as the
+lease would still be ours: until ``lease_seconds`` after the last renewal the server accepted.
+Every call is idempotent on the server, so a retry of a call that took effect changes nothing. An
+answer that the lease is gone (FAILED_PRECONDITION, PERMISSION_DENIED), or a lease that ran out
+while retrying, raises :class:`LeaseLost`; from then on this object refuses every write itself,
+so a runner that lost its lease writes nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from runplane.errors import RunplaneError
+from runplane.types import FailureKind, Outcome
+from runplane.v1 import runner_pb2, runner_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RunSpec = runner_pb2.RunSpec
+T = TypeVar("T")
+
+CALL_TIMEOUT = 10.0
+RETRY_FIRST = 0.1
+RETRY_CAP = 2.0
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_LOST = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+_FAILURE_KINDS = {
+    FailureKind.STEP: runner_pb2.FAILURE_KIND_STEP,
+    FailureKind.INFRASTRUCTURE: runner_pb2.FAILURE_KIND_INFRASTRUCTURE,
+}
+
+
+class LeaseLost(RunplaneError):
+    """The run is no longer ours to write: its lease moved on, it ended, or the token is not for it."""
+
+
+class RunnerApi:
+    """A connection to the runner API for one run, holding its token and, after the claim, its lease."""
+
+    def __init__(self, address: str, token: str, run_id: int, *, claim_window: float = 30.0) -> None:
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        self.run_id = run_id
+        self.lease_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._lease_seconds = claim_window  # until the claim says otherwise
+        self._lease_until = time.monotonic() + claim_window
+        self.lost = False
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    @property
+    def lease_remaining(self) -> float:
+        return self._lease_until - time.monotonic()
+
+    async def claim(self) -> RunSpec | None:
+        """Take the run (starting → running); None when it is not starting (a duplicate runner)."""
+        request = runner_pb2.ClaimRequest(run_id=self.run_id, lease_id=self.lease_id)
+        try:
+            spec = await self._call(
+                "Claim", lambda: self._stub.Claim(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+            )
+        except LeaseLost as exc:
+            log.info("run not claimed: %s", exc, extra={"run_id": self.run_id})
+            return None
+        self._lease_seconds = spec.lease_seconds
+        self._lease_until = time.monotonic() + spec.lease_seconds
+        return spec
+
+    async def renew_lease(self) -> bool:
+        """Extend the lease; whether a cancel was requested."""
+        requested_at = time.monotonic()
+        response = await self._call(
+            "RenewLease", lambda: self._stub.RenewLease(self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT)
+        )
+        # Counted from when the call was sent: the server renewed no earlier than that.
+        self._lease_until = requested_at + self._lease_seconds
+        return bool(response.cancel_requested)
+
+    async def read_cancel(self) -> bool:
+        """Whether a cancel was requested (the lease must still be ours)."""
+        response = await self._call(
+            "ReadCancel", lambda: self._stub.ReadCancel(self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT)
+        )
+        return bool(response.cancel_requested)
+
+    async def append_logs(self, chunks: Sequence[tuple[int, int, str]]) -> None:
+        """Store ``(seq, step_index, text)`` chunks."""
+        request = runner_pb2.AppendLogsRequest(
+            run_id=self.run_id,
+            lease_id=self.lease_id,
+            chunks=[runner_pb2.RunnerLogChunk(seq=s, step_index=i, text=t) for s, i, t in chunks],
+        )
+        await self._call(
+            "AppendLogs", lambda: self._stub.AppendLogs(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+        )
+
+    async def step_started(self, index: int) -> None:
+        await self._set_step(runner_pb2.SetStepStatusRequest(step_index=index, state=runner_pb2.STEP_STATE_STARTED))
+
+    async def step_finished(self, index: int, status: int, exit_code: int | None) -> None:
+        request = runner_pb2.SetStepStatusRequest(step_index=index, state=runner_pb2.STEP_STATE_FINISHED, status=status)  # type: ignore[arg-type]
+        if exit_code is not None:
+            request.exit_code = exit_code
+        await self._set_step(request)
+
+    async def steps_skipped(self, from_index: int) -> None:
+        await self._set_step(
+            runner_pb2.SetStepStatusRequest(step_index=from_index, state=runner_pb2.STEP_STATE_SKIPPED)
+        )
+
+    async def upload_artifact(self, step_index: int, path: str, content: bytes) -> None:
+        request = runner_pb2.UploadArtifactRequest(
+            run_id=self.run_id, lease_id=self.lease_id, step_index=step_index, path=path, content=content
+        )
+        await self._call(
+            "UploadArtifact", lambda: self._stub.UploadArtifact(request, metadata=self._metadata, timeout=60.0)
+        )
+
+    async def finish(self, outcome: Outcome) -> None:
+        """Write the outcome; the server frees the slot and tells dispatchers."""
+        request = runner_pb2.FinishRequest(
+            run_id=self.run_id,
+            lease_id=self.lease_id,
+            status=int(outcome.status),  # type: ignore[arg-type]
+            message=outcome.message,
+            failure=_FAILURE_KINDS[outcome.failure] if outcome.failure else runner_pb2.FAILURE_KIND_UNSPECIFIED,
+        )
+        await self._call("Finish", lambda: self._stub.Finish(request, metadata=self._metadata, timeout=CALL_TIMEOUT))
+        self.lost = True  # the token is spent: nothing more to write
+
+    async def _set_step(self, request: runner_pb2.SetStepStatusRequest) -> None:
+        request.run_id, request.lease_id = self.run_id, self.lease_id
+        await self._call(
+            "SetStepStatus", lambda: self._stub.SetStepStatus(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+        )
+
+    def _lease(self) -> runner_pb2.LeaseRequest:
+        return runner_pb2.LeaseRequest(run_id=self.run_id, lease_id=self.lease_id)
+
+    async def _call(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call``, retried through transient failures while the lease lasts."""
+        if self.lost:
+            raise LeaseLost(f"{name}: run {self.run_id} is no longer ours to write")
+        delay = RETRY_FIRST
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code in _LOST:
+                    self.lost = True
+                    raise LeaseLost(f"{name}: {exc.details()}") from exc
+                if code not in _RETRYABLE:
+                    raise RunnerApiError(f"{name}: {code.name}: {exc.details()}") from exc
+                if self.lease_remaining <= delay:
+                    self.lost = True
+                    raise LeaseLost(f"{name}: the runner API did not answer within the lease ({code.name})") from exc
+                log.warning(
+                    "%s failed; retrying", name, extra={"run_id": self.run_id, "code": code.name, "delay": delay}
+                )
+            await asyncio.sleep(delay)
+            delay = min(RETRY_CAP, delay * 2)
+
+
+class RunnerApiError(RunplaneError):
+    """The runner API refused a call as malformed: a bug in the runner, not a lost lease."""
