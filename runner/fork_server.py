@@ -47,7 +47,7 @@ def _child(settings: Settings, run_id: int, token: str) -> None:
         os.dup2(devnull, 0)
         os.dup2(2, 1)  # stdout is the launcher's pipe: the run must never write into it
         os.close(devnull)
-        become_run_user(settings.runner.local_uid)
+        become_run_user(settings.runner, run_id)
         from runplane.tracing import setup_tracing, shutdown_tracing
 
         setup_tracing("runner", settings.otlp_endpoint)

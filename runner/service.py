@@ -37,7 +37,7 @@ from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
 from runplane.secrets import MASK
-from runplane.settings import Settings
+from runplane.settings import RunnerSettings, Settings
 from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
 
 log = logging.getLogger(__name__)
@@ -230,9 +230,18 @@ class Runner:
                 self._control.cancel_requested = True
 
 
-def become_run_user(uid: int) -> None:
-    """Switch to ``uid`` (as root; -1: stay). After the switch the kernel marks this process
-    non-dumpable, so even its own steps cannot read its memory, environment or open files."""
+def run_uid(runner: RunnerSettings, run_id: int) -> int:
+    """The uid a run's runner and steps use (``-1``: the launcher's own)."""
+    if runner.local_uid < 0:
+        return -1
+    return runner.local_uid + run_id % runner.local_uid_count
+
+
+def become_run_user(runner: RunnerSettings, run_id: int) -> None:
+    """Switch to the run's uid (only as root). After the switch the kernel marks this process
+    non-dumpable, so even its own steps cannot read its memory, environment or open files; the
+    control plane's processes (root) and other runs (other uids) are out of reach."""
+    uid = run_uid(runner, run_id)
     if uid < 0 or os.geteuid() != 0:
         return
     os.setgroups([])

@@ -16,7 +16,7 @@ from typing import Any
 
 from runplane import logs
 from runplane.errors import RunplaneError
-from runplane.settings import Settings
+from runplane.settings import RunnerSettings, Settings
 
 # command -> (module, function): async def serve(settings, stop) -> None
 SERVICES: dict[str, tuple[str, str]] = {
@@ -121,9 +121,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             setup_tracing("runner", settings.otlp_endpoint)
             run: Callable[[Settings, int, str], Coroutine[Any, Any, int]] = _entry("runner.service", "run")
             read_token: Callable[[str], str] = _entry("runner.service", "read_token")
-            become_run_user: Callable[[int], None] = _entry("runner.service", "become_run_user")
+            become_run_user: Callable[[RunnerSettings, int], None] = _entry("runner.service", "become_run_user")
             token = read_token(args.token_file)
-            become_run_user(settings.runner.local_uid)
+            become_run_user(settings.runner, args.run_id)
             try:
                 return asyncio.run(run(settings, args.run_id, token))
             finally:

@@ -99,8 +99,14 @@ class RunnerSettings(BaseModel):
     work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
     local_uid: int = Field(
         -1,
-        description="local launcher, started as root: the uid (and gid) runners switch to, so a step cannot read "
-        "the control plane's processes; -1 keeps the dispatcher's user (one trusted tenant only).",
+        description="local launcher, started as root: the first uid (and gid) runners switch to, so a step cannot "
+        "read the control plane's processes; -1 keeps the dispatcher's user (one trusted tenant only).",
+    )
+    local_uid_count: int = Field(
+        1,
+        ge=1,
+        description="How many uids from local_uid runs take turns on (run id modulo this): concurrent runs of "
+        "different uids cannot read each other's steps.",
     )
     retry_backoff_base: float = Field(10.0, description="First retry delay in seconds.")
     retry_backoff_cap: float = Field(600.0, description="Longest retry delay in seconds.")

@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 
 from runplane.run_tokens import new_run_token, run_token_hash
+from runplane.secrets import SecretBox
+from tests.conftest import TEST_SECRET_KEYS
 
 Conn = psycopg.Connection[Any]
 
@@ -36,11 +38,15 @@ def create_job(
     retry_max_attempts: int = 0,
     retry_on_step_failure: bool = False,
     threads: int = 4,
+    secrets: dict[str, str] | None = None,
 ) -> int:
+    """A job; ``secrets`` are secret variables, stored encrypted with the test keys as the API stores them."""
+    box = SecretBox.from_keys(TEST_SECRET_KEYS)
+    secret_environment = {name: box.encrypt(value) for name, value in (secrets or {}).items()}
     row = db.execute(
         """INSERT INTO jobs (account_id, name, job_type, steps, timeout_seconds, environment, retry_max_attempts,
-                             retry_on_step_failure, threads)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+                             retry_on_step_failure, threads, secret_environment)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
         (
             account_id,
             name,
@@ -51,6 +57,7 @@ def create_job(
             retry_max_attempts,
             retry_on_step_failure,
             threads,
+            json.dumps(secret_environment),
         ),
     ).fetchone()
     assert row is not None
