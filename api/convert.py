@@ -49,6 +49,7 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
             retry_on_step_failure=row["retry_on_step_failure"],
             missed_run_grace_seconds=row["missed_run_grace_seconds"],
             priority=row["priority"],
+            secret_names=sorted(row["secret_environment"]),
         ),
         active=row["deactivated_at"] is None,
         deactivation_reason=row["deactivation_reason"],

@@ -24,11 +24,11 @@ RETURNING id;
 INSERT INTO jobs (
     account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
-    missed_run_grace_seconds, priority
+    missed_run_grace_seconds, priority, secret_environment
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
-    %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s
+    %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s
 )
 RETURNING *;
 
@@ -84,6 +84,8 @@ UPDATE jobs SET
     git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,
     retry_on_step_failure = %(retry_on_step_failure)s, missed_run_grace_seconds = %(missed_run_grace_seconds)s,
     priority = %(priority)s,
+    -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
+    secret_environment = (secret_environment - %(unset_secrets)s::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
     version = version + 1, updated_at = now()
 WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL

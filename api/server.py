@@ -73,7 +73,7 @@ async def start_server(settings: Settings, *, port: int | None = None, runner_po
     pool = await open_pool(settings.database_url, min_size=1, max_size=POOL_SIZE, name="api")
     pickups = PickupPublisher(settings.amqp_url, Topology(settings.bus_prefix))
     try:
-        store = Store(pool)
+        store = Store(pool, box)
         server = grpc.aio.server(
             interceptors=[AuthInterceptor(store)],
             options=[

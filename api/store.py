@@ -17,7 +17,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
-from runplane.errors import ServiceUnavailable
+from runplane.errors import FailedPrecondition, ServiceUnavailable
+from runplane.secrets import SecretBox
 from runplane.sql import load_queries
 from runplane.types import AccountId, JobId, RunId, RunStatus
 
@@ -28,8 +29,11 @@ QUERIES = load_queries("api")
 
 
 class Store:
-    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
+    """``box`` encrypts secret variables on their way in; without it a job cannot set one."""
+
+    def __init__(self, pool: AsyncConnectionPool[Connection], box: SecretBox | None = None) -> None:
         self._pool = pool
+        self._box = box
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -65,10 +69,40 @@ class Store:
     async def insert_token(self, conn: Connection, *, account_id: AccountId, token_hash: bytes, prefix: str) -> None:
         await _execute(conn, "insert_token", account_id=account_id, token_hash=token_hash, token_prefix=prefix)
 
+    def _job_params(self, spec: JobSpec) -> dict[str, Any]:
+        return {
+            "name": spec.name,
+            "job_type": spec.job_type.value,
+            "steps": spec.steps,
+            "cron": spec.cron,
+            "timezone": spec.timezone,
+            "on_pull_request": spec.on_pull_request,
+            "on_merge": spec.on_merge,
+            "threads": spec.threads,
+            "timeout_seconds": spec.timeout_seconds,
+            "target_name": spec.target_name,
+            "environment": Jsonb(spec.environment),
+            "git_branch": spec.git_branch,
+            "retry_max_attempts": spec.retry_max_attempts,
+            "retry_on_step_failure": spec.retry_on_step_failure,
+            "missed_run_grace_seconds": spec.missed_run_grace_seconds,
+            "priority": spec.priority,
+            "set_secrets": Jsonb(self._sealed(spec.secrets)),
+            "unset_secrets": spec.unset_secrets,
+        }
+
+    def _sealed(self, secrets: dict[str, str]) -> dict[str, str]:
+        """Secret values as ciphertext: the database never sees them."""
+        if not secrets:
+            return {}
+        if self._box is None:
+            raise FailedPrecondition("secret variables need RUNPLANE_SECRET_KEYS on the API server")
+        return {name: self._box.encrypt(value) for name, value in secrets.items()}
+
     # jobs
 
     async def insert_job(self, conn: Connection, account_id: AccountId, spec: JobSpec) -> Row:
-        row = await _one(conn, "insert_job", account_id=account_id, **_job_params(spec))
+        row = await _one(conn, "insert_job", account_id=account_id, **self._job_params(spec))
         assert row is not None
         return row
 
@@ -111,7 +145,7 @@ class Store:
             )
 
     async def update_job(self, conn: Connection, account_id: AccountId, job_id: JobId, spec: JobSpec) -> Row:
-        row = await _one(conn, "update_job", account_id=account_id, job_id=job_id, **_job_params(spec))
+        row = await _one(conn, "update_job", account_id=account_id, job_id=job_id, **self._job_params(spec))
         assert row is not None, "the caller holds the job's row lock"
         return row
 
@@ -199,27 +233,6 @@ async def _database_errors() -> AsyncIterator[None]:
     except psycopg.OperationalError as exc:  # includes psycopg_pool.PoolTimeout
         log.warning("database unavailable: %s", exc)
         raise ServiceUnavailable("the database is unavailable; try again") from exc
-
-
-def _job_params(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "job_type": spec.job_type.value,
-        "steps": spec.steps,
-        "cron": spec.cron,
-        "timezone": spec.timezone,
-        "on_pull_request": spec.on_pull_request,
-        "on_merge": spec.on_merge,
-        "threads": spec.threads,
-        "timeout_seconds": spec.timeout_seconds,
-        "target_name": spec.target_name,
-        "environment": Jsonb(spec.environment),
-        "git_branch": spec.git_branch,
-        "retry_max_attempts": spec.retry_max_attempts,
-        "retry_on_step_failure": spec.retry_on_step_failure,
-        "missed_run_grace_seconds": spec.missed_run_grace_seconds,
-        "priority": spec.priority,
-    }
 
 
 async def _one(conn: Connection, query: str, **params: Any) -> Row | None:

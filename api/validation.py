@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from runplane.cron import validate_cron, validate_timezone
 from runplane.errors import InvalidArgument
+from runplane.secrets import is_secret_name
 from runplane.types import (
     JOB_TYPE_FROM_PROTO,
     TERMINAL_STATUSES,
@@ -98,6 +99,8 @@ class JobSpec:
     timeout_seconds: int = 0
     target_name: str = ""
     environment: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)  # DBT_ENV_SECRET_* to set (plaintext)
+    unset_secrets: list[str] = field(default_factory=list)  # DBT_ENV_SECRET_* sent empty: removed
     git_branch: str = ""
     retry_max_attempts: int = 0
     retry_on_step_failure: bool = False
@@ -185,7 +188,9 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS) or DEFAULT_THREADS,
         timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
         target_name=_match(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
-        environment=environment(dict(settings.environment), "settings.environment"),
+        environment=plain(checked := environment(dict(settings.environment), "settings.environment")),
+        secrets={k: v for k, v in checked.items() if is_secret_name(k) and v},
+        unset_secrets=sorted(k for k, v in checked.items() if is_secret_name(k) and not v),
         git_branch=git_branch(settings.git_branch, "settings.git_branch"),
         retry_max_attempts=bounded(settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS),
         retry_on_step_failure=settings.retry_on_step_failure,
@@ -204,6 +209,11 @@ def environment(env: dict[str, str], name: str) -> dict[str, str]:
             raise InvalidArgument(name, f"{key!r}: names starting with {_RESERVED_ENV_PREFIX} are reserved")
         text(value, f"{name}[{key}]", max_length=MAX_ENV_VALUE, single_line=False)
     return env
+
+
+def plain(env: dict[str, str]) -> dict[str, str]:
+    """The variables that are not secrets (secrets are stored apart, encrypted)."""
+    return {k: v for k, v in env.items() if not is_secret_name(k)}
 
 
 def git_branch(value: str, name: str) -> str:

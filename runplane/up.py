@@ -36,9 +36,7 @@ DEFAULT_METRICS_PORT = 9464  # the first service's; each next one takes the next
 def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher: str | None) -> list[Child]:
     """The processes ``up`` starts, each with its own metrics port (from RUNPLANE_METRICS_PORT, or 9464)."""
     base = os.environ.copy()
-    keys = settings.secret_keys.get_secret_value()
-    if keys:
-        base["RUNPLANE_SECRET_KEYS"] = keys
+    keys = base.pop("RUNPLANE_SECRET_KEYS", "") or settings.secret_keys.get_secret_value()
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
     exe = [sys.executable, "-m", "runplane"]
@@ -50,6 +48,8 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
     for index, name in enumerate(names):
         env = dict(base)
         env["RUNPLANE_METRICS_PORT"] = str((settings.metrics_port or DEFAULT_METRICS_PORT) + index)
+        if name == "api" and keys:  # only the API encrypts and decrypts secrets
+            env["RUNPLANE_SECRET_KEYS"] = keys
         command = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
         children.append(Child(name, [*exe, command], env))
     return children

@@ -140,6 +140,7 @@ class JobSettings(_message.Message):
     RETRY_ON_STEP_FAILURE_FIELD_NUMBER: _builtins.int
     MISSED_RUN_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    SECRET_NAMES_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     """exposed to steps as RUNPLANE_THREADS; 0 means 4"""
     timeout_seconds: _builtins.int
@@ -158,6 +159,13 @@ class JobSettings(_message.Message):
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """extra environment for every step"""
 
+    @_builtins.property
+    def secret_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Output only: the secret variables (DBT_ENV_SECRET_*) that are set. Their values are write-only:
+        set one by sending it in `environment`, unset it by sending it with an empty value; a secret
+        not sent keeps its value. Stored encrypted, given to runners only, masked in logs and artifacts.
+        """
+
     def __init__(
         self,
         *,
@@ -170,10 +178,11 @@ class JobSettings(_message.Message):
         retry_on_step_failure: _builtins.bool = ...,
         missed_run_grace_seconds: _builtins.int = ...,
         priority: _builtins.int = ...,
+        secret_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
