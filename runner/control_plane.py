@@ -59,6 +59,10 @@ class RunnerApi:
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                # Reconnect soon after an outage: the default backoff grows to minutes, past any lease.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
         self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)
@@ -81,7 +85,8 @@ class RunnerApi:
         request = runner_pb2.ClaimRequest(run_id=self.run_id, lease_id=self.lease_id)
         try:
             spec = await self._call(
-                "Claim", lambda: self._stub.Claim(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+                "Claim",
+                lambda: self._stub.Claim(request, metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True),
             )
         except LeaseLost as exc:
             log.info("run not claimed: %s", exc, extra={"run_id": self.run_id})
@@ -94,7 +99,10 @@ class RunnerApi:
         """Extend the lease; whether a cancel was requested."""
         requested_at = time.monotonic()
         response = await self._call(
-            "RenewLease", lambda: self._stub.RenewLease(self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT)
+            "RenewLease",
+            lambda: self._stub.RenewLease(
+                self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            ),
         )
         # Counted from when the call was sent: the server renewed no earlier than that.
         self._lease_until = requested_at + self._lease_seconds
@@ -103,7 +111,10 @@ class RunnerApi:
     async def read_cancel(self) -> bool:
         """Whether a cancel was requested (the lease must still be ours)."""
         response = await self._call(
-            "ReadCancel", lambda: self._stub.ReadCancel(self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT)
+            "ReadCancel",
+            lambda: self._stub.ReadCancel(
+                self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            ),
         )
         return bool(response.cancel_requested)
 
@@ -115,7 +126,8 @@ class RunnerApi:
             chunks=[runner_pb2.RunnerLogChunk(seq=s, step_index=i, text=t) for s, i, t in chunks],
         )
         await self._call(
-            "AppendLogs", lambda: self._stub.AppendLogs(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+            "AppendLogs",
+            lambda: self._stub.AppendLogs(request, metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True),
         )
 
     async def step_started(self, index: int) -> None:
@@ -137,7 +149,8 @@ class RunnerApi:
             run_id=self.run_id, lease_id=self.lease_id, step_index=step_index, path=path, content=content
         )
         await self._call(
-            "UploadArtifact", lambda: self._stub.UploadArtifact(request, metadata=self._metadata, timeout=60.0)
+            "UploadArtifact",
+            lambda: self._stub.UploadArtifact(request, metadata=self._metadata, timeout=60.0, wait_for_ready=True),
         )
 
     async def finish(self, outcome: Outcome) -> None:
@@ -149,13 +162,19 @@ class RunnerApi:
             message=outcome.message,
             failure=_FAILURE_KINDS[outcome.failure] if outcome.failure else runner_pb2.FAILURE_KIND_UNSPECIFIED,
         )
-        await self._call("Finish", lambda: self._stub.Finish(request, metadata=self._metadata, timeout=CALL_TIMEOUT))
+        await self._call(
+            "Finish",
+            lambda: self._stub.Finish(request, metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True),
+        )
         self.lost = True  # the token is spent: nothing more to write
 
     async def _set_step(self, request: runner_pb2.SetStepStatusRequest) -> None:
         request.run_id, request.lease_id = self.run_id, self.lease_id
         await self._call(
-            "SetStepStatus", lambda: self._stub.SetStepStatus(request, metadata=self._metadata, timeout=CALL_TIMEOUT)
+            "SetStepStatus",
+            lambda: self._stub.SetStepStatus(
+                request, metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            ),
         )
 
     def _lease(self) -> runner_pb2.LeaseRequest:
