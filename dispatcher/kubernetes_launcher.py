@@ -8,6 +8,7 @@ bounded backoff, then reported as retryable (with Retry-After when the API sent 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -15,7 +16,7 @@ import kubernetes.client
 
 from dispatcher import kubernetes_api
 from dispatcher.kubernetes_api import KubernetesApiError, RetryPolicy
-from dispatcher.kubernetes_pods import build_pod, pod_name
+from dispatcher.kubernetes_pods import build_pod, build_token_secret, pod_name
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.errors import LaunchError
 from runplane.settings import Settings
@@ -23,6 +24,7 @@ from runplane.settings import Settings
 log = logging.getLogger(__name__)
 
 CONFLICT = 409
+NOT_FOUND = 404
 
 
 class KubernetesLauncher:
@@ -45,14 +47,22 @@ class KubernetesLauncher:
         return self._cluster
 
     def pod_for(self, request: LaunchRequest) -> dict[str, Any]:
-        return build_pod(request, self._k8s, cluster=self._cluster, cancel_grace=self._settings.runner.cancel_grace)
+        return build_pod(
+            request,
+            self._k8s,
+            cluster=self._cluster,
+            cancel_grace=self._settings.runner.cancel_grace,
+            runner_api_address=self._settings.runner.api_address,
+        )
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
+        """The token's Secret first (the Pod mounts it), then the Pod, then the Pod owns the Secret."""
         pod = self.pod_for(request)
         name = pod_name(request.run_id, request.attempt)
         fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
         try:
-            await kubernetes_api.call(
+            await self._create_token_secret(request)
+            created = await kubernetes_api.call(
                 self._policy,
                 "create pod",
                 self._core.create_namespaced_pod,
@@ -65,12 +75,77 @@ class KubernetesLauncher:
             if exc.status == CONFLICT:
                 log.info("pod already exists; launched before", extra=fields)
                 return LaunchResult(cluster=self._cluster, pod_name=name)
+            if not exc.transient:
+                await self._delete_token_secret(name)
             log.warning("pod create failed", extra={**fields, "status": exc.status, "reason": exc.reason})
             raise LaunchError(
                 f"cluster {self._cluster}: {exc}", retryable=exc.transient, retry_after=exc.retry_after
             ) from exc
         log.info("pod created", extra={**fields, "cluster": self._cluster})
+        await self._secret_owned_by_pod(name, created)
         return LaunchResult(cluster=self._cluster, pod_name=name)
+
+    async def _create_token_secret(self, request: LaunchRequest) -> None:
+        if not request.token:
+            raise LaunchError(f"run {request.run_id} has no run token", retryable=False)
+        secret = build_token_secret(request, self._k8s, cluster=self._cluster)
+        try:
+            await kubernetes_api.call(
+                self._policy,
+                "create secret",
+                self._core.create_namespaced_secret,
+                self._k8s.namespace,
+                secret,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            if exc.status != CONFLICT:
+                raise
+            # Left by an earlier try of this launch: this launch's token is the one that counts.
+            await self._delete_token_secret(secret["metadata"]["name"])
+            await kubernetes_api.call(
+                self._policy,
+                "create secret",
+                self._core.create_namespaced_secret,
+                self._k8s.namespace,
+                secret,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+
+    async def _delete_token_secret(self, name: str) -> None:
+        try:
+            await kubernetes_api.call(
+                self._policy,
+                "delete secret",
+                self._core.delete_namespaced_secret,
+                name,
+                self._k8s.namespace,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            if exc.status != NOT_FOUND:
+                log.warning("token secret not deleted", extra={"pod": name, "status": exc.status})
+
+    async def _secret_owned_by_pod(self, name: str, created: Any) -> None:
+        """Make the Pod the token Secret's owner, so the Secret goes when the Pod goes (best effort)."""
+        try:
+            uid = json.loads(created.data)["metadata"]["uid"]
+            owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+            await kubernetes_api.call(
+                self._policy,
+                "patch secret",
+                self._core.patch_namespaced_secret,
+                name,
+                self._k8s.namespace,
+                {"metadata": {"ownerReferences": [owner]}},
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except (KubernetesApiError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("token secret not tied to its pod: %s", exc, extra={"pod": name})
 
     async def delete_pod(self, name: str) -> bool:
         """Delete one Pod in the runs namespace; False when it was already gone."""

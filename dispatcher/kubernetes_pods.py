@@ -25,6 +25,8 @@ CLUSTER = "runplane.dev/cluster"
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 CONTAINER = "runner"
 WORK_DIR = "/work"
+TOKEN_DIR = "/var/run/runplane"
+TOKEN_KEY = "token"
 
 # Waiting reasons after which a container will never start without a change to the Pod or cluster.
 _STUCK_WAITING = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"})
@@ -35,12 +37,28 @@ def pod_name(run_id: int, attempt: int) -> str:
     return f"runplane-run-{run_id}-{attempt}"
 
 
-def build_pod(
-    request: LaunchRequest, settings: KubernetesSettings, *, cluster: str, cancel_grace: float
-) -> dict[str, Any]:
-    """The Pod manifest that runs ``runplane runner --run-id N`` for one launch of a run."""
-    memory = f"{request.memory_mb}Mi"
-    labels = {
+def build_token_secret(request: LaunchRequest, settings: KubernetesSettings, *, cluster: str) -> dict[str, Any]:
+    """The per-launch Secret holding the run's token; the Pod mounts it as a file (never an env var).
+
+    Named like the Pod; once the Pod exists it becomes the Secret's owner, so deleting the Pod
+    deletes the token with it.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": pod_name(request.run_id, request.attempt),
+            "namespace": settings.namespace,
+            "labels": _labels(request, cluster),
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {TOKEN_KEY: request.token},
+    }
+
+
+def _labels(request: LaunchRequest, cluster: str) -> dict[str, str]:
+    return {
         MANAGED_BY: MANAGER,
         "app.kubernetes.io/name": "runplane-runner",
         RUN_ID: str(request.run_id),
@@ -49,17 +67,30 @@ def build_pod(
         ATTEMPT: str(request.attempt),
         CLUSTER: _label_value(cluster),
     }
+
+
+def build_pod(
+    request: LaunchRequest, settings: KubernetesSettings, *, cluster: str, cancel_grace: float, runner_api_address: str
+) -> dict[str, Any]:
+    """The Pod manifest that runs ``runplane runner --run-id N`` for one launch of a run.
+
+    It holds no control-plane credential: the runner knows the runner API's address and reads the
+    run's token from the per-launch Secret mounted read-only at ``/var/run/runplane/token``.
+    """
+    memory = f"{request.memory_mb}Mi"
+    labels = _labels(request, cluster)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["runplane", "runner", "--run-id", str(request.run_id)],
+        "command": ["runplane", "runner", "--run-id", str(request.run_id), "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"],
         "env": [
             # The root filesystem is read-only: dbt and the runner write under the work volume.
             {"name": "HOME", "value": WORK_DIR},
             {"name": "TMPDIR", "value": WORK_DIR},
             {"name": "RUNPLANE_RUNNER__WORK_DIR", "value": WORK_DIR},
             {"name": "RUNPLANE_LOG_FORMAT", "value": "json"},
+            {"name": "RUNPLANE_RUNNER__API_ADDRESS", "value": runner_api_address},
         ],
         "envFrom": [{"secretRef": {"name": secret}} for secret in settings.env_from_secrets],
         "resources": {
@@ -73,11 +104,14 @@ def build_pod(
             "runAsUser": settings.run_as_user,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "work", "mountPath": WORK_DIR}],
+        "volumeMounts": [
+            {"name": "work", "mountPath": WORK_DIR},
+            {"name": "run-token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,  # the runner talks to Postgres only
+        "automountServiceAccountToken": False,  # the runner talks to the runner API only
         "terminationGracePeriodSeconds": int(cancel_grace) + 5,
         "securityContext": {
             "runAsNonRoot": True,
@@ -87,7 +121,17 @@ def build_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [{"name": "work", "emptyDir": {}}],
+        "volumes": [
+            {"name": "work", "emptyDir": {}},
+            {
+                "name": "run-token",
+                "secret": {
+                    "secretName": pod_name(request.run_id, request.attempt),
+                    "defaultMode": 0o400,
+                    "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}],
+                },
+            },
+        ],
     }
     if request.timeout_seconds > 0:
         spec["activeDeadlineSeconds"] = request.timeout_seconds + settings.deadline_slack_seconds

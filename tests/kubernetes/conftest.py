@@ -43,4 +43,5 @@ def client_config(url: object) -> kubernetes.client.Configuration:
 @pytest.fixture
 def kube_url(kmock: Any) -> str:
     kmock.resources["v1/pods"] = {}  # the emulator lists pods even before one exists
+    kmock.resources["v1/secrets"] = {}  # each launch's token
     return str(kmock.url).rstrip("/")

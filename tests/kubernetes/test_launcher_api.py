@@ -24,9 +24,27 @@ from runplane.types import AccountId, JobId, RunId
 from tests.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
 REQUEST = LaunchRequest(
-    run_id=RunId(7), job_id=JobId(70), account_id=AccountId(700), attempt=1, memory_mb=512, timeout_seconds=300
+    run_id=RunId(7),
+    job_id=JobId(70),
+    account_id=AccountId(700),
+    attempt=1,
+    memory_mb=512,
+    timeout_seconds=300,
+    token="rpr_the-token-of-run-7",
 )
+
+
+def _pods(kmock: Any) -> list[str]:
+    return [name for (resource, _, name) in kmock.objects if resource.plural == "pods"]
+
+
+def _secrets_accepted(kmock: Any) -> None:
+    """Scripted answers for the token Secret a launch creates, then ties to its Pod."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "runplane-run-7-1"}}
+    kmock[f"post {SECRETS}"] << 201 << secret
+    kmock[f"patch {SECRETS}/runplane-run-7-1"] << 200 << secret
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -48,22 +66,24 @@ async def test_create_records_cluster_and_pod_and_stores_the_built_pod(
     assert (result.cluster, result.pod_name) == ("east", "runplane-run-7-1")
     stored = kmock.objects[kmock.resource("v1/pods"), NAMESPACE, "runplane-run-7-1"]
     assert stored.raw == launcher.pod_for(REQUEST)
+    token = kmock.objects[kmock.resource("v1/secrets"), NAMESPACE, "runplane-run-7-1"]
+    assert token.raw["stringData"] == {"token": REQUEST.token}  # the Pod mounts it; its spec never holds it
 
 
 async def test_duplicate_create_answers_409_and_counts_as_launched(launcher: KubernetesLauncher, kmock: Any) -> None:
     first = await launcher.launch(REQUEST)
     second = await launcher.launch(REQUEST)
     assert first == second
-    creates = list(kmock["post"])
+    creates = [r for r in kmock["post"] if r.url.path == PODS]
     assert len(creates) == 2  # the second really reached the API and got 409
-    assert len(list(kmock.objects)) == 1
+    assert _pods(kmock) == ["runplane-run-7-1"]
 
 
 async def test_a_new_attempt_is_a_new_pod(launcher: KubernetesLauncher, kmock: Any) -> None:
     await launcher.launch(REQUEST)
     result = await launcher.launch(LaunchRequest(**{**REQUEST.__dict__, "attempt": 2}))
     assert result.pod_name == "runplane-run-7-2"
-    assert len(list(kmock.objects)) == 2
+    assert _pods(kmock) == ["runplane-run-7-1", "runplane-run-7-2"]
 
 
 async def test_list_by_label_and_delete(launcher: KubernetesLauncher, kmock: Any, kube_url: str) -> None:
@@ -106,6 +126,7 @@ async def test_rejections_fail_the_run_with_the_reason(
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_429_honours_retry_after_then_succeeds(kmock: Any) -> None:
+    _secrets_accepted(kmock)
     create = kmock[f"post {PODS}"]
     throttled = create[:1] << 429 << {"Retry-After": "1"} << _status(429, "TooManyRequests", "slow down")
     created = create << 201 << {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runplane-run-7-1"}}
@@ -123,6 +144,7 @@ async def test_429_honours_retry_after_then_succeeds(kmock: Any) -> None:
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_429_longer_than_a_launch_may_wait_defers_with_retry_after(kmock: Any) -> None:
+    _secrets_accepted(kmock)
     throttled = kmock[f"post {PODS}"] << 429 << {"Retry-After": "30"} << _status(429, "TooManyRequests", "slow")
     launcher = KubernetesLauncher(k8s_settings(api_backoff_cap=2.0), configuration=client_config(kmock.url))
     try:
@@ -136,6 +158,7 @@ async def test_429_longer_than_a_launch_may_wait_defers_with_retry_after(kmock: 
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_5xx_is_retried_with_backoff_then_succeeds(kmock: Any) -> None:
+    _secrets_accepted(kmock)
     create = kmock[f"post {PODS}"]
     failing = create[:2] << 500 << _status(500, "InternalError", "etcdserver: request timed out")
     created = create << 201 << {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runplane-run-7-1"}}
@@ -150,6 +173,7 @@ async def test_5xx_is_retried_with_backoff_then_succeeds(kmock: Any) -> None:
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_5xx_that_persists_is_a_retryable_launch_error_after_bounded_attempts(kmock: Any) -> None:
+    _secrets_accepted(kmock)
     failing = kmock[f"post {PODS}"] << 503 << _status(503, "ServiceUnavailable", "apiserver is shutting down")
     launcher = KubernetesLauncher(k8s_settings(api_attempts=3), configuration=client_config(kmock.url))
     try:
@@ -212,7 +236,7 @@ async def test_dropped_connection_is_retried_then_succeeds() -> None:
         finally:
             await launcher.close()
     assert result.pod_name == "runplane-run-7-1"
-    assert server.requests == 2
+    assert server.requests == 3  # the token Secret (dropped once, then created), then the Pod
 
 
 async def test_connection_that_keeps_dropping_is_a_retryable_launch_error() -> None:
@@ -232,6 +256,7 @@ async def test_clusters_record_their_own_name(kmock: Any, kube_url: str) -> None
     """Two dispatchers, two clusters: each launch lands in its own API server and names its cluster."""
     async with kmocklib.KubernetesEmulator() as west_api, kmocklib.Server(west_api) as west_server:
         west_api.resources["v1/pods"] = {}
+        west_api.resources["v1/secrets"] = {}
         east = KubernetesLauncher(k8s_settings("east"), configuration=client_config(kube_url))
         west = KubernetesLauncher(k8s_settings("west"), configuration=client_config(west_server.url))
         try:
@@ -241,7 +266,7 @@ async def test_clusters_record_their_own_name(kmock: Any, kube_url: str) -> None
             await east.close()
             await west.close()
         assert (a.cluster, b.cluster) == ("east", "west")
-        assert [key[2] for key in kmock.objects] == ["runplane-run-7-1"]
-        assert [key[2] for key in west_api.objects] == ["runplane-run-8-1"]
+        assert _pods(kmock) == ["runplane-run-7-1"]
+        assert _pods(west_api) == ["runplane-run-8-1"]
         west_pod = west_api.objects[kmock.resource("v1/pods"), NAMESPACE, "runplane-run-8-1"]
         assert west_pod.raw["metadata"]["labels"]["runplane.dev/cluster"] == "west"

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
-from dispatcher.kubernetes_pods import PodState, build_pod, pod_name, view_pod
+from dispatcher.kubernetes_pods import PodState, build_pod, build_token_secret, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
 from runplane.settings import KubernetesSettings
 from runplane.types import AccountId, JobId, RunId
 from tests.kubernetes.conftest import KUBE_VERSION
 
 REQUEST = LaunchRequest(
-    run_id=RunId(42), job_id=JobId(7), account_id=AccountId(3), attempt=2, memory_mb=1536, timeout_seconds=600
+    run_id=RunId(42),
+    job_id=JobId(7),
+    account_id=AccountId(3),
+    attempt=2,
+    memory_mb=1536,
+    timeout_seconds=600,
+    token="rpr_token-of-run-42",
 )
+RUNNER_API = "runplane-api.runplane.svc:50052"
 
 SETTINGS_VARIANTS = {
     "defaults": KubernetesSettings(),
@@ -29,13 +37,13 @@ SETTINGS_VARIANTS = {
             {"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
         ],
         image_pull_secrets=["registry-credentials"],
-        env_from_secrets=["runplane-urls", "warehouse-credentials"],
+        env_from_secrets=["warehouse-credentials"],
     ),
 }
 
 
 def _build(settings: KubernetesSettings, request: LaunchRequest = REQUEST, cluster: str = "eu-west") -> dict[str, Any]:
-    return build_pod(request, settings, cluster=cluster, cancel_grace=10.0)
+    return build_pod(request, settings, cluster=cluster, cancel_grace=10.0, runner_api_address=RUNNER_API)
 
 
 @pytest.mark.parametrize("variant", sorted(SETTINGS_VARIANTS))
@@ -76,14 +84,11 @@ def test_pod_runs_the_runner_for_the_run_as_promised() -> None:
     }
     assert spec["restartPolicy"] == "Never"
     assert spec["activeDeadlineSeconds"] == 600 + settings.deadline_slack_seconds
-    assert container["command"] == ["runplane", "runner", "--run-id", "42"]
+    assert container["command"] == ["runplane", "runner", "--run-id", "42", "--token-file", "/var/run/runplane/token"]
     assert container["image"] == "registry.example.com/runplane-runner:1.2.3"
     assert container["resources"]["requests"]["memory"] == "1536Mi"
     assert container["resources"]["limits"] == {"memory": "1536Mi"}
-    assert container["envFrom"] == [
-        {"secretRef": {"name": "runplane-urls"}},
-        {"secretRef": {"name": "warehouse-credentials"}},
-    ]
+    assert container["envFrom"] == [{"secretRef": {"name": "warehouse-credentials"}}]
     assert spec["serviceAccountName"] == "runplane-runner"
     assert spec["nodeSelector"] == {"pool": "runs", "kubernetes.io/arch": "amd64"}
     assert spec["tolerations"][1]["tolerationSeconds"] == 60
@@ -92,6 +97,29 @@ def test_pod_runs_the_runner_for_the_run_as_promised() -> None:
     assert container["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("variant", sorted(SETTINGS_VARIANTS))
+def test_the_pod_holds_no_credential_and_reads_its_token_from_a_mounted_secret(variant: str) -> None:
+    settings = SETTINGS_VARIANTS[variant]
+    pod = _build(settings)
+    (container,) = pod["spec"]["containers"]
+    text = json.dumps(pod)
+    assert REQUEST.token not in text  # the token is in the Secret only, never in the Pod spec
+    for credential in ("DATABASE_URL", "REDIS_URL", "AMQP_URL", "SECRET_KEYS", "postgresql://", "amqp://", "redis://"):
+        assert credential not in text
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RUNPLANE_RUNNER__API_ADDRESS"] == RUNNER_API
+    assert {"name": "run-token", "mountPath": "/var/run/runplane", "readOnly": True} in container["volumeMounts"]
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "run-token"]
+    assert volume["secret"]["secretName"] == pod["metadata"]["name"]
+    assert volume["secret"]["defaultMode"] == 0o400
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    secret = build_token_secret(REQUEST, settings, cluster="eu-west")
+    assert secret["stringData"] == {"token": REQUEST.token} and secret["immutable"] is True
+    assert secret["metadata"]["name"] == pod["metadata"]["name"]
+    kubernetes_validate.validate(secret, KUBE_VERSION, strict=True)
 
 
 def test_no_timeout_means_no_deadline_and_optional_fields_are_omitted() -> None:

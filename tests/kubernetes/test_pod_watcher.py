@@ -23,6 +23,7 @@ from dispatcher.kubernetes_outcomes import PostgresPodOutcomes
 from dispatcher.kubernetes_watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.db import open_pool
+from runplane.run_tokens import new_run_token
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
 from tests.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
@@ -41,7 +42,11 @@ class Cluster:
     watcher: PodWatcher
 
     def pod_names(self) -> set[str]:
-        return {name for (_, _, name), obj in self.kmock.objects.items() if not obj.deleted}
+        return {
+            name
+            for (resource, _, name), obj in self.kmock.objects.items()
+            if not obj.deleted and resource.plural == "pods"
+        }
 
     async def set_status(self, name: str, status: dict[str, Any]) -> None:
         async with (
@@ -67,7 +72,7 @@ async def cluster(kmock: Any, kube_url: str, database_url: str) -> AsyncIterator
         await asyncio.wait_for(task, timeout=5)
         assert time.monotonic() - started < 3  # stopping closes the watch socket: no wait for a timeout
         # The emulator's watch handlers notice a closed client only when they next write: give them an event.
-        await launcher.launch(LaunchRequest(RunId(10**9), JobId(1), AccountId(1), 1, 64, 0))
+        await launcher.launch(LaunchRequest(RunId(10**9), JobId(1), AccountId(1), 1, 64, 0, token=new_run_token()))
 
     finally:
         if not task.done():
@@ -97,7 +102,9 @@ def _run(db: Db, status: RunStatus, *, launch_attempts: int = 0) -> RunId:
 
 async def _launch(cluster: Cluster, db: Db, run_id: RunId, *, attempt: int = 1) -> str:
     """Launch as the dispatcher would, and record the cluster and Pod on the run."""
-    request = LaunchRequest(run_id, JobId(1), AccountId(1), attempt=attempt, memory_mb=512, timeout_seconds=0)
+    request = LaunchRequest(
+        run_id, JobId(1), AccountId(1), attempt=attempt, memory_mb=512, timeout_seconds=0, token=new_run_token()
+    )
     result = await cluster.launcher.launch(request)
     db.execute("UPDATE runs SET cluster = %s, pod_name = %s WHERE id = %s", (result.cluster, result.pod_name, run_id))
     return result.pod_name
