@@ -1,7 +1,7 @@
 """``PodOutcomes`` on Postgres: what the Pod watcher does to runs, as compare-and-set SQL.
 
 Statements live in ``kubernetes_queries.sql``. A run ended here goes through
-:func:`runplane.outcomes.finish_run` like every other run's end (failure counts, deactivation,
+:func:`runplane.runs.finish.finish_run` like every other run's end (failure counts, deactivation,
 retries, completion triggers); the scheduler loop's next pass publishes the pickups that follow.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, finish_run
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, finish_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunId, RunStatus

@@ -50,18 +50,6 @@ UPDATE runs r
   FROM unnest(%(ids)s::bigint[], %(pod_names)s::text[], %(clusters)s::text[]) AS v(id, pod_name, cluster)
  WHERE r.id = v.id AND r.status IN (2, 3)
 
--- name: requeue_for_relaunch
--- Back to queued after a failed or lost launch; launch_attempts keeps counting.
-UPDATE runs
-   SET status = 1,
-       dispatched_at = NULL,
-       pod_name = '',
-       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
-       waiting_reason = 'launch_backoff',
-       status_message = %(message)s
- WHERE id = %(run_id)s AND status = 2 AND launch_attempts = %(launch_attempts)s
-RETURNING id
-
 -- name: accounts_with_due_runs
 SELECT DISTINCT account_id
   FROM runs

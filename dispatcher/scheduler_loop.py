@@ -15,14 +15,14 @@ import time
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
-from dispatcher.relaunch import launch_failed
 from dispatcher.run_metrics import observe_runs
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.outcomes import RUNNER_LOST, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.finish import RUNNER_LOST, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms
+from runplane.runs.relaunch import launch_failed
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop

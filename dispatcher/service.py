@@ -27,15 +27,15 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launchers import companion, make_launcher
 from dispatcher.local_launcher import LocalLauncher
-from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
-from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
+from runplane.runs.finish import Outcome, RetryPolicy, finish_run, publish_pickups
+from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms
+from runplane.runs.relaunch import launch_failed
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn

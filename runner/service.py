@@ -7,7 +7,7 @@
    steps are killed and the runner leaves without writing anything.
 3. Steps run in order in a per-run working directory, their output streamed into log chunks and
    ``target/*.json`` stored as artifacts after each one.
-4. The outcome is written with a compare-and-set on the lease owner (``runplane.outcomes``).
+4. The outcome is written with a compare-and-set on the lease owner (``runplane.runs.finish``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from runplane import tracing
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus

@@ -1,11 +1,11 @@
-"""Ending runs (runplane.outcomes) on the real Postgres: failures, deactivation, triggers, retries."""
+"""Ending runs (runplane.runs.finish) on the real Postgres: failures, deactivation, triggers, retries."""
 
 from __future__ import annotations
 
 import pytest
 
 from runplane.db import open_pool
-from runplane.outcomes import (
+from runplane.runs.finish import (
     DEACTIVATE_AFTER_FAILURES,
     FailureKind,
     Outcome,

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
-from dispatcher.pending_pickups import PendingPickups
 from dispatcher.scheduler_loop import SchedulerLoop
 from runplane.bus import AmqpBus, Topology
 from runplane.db import open_pool
+from runplane.runs.pickups import PendingPickups
 from runplane.settings import Settings
 from runplane.types import RunStatus
 from tests.dispatch.processes import free_port

@@ -13,14 +13,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from runplane.bus import Bus
 from runplane.db import Connection
-from runplane.outcomes import FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.finish import FailureKind, Outcome, RetryPolicy, end_run
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("dispatcher")
+Q = load_queries("runplane.runs", "transitions.sql")
 
 
 def relaunch_delay(settings: Settings, launch_attempts: int, retry_after: float | None = None) -> float:

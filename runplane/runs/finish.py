@@ -46,7 +46,7 @@ from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("runplane.sql", "outcomes.sql")
+Q = load_queries("runplane.runs", "transitions.sql")
 
 DEACTIVATE_AFTER_FAILURES = 100
 MEMORY_LIMIT_ERROR = "memory limit error"

@@ -1,4 +1,4 @@
--- Ending a run (runplane/outcomes.py). Every statement runs inside one transaction.
+-- A run's status transitions (runplane/runs/). Every statement runs inside one transaction.
 
 -- name: finish_run
 -- Compare-and-set from a non-terminal status; with a lease owner, only that runner may end it;
@@ -65,3 +65,15 @@ SELECT j.account_id, j.id, j.job_type, 'completion',
 ORDER BY j.id
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id, account_id
+
+-- name: requeue_for_relaunch
+-- Back to queued after a failed or lost launch; launch_attempts keeps counting.
+UPDATE runs
+   SET status = 1,
+       dispatched_at = NULL,
+       pod_name = '',
+       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
+       waiting_reason = 'launch_backoff',
+       status_message = %(message)s
+ WHERE id = %(run_id)s AND status = 2 AND launch_attempts = %(launch_attempts)s
+RETURNING id
