@@ -23,7 +23,7 @@ SERVICES: dict[str, tuple[str, str]] = {
     "api": ("api.server", "serve"),
     "orchestrator": ("orchestrator.service", "serve"),
     "queuer-worker": ("queuer_worker.service", "serve"),
-    "scheduler": ("dispatcher.scheduler_loop", "serve"),
+    "scheduler": ("scheduler.loop", "serve"),
     "dispatcher": ("dispatcher.service", "serve"),
 }
 

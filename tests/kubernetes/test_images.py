@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 from runplane.cli import _parser
 
-DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "deploy" / "docker"
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -46,7 +48,9 @@ def test_control_plane_image_is_python_311_slim_and_installs_every_package() -> 
     froms = [value for key, value in instructions(path) if key == "FROM"]
     assert all(value.split()[0] == "python:3.11-slim" for value in froms)
     copied = {shlex.split(value)[0] for key, value in instructions(path) if key == "COPY" and "--from" not in value}
-    assert {"runplane", "api", "orchestrator", "queuer_worker", "dispatcher", "runner"} <= copied
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied
 
 
 def test_runner_image_pins_dbt_and_its_command_parses() -> None:

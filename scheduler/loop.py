@@ -15,7 +15,6 @@ import time
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.run_metrics import observe_runs
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
@@ -28,10 +27,11 @@ from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
 from runplane.types import RunStatus
 from runplane.v1 import bus_pb2
+from scheduler.metrics import observe_runs
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("dispatcher")
+Q = load_queries("scheduler")
 
 REAP_BATCH = 500
 PUBLISH_CONCURRENCY = 64

@@ -8,8 +8,8 @@ from collections import Counter
 import psycopg
 import pytest
 
-from dispatcher import run_metrics
 from runplane.db import open_pool
+from scheduler import metrics
 
 Db = psycopg.Connection[tuple[object, ...]]
 
@@ -41,17 +41,17 @@ async def test_each_event_is_recorded_once_across_racing_loops(
     def record(row: dict[str, object]) -> None:
         before = int(row["before"])  # type: ignore[call-overload]
         key = str(row["status"])
-        if not before & run_metrics.QUEUED:
+        if not before & metrics.QUEUED:
             events[("queued", key)] += 1
-        if not before & run_metrics.STARTED and row["started_at"] is not None:
+        if not before & metrics.STARTED and row["started_at"] is not None:
             events[("started", key)] += 1
-        if not before & run_metrics.FINISHED and row["finished_at"] is not None:
+        if not before & metrics.FINISHED and row["finished_at"] is not None:
             events[("finished", key)] += 1
 
-    monkeypatch.setattr(run_metrics, "record", record)
+    monkeypatch.setattr(metrics, "record", record)
     pools = [await open_pool(database_url, max_size=2) for _ in range(2)]
     try:
-        await asyncio.gather(*(run_metrics.observe_runs(pool, batch=1) for pool in pools))
+        await asyncio.gather(*(metrics.observe_runs(pool, batch=1) for pool in pools))
         assert events == {
             ("queued", "1"): 1, ("queued", "3"): 1, ("queued", "10"): 1, ("queued", "30"): 1,
             ("started", "3"): 1, ("started", "10"): 1,
@@ -60,9 +60,9 @@ async def test_each_event_is_recorded_once_across_racing_loops(
         # The running run finishes later: only its finish is new.
         db.execute("UPDATE runs SET status = 20, finished_at = now() WHERE idempotency_key = 'r'")
         events.clear()
-        assert await run_metrics.observe_runs(pools[0]) == 1
+        assert await metrics.observe_runs(pools[0]) == 1
         assert events == {("finished", "20"): 1}
-        assert await run_metrics.observe_runs(pools[1]) == 0
+        assert await metrics.observe_runs(pools[1]) == 0
         unfinished = db.execute("SELECT idempotency_key, observed FROM runs WHERE observed <> 7").fetchall()
         assert unfinished == [("q", 1)]
     finally:

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
-from dispatcher.scheduler_loop import SchedulerLoop
 from runplane.bus import AmqpBus, Topology
 from runplane.db import open_pool
 from runplane.runs.pickups import PendingPickups
 from runplane.settings import Settings
 from runplane.types import RunStatus
+from scheduler.loop import SchedulerLoop
 from tests.dispatch.processes import free_port
 from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
 

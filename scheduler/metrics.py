@@ -22,7 +22,7 @@ from runplane.db import Connection
 from runplane.sql import load_queries
 from runplane.types import RunStatus
 
-Q = load_queries("dispatcher", "run_metrics.sql")
+Q = load_queries("scheduler", "metrics.sql")
 
 BATCH = 2000
 QUEUED, STARTED, FINISHED = 1, 2, 4
