@@ -25,7 +25,7 @@ from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
-from dispatcher.launchers import companion, make_launcher
+from dispatcher.launcher_choice import companion, make_launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing

@@ -149,7 +149,7 @@ async def test_a_failed_launch_is_retried_with_backoff_then_fails_the_run(
 
 
 def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
-    from dispatcher.launchers import companion, make_launcher
+    from dispatcher.launcher_choice import companion, make_launcher
     from dispatcher.local_launcher import LocalLauncher
     from dispatcher.noop_launcher import NoopLauncher
     from runplane.errors import InvalidArgument

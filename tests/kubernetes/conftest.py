@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from dispatcher.kubernetes_api import without_client_retries
+from dispatcher.kubernetes.api import without_client_retries
 from runplane.settings import DispatcherSettings, KubernetesSettings, SchedulerSettings, Settings
 
 NAMESPACE = "runs"

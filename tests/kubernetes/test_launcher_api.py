@@ -17,7 +17,7 @@ from typing import Any
 import kmock as kmocklib
 import pytest
 
-from dispatcher.kubernetes_launcher import KubernetesLauncher
+from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.launcher import LaunchRequest
 from runplane.errors import LaunchError
 from runplane.types import AccountId, JobId, RunId

@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dispatcher.kubernetes_pods import PodState, build_pod, pod_name, view_pod
+from dispatcher.kubernetes.pods import PodState, build_pod, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
 from runplane.settings import KubernetesSettings
 from runplane.types import AccountId, JobId, RunId

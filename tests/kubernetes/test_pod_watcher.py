@@ -18,9 +18,9 @@ import aiohttp
 import psycopg
 import pytest
 
-from dispatcher.kubernetes_launcher import KubernetesLauncher
-from dispatcher.kubernetes_outcomes import PostgresPodOutcomes
-from dispatcher.kubernetes_watch import PodWatcher
+from dispatcher.kubernetes.launcher import KubernetesLauncher
+from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.db import open_pool
 from runplane.settings import Settings

@@ -16,7 +16,7 @@ from typing import Any
 import kmock as kmocklib
 import pytest
 
-from dispatcher.kubernetes_watch import PodWatcher
+from dispatcher.kubernetes.watch import PodWatcher
 from runplane.types import RunId
 from tests.kubernetes.conftest import client_config, k8s_settings
 

@@ -3,7 +3,7 @@
 ``PodWatcher.run(stop)`` lists the Pods runplane manages (by the managed-by label), then watches
 from the list's resourceVersion, resuming from the last version it saw after each server-side
 timeout and relisting when the API answers 410 Gone. Each Pod is reconciled against its run
-through ``PodOutcomes`` (Postgres in production, see ``kubernetes_outcomes``):
+through ``PodOutcomes`` (Postgres in production, see ``outcomes``):
 
 - OOMKilled → the run ends with "memory limit error";
 - evicted, failed, or stuck before its container started → if the runner never claimed the run,
@@ -30,9 +30,9 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from dispatcher import kubernetes_api
-from dispatcher.kubernetes_api import KubernetesApiError, RetryPolicy
-from dispatcher.kubernetes_pods import SELECTOR, PodState, PodView, view_pod
+from dispatcher.kubernetes import api as kubernetes_api
+from dispatcher.kubernetes.api import KubernetesApiError, RetryPolicy
+from dispatcher.kubernetes.pods import SELECTOR, PodState, PodView, view_pod
 from runplane import supervise
 from runplane.settings import Settings
 from runplane.types import RunId

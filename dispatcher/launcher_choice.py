@@ -25,7 +25,7 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
             return NoopLauncher(settings.database_url, settings.dispatcher.cluster)
         case "kubernetes":
             # Imported only when chosen: the Kubernetes client is heavy.
-            from dispatcher.kubernetes_launcher import KubernetesLauncher
+            from dispatcher.kubernetes.launcher import KubernetesLauncher
 
             return KubernetesLauncher(settings)
     raise InvalidArgument("dispatcher.launcher", f"unknown launcher {name!r}: local, noop or kubernetes")
@@ -37,7 +37,7 @@ def companion(
     """The background work a launcher needs beside the dispatcher: the Pod watcher for Kubernetes."""
     if settings.dispatcher.launcher != "kubernetes":
         return None
-    from dispatcher.kubernetes_outcomes import PostgresPodOutcomes
-    from dispatcher.kubernetes_watch import PodWatcher
+    from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+    from dispatcher.kubernetes.watch import PodWatcher
 
     return PodWatcher(settings, PostgresPodOutcomes(pool, settings)).run(stop)

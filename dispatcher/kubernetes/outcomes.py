@@ -1,6 +1,6 @@
 """``PodOutcomes`` on Postgres: what the Pod watcher does to runs, as compare-and-set SQL.
 
-Statements live in ``kubernetes_queries.sql``. A run ended here goes through
+Statements live in ``queries.sql``. A run ended here goes through
 :func:`runplane.runs.finish.finish_run` like every other run's end (failure counts, deactivation,
 retries, completion triggers); the scheduler loop's next pass publishes the pickups that follow.
 """
@@ -17,7 +17,7 @@ from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunId, RunStatus
 
-QUERIES = load_queries("dispatcher", "kubernetes_queries.sql")
+QUERIES = load_queries("dispatcher.kubernetes")
 
 
 class PostgresPodOutcomes:

@@ -13,9 +13,9 @@ from typing import Any
 
 import kubernetes.client
 
-from dispatcher import kubernetes_api
-from dispatcher.kubernetes_api import KubernetesApiError, RetryPolicy
-from dispatcher.kubernetes_pods import build_pod, pod_name
+from dispatcher.kubernetes import api as kubernetes_api
+from dispatcher.kubernetes.api import KubernetesApiError, RetryPolicy
+from dispatcher.kubernetes.pods import build_pod, pod_name
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.errors import LaunchError
 from runplane.settings import Settings
