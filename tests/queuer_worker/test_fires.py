@@ -24,7 +24,8 @@ import pytest
 from runplane.bus import Topology, decode
 from runplane.settings import Settings
 from runplane.v1 import bus_pb2
-from tests.queuer.support import (
+from tests.orchestrator.test_ownership import NEVER_SOON, all_claimed, within, workers_agree
+from tests.support.queuer import (
     FAST,
     Cluster,
     Db,
@@ -36,7 +37,6 @@ from tests.queuer.support import (
     update_job,
     wait_for,
 )
-from tests.queuer.test_ownership import NEVER_SOON, all_claimed, within, workers_agree
 
 pytestmark = pytest.mark.slow
 

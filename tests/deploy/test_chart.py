@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.kubernetes.conftest import KUBE_VERSION
+from tests.dispatcher.kubernetes.conftest import KUBE_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "runplane"

@@ -16,7 +16,7 @@ from runplane.db import open_pool
 from runplane.settings import Settings
 from runplane.stamps import Stamp
 from runplane.v1 import bus_pb2
-from tests.queuer.support import Db, delete_queues, insert_jobs, wait_for
+from tests.support.queuer import Db, delete_queues, insert_jobs, wait_for
 
 NEVER_SOON = "0 0 1 1 *"
 

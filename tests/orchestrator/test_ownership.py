@@ -12,7 +12,7 @@ import pytest
 from orchestrator.leadership import LEADER_LOCK_KEY
 from queuer_worker.heap import job_digest
 from runplane.settings import Settings
-from tests.queuer.support import Cluster, Db, claimed_counts, insert_jobs, ownership, wait_for
+from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 
 from dispatcher.kubernetes.watch import PodWatcher
 from runplane.types import RunId
-from tests.kubernetes.conftest import client_config, k8s_settings
+from tests.dispatcher.kubernetes.conftest import client_config, k8s_settings
 
 
 class RecordedOutcomes:

@@ -21,7 +21,7 @@ from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.launcher import LaunchRequest
 from runplane.errors import LaunchError
 from runplane.types import AccountId, JobId, RunId
-from tests.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
+from tests.dispatcher.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 REQUEST = LaunchRequest(

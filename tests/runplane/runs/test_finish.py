@@ -15,7 +15,7 @@ from runplane.runs.finish import (
 )
 from runplane.settings import Settings
 from runplane.types import RunStatus, completion_idempotency_key, retry_idempotency_key
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 POLICY = RetryPolicy(backoff_base=10.0, backoff_cap=40.0)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runplane.types import RunStatus
-from tests.dispatch.processes import Services
-from tests.dispatch.records import (
+from tests.support.processes import Services
+from tests.support.records import (
     Conn,
     all_terminal,
     create_account,

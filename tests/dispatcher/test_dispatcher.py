@@ -14,7 +14,7 @@ from runplane.errors import LaunchError
 from runplane.locks import RedisAccountLocks
 from runplane.settings import Settings
 from runplane.types import AccountId, RunStatus
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row, statuses
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row, statuses
 
 
 class HoldingLauncher:

@@ -11,7 +11,7 @@ from dispatcher.kubernetes.pods import PodState, build_pod, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
 from runplane.settings import KubernetesSettings
 from runplane.types import AccountId, JobId, RunId
-from tests.kubernetes.conftest import KUBE_VERSION
+from tests.dispatcher.kubernetes.conftest import KUBE_VERSION
 
 REQUEST = LaunchRequest(
     run_id=RunId(42), job_id=JobId(7), account_id=AccountId(3), attempt=2, memory_mb=1536, timeout_seconds=600

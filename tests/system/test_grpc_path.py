@@ -17,7 +17,7 @@ from api.server import RunningApi, start_server
 from runplane.settings import Settings
 from runplane.types import RunStatus
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
-from tests.dispatch.processes import Services
+from tests.support.processes import Services
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from runplane import instruments
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "runplane.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "runplane.json"
 
 
 def exported_names() -> set[str]:

@@ -14,7 +14,7 @@ import pytest
 from runner.service import run
 from runplane.settings import Settings
 from runplane.types import RunStatus
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus")
 

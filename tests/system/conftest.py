@@ -1,4 +1,4 @@
-"""Fixtures for the dispatch tests: service processes that are always stopped, runners included."""
+"""Fixtures for the end-to-end tests: service processes that are always stopped, runners included."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dispatch.processes import Services
+from tests.support.processes import Services
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from dispatcher.launcher import LaunchRequest
 from dispatcher.local_launcher import LocalLauncher
 from runplane.types import AccountId, JobId, RunId, RunStatus
-from tests.dispatch.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus")
 

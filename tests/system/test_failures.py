@@ -15,8 +15,8 @@ import redis
 
 from runplane.settings import Settings
 from runplane.types import RunStatus
-from tests.dispatch.processes import OwnRedis, Services, kill_group, publish_pickup
-from tests.dispatch.records import Conn, all_terminal, create_account, create_job, queue_run, rows, run_row, wait_for
+from tests.support.processes import OwnRedis, Services, kill_group, publish_pickup
+from tests.support.records import Conn, all_terminal, create_account, create_job, queue_run, rows, run_row, wait_for
 
 pytestmark = pytest.mark.slow
 

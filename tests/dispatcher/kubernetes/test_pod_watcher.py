@@ -25,7 +25,7 @@ from dispatcher.launcher import LaunchRequest
 from runplane.db import open_pool
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
-from tests.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
+from tests.dispatcher.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
 
 Db = psycopg.Connection[tuple[object, ...]]
 

@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from queuer_worker.firing import queue_runs
 from runplane.db import Connection, open_pool
 from runplane.settings import Settings
-from tests.queuer.support import Db, insert_accounts, insert_jobs
+from tests.support.queuer import Db, insert_accounts, insert_jobs
 
 FIRE = 1_900_000_020 // 60 * 60  # a minute boundary
 
