@@ -33,8 +33,8 @@ from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.runs.finish import Outcome, RetryPolicy, finish_run, publish_pickups
-from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms
+from runplane.runs.finish import Outcome, RetryPolicy, finish_run
+from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
 from runplane.runs.relaunch import launch_failed
 from runplane.settings import Settings
 from runplane.sql import load_queries
@@ -121,7 +121,9 @@ class Dispatcher:
             except ServiceUnavailable as exc:
                 log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
         log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
-        await publish_pickups(self._bus, self._settings.bus_prefix, other_accounts - {account_id})
+        await hint_pickups(
+            self._bus, Topology(self._settings.bus_prefix), other_accounts - {account_id}, source="outcome"
+        )
         if started:
             self.dispatched += len(started)
             await self._launch_all(started)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -20,13 +19,12 @@ from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
 from runplane.runs.finish import RUNNER_LOST, FailureKind, Outcome, RetryPolicy, end_run
-from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms
+from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
 from runplane.runs.relaunch import launch_failed
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
 from runplane.types import RunStatus
-from runplane.v1 import bus_pb2
 from scheduler.metrics import observe_runs
 
 log = logging.getLogger(__name__)
@@ -34,7 +32,6 @@ log = logging.getLogger(__name__)
 Q = load_queries("scheduler")
 
 REAP_BATCH = 500
-PUBLISH_CONCURRENCY = 64
 FORGET_DISPATCHER_AFTER = 60.0
 
 
@@ -46,7 +43,7 @@ class SchedulerLoop:
         self._pool = pool
         self._bus = bus
         self._pending = pending
-        self._queue = Topology(settings.bus_prefix).pickup
+        self._topology = Topology(settings.bus_prefix)
 
     async def run_once(self) -> dict[str, int]:
         """One pass: pickups, then reaping. Returns what it did, for logs and tests."""
@@ -65,16 +62,7 @@ class SchedulerLoop:
             cur = await conn.execute(Q["accounts_with_due_runs"])
             due = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
         accounts = await self._pending.mark(due)  # not those whose last Pickup still waits
-        sent_at_ms = int(time.time() * 1000)
-        gate = asyncio.Semaphore(PUBLISH_CONCURRENCY)
-
-        async def publish(account_id: int) -> None:
-            async with gate:
-                await self._bus.publish(self._queue, bus_pb2.Pickup(account_id=account_id, sent_at_ms=sent_at_ms))
-
-        await asyncio.gather(*(publish(account_id) for account_id in accounts))
-        instruments.pickups_published.add(len(accounts), {"source": "scheduler"})
-        return len(accounts)
+        return await send_pickups(self._bus, self._topology, accounts, source="scheduler")
 
     async def observe(self) -> None:
         """Gauges of the whole system, and forgetting dispatchers that stopped announcing themselves."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import logging
 import random
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -38,11 +37,10 @@ from psycopg_pool import AsyncConnectionPool
 from runplane import instruments
 from runplane.bus import Bus, Topology
 from runplane.db import Connection
-from runplane.errors import ServiceUnavailable
+from runplane.runs.pickups import hint_pickups
 from runplane.settings import RunnerSettings
 from runplane.sql import load_queries
 from runplane.types import AccountId, JobId, RunId, RunStatus, retry_idempotency_key
-from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +118,7 @@ async def finish_run(
     """Move the run to ``outcome`` and apply its consequences; None when the compare-and-set lost.
 
     Opens a transaction on ``conn`` (a savepoint when the caller already has one open). Publish
-    ``pickup_accounts`` after the commit (:func:`publish_pickups`), as :func:`end_run` does.
+    ``pickup_accounts`` after the commit (:func:`runplane.runs.pickups.hint_pickups`), as :func:`end_run` does.
     """
     if not outcome.status.is_terminal:
         raise ValueError(f"{outcome.status.name} is not a terminal status")
@@ -232,21 +230,6 @@ async def _retry(
     return (RunId(int(row["id"])) if row else None), False  # type: ignore[call-overload]
 
 
-async def publish_pickups(bus: Bus | None, prefix: str, account_ids: Iterable[int]) -> None:
-    """Tell dispatchers these accounts may have work; best effort (the scheduler loop resends)."""
-    if bus is None:
-        return
-    queue = Topology(prefix).pickup
-    sent_at_ms = int(time.time() * 1000)
-    for account_id in sorted(set(account_ids)):
-        try:
-            await bus.publish(queue, bus_pb2.Pickup(account_id=account_id, sent_at_ms=sent_at_ms))
-        except ServiceUnavailable as exc:
-            log.warning("pickup not published", extra={"account_id": account_id, "error": str(exc)})
-            return
-        instruments.pickups_published.add(1, {"source": "outcome"})
-
-
 async def end_run(
     pool: AsyncConnectionPool[Connection],
     bus: Bus | None,
@@ -271,5 +254,5 @@ async def end_run(
             require_lease_expired=require_lease_expired,
         )
     if finished is not None:
-        await publish_pickups(bus, prefix, finished.pickup_accounts)
+        await hint_pickups(bus, Topology(prefix), finished.pickup_accounts, source="outcome")
     return finished
