@@ -33,9 +33,10 @@ from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.runs.finish import Outcome, RetryPolicy, finish_run
+from runplane.runs.finish import Outcome, finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
 from runplane.runs.relaunch import launch_failed
+from runplane.runs.retries import RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn

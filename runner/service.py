@@ -34,8 +34,9 @@ from runplane import tracing
 from runplane.bus import AmqpBus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.runs.finish import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
 from runplane.runs.pickups import hint_pickups
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus

@@ -18,9 +18,10 @@ from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.runs.finish import RUNNER_LOST, FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.finish import RUNNER_LOST, Outcome, end_run
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
 from runplane.runs.relaunch import launch_failed
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop

@@ -21,6 +21,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from runplane.errors import RunplaneError, ServiceUnavailable
+from runplane.runs.retries import backoff
 from runplane.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
@@ -69,23 +70,25 @@ def without_client_retries(config: kubernetes.client.Configuration) -> kubernete
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class CallRetries:
+    """How ``call`` retries a transient Kubernetes API failure (not a run's retries: runplane.runs.retries)."""
+
     attempts: int
     backoff: float
     backoff_cap: float
 
     @classmethod
-    def from_settings(cls, settings: KubernetesSettings) -> RetryPolicy:
+    def from_settings(cls, settings: KubernetesSettings) -> CallRetries:
         return cls(
             attempts=max(1, settings.api_attempts), backoff=settings.api_backoff, backoff_cap=settings.api_backoff_cap
         )
 
     def delay(self, attempt: int) -> float:
         """Wait before retry number ``attempt`` (1-based)."""
-        return min(self.backoff_cap, self.backoff * 2.0 ** (attempt - 1))
+        return backoff(self.backoff, attempt, cap=self.backoff_cap)
 
 
-async def call(policy: RetryPolicy, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+async def call(policy: CallRetries, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in a thread, retrying transient failures; raises ``KubernetesApiError``."""
     attempt = 1
     while True:
@@ -112,7 +115,7 @@ async def call(policy: RetryPolicy, what: str, fn: Callable[..., T], /, *args: A
 
 
 async def delete_pod(
-    policy: RetryPolicy, core: kubernetes.client.CoreV1Api, settings: KubernetesSettings, name: str
+    policy: CallRetries, core: kubernetes.client.CoreV1Api, settings: KubernetesSettings, name: str
 ) -> bool:
     """Delete one Pod in the runs namespace; False when it was already gone."""
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 
 from dispatcher.kubernetes import api as kubernetes_api
-from dispatcher.kubernetes.api import KubernetesApiError, RetryPolicy
+from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.pods import build_pod, pod_name
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.errors import LaunchError
@@ -38,7 +38,7 @@ class KubernetesLauncher:
         config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
         self._api_client = kubernetes.client.ApiClient(config)
         self._core = kubernetes.client.CoreV1Api(self._api_client)
-        self._policy = RetryPolicy.from_settings(self._k8s)
+        self._policy = CallRetries.from_settings(self._k8s)
 
     @property
     def cluster(self) -> str:

@@ -1,8 +1,10 @@
 """``PodOutcomes`` on Postgres: what the Pod watcher does to runs, as compare-and-set SQL.
 
-Statements live in ``queries.sql``. A run ended here goes through
+Statements that find a Pod's run live in ``queries.sql``. What happens to the run is the run
+lifecycle's: a Pod that failed before its runner claimed the run is relaunched or ends the run
+(:func:`runplane.runs.relaunch.runner_never_started`); a Pod killed for memory ends it through
 :func:`runplane.runs.finish.finish_run` like every other run's end (failure counts, deactivation,
-retries, completion triggers); the scheduler loop's next pass publishes the pickups that follow.
+retries, completion triggers). The scheduler loop's next pass publishes the pickups that follow.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
-from runplane.runs.finish import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, finish_run
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, finish_run
+from runplane.runs.relaunch import runner_never_started
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunId, RunStatus
@@ -23,8 +27,7 @@ QUERIES = load_queries("dispatcher.kubernetes")
 class PostgresPodOutcomes:
     def __init__(self, pool: AsyncConnectionPool[Connection], settings: Settings) -> None:
         self._pool = pool
-        self._launch_budget = settings.scheduler.launch_attempts
-        self._backoff = settings.scheduler.launch_backoff
+        self._settings = settings
         self._orphan_grace = settings.kubernetes.orphan_grace_seconds
         self._policy = RetryPolicy.from_settings(settings.runner)
 
@@ -44,21 +47,14 @@ class PostgresPodOutcomes:
             row = await self._lock(conn, run_id, pod_name, (RunStatus.STARTING,))
             if row is None:
                 return False
-            attempts = int(row["launch_attempts"]) + 1  # type: ignore[call-overload]
-            if attempts < self._launch_budget:
-                delay = self._backoff * 2 ** (attempts - 1)
-                await conn.execute(
-                    QUERIES["requeue_after_pod_failure"],
-                    {"run_id": run_id, "launch_attempts": attempts, "delay": delay, "reason": reason},
-                )
-                return True
-            await conn.execute(QUERIES["count_pod_launch"], {"run_id": run_id, "launch_attempts": attempts})
-            outcome = Outcome.error(
-                f"pod failed before the runner started ({attempts} launch attempts): {reason}",
-                FailureKind.INFRASTRUCTURE,
+            return await runner_never_started(
+                conn,
+                self._settings,
+                run_id=run_id,
+                launch_attempts=int(row["launch_attempts"]) + 1,  # type: ignore[call-overload]
+                reason=reason,
+                policy=self._policy,
             )
-            finished = await finish_run(conn, run_id, outcome, policy=self._policy, from_statuses=(RunStatus.STARTING,))
-            return finished is not None
 
     async def _lock(
         self, conn: Connection, run_id: RunId, pod_name: str, statuses: tuple[RunStatus, ...]

@@ -11,21 +11,6 @@ SELECT id, launch_attempts
    AND (pod_name = %(pod_name)s OR pod_name = '')
    FOR UPDATE;
 
--- name: count_pod_launch
-UPDATE runs SET launch_attempts = %(launch_attempts)s WHERE id = %(run_id)s;
-
--- name: requeue_after_pod_failure
--- The runner never claimed the run: back to queued, launched again after the backoff.
-UPDATE runs
-   SET status = 1,
-       launch_attempts = %(launch_attempts)s,
-       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
-       waiting_reason = 'launch_backoff',
-       status_message = 'pod failed before the runner started, relaunching: ' || %(reason)s,
-       pod_name = '',
-       dispatched_at = NULL
- WHERE id = %(run_id)s AND status = 2;
-
 -- name: live_pods
 -- A starting run may be between launches (its new Pod not recorded yet): any of its Pods is live.
 -- A running run needs only the Pod its runner lives in, and so does a run that just ended (its

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from dispatcher.kubernetes import api as kubernetes_api
-from dispatcher.kubernetes.api import KubernetesApiError, RetryPolicy
+from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.pods import SELECTOR, PodState, PodView, view_pod
 from runplane import supervise
 from runplane.settings import Settings
@@ -77,7 +77,7 @@ class PodWatcher:
         config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
         self._api_client = kubernetes.client.ApiClient(config)
         self._core = kubernetes.client.CoreV1Api(self._api_client)
-        self._policy = RetryPolicy.from_settings(self._k8s)
+        self._policy = CallRetries.from_settings(self._k8s)
         self._pods: dict[str, PodView] = {}  # the Pods we know of, by name
         self._terminal_since: dict[str, float] = {}  # when a finished Pod was first seen finished
         self.relists = 0  # how many times the full list was read (observability and tests)

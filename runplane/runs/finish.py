@@ -10,12 +10,7 @@ Kubernetes launcher. What follows a terminal status:
   and its ``version`` bumped, so the orchestrator stops its schedule;
 - **completion triggers** whose statuses include the outcome queue their downstream job once
   (idempotency key ``done:{run_id}:{job_id}``), unless that job is deactivated or deleted;
-- **retries**: an error of kind :attr:`FailureKind.INFRASTRUCTURE` (runner lost, launch failure) is
-  retried while the job's ``retry_max_attempts`` allows; :attr:`FailureKind.STEP` (a failing step,
-  a timeout, a memory limit error) only when the job also sets ``retry_on_step_failure``. A retry is
-  a new run (trigger ``retry``, ``attempt + 1``, ``parent_run_id``) scheduled after an exponential
-  backoff with jitter, capped. A run that fails with no budget left is marked
-  ``retries_exhausted`` and its message says so.
+- **retries** (:mod:`runplane.runs.retries`): an error may queue a new run after a backoff.
 
 The Kubernetes launcher ends a Pod killed for memory with::
 
@@ -25,22 +20,19 @@ The Kubernetes launcher ends a Pod killed for memory with::
 
 from __future__ import annotations
 
-import enum
 import logging
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool
 
 from runplane import instruments
 from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.runs.pickups import hint_pickups
-from runplane.settings import RunnerSettings
+from runplane.runs.retries import FailureKind, RetryPolicy, queue_retry
 from runplane.sql import load_queries
-from runplane.types import AccountId, JobId, RunId, RunStatus, retry_idempotency_key
+from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +42,6 @@ DEACTIVATE_AFTER_FAILURES = 100
 MEMORY_LIMIT_ERROR = "memory limit error"
 RUNNER_LOST = "runner lost"
 NON_TERMINAL = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
-
-
-class FailureKind(enum.StrEnum):
-    STEP = "step"  # the work itself failed: retried only when the job says so
-    INFRASTRUCTURE = "infrastructure"  # runner lost, launch failure: retried while budget remains
 
 
 @dataclass(frozen=True)
@@ -74,22 +61,6 @@ class Outcome:
     @classmethod
     def cancelled(cls, message: str = "cancelled") -> Outcome:
         return cls(RunStatus.CANCELLED, message)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff of retries: ``base * 2**(attempt-1)`` capped at ``cap``, then half of it jittered."""
-
-    backoff_base: float
-    backoff_cap: float
-
-    @classmethod
-    def from_settings(cls, runner: RunnerSettings) -> RetryPolicy:
-        return cls(runner.retry_backoff_base, runner.retry_backoff_cap)
-
-    def delay(self, attempt: int) -> float:
-        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** max(0, attempt - 1))
-        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
 @dataclass(frozen=True)
@@ -152,7 +123,9 @@ async def finish_run(
             job = await cur.fetchone()
             if job is not None:
                 deactivated = bool(job["deactivated_now"])
-                retry_run_id, exhausted = await _retry(conn, run, job, outcome, policy)
+                retry_run_id, exhausted = await queue_retry(
+                    conn, run, job, failure=outcome.failure, message=outcome.message, policy=policy
+                )
                 if retry_run_id is not None:
                     pickups.add(account_id)
         downstream: list[RunId] = []
@@ -189,45 +162,6 @@ async def finish_run(
         retries_exhausted=exhausted,
         pickup_accounts=frozenset(pickups),
     )
-
-
-async def _retry(
-    conn: Connection, run: dict[str, object], job: dict[str, object], outcome: Outcome, policy: RetryPolicy
-) -> tuple[RunId | None, bool]:
-    """Queue the next attempt when the job's budget allows; else say whether the budget ran out."""
-    budget = int(job["retry_max_attempts"])  # type: ignore[call-overload]
-    retryable = outcome.failure is FailureKind.INFRASTRUCTURE or (
-        outcome.failure is FailureKind.STEP and bool(job["retry_on_step_failure"])
-    )
-    if budget <= 0 or not retryable:
-        return None, False
-    attempt = int(run["attempt"])  # type: ignore[call-overload]
-    active = job["deactivated_at"] is None and job["deleted_at"] is None
-    if attempt > budget or not active:
-        message = f"{outcome.message}; retries exhausted after {attempt} attempts" if active else outcome.message
-        if active:
-            await conn.execute(Q["mark_retries_exhausted"], {"run_id": run["id"], "message": message})
-        return None, active
-    cur = await conn.execute(
-        Q["queue_retry"],
-        {
-            "account_id": run["account_id"],
-            "job_id": run["job_id"],
-            "job_type": run["job_type"],
-            "cause": f"retry {attempt} of {budget} after run {run['id']}: {outcome.message}",
-            "idempotency_key": retry_idempotency_key(int(run["id"])),  # type: ignore[call-overload]
-            "attempt": attempt + 1,
-            "parent_run_id": run["id"],
-            "priority": run["priority"],
-            "takes_slot": run["takes_slot"],
-            "overrides": psycopg.types.json.Jsonb(run["overrides"]),
-            "pull_request_number": run["pull_request_number"],
-            "schema_name": run["schema_name"],
-            "delay": policy.delay(attempt),
-        },
-    )
-    row = await cur.fetchone()
-    return (RunId(int(row["id"])) if row else None), False  # type: ignore[call-overload]
 
 
 async def end_run(

@@ -1,8 +1,14 @@
-"""A launch that failed, or a run stuck in starting: back to queued with backoff, or an error.
+"""A launch that failed, or a runner that never started: back to queued with backoff, or an error.
 
-Used by dispatchers (the launcher raised) and by the scheduler loop's reaper (the runner never
-claimed the run within the start timeout). Both are infrastructure failures: when the launch budget
-is spent, the run ends in error and the job's retry budget decides whether a new run follows.
+Used by dispatchers (the launcher raised), by the scheduler loop's reaper (the runner never claimed
+the run within the start timeout) and by the Kubernetes Pod watcher (the run's Pod failed before its
+runner claimed the run). All are infrastructure failures: the same run is launched again after
+:func:`runplane.runs.retries.backoff` of its launch attempts; when the launch budget
+(``settings.scheduler.launch_attempts``) is spent, the run ends in error and the job's retry budget
+decides whether a new run follows (:mod:`runplane.runs.retries`).
+
+A runner that dies after it claimed the run is not relaunched: its lease expires and the scheduler
+loop's reaper ends the run "runner lost" (``scheduler/loop.py``), which the job may retry.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from runplane.bus import Bus
 from runplane.db import Connection
-from runplane.runs.finish import FailureKind, Outcome, RetryPolicy, end_run
+from runplane.runs.finish import Outcome, end_run, finish_run
+from runplane.runs.retries import FailureKind, RetryPolicy, backoff
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -25,8 +32,7 @@ Q = load_queries("runplane.runs", "transitions.sql")
 
 def relaunch_delay(settings: Settings, launch_attempts: int, retry_after: float | None = None) -> float:
     """Exponential in the attempts made so far; a launcher's own hint wins when it is longer."""
-    delay = settings.scheduler.launch_backoff * 2 ** max(0, launch_attempts - 1)
-    return float(max(delay, retry_after or 0.0))
+    return max(backoff(settings.scheduler.launch_backoff, launch_attempts), retry_after or 0.0)
 
 
 async def launch_failed(
@@ -65,3 +71,30 @@ async def launch_failed(
         policy=RetryPolicy.from_settings(settings.runner),
         from_statuses=(RunStatus.STARTING,),
     )
+
+
+async def runner_never_started(
+    conn: Connection, settings: Settings, *, run_id: int, launch_attempts: int, reason: str, policy: RetryPolicy
+) -> bool:
+    """The run's runner died before it claimed the run (its Pod failed): relaunch or end it in error.
+
+    Inside the caller's transaction, with the run row locked in ``starting``; ``launch_attempts``
+    counts the failed launch. False when the run was no longer starting.
+    """
+    if launch_attempts < settings.scheduler.launch_attempts:
+        await conn.execute(
+            Q["requeue_after_pod_failure"],
+            {
+                "run_id": run_id,
+                "launch_attempts": launch_attempts,
+                "delay": backoff(settings.scheduler.launch_backoff, launch_attempts),
+                "reason": reason,
+            },
+        )
+        return True
+    await conn.execute(Q["count_pod_launch"], {"run_id": run_id, "launch_attempts": launch_attempts})
+    outcome = Outcome.error(
+        f"pod failed before the runner started ({launch_attempts} launch attempts): {reason}",
+        FailureKind.INFRASTRUCTURE,
+    )
+    return await finish_run(conn, run_id, outcome, policy=policy, from_statuses=(RunStatus.STARTING,)) is not None

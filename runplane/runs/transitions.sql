@@ -77,3 +77,18 @@ UPDATE runs
        status_message = %(message)s
  WHERE id = %(run_id)s AND status = 2 AND launch_attempts = %(launch_attempts)s
 RETURNING id
+
+-- name: count_pod_launch
+UPDATE runs SET launch_attempts = %(launch_attempts)s WHERE id = %(run_id)s
+
+-- name: requeue_after_pod_failure
+-- The runner never claimed the run: back to queued, launched again after the backoff.
+UPDATE runs
+   SET status = 1,
+       launch_attempts = %(launch_attempts)s,
+       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
+       waiting_reason = 'launch_backoff',
+       status_message = 'pod failed before the runner started, relaunching: ' || %(reason)s,
+       pod_name = '',
+       dispatched_at = NULL
+ WHERE id = %(run_id)s AND status = 2

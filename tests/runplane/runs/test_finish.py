@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runplane.db import open_pool
-from runplane.runs.finish import (
-    DEACTIVATE_AFTER_FAILURES,
-    FailureKind,
-    Outcome,
-    RetryPolicy,
-    end_run,
-    finish_run,
-)
+from runplane.runs.finish import DEACTIVATE_AFTER_FAILURES, Outcome, end_run, finish_run
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.types import RunStatus, completion_idempotency_key, retry_idempotency_key
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
