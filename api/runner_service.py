@@ -29,8 +29,9 @@ from api.run_spec import build_run_spec
 from api.store import Store
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from runplane.outcomes import RetryPolicy, finish_run
 from runplane.run_tokens import run_token_hash
+from runplane.runs.finish import finish_run
+from runplane.runs.retries import RetryPolicy
 from runplane.secrets import SecretBox
 from runplane.settings import RunnerSettings
 from runplane.sql import load_queries

@@ -102,7 +102,7 @@ def ci_schema(job_id: int, pull_request_number: int | None, run_id: int | None =
     return f"runplane_pr_{job_id}_run_{run_id}"
 
 
-# How a run ends. The rules that follow from an outcome live in ``runplane.outcomes``; these types
+# How a run ends. The rules that follow from an outcome live in ``runplane.runs``; these types
 # are here so the runner can name an outcome without importing anything that reaches Postgres.
 MEMORY_LIMIT_ERROR = "memory limit error"
 RUNNER_LOST = "runner lost"

@@ -17,6 +17,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
+from api.server import RunningApi, start_server
 from runplane.migrate import migrate
 from runplane.preflight import ensure_services
 from runplane.secrets import generate_key
@@ -176,3 +177,13 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
         await asyncio.sleep(0.02)
     names = sorted(t.get_name() for t in leaked)
     pytest.fail(f"leaked asyncio tasks: {names}")
+
+
+@pytest.fixture
+async def runner_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach."""
+    running = await start_server(settings, port=0)
+    try:
+        yield running
+    finally:
+        await running.stop(0)

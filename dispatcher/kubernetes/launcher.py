@@ -1,0 +1,155 @@
+"""The ``kubernetes`` launcher: one Pod per launch of a run, created directly (no Job controller).
+
+The Pod's name is deterministic (run id and launch attempt), so a second create of the same launch
+answers 409 and counts as launched. API errors become ``LaunchError``: 403, 422 (and other
+4xx) fail the run with the API's reason; 429, 5xx and dropped connections are retried here with
+bounded backoff, then reported as retryable (with Retry-After when the API sent one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kubernetes.client
+
+from dispatcher.kubernetes import api as kubernetes_api
+from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
+from dispatcher.kubernetes.pods import build_pod, build_token_secret, pod_name
+from dispatcher.launcher import LaunchRequest, LaunchResult
+from runplane.errors import LaunchError
+from runplane.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONFLICT = 409
+NOT_FOUND = 404
+
+
+class KubernetesLauncher:
+    """Launches runners as Pods in one cluster: ``settings.kubernetes`` says where and how."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: Settings, *, configuration: kubernetes.client.Configuration | None = None) -> None:
+        """``configuration`` overrides the cluster from settings (a kubeconfig context or in-cluster)."""
+        self._settings = settings
+        self._k8s = settings.kubernetes
+        self._cluster = settings.dispatcher.cluster
+        config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
+        self._api_client = kubernetes.client.ApiClient(config)
+        self._core = kubernetes.client.CoreV1Api(self._api_client)
+        self._policy = CallRetries.from_settings(self._k8s)
+
+    @property
+    def cluster(self) -> str:
+        return self._cluster
+
+    def pod_for(self, request: LaunchRequest) -> dict[str, Any]:
+        return build_pod(
+            request,
+            self._k8s,
+            cluster=self._cluster,
+            cancel_grace=self._settings.runner.cancel_grace,
+            runner_api_address=self._settings.runner.api_address,
+        )
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        """The token's Secret first (the Pod mounts it), then the Pod, then the Pod owns the Secret."""
+        pod = self.pod_for(request)
+        name = pod_name(request.run_id, request.attempt)
+        fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
+        try:
+            await self._create_token_secret(request)
+            created = await kubernetes_api.call(
+                self._policy,
+                "create pod",
+                self._core.create_namespaced_pod,
+                self._k8s.namespace,
+                pod,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            if exc.status == CONFLICT:
+                log.info("pod already exists; launched before", extra=fields)
+                return LaunchResult(cluster=self._cluster, pod_name=name)
+            if not exc.transient:
+                await self._delete_token_secret(name)
+            log.warning("pod create failed", extra={**fields, "status": exc.status, "reason": exc.reason})
+            raise LaunchError(
+                f"cluster {self._cluster}: {exc}", retryable=exc.transient, retry_after=exc.retry_after
+            ) from exc
+        log.info("pod created", extra={**fields, "cluster": self._cluster})
+        await self._secret_owned_by_pod(name, created)
+        return LaunchResult(cluster=self._cluster, pod_name=name)
+
+    async def _create_token_secret(self, request: LaunchRequest) -> None:
+        if not request.token:
+            raise LaunchError(f"run {request.run_id} has no run token", retryable=False)
+        secret = build_token_secret(request, self._k8s, cluster=self._cluster)
+        try:
+            await kubernetes_api.call(
+                self._policy,
+                "create secret",
+                self._core.create_namespaced_secret,
+                self._k8s.namespace,
+                secret,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            if exc.status != CONFLICT:
+                raise
+            # Left by an earlier try of this launch: this launch's token is the one that counts.
+            await self._delete_token_secret(secret["metadata"]["name"])
+            await kubernetes_api.call(
+                self._policy,
+                "create secret",
+                self._core.create_namespaced_secret,
+                self._k8s.namespace,
+                secret,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+
+    async def _delete_token_secret(self, name: str) -> None:
+        try:
+            await kubernetes_api.call(
+                self._policy,
+                "delete secret",
+                self._core.delete_namespaced_secret,
+                name,
+                self._k8s.namespace,
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            if exc.status != NOT_FOUND:
+                log.warning("token secret not deleted", extra={"pod": name, "status": exc.status})
+
+    async def _secret_owned_by_pod(self, name: str, created: Any) -> None:
+        """Make the Pod the token Secret's owner, so the Secret goes when the Pod goes (best effort)."""
+        try:
+            uid = json.loads(created.data)["metadata"]["uid"]
+            owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+            await kubernetes_api.call(
+                self._policy,
+                "patch secret",
+                self._core.patch_namespaced_secret,
+                name,
+                self._k8s.namespace,
+                {"metadata": {"ownerReferences": [owner]}},
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except (KubernetesApiError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("token secret not tied to its pod: %s", exc, extra={"pod": name})
+
+    async def delete_pod(self, name: str) -> bool:
+        """Delete one Pod in the runs namespace; False when it was already gone."""
+        return await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
+
+    async def close(self) -> None:
+        self._api_client.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,223 @@
+"""RunnerService against the real Postgres: what a run token allows, and that refused calls change nothing.
+
+A token works for its own run only, and only while the run is starting (to claim it) or running
+under the lease its claim took. Used for another run it is PERMISSION_DENIED; after the run ended,
+or after the lease was taken over, FAILED_PRECONDITION. Every refusal leaves the run, its steps,
+logs and artifacts as they were. Retried calls that already took effect answer OK and change
+nothing; steps out of order are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from api.server import RunningApi
+from runplane.run_tokens import new_run_token
+from runplane.types import RunStatus
+from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
+from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
+
+pytestmark = pytest.mark.usefixtures("_cleanup_bus")
+
+LEASE = "test-runner:1"
+
+
+@dataclass
+class Runner:
+    stub: runner_pb2_grpc.RunnerServiceAsyncStub
+    run_id: int
+    token: str
+    lease_id: str = LEASE
+
+    def md(self, token: str | None = None) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {token or self.token}"),)
+
+
+@pytest.fixture
+async def channel(runner_api: RunningApi) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{runner_api.runner_port}") as chan:
+        yield chan
+
+
+def starting_run(db: Conn, steps: list[str], **job: Any) -> tuple[int, str]:
+    account = create_account(db, name=f"acct-{len(rows(db, 'SELECT id FROM accounts'))}")
+    run_id = queue_run(db, create_job(db, account, steps=steps, **job))
+    return run_id, make_starting(db, run_id)
+
+
+async def claimed(db: Conn, channel: grpc.aio.Channel, steps: list[str] | None = None, **job: Any) -> Runner:
+    run_id, token = starting_run(db, steps or ["echo a", "echo b"], **job)
+    runner = Runner(runner_pb2_grpc.RunnerServiceStub(channel), run_id, token)  # type: ignore[arg-type]
+    await runner.stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=runner.md())
+    return runner
+
+
+def snapshot(db: Conn, run_id: int) -> tuple[object, ...]:
+    """Everything a runner can change about a run."""
+    return (
+        run_row(db, run_id),
+        rows(db, "SELECT * FROM run_steps WHERE run_id = %s ORDER BY step_index", (run_id,)),
+        rows(db, "SELECT seq, step_index, text FROM run_log_chunks WHERE run_id = %s ORDER BY seq", (run_id,)),
+        rows(db, "SELECT path, step_index, content FROM artifacts WHERE run_id = %s ORDER BY path", (run_id,)),
+    )
+
+
+async def every_write(runner: Runner, token: str | None = None, run_id: int | None = None) -> list[grpc.StatusCode]:
+    """Each write a runner makes, with ``token`` and ``run_id``; the status code of each."""
+    md, rid, lease = runner.md(token), run_id or runner.run_id, runner.lease_id
+    calls = [
+        runner.stub.RenewLease(runner_pb2.LeaseRequest(run_id=rid, lease_id=lease), metadata=md),
+        runner.stub.ReadCancel(runner_pb2.LeaseRequest(run_id=rid, lease_id=lease), metadata=md),
+        runner.stub.AppendLogs(
+            runner_pb2.AppendLogsRequest(
+                run_id=rid, lease_id=lease, chunks=[runner_pb2.RunnerLogChunk(seq=99, step_index=0, text="x")]
+            ),
+            metadata=md,
+        ),
+        runner.stub.SetStepStatus(
+            runner_pb2.SetStepStatusRequest(
+                run_id=rid, lease_id=lease, step_index=0, state=runner_pb2.STEP_STATE_STARTED
+            ),
+            metadata=md,
+        ),
+        runner.stub.UploadArtifact(
+            runner_pb2.UploadArtifactRequest(
+                run_id=rid, lease_id=lease, step_index=0, path="target/x.json", content=b"{}"
+            ),
+            metadata=md,
+        ),
+        runner.stub.Finish(
+            runner_pb2.FinishRequest(run_id=rid, lease_id=lease, status=common_pb2.RUN_STATUS_SUCCESS), metadata=md
+        ),
+        runner.stub.Claim(runner_pb2.ClaimRequest(run_id=rid, lease_id=lease), metadata=md),
+    ]
+    codes = []
+    for call in calls:
+        try:
+            await call
+            codes.append(grpc.StatusCode.OK)
+        except grpc.aio.AioRpcError as exc:
+            codes.append(exc.code())
+    return codes
+
+
+async def test_claim_gives_the_whole_run_with_secrets_for_the_runner_only(db: Conn, channel: grpc.aio.Channel) -> None:
+    run_id, token = starting_run(
+        db, ["echo 1"], environment={"PLAIN": "p"}, secrets={"DBT_ENV_SECRET_PW": "pw-1"}, timeout_seconds=9
+    )
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
+    md = (("authorization", f"Bearer {token}"),)
+    spec = await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=md)
+    assert (spec.run_id, list(spec.steps), spec.timeout_seconds, spec.lease_id) == (run_id, ["echo 1"], 9, LEASE)
+    assert dict(spec.environment) == {"PLAIN": "p", "DBT_ENV_SECRET_PW": "pw-1"}
+    assert list(spec.masked_values) == ["pw-1"]
+    assert spec.lease_seconds > 0 and spec.heartbeat_interval > 0
+    row = run_row(db, run_id)
+    assert (row["status"], row["lease_owner"]) == (RunStatus.RUNNING, LEASE)
+    # A retried claim (the answer was lost) gets the same spec; a second runner is refused.
+    again = await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=md)
+    assert again == spec
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id="someone-else"), metadata=md)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert run_row(db, run_id) == row
+
+
+async def test_a_token_for_another_run_is_denied_and_changes_nothing(db: Conn, channel: grpc.aio.Channel) -> None:
+    mine = await claimed(db, channel)
+    other = await claimed(db, channel)
+    before = snapshot(db, other.run_id), snapshot(db, mine.run_id)
+    codes = await every_write(mine, run_id=other.run_id)  # my token, their run
+    assert set(codes) == {grpc.StatusCode.PERMISSION_DENIED}
+    codes = await every_write(mine, token=new_run_token())  # a made-up token for my run
+    assert set(codes) == {grpc.StatusCode.PERMISSION_DENIED}
+    assert (snapshot(db, other.run_id), snapshot(db, mine.run_id)) == before
+
+
+async def test_no_token_is_unauthenticated(db: Conn, channel: grpc.aio.Channel) -> None:
+    runner = await claimed(db, channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await runner.stub.RenewLease(runner_pb2.LeaseRequest(run_id=runner.run_id, lease_id=LEASE))
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_token_is_spent_once_its_run_ended(db: Conn, channel: grpc.aio.Channel) -> None:
+    runner = await claimed(db, channel)
+    finish = runner_pb2.FinishRequest(run_id=runner.run_id, lease_id=LEASE, status=common_pb2.RUN_STATUS_SUCCESS)
+    await runner.stub.Finish(finish, metadata=runner.md())
+    await runner.stub.Finish(finish, metadata=runner.md())  # a retried finish that took effect: OK, no change
+    before = snapshot(db, runner.run_id)
+    assert before[0]["status"] == RunStatus.SUCCESS
+    codes = await every_write(runner)
+    assert set(codes[:5]) == {grpc.StatusCode.FAILED_PRECONDITION}
+    assert codes[5] == grpc.StatusCode.OK  # Finish(SUCCESS) again: the same retry
+    assert codes[6] == grpc.StatusCode.FAILED_PRECONDITION  # Claim
+    assert snapshot(db, runner.run_id) == before
+
+
+async def test_a_token_is_useless_once_the_lease_was_taken_over(db: Conn, channel: grpc.aio.Channel) -> None:
+    runner = await claimed(db, channel)
+    # The reaper declared the runner lost and another runner holds the run now (as after a takeover).
+    db.execute("UPDATE runs SET lease_owner = 'the-new-runner' WHERE id = %s", (runner.run_id,))
+    before = snapshot(db, runner.run_id)
+    codes = await every_write(runner)
+    assert set(codes) == {grpc.StatusCode.FAILED_PRECONDITION}
+    assert snapshot(db, runner.run_id) == before
+
+
+async def test_a_relaunch_issues_a_new_token_and_the_old_one_is_dead(db: Conn, channel: grpc.aio.Channel) -> None:
+    run_id, old = starting_run(db, ["echo"])
+    db.execute("UPDATE runs SET status = 1 WHERE id = %s", (run_id,))  # the launch failed: queued again
+    new = make_starting(db, run_id)
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Claim(
+            runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=(("authorization", f"Bearer {old}"),)
+        )
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    await stub.Claim(
+        runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=(("authorization", f"Bearer {new}"),)
+    )
+    assert run_row(db, run_id)["status"] == RunStatus.RUNNING
+
+
+async def test_retries_are_idempotent_and_steps_go_in_order(db: Conn, channel: grpc.aio.Channel) -> None:
+    runner = await claimed(db, channel, steps=["one", "two", "three"])
+    stub, md, rid = runner.stub, runner.md(), runner.run_id
+
+    def step(index: int, state: int, **kw: Any) -> runner_pb2.SetStepStatusRequest:
+        return runner_pb2.SetStepStatusRequest(run_id=rid, lease_id=LEASE, step_index=index, state=state, **kw)  # type: ignore[arg-type]
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # step 1 before step 0 ended
+        await stub.SetStepStatus(step(1, runner_pb2.STEP_STATE_STARTED), metadata=md)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # finishing a step that never started
+        await stub.SetStepStatus(step(0, runner_pb2.STEP_STATE_FINISHED, status=10, exit_code=0), metadata=md)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # no such step
+        await stub.SetStepStatus(step(3, runner_pb2.STEP_STATE_STARTED), metadata=md)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    logs = runner_pb2.AppendLogsRequest(
+        run_id=rid, lease_id=LEASE, chunks=[runner_pb2.RunnerLogChunk(seq=1, step_index=0, text="hello\n")]
+    )
+    # Each call twice: the second is a retry after a lost answer, answered OK without a change.
+    for call in (
+        lambda: stub.SetStepStatus(step(0, runner_pb2.STEP_STATE_STARTED), metadata=md),
+        lambda: stub.AppendLogs(logs, metadata=md),
+        lambda: stub.SetStepStatus(step(0, runner_pb2.STEP_STATE_FINISHED, status=20, exit_code=3), metadata=md),
+        lambda: stub.SetStepStatus(step(1, runner_pb2.STEP_STATE_SKIPPED), metadata=md),
+    ):
+        await call()
+        await call()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # the same step finished otherwise
+        await stub.SetStepStatus(step(0, runner_pb2.STEP_STATE_FINISHED, status=10, exit_code=0), metadata=md)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    steps = rows(db, "SELECT step_index, status, exit_code FROM run_steps WHERE run_id = %s ORDER BY 1", (rid,))
+    assert [(s["step_index"], s["status"], s["exit_code"]) for s in steps] == [(0, 20, 3), (1, 30, None), (2, 30, None)]
+    assert [r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (rid,))] == ["hello\n"]

@@ -1,0 +1,119 @@
+"""What a run's code can reach, from inside a real step started by a real dispatcher (local launcher).
+
+The step is ``credential_probe.py``: it reads the environments and command lines along ``/proc``,
+the files its ancestors hold open, every process it can see and the work directory, looking for
+database, Redis or RabbitMQ URLs, secret keys and run tokens, and tries to connect with each URL
+found. Nothing may be found and nothing may connect. Runners here switch to uids of their own
+(``runner.local_uid``), as a root dispatcher is configured to; the same checks run for runners forked
+from the fork server and for fresh runner processes.
+
+A second test follows a secret from the job to the run: decrypted for the step, masked in the logs
+(also when the value reaches the runner in two pieces) and in the artifact, and only ciphertext in
+the database.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runplane.types import RunStatus
+from tests.support.processes import Services
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row, wait_for
+
+pytestmark = pytest.mark.slow
+
+PROBE = Path(__file__).with_name("credential_probe.py")
+RUN_UID_BASE = 200_000
+
+
+def probe_result(db: Conn, run_id: int) -> dict[str, object]:
+    text = "".join(
+        r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s ORDER BY seq", (run_id,))
+    )
+    [line] = [line for line in text.splitlines() if line.startswith("PROBE ")]
+    result: dict[str, object] = json.loads(line.removeprefix("PROBE "))
+    return result
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["fork-server", "fresh-process"])
+def test_a_step_finds_no_control_plane_credential(db: Conn, services: Services, fork_server: bool) -> None:
+    services.env.update(
+        RUNPLANE_RUNNER__LOCAL_UID=str(RUN_UID_BASE),
+        RUNPLANE_RUNNER__LOCAL_UID_COUNT="1000",
+        RUNPLANE_DISPATCHER__LOCAL_FORK_SERVER=str(fork_server).lower(),
+    )
+    account = create_account(db)
+    job = create_job(db, account, steps=[f"/usr/bin/python3 -I {PROBE}"], secrets={"DBT_ENV_SECRET_TOKEN": "tok-1"})
+    run_id = queue_run(db, job)
+    services.start("scheduler")
+    dispatcher = services.start("dispatcher")
+
+    wait_for(lambda: run_row(db, run_id)["status"] >= RunStatus.SUCCESS, timeout=90, what="the probe run to end")
+    assert run_row(db, run_id)["status"] == RunStatus.SUCCESS
+    result = probe_result(db, run_id)
+    assert result["found"] == {}, result["found"]
+    assert result["connected"] == []
+    tried = result["tried"]
+    assert isinstance(tried, dict)
+    # The probe did look: the control plane's processes refused, its own processes and files answered.
+    assert tried[f"ancestor {dispatcher.pid} environ"] == "Permission denied"
+    assert tried["own environment"] == "read"
+    ancestors = sorted({label.split()[1] for label in tried if label.startswith("ancestor ")})
+    assert (
+        str(dispatcher.pid) in ancestors and len(ancestors) >= 3
+    )  # the step's shell, runner, (fork server,) dispatcher
+    own_uid = result["uid"]
+    assert isinstance(own_uid, int) and own_uid >= RUN_UID_BASE  # the run's own uid, not the dispatcher's
+    shell, runner, *control_plane = _by_depth(tried, ancestors)
+    assert tried[f"ancestor {shell} environ"] == "read"  # the step's own shell: the probe can read its own
+    # The runner has the run's uid but switched to it, so the kernel keeps even its own steps out.
+    assert tried[f"ancestor {runner} uid"] == str(own_uid)
+    assert tried[f"ancestor {runner} environ"] == "Permission denied"
+    assert tried[f"ancestor {runner} fds"] == "Permission denied"
+    for pid in control_plane:
+        assert tried[f"ancestor {pid} environ"] == "Permission denied", pid
+
+
+def _by_depth(tried: dict[str, str], ancestors: list[str]) -> list[str]:
+    """Ancestors nearest first, as the probe walked them (its labels keep that order)."""
+    order: list[str] = []
+    for label in tried:
+        if label.startswith("ancestor "):
+            pid = label.split()[1]
+            if pid not in order:
+                order.append(pid)
+    assert sorted(order) == ancestors
+    return order
+
+
+def test_secrets_are_masked_in_logs_and_artifacts_and_ciphertext_at_rest(db: Conn, services: Services) -> None:
+    secret = "s3cr3t-Value-42"
+    account = create_account(db)
+    steps = [
+        # Whole, then split across two writes a second apart (two reads, two flushes of the log).
+        'echo "password is $DBT_ENV_SECRET_PASSWORD"; printf "s3cr3t-Va"; sleep 1; printf "lue-42 done\\n"',
+        'mkdir -p target; printf \'{"profile": {"password": "%s"}}\' "$DBT_ENV_SECRET_PASSWORD" > target/manifest.json',
+        'test "$DBT_ENV_SECRET_PASSWORD" = "s3cr3t-Value-42" && echo "the step saw the real value"',
+    ]
+    job = create_job(db, account, steps=steps, secrets={"DBT_ENV_SECRET_PASSWORD": secret})
+    run_id = queue_run(db, job)
+    services.start("scheduler")
+    services.start("dispatcher")
+
+    wait_for(lambda: run_row(db, run_id)["status"] >= RunStatus.SUCCESS, timeout=90, what="the run to end")
+    assert run_row(db, run_id)["status"] == RunStatus.SUCCESS
+    chunks = rows(db, "SELECT seq, text FROM run_log_chunks WHERE run_id = %s ORDER BY seq", (run_id,))
+    assert len(chunks) >= 3  # the split value did reach the log in separate chunks
+    text = "".join(c["text"] for c in chunks)
+    assert "password is *****\n" in text
+    assert "***** done\n" in text  # the split value, masked whole
+    assert "the step saw the real value" in text
+    assert "s3cr3t" not in text and "lue-42" not in text
+    [artifact] = rows(db, "SELECT content FROM artifacts WHERE run_id = %s", (run_id,))
+    assert bytes(artifact["content"]) == b'{"profile": {"password": "*****"}}'
+    [stored] = rows(db, "SELECT secret_environment::text AS s, environment::text AS e FROM jobs WHERE id = %s", (job,))
+    assert secret not in stored["s"] and secret not in stored["e"]
+    assert json.loads(stored["s"])["DBT_ENV_SECRET_PASSWORD"].startswith("gAAAA")  # a Fernet token
