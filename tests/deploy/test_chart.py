@@ -77,7 +77,7 @@ def test_every_rendered_document_is_valid(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(VALUES))
-def test_rbac_is_pods_only_in_the_runs_namespace(variant: str) -> None:
+def test_rbac_is_pods_and_their_tokens_only_in_the_runs_namespace(variant: str) -> None:
     docs = render(variant)
     kinds = {d["kind"] for d in docs}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
@@ -88,6 +88,7 @@ def test_rbac_is_pods_only_in_the_runs_namespace(variant: str) -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "patch"]},
     ]
     dispatcher_sa = binding["subjects"][0]
     assert dispatcher_sa["namespace"] == "runplane"
@@ -164,7 +165,7 @@ def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> No
         assert env["RUNPLANE_DISPATCHER__CLUSTER"] == cluster
         assert env["RUNPLANE_DISPATCHER__LAUNCHER"] == "kubernetes"
         assert env["RUNPLANE_KUBERNETES__NAMESPACE"] == "runs"
-        assert env["RUNPLANE_KUBERNETES__ENV_FROM_SECRETS"] == '["runplane-urls","warehouse-credentials"]'
+        assert env["RUNPLANE_KUBERNETES__ENV_FROM_SECRETS"] == '["warehouse-credentials"]'
         remote = cluster != "eu-west"
         assert ("RUNPLANE_KUBERNETES__KUBECONFIG" in env) is remote
         assert env["RUNPLANE_KUBERNETES__CONTEXT"] == (f"{cluster}-prod" if remote else "")
@@ -194,7 +195,8 @@ def test_dispatcher_env_is_read_by_the_settings() -> None:
     assert settings.kubernetes.node_selector == {"pool": "runs"}
     assert settings.kubernetes.tolerations[0]["key"] == "dedicated"
     assert settings.kubernetes.image_pull_secrets == ["registry-credentials"]
-    assert settings.kubernetes.env_from_secrets == ["runplane-urls", "warehouse-credentials"]
+    assert settings.kubernetes.env_from_secrets == ["warehouse-credentials"]  # never the control plane's URLs
+    assert settings.runner.api_address == "rp-runplane-runner-api.runplane.svc:50052"
     assert settings.kubernetes.pod_retention_seconds == 600
 
 
@@ -206,3 +208,43 @@ def test_the_chart_ships_the_grafana_dashboard() -> None:
     ]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(configmap["data"]["runplane.json"]) == json.loads(shipped)
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_run_pods_reach_only_dns_the_runner_api_and_named_warehouses(variant: str) -> None:
+    docs = render(variant)
+    runs_ns = "runs" if variant == "multi-cluster" else "runplane-runs"
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == runs_ns
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "runplane-runner"
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    dns, runner_api, *warehouses = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert runner_api["ports"] == [{"protocol": "TCP", "port": 50052}]  # not the public API's 50051
+    assert runner_api["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "api"
+    if variant == "multi-cluster":
+        assert warehouses == [
+            {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 5439}]}
+        ]
+    else:
+        assert warehouses == []
+    # No Secret of the control plane lives where run Pods are.
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"].get("namespace") == runs_ns]
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-runner-api")]
+    assert [p["port"] for p in service["spec"]["ports"]] == [50052]
+
+
+def test_only_the_api_reads_the_secret_keys() -> None:
+    docs = render("multi-cluster")
+    readers = []
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            for env in container.get("env", []):
+                if env["name"] == "RUNPLANE_SECRET_KEYS":
+                    assert env["valueFrom"]["secretKeyRef"] == {
+                        "name": "runplane-secret-keys",
+                        "key": "RUNPLANE_SECRET_KEYS",
+                    }
+                    readers.append(deployment["metadata"]["name"])
+    assert readers == ["rp-runplane-api"]
