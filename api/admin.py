@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 
 from api.auth import new_token, token_hash, token_prefix
+from api.scopes import parse_scopes
 from api.store import Store
 from api.validation import JobSpec, bounded, text
 from runplane.db import Connection, open_pool
-from runplane.errors import NotFound
+from runplane.errors import InvalidArgument, NotFound
 from runplane.settings import Settings
 from runplane.types import AccountId, JobType
 
@@ -69,17 +70,49 @@ async def create_account(settings: Settings, *, name: str, run_slots: int, memor
     return account_id, token
 
 
-async def create_token(settings: Settings, *, account_id: int) -> str:
-    """A new token for an existing account (NotFound otherwise)."""
+async def create_token(
+    settings: Settings,
+    *,
+    account_id: int,
+    name: str = "",
+    scopes: tuple[str, ...] = ("account_admin",),
+    expires_in_days: int | None = None,
+) -> str:
+    """A new token for an existing account (NotFound otherwise), with a name, scopes and an optional expiry."""
+    text(name, "name", max_length=200)
+    scopes = parse_scopes(scopes)
+    if expires_in_days is not None:
+        bounded(expires_in_days, "expires_in_days", 1, 3650)
     pool = await open_pool(settings.database_url, max_size=1, name="admin")
     try:
         store = Store(pool)
         async with store.transaction() as conn:
             if not await store.account_exists(conn, account_id):
                 raise NotFound(f"account {account_id} not found")
-            return await _issue_token(store, conn, AccountId(account_id))
+            return await _issue_token(
+                store, conn, AccountId(account_id), name=name, scopes=scopes, expires_in_days=expires_in_days
+            )
     finally:
         await pool.close()
+
+
+async def revoke_token(settings: Settings, *, token_id: int | None = None, token: str | None = None) -> int:
+    """Revoke a token by its id or by the token itself; its account id. Effective on the next call."""
+    if (token_id is None) == (token is None):
+        raise InvalidArgument("token", "name the token by --id or by --token, one of them")
+    pool = await open_pool(settings.database_url, max_size=1, name="admin")
+    try:
+        store = Store(pool)
+        async with store.transaction() as conn:
+            row = await store.revoke_token(
+                conn, token_id=token_id, token_hash=token_hash(token) if token is not None else None
+            )
+    finally:
+        await pool.close()
+    if row is None:
+        raise NotFound("no such token, or it was revoked already")
+    log.info("token revoked", extra={"account_id": row["account_id"], "token_id": row["id"]})
+    return int(row["account_id"])
 
 
 async def seed_demo(settings: Settings, name: str) -> tuple[int, str, list[int]]:
@@ -105,7 +138,23 @@ async def seed_demo(settings: Settings, name: str) -> tuple[int, str, list[int]]
     return account_id, token, job_ids
 
 
-async def _issue_token(store: Store, conn: Connection, account_id: AccountId) -> str:
+async def _issue_token(
+    store: Store,
+    conn: Connection,
+    account_id: AccountId,
+    *,
+    name: str = "",
+    scopes: tuple[str, ...] = ("account_admin",),
+    expires_in_days: int | None = None,
+) -> str:
     token = new_token()
-    await store.insert_token(conn, account_id=account_id, token_hash=token_hash(token), prefix=token_prefix(token))
+    await store.insert_token(
+        conn,
+        account_id=account_id,
+        token_hash=token_hash(token),
+        prefix=token_prefix(token),
+        name=name,
+        scopes=scopes,
+        expires_in_days=expires_in_days,
+    )
     return token

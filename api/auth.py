@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from api.errors import status_boundary
+from api.scopes import TokenGrant, check_scope
 from runplane import tracing
 from runplane.errors import Unauthenticated
 from runplane.types import AccountId
@@ -58,7 +59,7 @@ def current_account() -> AccountId:
 
 
 class TokenLookup(Protocol):
-    async def account_for_token(self, token_hash: bytes) -> AccountId | None: ...
+    async def account_for_token(self, token_hash: bytes) -> TokenGrant | None: ...
 
 
 def bearer_token(metadata: Any) -> str:
@@ -104,18 +105,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             response_serializer=handler.response_serializer,
         )
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext[object, object]) -> AccountId:
+    async def _authenticate(self, context: grpc.aio.ServicerContext[object, object], method: str) -> AccountId:
         token = bearer_token(context.invocation_metadata())
-        account_id = await self._tokens.account_for_token(token_hash(token))
-        if account_id is None:
-            raise Unauthenticated("unknown or revoked token")
-        return account_id
+        grant = await self._tokens.account_for_token(token_hash(token))
+        if grant is None:
+            raise Unauthenticated("unknown, expired or revoked token")
+        check_scope(grant, method)
+        return grant.account_id
 
     def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
         async def unary(request: object, context: grpc.aio.ServicerContext[object, object]) -> object:
             with _server_span(method, context):
                 async with status_boundary(context, method):
-                    _account.set(await self._authenticate(context))
+                    _account.set(await self._authenticate(context, method))
                     return await behavior(request, context)
             raise AssertionError("unreachable: the boundary aborts")
 
@@ -127,7 +129,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         async def stream(request: object, context: grpc.aio.ServicerContext[object, object]) -> AsyncIterator[object]:
             with _server_span(method, context):
                 async with status_boundary(context, method):
-                    _account.set(await self._authenticate(context))
+                    _account.set(await self._authenticate(context, method))
                     async for item in behavior(request, context):
                         yield item
 

@@ -2,7 +2,9 @@
 -- never returned, so it looks exactly like a missing one.
 
 -- name: account_for_token
-SELECT account_id FROM api_tokens WHERE token_hash = %(token_hash)s AND revoked_at IS NULL;
+-- Read on every call (no cache): a revoked or expired token fails at once.
+SELECT account_id, scopes FROM api_tokens
+ WHERE token_hash = %(token_hash)s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
 
 -- name: insert_account
 INSERT INTO accounts (name, run_slots, memory_mb)
@@ -16,9 +18,16 @@ SELECT id FROM accounts WHERE name = %(name)s ORDER BY id LIMIT 1;
 SELECT EXISTS (SELECT 1 FROM accounts WHERE id = %(account_id)s) AS found;
 
 -- name: insert_token
-INSERT INTO api_tokens (account_id, token_hash, token_prefix)
-VALUES (%(account_id)s, %(token_hash)s, %(token_prefix)s)
+INSERT INTO api_tokens (account_id, token_hash, token_prefix, name, scopes, expires_at)
+VALUES (%(account_id)s, %(token_hash)s, %(token_prefix)s, %(name)s, %(scopes)s,
+        CASE WHEN %(expires_in_days)s::int IS NULL THEN NULL
+             ELSE now() + make_interval(days => %(expires_in_days)s::int) END)
 RETURNING id;
+
+-- name: revoke_token
+UPDATE api_tokens SET revoked_at = now()
+ WHERE revoked_at IS NULL AND (id = %(token_id)s OR token_hash = %(token_hash)s)
+RETURNING id, account_id;
 
 -- name: insert_job
 INSERT INTO jobs (

@@ -15,6 +15,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from api.scopes import TokenGrant
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
 from runplane.errors import FailedPrecondition, ServiceUnavailable
@@ -48,10 +49,10 @@ class Store:
 
     # accounts and tokens
 
-    async def account_for_token(self, token_hash: bytes) -> AccountId | None:
+    async def account_for_token(self, token_hash: bytes) -> TokenGrant | None:
         async with self.connection() as conn:
             row = await _one(conn, "account_for_token", token_hash=token_hash)
-        return None if row is None else AccountId(row["account_id"])
+        return None if row is None else TokenGrant(AccountId(row["account_id"]), frozenset(row["scopes"]))
 
     async def insert_account(self, conn: Connection, *, name: str, run_slots: int, memory_mb: int) -> AccountId:
         row = await _one(conn, "insert_account", name=name, run_slots=run_slots, memory_mb=memory_mb)
@@ -66,8 +67,32 @@ class Store:
         row = await _one(conn, "account_exists", account_id=account_id)
         return bool(row and row["found"])
 
-    async def insert_token(self, conn: Connection, *, account_id: AccountId, token_hash: bytes, prefix: str) -> None:
-        await _execute(conn, "insert_token", account_id=account_id, token_hash=token_hash, token_prefix=prefix)
+    async def insert_token(
+        self,
+        conn: Connection,
+        *,
+        account_id: AccountId,
+        token_hash: bytes,
+        prefix: str,
+        name: str = "",
+        scopes: tuple[str, ...] = ("account_admin",),
+        expires_in_days: int | None = None,
+    ) -> int:
+        row = await _one(
+            conn,
+            "insert_token",
+            account_id=account_id,
+            token_hash=token_hash,
+            token_prefix=prefix,
+            name=name,
+            scopes=list(scopes),
+            expires_in_days=expires_in_days,
+        )
+        assert row is not None
+        return int(row["id"])
+
+    async def revoke_token(self, conn: Connection, *, token_id: int | None, token_hash: bytes | None) -> Row | None:
+        return await _one(conn, "revoke_token", token_id=token_id, token_hash=token_hash)
 
     def _job_params(self, spec: JobSpec) -> dict[str, Any]:
         return {

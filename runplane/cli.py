@@ -85,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     account.add_argument("--memory-mb", type=int, default=1024)
     token = admin.add_parser("create-token", help="create a new API token for an account")
     token.add_argument("--account", type=int, required=True)
+    token.add_argument("--name", default="", help="what the token is for")
+    token.add_argument(
+        "--scope",
+        action="append",
+        choices=["read_only", "job_admin", "account_admin"],
+        help="read_only, job_admin or account_admin (default); repeatable",
+    )
+    token.add_argument("--expires-in-days", type=int, default=None, help="default: never")
+    revoke = admin.add_parser("revoke-token", help="revoke an API token: it fails from the next call on")
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=int, help="the token's id")
+    which.add_argument("--token", help="the token itself")
 
     status = sub.add_parser("status", help="live view of queues, delays, workers and dispatchers")
     status.add_argument("--once", action="store_true")
@@ -158,7 +170,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> int:
-    from api.admin import create_account, create_token
+    from api.admin import create_account, create_token, revoke_token
 
     if args.admin_command == "create-account":
         account_id, token = asyncio.run(
@@ -166,6 +178,18 @@ def _admin(args: argparse.Namespace, settings: Settings) -> int:
         )
         print(json.dumps({"account_id": account_id, "token": token}))
         return 0
-    token = asyncio.run(create_token(settings, account_id=args.account))
+    if args.admin_command == "revoke-token":
+        account_id = asyncio.run(revoke_token(settings, token_id=args.id, token=args.token))
+        print(json.dumps({"account_id": account_id, "revoked": True}))
+        return 0
+    token = asyncio.run(
+        create_token(
+            settings,
+            account_id=args.account,
+            name=args.name,
+            scopes=tuple(args.scope or ["account_admin"]),
+            expires_in_days=args.expires_in_days,
+        )
+    )
     print(json.dumps({"account_id": args.account, "token": token}))
     return 0
