@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,20 @@ def _env(base: Settings, database_url: str, prefix: str, launcher: str) -> dict[
         RUNPLANE_LOG_LEVEL="WARNING",
         RUNPLANE_DRAIN_SECONDS="10",
     )
+    # Runners reach the control plane through the runner API only: an API process on free ports.
+    api_port, runner_port = _free_port(), _free_port()
+    env.update(
+        RUNPLANE_API__PORT=str(api_port),
+        RUNPLANE_API__RUNNER_PORT=str(runner_port),
+        RUNPLANE_RUNNER__API_ADDRESS=f"127.0.0.1:{runner_port}",
+    )
     return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _cleanup_prefix(base: Settings, prefix: str) -> None:
@@ -217,6 +231,7 @@ def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, 
             job_ids = [int(r[0]) for r in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
         processes = Processes(_env(base, url, prefix, "local"), Path(logs))
         try:
+            processes.start("api", "api")
             for i in range(dispatchers):
                 processes.start("dispatcher", f"dispatcher-{i}")
             processes.start("scheduler", "scheduler")
