@@ -18,13 +18,14 @@ from psycopg_pool import AsyncConnectionPool
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
 from runplane.errors import ServiceUnavailable
+from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
 from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-QUERIES = load_queries("api")
+QUERIES = {**load_queries("api"), **TRANSITIONS}  # a run's status changes are runplane.runs'
 
 
 class Store:

@@ -37,6 +37,7 @@ from runplane.runs.finish import Outcome, finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
+from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn
@@ -203,7 +204,7 @@ class Dispatcher:
         if not plan.start:
             return [], pickups
         cur = await conn.execute(
-            Q["start_runs"],
+            TRANSITIONS["start_runs"],
             {
                 "ids": [run.run_id for run in plan.start],
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],

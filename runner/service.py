@@ -37,6 +37,7 @@ from runplane.errors import ServiceUnavailable
 from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
 from runplane.runs.pickups import hint_pickups
 from runplane.runs.retries import FailureKind, RetryPolicy
+from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -134,7 +135,7 @@ class Runner:
     async def claim(self) -> ClaimedRun | None:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                Q["claim_run"],
+                TRANSITIONS["claim_run"],
                 {"run_id": self._run_id, "owner": self._owner, "lease_seconds": self._settings.runner.lease_seconds},
             )
             row = await cur.fetchone()
