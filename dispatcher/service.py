@@ -18,8 +18,6 @@ import socket
 import time
 from dataclasses import dataclass
 
-import psycopg
-import psycopg.errors
 from google.protobuf.message import Message
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
@@ -31,7 +29,7 @@ from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
-from runplane.errors import LaunchError, ServiceUnavailable
+from runplane.errors import Contention, LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
 from runplane.runs.finish import Outcome, finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
@@ -142,9 +140,9 @@ class Dispatcher:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 return await self._plan_and_start(conn, account_id)
-        except psycopg.errors.LockNotAvailable:
+        except Contention:
             log.info("account row busy; pickup dropped", extra={"account_id": account_id})
-        except psycopg.OperationalError as exc:
+        except ServiceUnavailable as exc:
             # The transaction was ended under us (idle timeout after a stall, or Postgres went away).
             log.warning("dispatch pass aborted", extra={"account_id": account_id, "error": str(exc)})
         return [], set()
@@ -241,7 +239,7 @@ class Dispatcher:
                         "clusters": [result.cluster for _, result in launched],
                     },
                 )
-        except psycopg.OperationalError as exc:
+        except ServiceUnavailable as exc:
             log.warning("pod names not recorded", extra={"error": str(exc)})
 
     async def _launch(self, run: Started) -> LaunchResult | None:
@@ -289,7 +287,7 @@ async def announce(
             try:
                 async with pool.connection() as conn:
                     await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 log.warning("dispatcher row not updated", extra={"error": str(exc)})
             if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
                 break
@@ -297,7 +295,7 @@ async def announce(
         try:
             async with pool.connection() as conn:
                 await conn.execute(Q["dispatcher_gone"], {"dispatcher_id": name})
-        except psycopg.OperationalError:
+        except ServiceUnavailable:
             pass  # the scheduler loop forgets silent dispatchers
 
 

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
@@ -285,7 +284,7 @@ class Runner:
                     params = {"run_id": self._run_id, "owner": self._owner, "lease_seconds": lease}
                     cur = await conn.execute(Q["heartbeat"] if renew else Q["poll_run"], params)
                     row = await cur.fetchone()
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 # Postgres away: keep working while the lease may still be ours.
                 if time.monotonic() - last_renewal > lease:
                     log.error("lease expired without a renewal; stopping", extra={"run_id": self._run_id})
@@ -323,7 +322,7 @@ class Runner:
                     lease_owner=self._owner,
                 )
                 break
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("outcome not written yet; retrying", extra={"run_id": self._run_id, "error": str(exc)})

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from runplane import instruments
@@ -89,7 +88,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 failures = 0
                 if done["relaunched"] or done["start_failed"] or done["lost"]:
                     log.info("reaped", extra=done)
-            except (ServiceUnavailable, psycopg.OperationalError) as exc:
+            except ServiceUnavailable as exc:
                 # Postgres or RabbitMQ away: keep trying every interval; the pass is idempotent.
                 failures += 1
                 if failures == 1 or failures % 30 == 0:
