@@ -322,15 +322,19 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         started = time.monotonic()
         name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
-            spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
+            spawn(
+                group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop), eternal=True, stop=stop
+            )
             watcher = companion(settings, pool, stop)
             if watcher is not None:
-                spawn(group, f"dispatcher:{launcher.name}:watch", watcher)
+                spawn(group, f"dispatcher:{launcher.name}:watch", watcher, eternal=True, stop=stop)
             for index in range(concurrency):
                 spawn(
                     group,
                     f"dispatcher:consume:{index}",
                     bus.consume(queue, dispatcher.on_pickup, prefetch=prefetch, stop=stop),
+                    eternal=True,
+                    stop=stop,
                 )
         log.info("dispatcher stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
     finally:

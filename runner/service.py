@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -39,6 +38,7 @@ from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import Settings
 from runplane.sql import load_queries
+from runplane.supervise import wait_any
 from runplane.types import RunStatus
 
 log = logging.getLogger(__name__)
@@ -274,9 +274,7 @@ class Runner:
         lease = self._settings.runner.lease_seconds
         last_renewal = time.monotonic()
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=min(CANCEL_POLL_INTERVAL, interval))
-            if stop.is_set():
+            if await wait_any(stop, timeout=min(CANCEL_POLL_INTERVAL, interval)):
                 return
             renew = time.monotonic() - last_renewal >= interval
             try:
