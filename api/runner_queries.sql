@@ -1,19 +1,5 @@
 -- The runner API: every statement is a compare-and-set on the run's token and lease.
 
--- name: claim_run
--- starting → running for the holder of the run's token; the lease id is the runner's.
-UPDATE runs r
-   SET status = 3,
-       started_at = clock_timestamp(),
-       lease_owner = %(lease_id)s,
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
-       heartbeat_at = clock_timestamp(),
-       waiting_reason = ''
-  FROM jobs j, accounts a
- WHERE r.id = %(run_id)s AND r.status = 2 AND r.runner_token_hash = %(token_hash)s
-   AND j.id = r.job_id AND a.id = r.account_id
-RETURNING r.id
-
 -- name: claimed_run
 -- What the runner is told: the run with its job and account, for the holder of the lease.
 SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,

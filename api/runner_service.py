@@ -24,7 +24,7 @@ import grpc
 
 from api.auth import bearer_token
 from api.errors import status_boundary
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.run_spec import build_run_spec
 from api.store import Store
 from runplane.db import Connection
@@ -32,6 +32,7 @@ from runplane.errors import FailedPrecondition, InvalidArgument, PermissionDenie
 from runplane.run_tokens import run_token_hash
 from runplane.runs.finish import finish_run
 from runplane.runs.retries import RetryPolicy
+from runplane.runs.transitions import TRANSITIONS
 from runplane.secrets import SecretBox
 from runplane.settings import RunnerSettings
 from runplane.sql import load_queries
@@ -73,7 +74,9 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             lease_id = _lease_id(request.lease_id)
             params = {"run_id": request.run_id, "token_hash": token, "lease_id": lease_id}
             async with self._store.transaction() as conn:
-                cur = await conn.execute(Q["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds})
+                cur = await conn.execute(
+                    TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds}
+                )
                 claimed = await cur.fetchone() is not None
                 cur = await conn.execute(Q["claimed_run"], params)
                 row = await cur.fetchone()

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.auth import AuthInterceptor
 from api.jobs import JobService
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.runner_service import RunnerService
 from api.runs import RunService
 from api.store import Store

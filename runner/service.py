@@ -19,7 +19,6 @@ goes through :mod:`runner.control_plane`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
 from runplane.secrets import MASK
 from runplane.settings import RunnerSettings, Settings
+from runplane.supervise import wait_any
 from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
 
 log = logging.getLogger(__name__)
@@ -213,9 +213,7 @@ class Runner:
         interval = spec.heartbeat_interval or self._settings.runner.heartbeat_interval
         last_renewal = time.monotonic()
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=min(CANCEL_POLL_INTERVAL, interval))
-            if stop.is_set():
+            if await wait_any(stop, timeout=min(CANCEL_POLL_INTERVAL, interval)):
                 return
             renew = time.monotonic() - last_renewal >= interval
             try:
