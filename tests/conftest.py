@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,20 +17,16 @@ import redis
 from pydantic import SecretStr
 
 from api.server import RunningApi, start_server
+from runplane import redis_keys
 from runplane.migrate import migrate
 from runplane.preflight import ensure_services
 from runplane.secrets import generate_key
 from runplane.settings import Settings
+from tests.support.ports import free_port
 
 BASE = Settings()
 # Two keys, as after a rotation: the newest encrypts, both decrypt.
 TEST_SECRET_KEYS = f"{generate_key()},{generate_key()}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 ADMIN_URL = psycopg.conninfo.make_conninfo(BASE.database_url, dbname="postgres")
@@ -158,7 +153,7 @@ def _redis_cleanup(prefix: str) -> Iterator[None]:
     yield
     client = redis.Redis.from_url(BASE.redis_url)
     try:
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        keys = list(client.scan_iter(redis_keys.every_key(prefix), count=1000))
         if keys:
             client.delete(*keys)
     finally:

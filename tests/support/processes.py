@@ -17,6 +17,7 @@ import psycopg
 
 from runplane.bus import AmqpBus, Topology
 from runplane.v1 import bus_pb2
+from tests.support.ports import free_port
 
 
 class Services:
@@ -119,12 +120,6 @@ def wait_for_port(address: str, timeout: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"nothing listens on {address}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OwnRedis:
