@@ -7,6 +7,7 @@ in-process (tests use it on port 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 from api.auth import AuthInterceptor
 from api.jobs import JobService
 from api.pickup import PickupPublisher
+from api.rest.app import create_app
+from api.rest.server import RestServer, start_rest
 from api.runs import RunService
 from api.store import Store
 from runplane.bus import Topology
@@ -49,6 +52,7 @@ class RunningApi:
     pool: AsyncConnectionPool[Connection]
     pickups: PickupPublisher
     draining: asyncio.Event = field(default_factory=asyncio.Event)
+    rest: RestServer | None = None
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish within ``grace`` seconds, then close."""
@@ -56,13 +60,20 @@ class RunningApi:
             return
         self.draining.set()  # log followers end; health says NOT_SERVING
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        if self.rest is not None:
+            await asyncio.gather(self.server.stop(grace), self.rest.stop(grace))
+        else:
+            await self.server.stop(grace)
         await self.pickups.close()
         await self.pool.close()
 
 
-async def start_server(settings: Settings, *, port: int | None = None) -> RunningApi:
-    """Start the API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one)."""
+async def start_server(settings: Settings, *, port: int | None = None, rest_port: int | None = None) -> RunningApi:
+    """Start the gRPC API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one),
+    and the REST API on ``rest_port`` (default: ``settings.api.rest_port``, or a free port when ``port`` is 0).
+    """
+    if rest_port is None:
+        rest_port = 0 if port == 0 and settings.api.rest_port >= 0 else settings.api.rest_port
     pool = await open_pool(settings.database_url, min_size=1, max_size=POOL_SIZE, name="api")
     pickups = PickupPublisher(settings.amqp_url, Topology(settings.bus_prefix))
     try:
@@ -100,6 +111,13 @@ async def start_server(settings: Settings, *, port: int | None = None) -> Runnin
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
         await server.start()
+        rest = None
+        if rest_port >= 0:
+            try:
+                rest = await start_rest(create_app(store, pickups), settings.api, rest_port)
+            except BaseException:
+                await server.stop(0)
+                raise
     except BaseException:
         await pickups.close()
         await pool.close()
@@ -108,14 +126,24 @@ async def start_server(settings: Settings, *, port: int | None = None) -> Runnin
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await pickups.connect()  # early, so the first trigger does not pay for it; failure only warns
     log.info("api listening", extra={"address": f"{settings.api.host}:{bound}"})
-    return RunningApi(server, bound, health, pool, pickups, draining)
+    return RunningApi(server, bound, health, pool, pickups, draining, rest)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then drain within ``settings.drain_seconds``."""
     api = await start_server(settings)
     try:
-        await stop.wait()
+        if api.rest is None:
+            await stop.wait()
+        else:
+            stopping = asyncio.create_task(stop.wait(), name="api-stop")
+            await asyncio.wait({stopping, api.rest.task}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+            if not stop.is_set():  # the REST server ended on its own: stop the process loudly
+                api.rest.task.result()
+                raise ServiceUnavailable("the REST API stopped unexpectedly")
     finally:
         log.info("api draining")
         await api.stop(max(0.0, settings.drain_seconds - CLOSE_MARGIN_SECONDS))

@@ -81,7 +81,7 @@ class ClaimedRun:
             schema=str(_override(overrides, "schema") or row["schema_name"] or ""),
             timeout_seconds=int(_override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),  # type: ignore[call-overload]
             memory_mb=int(row["memory_mb"]),  # type: ignore[call-overload]
-            target_name=str(row["target_name"] or ""),
+            target_name=str(_override(overrides, "target_name") or row["target_name"] or ""),
             git_branch=str(_override(overrides, "git_branch") or row["git_branch"] or ""),
             pull_request_number=row["pull_request_number"],  # type: ignore[arg-type]
             cause=str(row["cause"] or ""),

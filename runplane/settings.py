@@ -13,6 +13,11 @@ class ApiSettings(BaseModel):
     port: int = Field(50051, description="Port of the gRPC API.")
     max_page_size: int = Field(500, description="Largest page a List call returns.")
     log_poll_interval: float = Field(0.5, description="How often StreamRunLogs polls a live run.")
+    rest_port: int = Field(8000, description="Port of the REST API (dbt Cloud v2 compatible); -1 turns it off.")
+    tls_certfile: str = Field(
+        "", description="PEM certificate (chain) of the REST API; with tls_keyfile it serves HTTPS, else plain HTTP."
+    )
+    tls_keyfile: str = Field("", description="PEM private key of tls_certfile.")
 
 
 class OrchestratorSettings(BaseModel):

@@ -85,8 +85,18 @@ def service_env(settings: Settings) -> dict[str, str]:
         RUNPLANE_BUS_PREFIX=settings.bus_prefix,
         RUNPLANE_REDIS_PREFIX=settings.redis_prefix,
         RUNPLANE_LOG_FORMAT="text",
+        # The REST API listens next to gRPC; a free port keeps parallel tests apart.
+        RUNPLANE_API__REST_PORT=str(_free_port()),
     )
     return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
