@@ -17,11 +17,13 @@ from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
 from runplane.db import Connection
-from runplane.errors import InvalidArgument
+from runplane.errors import InvalidArgument, NotFound
 from runplane.types import AccountId, JobId, RunId, RunStatus, Trigger
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
+# dbt Cloud's artifact paths are rooted at target/; runplane keeps the path in the run's directory.
+TARGET = "target/"
 Id = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
@@ -238,7 +240,7 @@ async def list_artifacts(
     async with store.connection() as conn:
         run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
         rows = await store.artifacts_of_step(conn, run, None if step is None else step - 1)
-    return Envelope[list[str]](status=success(), data=[r["path"] for r in rows])
+    return Envelope[list[str]](status=success(), data=[r["path"].removeprefix(TARGET) for r in rows])
 
 
 @router.get(
@@ -255,7 +257,11 @@ async def get_artifact(
     step: Step = None,
 ) -> Response:
     store = _store(request)
+    step_index = None if step is None else step - 1
     async with store.connection() as conn:
-        row = await run_artifact(store, conn, account_id, run_id, path, step_index=None if step is None else step - 1)
+        try:
+            row = await run_artifact(store, conn, account_id, run_id, TARGET + path, step_index=step_index)
+        except NotFound:
+            row = await run_artifact(store, conn, account_id, run_id, path, step_index=step_index)
     media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
     return Response(bytes(row["content"]), media_type=media_type)

@@ -217,12 +217,12 @@ async def test_artifacts_listed_and_read_by_step(rest: Rest, adb: AsyncDb) -> No
     job_id = await rest.create_job(adb, steps=["a", "b"])
     run_id = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json={})).json()["data"]["id"]
     await adb.execute(
-        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'manifest.json', 1, %s),"
-        " (%s, 'compiled/model.sql', 0, %s)",
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 1, %s),"
+        " (%s, 'target/compiled/model.sql', 0, %s)",
         (run_id, b'{"nodes": {}}', run_id, b"select 1"),
     )
     listed = (await rest.http.get(f"{rest.base}/runs/{run_id}/artifacts/")).json()["data"]
-    assert listed == ["compiled/model.sql", "manifest.json"]
+    assert sorted(listed) == ["compiled/model.sql", "manifest.json"]
     assert (await rest.http.get(f"{rest.base}/runs/{run_id}/artifacts", params={"step": 2})).json()["data"] == [
         "manifest.json"
     ]
