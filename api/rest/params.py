@@ -8,6 +8,8 @@ from runplane.errors import InvalidArgument
 from runplane.types import RunStatus
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
+# What dbt Cloud's include_related accepts for a run; environment and repository answer null here.
+RUN_RELATED = frozenset({"trigger", "job", "run_steps", "debug_logs", "environment", "repository"})
 RUN_ORDERS = ("id", "created_at", "finished_at", "started_at", "status")
 JOB_ORDERS = ("id", "name", "created_at", "updated_at")
 
@@ -18,6 +20,16 @@ def words(values: list[str] | None) -> set[str]:
     for value in values or []:
         out.update(part for part in _LIST_NOISE.sub("", value).split(",") if part)
     return out
+
+
+def related(values: list[str] | None) -> set[str]:
+    """The include_related of a run request; an unknown name is InvalidArgument."""
+    names = words(values)
+    unknown = names - RUN_RELATED
+    if unknown:
+        allowed = ", ".join(sorted(RUN_RELATED))
+        raise InvalidArgument("include_related", f"{sorted(unknown)[0][:40]!r} is not one of {allowed}")
+    return names
 
 
 def statuses(status: int | None, status_in: str | None) -> list[RunStatus]:

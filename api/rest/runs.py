@@ -186,7 +186,7 @@ async def get_run(
     store = _store(request)
     async with store.connection() as conn:
         row = await existing_run(store, conn, account_id, run_id)
-        (run,) = await views(request, store, conn, [row], params.words(include_related))
+        (run,) = await views(request, store, conn, [row], params.related(include_related))
     return Envelope[shapes.Run](status=success(), data=run)
 
 
@@ -218,7 +218,7 @@ async def list_runs(
             rows, total = await store.runs_by_offset(
                 conn, account_id, job_id=job_definition_id, statuses=wanted, order_by=order, offset=offset, limit=limit
             )
-        runs = await views(request, store, conn, rows, params.words(include_related))
+        runs = await views(request, store, conn, rows, params.related(include_related))
     return ListEnvelope[shapes.Run](
         status=success(),
         data=runs,
