@@ -24,9 +24,11 @@ from api.rest.app import create_app
 from api.rest.server import RestServer, start_rest
 from api.runs import RunService
 from api.store import Store
+from api.webhook_deliveries import WebhookDeliverer
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
+from runplane.secrets import SecretBox, box_from_settings
 from runplane.settings import Settings
 from runplane.v1 import jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 
@@ -53,6 +55,12 @@ class RunningApi:
     pickups: PickupPublisher
     draining: asyncio.Event = field(default_factory=asyncio.Event)
     rest: RestServer | None = None
+    deliveries: asyncio.Task[None] | None = None
+    deliveries_stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def side_tasks(self) -> set[asyncio.Task[None]]:
+        """Tasks that must run as long as the process serves: the REST server and webhook deliveries."""
+        return {t for t in (self.rest.task if self.rest else None, self.deliveries) if t is not None}
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish within ``grace`` seconds, then close."""
@@ -60,6 +68,13 @@ class RunningApi:
             return
         self.draining.set()  # log followers end; health says NOT_SERVING
         await self.health.enter_graceful_shutdown()
+        self.deliveries_stop.set()  # an attempt in flight is recorded, or leased and sent again later
+        if self.deliveries is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.deliveries), grace + 1.0)
+            self.deliveries.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.deliveries
         if self.rest is not None:
             await asyncio.gather(self.server.stop(grace), self.rest.stop(grace))
         else:
@@ -111,10 +126,11 @@ async def start_server(settings: Settings, *, port: int | None = None, rest_port
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
         await server.start()
+        box = _secret_box(settings)
         rest = None
         if rest_port >= 0:
             try:
-                rest = await start_rest(create_app(store, pickups), settings.api, rest_port)
+                rest = await start_rest(create_app(store, pickups, box), settings.api, rest_port)
             except BaseException:
                 await server.stop(0)
                 raise
@@ -126,24 +142,34 @@ async def start_server(settings: Settings, *, port: int | None = None, rest_port
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await pickups.connect()  # early, so the first trigger does not pay for it; failure only warns
     log.info("api listening", extra={"address": f"{settings.api.host}:{bound}"})
-    return RunningApi(server, bound, health, pool, pickups, draining, rest)
+    api = RunningApi(server, bound, health, pool, pickups, draining, rest)
+    if box is not None:
+        deliverer = WebhookDeliverer(pool, box, settings.webhooks)
+        api.deliveries = asyncio.create_task(deliverer.run(api.deliveries_stop), name="webhook-deliveries")
+    return api
+
+
+def _secret_box(settings: Settings) -> SecretBox | None:
+    """The box of the secret keys, or None without keys (then webhooks are off, and say so)."""
+    if not settings.secret_keys.get_secret_value():
+        log.warning("no RUNPLANE_SECRET_KEYS: outgoing webhooks are off")
+        return None
+    return box_from_settings(settings)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then drain within ``settings.drain_seconds``."""
     api = await start_server(settings)
     try:
-        if api.rest is None:
-            await stop.wait()
-        else:
-            stopping = asyncio.create_task(stop.wait(), name="api-stop")
-            await asyncio.wait({stopping, api.rest.task}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stopping
-            if not stop.is_set():  # the REST server ended on its own: stop the process loudly
-                api.rest.task.result()
-                raise ServiceUnavailable("the REST API stopped unexpectedly")
+        stopping = asyncio.create_task(stop.wait(), name="api-stop")
+        done, _ = await asyncio.wait({stopping, *api.side_tasks()}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
+        if not stop.is_set():  # a side task ended on its own: stop the process loudly
+            for task in done:
+                task.result()
+            raise ServiceUnavailable(f"{', '.join(t.get_name() for t in done)} stopped unexpectedly")
     finally:
         log.info("api draining")
         await api.stop(max(0.0, settings.drain_seconds - CLOSE_MARGIN_SECONDS))

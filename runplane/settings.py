@@ -20,6 +20,18 @@ class ApiSettings(BaseModel):
     tls_keyfile: str = Field("", description="PEM private key of tls_certfile.")
 
 
+class WebhookSettings(BaseModel):
+    """Delivery of outgoing webhooks (a task of each API process; several processes share the work)."""
+
+    poll_interval: float = Field(0.5, description="Seconds between looks at the outbox when it is idle.")
+    batch_size: int = Field(50, description="Events one look claims.")
+    timeout: float = Field(10.0, description="Seconds one delivery may take.")
+    lease_seconds: float = Field(60.0, description="A claimed event not answered for this long is sent again.")
+    backoff_base: float = Field(2.0, description="Seconds before the first retry; doubled per failed attempt.")
+    backoff_cap: float = Field(300.0, description="Longest wait between two attempts.")
+    max_attempts: int = Field(30, description="Attempts before an event is abandoned (kept, visible in the log).")
+
+
 class OrchestratorSettings(BaseModel):
     heartbeat_interval: float = Field(2.0, description="Seconds between queuer-worker heartbeats.")
     dead_after_intervals: int = Field(3, description="Missed heartbeats before a worker is dead.")
@@ -125,6 +137,7 @@ class Settings(BaseSettings):
     )
 
     api: ApiSettings = ApiSettings()
+    webhooks: WebhookSettings = WebhookSettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()
     scheduler: SchedulerSettings = SchedulerSettings()

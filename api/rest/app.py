@@ -18,15 +18,18 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.pickup import PickupPublisher
-from api.rest import jobs, runs
+from api.rest import jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
+from api.webhook_subscriptions import Subscriptions
 from runplane.errors import RunplaneError
+from runplane.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
 
-def create_app(store: Store, pickups: PickupPublisher) -> FastAPI:
+def create_app(store: Store, pickups: PickupPublisher, box: SecretBox | None = None) -> FastAPI:
+    """The REST app over ``store``; ``box`` encrypts webhook secrets (no webhooks without one)."""
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
         version="2",
@@ -35,7 +38,8 @@ def create_app(store: Store, pickups: PickupPublisher) -> FastAPI:
     )
     app.state.store = store
     app.state.pickups = pickups
-    for router in (runs.router, jobs.router):
+    app.state.subscriptions = Subscriptions(store, box)
+    for router in (runs.router, jobs.router, webhooks.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 
@@ -80,7 +84,7 @@ class _ClientPaths:
             path: str = scope["path"]
             if _V3_READS.match(path):
                 path = "/api/v2/" + path.removeprefix("/api/v3/")
-            if path.startswith("/api/v2/") and not path.endswith("/") and not _ARTIFACT_FILE.match(path):
+            if path.startswith(("/api/v2/", "/api/v3/")) and not path.endswith("/") and not _ARTIFACT_FILE.match(path):
                 path += "/"
             if path != scope["path"]:
                 scope = {**scope, "path": path, "raw_path": path.encode()}
