@@ -12,7 +12,7 @@ import uuid
 from api.pickup import PickupPublisher
 from api.store import Row, Store
 from api.validation import TriggerSpec
-from runplane import instruments, tracing
+from runplane import tracing
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.types import AccountId, JobId, JobType, Trigger, ci_schema, takes_run_slot
@@ -60,8 +60,7 @@ async def trigger_run(
         "run queued",
         extra={"account_id": account_id, "job_id": spec.job_id, "run_id": row["id"], "trigger": spec.trigger.value},
     )
-    if await pickups.publish(account_id):
-        instruments.pickups_published.add(1, {"source": "api"})
+    await pickups.publish(account_id)  # counted where it is sent
     return row, steps
 
 
