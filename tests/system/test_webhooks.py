@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -198,6 +199,13 @@ def test_subscriptions_are_per_account_and_checked(rest: tuple[httpx.Client, int
     got = http.get(f"{base}/subscription/{made['id']}/").json()["data"]
     assert got["hmac_secret"] is None and got["name"] == "n"
     assert [s["id"] for s in http.get(f"{base}/subscriptions").json()["data"]] == [made["id"]]
+    token = http.headers["Authorization"].split()[1]
+    cli = subprocess.run(
+        [sys.executable, "-m", "api.client", "--json", "webhook-list", "--account", str(account_id)],
+        env={**os.environ, "RUNPLANE_TOKEN": token, "RUNPLANE_REST_URL": str(http.base_url)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0 and [s["id"] for s in json.loads(cli.stdout)] == [made["id"]], cli.stderr
     other_id, other_token = asyncio.run(create_account(settings, name="globex", run_slots=1, memory_mb=512))
     theirs = {"Authorization": f"Bearer {other_token}"}
     foreign = http.get(f"/api/v3/accounts/{other_id}/webhooks/subscription/{made['id']}/", headers=theirs)
