@@ -57,3 +57,20 @@ UPDATE webhook_outbox
        abandoned_at = CASE WHEN NOT %(delivered)s AND attempts >= %(max_attempts)s THEN clock_timestamp() END,
        next_attempt_at = clock_timestamp() + make_interval(secs => %(retry_after)s)
  WHERE id = %(id)s;
+
+-- name: insert_git_webhook
+INSERT INTO git_webhooks (account_id, provider, repository, secret, job_ids)
+VALUES (%(account_id)s, %(provider)s, %(repository)s, %(secret)s, %(job_ids)s)
+ON CONFLICT (account_id, provider, repository) DO UPDATE SET secret = EXCLUDED.secret, job_ids = EXCLUDED.job_ids
+RETURNING *;
+
+-- name: get_git_webhook
+SELECT * FROM git_webhooks WHERE id = %(id)s AND provider = %(provider)s;
+
+-- name: jobs_for_git_event
+-- The account's live jobs that a pull request (ci) or a merge (merge) of this hook starts.
+SELECT id FROM jobs
+ WHERE account_id = %(account_id)s AND deleted_at IS NULL AND deactivated_at IS NULL
+   AND ((%(kind)s = 'ci' AND job_type = 'ci' AND on_pull_request) OR (%(kind)s = 'merge' AND job_type = 'merge' AND on_merge))
+   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR id = ANY(%(job_ids)s::bigint[]))
+ ORDER BY id;

@@ -17,8 +17,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.git_events import GitHooks
 from api.pickup import PickupPublisher
-from api.rest import jobs, runs, webhooks
+from api.rest import git_hooks, jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
 from api.webhook_subscriptions import Subscriptions
@@ -39,7 +40,8 @@ def create_app(store: Store, pickups: PickupPublisher, box: SecretBox | None = N
     app.state.store = store
     app.state.pickups = pickups
     app.state.subscriptions = Subscriptions(store, box)
-    for router in (runs.router, jobs.router, webhooks.router):
+    app.state.git_hooks = GitHooks(store, pickups, box)
+    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 

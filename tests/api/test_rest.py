@@ -276,4 +276,9 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(api: RunningApi) -
         "/api/v2/accounts/{account_id}/runs/{run_id}/cancel/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/{path}",
+        "/api/v3/accounts/{account_id}/webhooks/subscriptions/",
+        "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/",
+        "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/deliveries/",
+        "/api/v3/accounts/{account_id}/git-webhooks/",
+        "/webhooks/{provider}/{hook_id}/",
     }

@@ -23,6 +23,7 @@ from schemathesis.generation.modes import GenerationMode
 
 from api.admin import create_account
 from api.rest.app import create_app
+from runplane.secrets import generate_key
 from runplane.settings import Settings
 from tests.support.processes import Services, free_port
 
@@ -38,13 +39,15 @@ CHECKS = [
     checks.negative_data_rejection,
 ]
 # Requests per operation: aimed at real ids, free positive ones, and invalid ones.
-AIMED, FREE, INVALID = 50, 20, 25
+AIMED, FREE, INVALID = 30, 10, 15
 REQUEST_TIMEOUT = 20
 FINGERPRINT = """
 SELECT (SELECT count(*) FROM runs), (SELECT coalesce(sum(status), 0) FROM runs),
        (SELECT count(*) FROM runs WHERE cancel_requested_at IS NOT NULL),
        (SELECT count(*) FROM jobs), (SELECT coalesce(sum(version), 0) FROM jobs),
-       (SELECT count(*) FROM accounts), (SELECT count(*) FROM api_tokens), (SELECT count(*) FROM artifacts)
+       (SELECT count(*) FROM accounts), (SELECT count(*) FROM api_tokens), (SELECT count(*) FROM artifacts),
+       (SELECT count(*) FROM webhook_subscriptions), (SELECT count(*) FROM git_webhooks),
+       (SELECT coalesce(max(updated_at), 'epoch') FROM webhook_subscriptions)
 """
 
 
@@ -60,7 +63,13 @@ class Target:
 @pytest.fixture
 def target(services: Services, settings: Settings, db: psycopg.Connection[tuple[Any, ...]]) -> Iterator[Target]:
     rest_port = free_port()
-    services.start("api", "api", RUNPLANE_API__PORT=str(free_port()), RUNPLANE_API__REST_PORT=str(rest_port))
+    services.start(
+        "api",
+        "api",
+        RUNPLANE_API__PORT=str(free_port()),
+        RUNPLANE_API__REST_PORT=str(rest_port),
+        RUNPLANE_SECRET_KEYS=generate_key(),
+    )
     account_id, token = asyncio.run(create_account(settings, name="acme", run_slots=1, memory_mb=512))
     asyncio.run(create_account(settings, name="globex", run_slots=1, memory_mb=512))
     job_id = db.execute(

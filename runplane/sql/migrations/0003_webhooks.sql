@@ -98,3 +98,17 @@ $$;
 
 CREATE TRIGGER runs_webhook_events AFTER UPDATE OF status ON runs
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION runplane_webhook_events();
+
+-- Git webhooks in: a pull/merge request of this repository starts the account's CI jobs (and its
+-- merge jobs when merged). Until projects carry their repository, the repository is named here,
+-- optionally limited to some jobs.
+CREATE TABLE git_webhooks (
+    id          bigserial PRIMARY KEY,
+    account_id  bigint NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
+    provider    text NOT NULL CHECK (provider IN ('github', 'gitlab')),
+    repository  text NOT NULL,                       -- owner/name, or GitLab's path_with_namespace
+    secret      text NOT NULL,                       -- Fernet token: encrypted at rest
+    job_ids     bigint[] NOT NULL DEFAULT '{}',      -- empty: every CI / merge job of the account
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (account_id, provider, repository)
+);
