@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides, text

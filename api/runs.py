@@ -12,7 +12,7 @@ from api import convert, paging
 from api.auth import current_account
 from api.cancelling import cancel_run
 from api.lookup import existing_run, run_artifact
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import run_statuses, trigger_spec

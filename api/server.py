@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.auth import AuthInterceptor
 from api.jobs import JobService
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.rest.app import create_app
 from api.rest.server import RestServer, start_rest
 from api.runs import RunService

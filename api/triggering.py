@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.validation import TriggerSpec
 from runplane import tracing

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.git_events import GitHooks
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
