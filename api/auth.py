@@ -62,15 +62,19 @@ class TokenLookup(Protocol):
     async def account_for_token(self, token_hash: bytes) -> TokenGrant | None: ...
 
 
+def token_from_header(text: str) -> str:
+    """The token of an authorization value: ``Bearer <token>`` or ``Token <token>`` (dbt Cloud's form)."""
+    scheme, _, token = text.strip().partition(" ")
+    if scheme.lower() not in ("bearer", "token") or not token.strip():
+        raise Unauthenticated("authorization must be 'Bearer <token>' or 'Token <token>'")
+    return token.strip()
+
+
 def bearer_token(metadata: Any) -> str:
     """The token of the ``authorization`` metadata, or Unauthenticated."""
     for key, value in metadata or ():
         if key.lower() == "authorization":
-            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            scheme, _, token = text.strip().partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthenticated("authorization must be 'Bearer <token>'")
-            return token.strip()
+            return token_from_header(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
     raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
 
 

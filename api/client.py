@@ -1,9 +1,12 @@
-"""A small command-line client of the API, printing JSON.
+"""The command-line client of the API: jobs with their settings, triggers with overrides and CI,
+runs, logs, artifacts and webhooks. One line per object, or everything as JSON with ``--json``.
 
     RUNPLANE_TOKEN=... python -m api.client create-job --name nightly --step 'dbt build' --cron '0 2 * * *'
-    RUNPLANE_TOKEN=... python -m api.client trigger 1 --follow
+    RUNPLANE_TOKEN=... python -m api.client trigger 1 --threads 8 --schema dbt_alice --follow
+    RUNPLANE_TOKEN=... python -m api.client --json logs 42
 
-The server address comes from RUNPLANE_API__HOST / RUNPLANE_API__PORT (the server's own settings).
+The gRPC address comes from RUNPLANE_API__HOST / RUNPLANE_API__PORT (the server's own settings);
+webhooks go over the REST API at RUNPLANE_REST_URL (default http://HOST:RUNPLANE_API__REST_PORT).
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import argparse
 import asyncio
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from api.client_webhooks import add_webhook_commands, run_webhook_command
 from runplane.settings import Settings
 from runplane.types import TERMINAL_STATUSES
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
@@ -76,25 +81,120 @@ def to_json(message: Message) -> str:
     return json_format.MessageToJson(message, indent=2)
 
 
+JOB_TYPES = {
+    "deploy": common_pb2.JOB_TYPE_DEPLOY,
+    "ci": common_pb2.JOB_TYPE_CI,
+    "merge": common_pb2.JOB_TYPE_MERGE,
+    "adhoc": common_pb2.JOB_TYPE_ADHOC,
+}
+TRIGGERS = {"api": common_pb2.TRIGGER_API, "manual": common_pb2.TRIGGER_MANUAL, "ci": common_pb2.TRIGGER_CI,
+            "merge": common_pb2.TRIGGER_MERGE}  # fmt: skip
+
+
+def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--type", choices=JOB_TYPES, default="deploy", help="job type (default deploy)")
+    parser.add_argument("--step", action="append", required=True, help="a command; repeat for several")
+    parser.add_argument("--cron", help="five-field cron expression")
+    parser.add_argument("--timezone", default="UTC", help="IANA time zone of the cron expression")
+    parser.add_argument("--on-pull-request", action="store_true", help="ci jobs: run on pull requests")
+    parser.add_argument("--on-merge", action="store_true", help="merge jobs: run on merged pull requests")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--timeout", type=int, default=0, help="seconds; 0: none")
+    parser.add_argument("--target-name", default="")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="repeat for several")
+    parser.add_argument("--git-branch", default="")
+    parser.add_argument("--retries", type=int, default=0, help="retries after a failure")
+    parser.add_argument("--retry-on-step-failure", action="store_true")
+    parser.add_argument("--priority", type=int, default=0)
+    if not create:
+        parser.add_argument("--expected-version", type=int, default=0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m api.client", description="runplane API client")
+    parser.add_argument("--json", action="store_true", help="print whole objects as JSON")
     sub = parser.add_subparsers(dest="command", required=True)
-    create = sub.add_parser("create-job", help="create a deploy job")
-    create.add_argument("--name", required=True)
-    create.add_argument("--step", action="append", required=True, help="a command; repeat for several")
-    create.add_argument("--cron", help="five-field cron expression")
-    create.add_argument("--timezone", default="UTC", help="IANA time zone of the cron expression")
+    _job_options(sub.add_parser("create-job", help="create a job"), create=True)
+    update = sub.add_parser("update-job", help="replace a job's definition")
+    update.add_argument("job_id", type=int)
+    _job_options(update, create=False)
+    for name, text in (("get-job", "show a job"), ("delete-job", "delete a job")):
+        sub.add_parser(name, help=text).add_argument("job_id", type=int)
+    sub.add_parser("list-jobs", help="list jobs")
     trigger = sub.add_parser("trigger", help="trigger a run of a job")
     trigger.add_argument("job_id", type=int)
     trigger.add_argument("--follow", action="store_true", help="print the logs until the run ends")
     trigger.add_argument("--idempotency-key", default="")
+    trigger.add_argument("--cause", default="")
+    trigger.add_argument(
+        "--as", dest="trigger", choices=TRIGGERS, default="api", help="api, manual (run now), ci, merge"
+    )
+    trigger.add_argument("--ci", action="store_const", const="ci", dest="trigger", help="same as --as ci")
+    trigger.add_argument("--pull-request", type=int, default=0, help="pull request number (ci runs need one)")
+    trigger.add_argument("--step", action="append", default=[], help="override the job's steps; repeat")
+    trigger.add_argument("--threads", type=int, default=0)
+    trigger.add_argument("--schema", default="")
+    trigger.add_argument("--git-branch", default="")
+    trigger.add_argument("--git-sha", default="")
+    trigger.add_argument("--timeout", type=int, default=0)
     get_run = sub.add_parser("get-run", help="show a run")
     get_run.add_argument("run_id", type=int)
     list_runs = sub.add_parser("list-runs", help="list runs, newest first")
     list_runs.add_argument("--job", type=int, default=0)
+    list_runs.add_argument("--status", type=int, action="append", default=[], help="a status code; repeat")
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id", type=int)
+    logs = sub.add_parser("logs", help="print a run's logs")
+    logs.add_argument("run_id", type=int)
+    logs.add_argument("--follow", action="store_true", help="until the run ends")
+    sub.add_parser("artifacts", help="list a run's artifacts").add_argument("run_id", type=int)
+    artifact = sub.add_parser("artifact", help="download one artifact of a run")
+    artifact.add_argument("run_id", type=int)
+    artifact.add_argument("path")
+    artifact.add_argument("-o", "--output", help="file to write (default: standard output)")
+    add_webhook_commands(sub)
     return parser
+
+
+def _job_request(args: argparse.Namespace, request: Any) -> Any:
+    request.name = args.name
+    request.job_type = JOB_TYPES[args.type]
+    request.steps.extend(args.step)
+    if args.cron:
+        request.triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=args.cron, timezone=args.timezone))
+    request.triggers.on_pull_request = args.on_pull_request
+    request.triggers.on_merge = args.on_merge
+    env = dict(item.partition("=")[::2] for item in args.env)
+    request.settings.CopyFrom(
+        jobs_pb2.JobSettings(
+            threads=args.threads, timeout_seconds=args.timeout, target_name=args.target_name, environment=env,
+            git_branch=args.git_branch, retry_max_attempts=args.retries,
+            retry_on_step_failure=args.retry_on_step_failure, missed_run_grace_seconds=-1, priority=args.priority,
+        )
+    )  # fmt: skip
+    return request
+
+
+def _line(message: Message) -> str:
+    """One line for a job, run or artifact."""
+    if isinstance(message, jobs_pb2.Job):
+        job_type = common_pb2.JobType.Name(message.job_type).removeprefix("JOB_TYPE_").lower()
+        return f"job {message.id}\t{message.name}\t{job_type}"
+    if isinstance(message, runs_pb2.Run):
+        status = common_pb2.RunStatus.Name(message.status).removeprefix("RUN_STATUS_").lower()
+        return f"run {message.id}\tjob {message.job_id}\t{status}\t{message.status_message}".rstrip()
+    if isinstance(message, runs_pb2.Artifact):
+        return f"{message.path}\tstep {message.step_index + 1}\t{message.size_bytes} bytes"
+    return to_json(message)
+
+
+def _show(args: argparse.Namespace, message: Message, items: list[Message] | None = None) -> None:
+    if args.json:
+        print(to_json(message))
+    else:
+        for item in items if items is not None else [message]:
+            print(_line(item))
 
 
 async def _run(args: argparse.Namespace, target: str, token: str) -> int:
@@ -103,30 +203,58 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
         runs = runs_pb2_grpc.RunServiceStub(chan)
         match args.command:
             case "create-job":
-                request = jobs_pb2.CreateJobRequest(
-                    name=args.name, job_type=common_pb2.JOB_TYPE_DEPLOY, steps=args.step
-                )
-                if args.cron:
-                    request.triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=args.cron, timezone=args.timezone))
-                print(to_json(await jobs.CreateJob(request)))
+                _show(args, await jobs.CreateJob(_job_request(args, jobs_pb2.CreateJobRequest())))
+            case "update-job":
+                request = _job_request(args, jobs_pb2.UpdateJobRequest(job_id=args.job_id))
+                request.expected_version = args.expected_version
+                _show(args, await jobs.UpdateJob(request))
+            case "get-job":
+                _show(args, await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=args.job_id)))
+            case "list-jobs":
+                listed = await jobs.ListJobs(jobs_pb2.ListJobsRequest())
+                _show(args, listed, list(listed.jobs))
+            case "delete-job":
+                _show(args, await jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=args.job_id)), [])
             case "trigger":
+                overrides = runs_pb2.RunOverrides(
+                    steps=args.step, threads=args.threads, schema=args.schema, git_branch=args.git_branch,
+                    git_sha=args.git_sha, timeout_seconds=args.timeout, pull_request_number=args.pull_request,
+                )  # fmt: skip
                 run = await runs.TriggerRun(
-                    runs_pb2.TriggerRunRequest(job_id=args.job_id, idempotency_key=args.idempotency_key)
-                )
+                    runs_pb2.TriggerRunRequest(
+                        job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,
+                        trigger=TRIGGERS[args.trigger], overrides=overrides,
+                    )
+                )  # fmt: skip
                 if not args.follow:
-                    print(to_json(run))
+                    _show(args, run)
                     return 0
-                return await _follow(runs, run.id)
+                return await _follow(args, runs, run.id)
             case "get-run":
-                print(to_json(await runs.GetRun(runs_pb2.GetRunRequest(run_id=args.run_id))))
+                _show(args, await runs.GetRun(runs_pb2.GetRunRequest(run_id=args.run_id)))
             case "list-runs":
-                print(to_json(await runs.ListRuns(runs_pb2.ListRunsRequest(job_id=args.job))))
+                listed_runs = await runs.ListRuns(runs_pb2.ListRunsRequest(job_id=args.job, statuses=args.status))
+                _show(args, listed_runs, list(listed_runs.runs))
             case "cancel":
-                print(to_json(await runs.CancelRun(runs_pb2.CancelRunRequest(run_id=args.run_id))))
+                _show(args, await runs.CancelRun(runs_pb2.CancelRunRequest(run_id=args.run_id)))
+            case "logs":
+                if args.follow:
+                    return await _follow(args, runs, args.run_id)
+                async for chunk in runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=args.run_id)):
+                    print(to_json(chunk) if args.json else chunk.text, end="" if not args.json else "\n")
+            case "artifacts":
+                listed_artifacts = await runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=args.run_id))
+                _show(args, listed_artifacts, list(listed_artifacts.artifacts))
+            case "artifact":
+                content = await runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=args.run_id, path=args.path))
+                if args.output:
+                    await asyncio.to_thread(Path(args.output).write_bytes, content.content)
+                else:
+                    sys.stdout.buffer.write(content.content)
     return 0
 
 
-async def _follow(runs: runs_pb2_grpc.RunServiceAsyncStub, run_id: int) -> int:
+async def _follow(args: argparse.Namespace, runs: runs_pb2_grpc.RunServiceAsyncStub, run_id: int) -> int:
     """Print log chunks until the run ends (resuming if the server drops the stream), then the run."""
     after_seq = 0
     while True:
@@ -137,7 +265,7 @@ async def _follow(runs: runs_pb2_grpc.RunServiceAsyncStub, run_id: int) -> int:
             after_seq = chunk.seq
         run = await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
         if run.status in {s.value for s in TERMINAL_STATUSES}:
-            print(to_json(run))
+            _show(args, run)
             return 0 if run.status == common_pb2.RUN_STATUS_SUCCESS else 1
 
 
@@ -148,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         print("set RUNPLANE_TOKEN to an API token (runplane admin create-token --account ID)", file=sys.stderr)
         return 2
     settings = Settings()
+    if args.command.startswith("webhook"):
+        return run_webhook_command(args, settings, token)
     target = f"{settings.api.host}:{settings.api.port}"
     try:
         return asyncio.run(_run(args, target, token))

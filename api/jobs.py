@@ -12,6 +12,7 @@ import grpc
 
 from api import convert, paging
 from api.auth import current_account
+from api.lookup import existing_job
 from api.store import Row, Store
 from api.validation import JobSpec, job_spec, positive_id
 from runplane import instruments
@@ -92,11 +93,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.DeleteJobResponse()
 
     async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Row:
-        positive_id(job_id, "job_id")
-        row = await self._store.get_job(conn, account_id, job_id, for_update=for_update)
-        if row is None:
-            raise NotFound(f"job {job_id} not found")
-        return row
+        return await existing_job(self._store, conn, account_id, job_id, for_update=for_update)
 
     async def _job(self, conn: Connection, row: Row) -> jobs_pb2.Job:
         triggers = await self._store.completion_triggers(conn, [row["id"]])

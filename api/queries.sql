@@ -161,3 +161,66 @@ ORDER BY path;
 -- name: get_artifact
 SELECT path, step_index, octet_length(content) AS size_bytes, created_at, content FROM artifacts
 WHERE run_id = %(run_id)s AND path = %(path)s;
+
+-- The REST API (dbt Cloud's v2 shape): offset paging, a total count and a choice of order.
+-- order_by is one of the names the REST layer allows; a leading '-' means descending.
+
+-- name: get_account
+SELECT id, name, run_slots, created_at, updated_at FROM accounts WHERE id = %(account_id)s;
+
+-- name: count_runs
+SELECT count(*) AS total FROM runs
+WHERE account_id = %(account_id)s
+  AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
+  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]));
+
+-- name: list_runs_by_offset
+SELECT * FROM runs
+WHERE account_id = %(account_id)s
+  AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
+  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
+ORDER BY
+    CASE WHEN %(order_by)s = 'created_at' THEN queued_at END ASC,
+    CASE WHEN %(order_by)s = '-created_at' THEN queued_at END DESC,
+    CASE WHEN %(order_by)s = 'finished_at' THEN finished_at END ASC NULLS LAST,
+    CASE WHEN %(order_by)s = '-finished_at' THEN finished_at END DESC NULLS LAST,
+    CASE WHEN %(order_by)s = 'started_at' THEN started_at END ASC NULLS LAST,
+    CASE WHEN %(order_by)s = '-started_at' THEN started_at END DESC NULLS LAST,
+    CASE WHEN %(order_by)s = 'status' THEN status END ASC,
+    CASE WHEN %(order_by)s = '-status' THEN status END DESC,
+    CASE WHEN %(order_by)s LIKE '-%%' THEN id END DESC,
+    id ASC
+OFFSET %(offset)s
+LIMIT %(limit)s;
+
+-- name: count_jobs
+SELECT count(*) AS total FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: list_jobs_by_offset
+SELECT * FROM jobs
+WHERE account_id = %(account_id)s AND deleted_at IS NULL
+ORDER BY
+    CASE WHEN %(order_by)s = 'name' THEN name END ASC,
+    CASE WHEN %(order_by)s = '-name' THEN name END DESC,
+    CASE WHEN %(order_by)s = 'created_at' THEN created_at END ASC,
+    CASE WHEN %(order_by)s = '-created_at' THEN created_at END DESC,
+    CASE WHEN %(order_by)s = 'updated_at' THEN updated_at END ASC,
+    CASE WHEN %(order_by)s = '-updated_at' THEN updated_at END DESC,
+    CASE WHEN %(order_by)s LIKE '-%%' THEN id END DESC,
+    id ASC
+OFFSET %(offset)s
+LIMIT %(limit)s;
+
+-- name: latest_run_of_job
+SELECT * FROM runs WHERE job_id = %(job_id)s AND account_id = %(account_id)s ORDER BY id DESC LIMIT 1;
+
+-- name: step_logs
+-- A run's log text per step, for the REST API's run_steps.
+SELECT run_id, step_index, string_agg(text, '' ORDER BY seq) AS text FROM run_log_chunks
+WHERE run_id = ANY(%(run_ids)s::bigint[])
+GROUP BY run_id, step_index;
+
+-- name: list_artifacts_of_step
+SELECT path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
+WHERE run_id = %(run_id)s AND (%(step_index)s::integer IS NULL OR step_index = %(step_index)s)
+ORDER BY path;

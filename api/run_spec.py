@@ -44,7 +44,7 @@ def build_run_spec(
         masked_values=sorted(set(secrets.values())),
         threads=int(override(overrides, "threads") or row["threads"]),
         schema=str(override(overrides, "schema") or row["schema_name"] or ""),
-        target_name=str(row["target_name"] or ""),
+        target_name=str(override(overrides, "target_name") or row["target_name"] or ""),
         git_branch=str(override(overrides, "git_branch") or row["git_branch"] or ""),
         pull_request_number=int(row["pull_request_number"] or 0),
         cause=str(row["cause"] or ""),

@@ -47,8 +47,14 @@ def required_scope(method: str) -> Scope:
     return Scope.READ_ONLY if name.startswith(_READS) else Scope.JOB_ADMIN
 
 
-def check_scope(grant: TokenGrant, method: str) -> None:
-    needed = required_scope(method)
+def required_http_scope(http_method: str) -> Scope:
+    """The same rule for the REST door: reading (GET, HEAD) needs read_only, every change job_admin."""
+    return Scope.READ_ONLY if http_method.upper() in ("GET", "HEAD") else Scope.JOB_ADMIN
+
+
+def check_scope(grant: TokenGrant, method: str, needed: Scope | None = None) -> None:
+    """PERMISSION_DENIED unless the token's scopes cover ``method`` (a gRPC method, or ``needed`` when given)."""
+    needed = required_scope(method) if needed is None else needed
     best = max((_RANK[Scope(s)] for s in grant.scopes if s in Scope.__members__.values()), default=-1)
     if best < _RANK[needed]:
         raise PermissionDenied(f"this token's scopes ({', '.join(sorted(grant.scopes))}) do not allow {method}")

@@ -8,6 +8,7 @@ in-process (tests use them on port 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -20,9 +21,12 @@ from psycopg_pool import AsyncConnectionPool
 from api.auth import AuthInterceptor
 from api.jobs import JobService
 from api.pickup_publisher import PickupPublisher
+from api.rest.app import create_app
+from api.rest.server import RestServer, start_rest
 from api.runner_service import RunnerService
 from api.runs import RunService
 from api.store import Store
+from api.webhook_deliveries import WebhookDeliverer
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -54,6 +58,13 @@ class RunningApi:
     runner_server: grpc.aio.Server
     runner_port: int
     draining: asyncio.Event = field(default_factory=asyncio.Event)
+    rest: RestServer | None = None
+    deliveries: asyncio.Task[None] | None = None
+    deliveries_stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def side_tasks(self) -> set[asyncio.Task[None]]:
+        """Tasks that must run as long as the process serves: the REST server and webhook deliveries."""
+        return {t for t in (self.rest.task if self.rest else None, self.deliveries) if t is not None}
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish within ``grace`` seconds, then close."""
@@ -61,15 +72,31 @@ class RunningApi:
             return
         self.draining.set()  # log followers end; health says NOT_SERVING
         await self.health.enter_graceful_shutdown()
-        await asyncio.gather(self.server.stop(grace), self.runner_server.stop(grace))
+        self.deliveries_stop.set()  # an attempt in flight is recorded, or leased and sent again later
+        if self.deliveries is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.deliveries), grace + 1.0)
+            self.deliveries.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.deliveries
+        stopping = [self.server.stop(grace), self.runner_server.stop(grace)]
+        if self.rest is not None:
+            stopping.append(self.rest.stop(grace))
+        await asyncio.gather(*stopping)
         await self.pickups.close()
         await self.pool.close()
 
 
-async def start_server(settings: Settings, *, port: int | None = None, runner_port: int | None = None) -> RunningApi:
-    """Start the API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one),
-    and the runner API on ``runner_port`` (default ``settings.api.runner_port``)."""
+async def start_server(
+    settings: Settings, *, port: int | None = None, runner_port: int | None = None, rest_port: int | None = None
+) -> RunningApi:
+    """Start the gRPC API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one),
+    the runner API on ``runner_port`` (default ``settings.api.runner_port``), and the REST API on
+    ``rest_port`` (default: ``settings.api.rest_port``, or a free port when ``port`` is 0).
+    """
     box = _secret_box(settings)
+    if rest_port is None:
+        rest_port = 0 if port == 0 and settings.api.rest_port >= 0 else settings.api.rest_port
     pool = await open_pool(settings.database_url, min_size=1, max_size=POOL_SIZE, name="api")
     pickups = PickupPublisher(settings.amqp_url, Topology(settings.bus_prefix))
     try:
@@ -122,6 +149,13 @@ async def start_server(settings: Settings, *, port: int | None = None, runner_po
             raise ServiceUnavailable(f"cannot listen on {runner_address}")
         await server.start()
         await runner_server.start()
+        rest = None
+        if rest_port >= 0:
+            try:
+                rest = await start_rest(create_app(store, pickups, box), settings.api, rest_port)
+            except BaseException:
+                await asyncio.gather(server.stop(0), runner_server.stop(0))
+                raise
     except BaseException:
         await pickups.close()
         await pool.close()
@@ -133,13 +167,21 @@ async def start_server(settings: Settings, *, port: int | None = None, runner_po
         "api listening",
         extra={"address": f"{settings.api.host}:{bound}", "runner_address": f"{settings.api.host}:{runner_bound}"},
     )
-    return RunningApi(server, bound, health, pool, pickups, runner_server, runner_bound, draining)
+    api = RunningApi(server, bound, health, pool, pickups, runner_server, runner_bound, draining, rest)
+    if box is not None:
+        deliverer = WebhookDeliverer(pool, box, settings.webhooks)
+        api.deliveries = asyncio.create_task(deliverer.run(api.deliveries_stop), name="webhook-deliveries")
+    return api
 
 
 def _secret_box(settings: Settings) -> SecretBox | None:
-    """The keys of stored secrets; None when none are configured (then no secret can be stored or read)."""
+    """The keys of stored secrets; None when none are configured (then no secret can be stored or read,
+    and outgoing webhooks are off)."""
     if not settings.secret_keys.get_secret_value().strip():
-        log.warning("RUNPLANE_SECRET_KEYS is empty: secret variables can be neither stored nor given to runners")
+        log.warning(
+            "RUNPLANE_SECRET_KEYS is empty: secret variables can be neither stored nor given to runners, "
+            "and outgoing webhooks are off"
+        )
         return None
     return box_from_settings(settings)
 
@@ -148,7 +190,15 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then drain within ``settings.drain_seconds``."""
     api = await start_server(settings)
     try:
-        await stop.wait()
+        stopping = asyncio.create_task(stop.wait(), name="api-stop")
+        done, _ = await asyncio.wait({stopping, *api.side_tasks()}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
+        if not stop.is_set():  # a side task ended on its own: stop the process loudly
+            for task in done:
+                task.result()
+            raise ServiceUnavailable(f"{', '.join(t.get_name() for t in done)} stopped unexpectedly")
     finally:
         log.info("api draining")
         await api.stop(max(0.0, settings.drain_seconds - CLOSE_MARGIN_SECONDS))

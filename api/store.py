@@ -247,6 +247,49 @@ class Store:
     async def get_artifact(self, conn: Connection, run_id: RunId, path: str) -> Row | None:
         return await _one(conn, "get_artifact", run_id=run_id, path=path)
 
+    # the REST API's offset pages (dbt Cloud's v2 shape)
+
+    async def get_account(self, conn: Connection, account_id: AccountId) -> Row | None:
+        return await _one(conn, "get_account", account_id=account_id)
+
+    async def runs_by_offset(
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        *,
+        job_id: int | None,
+        statuses: list[RunStatus],
+        order_by: str,
+        offset: int,
+        limit: int,
+    ) -> tuple[list[Row], int]:
+        """One page of the account's runs and how many match in all."""
+        filters: dict[str, Any] = {"account_id": account_id, "job_id": job_id, "statuses": [int(s) for s in statuses]}
+        total = await _one(conn, "count_runs", **filters)
+        rows = await _all(conn, "list_runs_by_offset", **filters, order_by=order_by, offset=offset, limit=limit)
+        return rows, int(total["total"]) if total else 0
+
+    async def jobs_by_offset(
+        self, conn: Connection, account_id: AccountId, *, order_by: str, offset: int, limit: int
+    ) -> tuple[list[Row], int]:
+        """One page of the account's live jobs and how many there are."""
+        total = await _one(conn, "count_jobs", account_id=account_id)
+        rows = await _all(
+            conn, "list_jobs_by_offset", account_id=account_id, order_by=order_by, offset=offset, limit=limit
+        )
+        return rows, int(total["total"]) if total else 0
+
+    async def latest_run_of_job(self, conn: Connection, account_id: AccountId, job_id: int) -> Row | None:
+        return await _one(conn, "latest_run_of_job", account_id=account_id, job_id=job_id)
+
+    async def step_logs(self, conn: Connection, run_ids: list[int]) -> dict[tuple[int, int], str]:
+        """Each step's whole log text, by (run id, step index)."""
+        rows = await _all(conn, "step_logs", run_ids=run_ids)
+        return {(row["run_id"], row["step_index"]): row["text"] for row in rows}
+
+    async def artifacts_of_step(self, conn: Connection, run_id: RunId, step_index: int | None) -> list[Row]:
+        return await _all(conn, "list_artifacts_of_step", run_id=run_id, step_index=step_index)
+
 
 @contextlib.asynccontextmanager
 async def _database_errors() -> AsyncIterator[None]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from runplane.cron import validate_cron, validate_timezone
 from runplane.errors import InvalidArgument
@@ -47,6 +49,9 @@ _GIT_BRANCH = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_./+@-]{0,254}")
 _GIT_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _TARGET = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+_DBT_VERSION = re.compile(r"[A-Za-z0-9_.+-]{1,40}")
+
+T = TypeVar("T")
 
 # Which client triggers may start runs of which job types; the rest are internal.
 CLIENT_TRIGGERS = frozenset({Trigger.API, Trigger.MANUAL, Trigger.CI, Trigger.MERGE})
@@ -230,7 +235,11 @@ def _match(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str
 
 @dataclass(frozen=True)
 class RunOverridesSpec:
-    """Validated per-run overrides; only what the client set."""
+    """Validated per-run overrides; only what the client set.
+
+    ``dbt_version`` and ``generate_docs`` are recorded on the run as the client asked; runs apply
+    them once environments carry a dbt version.
+    """
 
     steps: list[str] | None = None
     threads: int | None = None
@@ -239,6 +248,10 @@ class RunOverridesSpec:
     schema: str | None = None
     timeout_seconds: int | None = None
     pull_request_number: int | None = None
+    target_name: str | None = None
+    dbt_version: str | None = None
+    generate_docs: bool | None = None
+    pull_request_provider: str | None = None  # github, gitlab or azure: which id the client gave
 
     def as_json(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -254,7 +267,7 @@ class TriggerSpec:
 
 
 def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
-    """Validate what does not depend on the job; ``runs`` checks the rest against it."""
+    """Validate what does not depend on the job; ``triggering`` checks the rest against it."""
     job_id = JobId(positive_id(request.job_id, "job_id"))
     trigger = Trigger.API if request.trigger == 0 else TRIGGER_FROM_PROTO.get(request.trigger)
     if trigger is None or trigger not in CLIENT_TRIGGERS:
@@ -266,15 +279,47 @@ def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
 
 
 def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
-    name = "overrides"
+    """The overrides of a gRPC trigger (proto3 zero values mean "not set")."""
+    return checked_overrides(
+        RunOverridesSpec(
+            steps=list(overrides.steps) or None,
+            threads=overrides.threads or None,
+            git_branch=overrides.git_branch or None,
+            git_sha=overrides.git_sha or None,
+            schema=overrides.schema or None,
+            timeout_seconds=overrides.timeout_seconds or None,
+            pull_request_number=overrides.pull_request_number or None,
+        ),
+        lambda name: f"overrides.{name}",
+    )
+
+
+def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -> RunOverridesSpec:
+    """``raw`` checked field by field; ``field_name`` turns a field into the client's name for it."""
+
+    def maybe(value: T | None, check: Callable[[T, str], T], name: str) -> T | None:
+        return None if value is None else check(value, field_name(name))
+
     return RunOverridesSpec(
-        steps=_steps(list(overrides.steps), f"{name}.steps") if overrides.steps else None,
-        threads=bounded(overrides.threads, f"{name}.threads", 0, MAX_THREADS) or None,
-        git_branch=git_branch(overrides.git_branch, f"{name}.git_branch") or None,
-        git_sha=_match(overrides.git_sha, f"{name}.git_sha", _GIT_SHA, "7 to 64 hex digits") or None,
-        schema=_match(overrides.schema, f"{name}.schema", _SCHEMA, "a SQL identifier of at most 63 characters") or None,
-        timeout_seconds=bounded(overrides.timeout_seconds, f"{name}.timeout_seconds", 0, MAX_TIMEOUT_SECONDS) or None,
-        pull_request_number=bounded(overrides.pull_request_number, f"{name}.pull_request_number", 0, 2**31 - 1) or None,
+        steps=maybe(raw.steps, _steps, "steps"),
+        threads=maybe(raw.threads, lambda v, n: bounded(v, n, 1, MAX_THREADS), "threads"),
+        git_branch=maybe(raw.git_branch, git_branch, "git_branch"),
+        git_sha=maybe(raw.git_sha, lambda v, n: _match(v, n, _GIT_SHA, "7 to 64 hex digits"), "git_sha"),
+        schema=maybe(
+            raw.schema, lambda v, n: _match(v, n, _SCHEMA, "a SQL identifier of at most 63 characters"), "schema"
+        ),
+        timeout_seconds=maybe(
+            raw.timeout_seconds, lambda v, n: bounded(v, n, 0, MAX_TIMEOUT_SECONDS), "timeout_seconds"
+        ),
+        pull_request_number=maybe(
+            raw.pull_request_number, lambda v, n: bounded(v, n, 1, 2**31 - 1), "pull_request_number"
+        ),
+        target_name=maybe(raw.target_name, lambda v, n: _match(v, n, _TARGET, "letters, digits, _ . -"), "target_name"),
+        dbt_version=maybe(
+            raw.dbt_version, lambda v, n: _match(v, n, _DBT_VERSION, "a version like 1.8"), "dbt_version"
+        ),
+        generate_docs=raw.generate_docs,
+        pull_request_provider=raw.pull_request_provider,
     )
 
 

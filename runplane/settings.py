@@ -16,6 +16,23 @@ class ApiSettings(BaseModel):
     )
     max_page_size: int = Field(500, description="Largest page a List call returns.")
     log_poll_interval: float = Field(0.5, description="How often StreamRunLogs polls a live run.")
+    rest_port: int = Field(8000, description="Port of the REST API (dbt Cloud v2 compatible); -1 turns it off.")
+    tls_certfile: str = Field(
+        "", description="PEM certificate (chain) of the REST API; with tls_keyfile it serves HTTPS, else plain HTTP."
+    )
+    tls_keyfile: str = Field("", description="PEM private key of tls_certfile.")
+
+
+class WebhookSettings(BaseModel):
+    """Delivery of outgoing webhooks (a task of each API process; several processes share the work)."""
+
+    poll_interval: float = Field(0.5, description="Seconds between looks at the outbox when it is idle.")
+    batch_size: int = Field(50, description="Events one look claims.")
+    timeout: float = Field(10.0, description="Seconds one delivery may take.")
+    lease_seconds: float = Field(60.0, description="A claimed event not answered for this long is sent again.")
+    backoff_base: float = Field(2.0, description="Seconds before the first retry; doubled per failed attempt.")
+    backoff_cap: float = Field(300.0, description="Longest wait between two attempts.")
+    max_attempts: int = Field(30, description="Attempts before an event is abandoned (kept, visible in the log).")
 
 
 class OrchestratorSettings(BaseModel):
@@ -138,6 +155,7 @@ class Settings(BaseSettings):
     )
 
     api: ApiSettings = ApiSettings()
+    webhooks: WebhookSettings = WebhookSettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()
     scheduler: SchedulerSettings = SchedulerSettings()

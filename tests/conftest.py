@@ -93,7 +93,9 @@ def settings(database_url: str, prefix: str) -> Settings:
     runner_port = free_port()
     return base.model_copy(
         update={
-            "api": base.api.model_copy(update={"port": free_port(), "runner_port": runner_port}),
+            "api": base.api.model_copy(
+                update={"port": free_port(), "runner_port": runner_port, "rest_port": free_port()}
+            ),
             "runner": base.runner.model_copy(update={"api_address": f"127.0.0.1:{runner_port}"}),
         }
     )
@@ -111,6 +113,7 @@ def service_env(settings: Settings) -> dict[str, str]:
         RUNPLANE_SECRET_KEYS=settings.secret_keys.get_secret_value(),
         RUNPLANE_API__PORT=str(settings.api.port),
         RUNPLANE_API__RUNNER_PORT=str(settings.api.runner_port),
+        RUNPLANE_API__REST_PORT=str(settings.api.rest_port),
         RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address,
     )
     return env

@@ -7,10 +7,11 @@
 -- name: insert_run
 INSERT INTO runs (
     account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
-    pull_request_number, schema_name, trace_parent, scheduled_at, queued_at
+    pull_request_number, schema_name, trace_parent, parent_run_id, scheduled_at, queued_at
 ) VALUES (
     %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
-    %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, now(), now()
+    %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, %(parent_run_id)s,
+    now(), now()
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *

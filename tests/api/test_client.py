@@ -21,11 +21,12 @@ def client_env(service_env: dict[str, str], api: RunningApi, token: str) -> dict
     }
 
 
-async def start(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
+async def start(env: dict[str, str], *args: str, json_output: bool = True) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "api.client",
+        *(("--json",) if json_output else ()),
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -61,7 +62,7 @@ async def test_create_trigger_get_list_cancel(
     )  # fmt: skip
     assert job["name"] == "cli" and job["steps"] == ["echo 1", "echo 2"]
     assert job["triggers"]["schedule"] == {"cron": "0 6 * * *", "timezone": "Europe/Amsterdam"}
-    run = await run_client(env, "trigger", job["id"])
+    run = await run_client(env, "trigger", str(job["id"]))
     assert run["status"] == "RUN_STATUS_QUEUED" and run["jobId"] == job["id"]
     assert (await run_client(env, "get-run", run["id"]))["id"] == run["id"]
     listed = await run_client(env, "list-runs", "--job", job["id"])
@@ -100,3 +101,41 @@ async def _run_of(adb: AsyncDb, job_id: int) -> int | None:
     cur = await adb.execute("SELECT id FROM runs WHERE job_id = %s", (job_id,))
     row = await cur.fetchone()
     return None if row is None else int(row[0])
+
+
+async def test_settings_overrides_ci_logs_and_artifacts(
+    api: RunningApi, client: Client, service_env: dict[str, str], adb: AsyncDb, tmp_path: Any
+) -> None:
+    env = client_env(service_env, api, client.token)
+    job = await run_client(
+        env, "create-job", "--name", "pr", "--type", "ci", "--on-pull-request", "--step", "dbt build",
+        "--threads", "6", "--timeout", "900", "--target-name", "ci", "--env", "A=1", "--env", "B=x=y",
+        "--git-branch", "main", "--retries", "2", "--priority", "5",
+    )  # fmt: skip
+    settings = job["settings"]
+    assert job["jobType"] == "JOB_TYPE_CI" and job["triggers"]["onPullRequest"] is True
+    assert settings["threads"] == 6 and settings["timeoutSeconds"] == 900 and settings["targetName"] == "ci"
+    assert settings["environment"] == {"A": "1", "B": "x=y"} and settings["retryMaxAttempts"] == 2
+    run = await run_client(
+        env, "trigger", job["id"], "--ci", "--pull-request", "17", "--threads", "2", "--git-sha", "abcdef12",
+        "--step", "dbt build -s state:modified+", "--cause", "PR 17",
+    )  # fmt: skip
+    assert run["trigger"] == "TRIGGER_CI" and run["cause"] == "PR 17"
+    assert run["overrides"]["pullRequestNumber"] == 17 and run["overrides"]["steps"] == ["dbt build -s state:modified+"]
+    run_id = int(run["id"])
+    await adb.execute(
+        "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, 1, 0, 'built 3 models\n')", (run_id,)
+    )
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, %s)",
+        (run_id, b'{"nodes": 3}'),
+    )
+    code, out, err = await finish(await start(env, "logs", str(run_id), json_output=False))
+    assert code == 0 and out == "built 3 models\n", err
+    listed = await run_client(env, "artifacts", str(run_id))
+    assert [a["path"] for a in listed["artifacts"]] == ["target/manifest.json"]
+    target = tmp_path / "manifest.json"
+    code, _, err = await finish(await start(env, "artifact", str(run_id), "target/manifest.json", "-o", str(target)))
+    assert code == 0 and json.loads(target.read_text()) == {"nodes": 3}, err
+    code, out, _ = await finish(await start(env, "list-runs", json_output=False))
+    assert out.strip().split("\t")[:3] == [f"run {run_id}", f"job {job['id']}", "queued"]

@@ -1,0 +1,42 @@
+"""Reading one job, run or artifact of an account: another account's ids look exactly like missing ones."""
+
+from __future__ import annotations
+
+from api.store import Row, Store
+from api.validation import positive_id, text
+from runplane.db import Connection
+from runplane.errors import NotFound
+from runplane.types import AccountId, RunId
+
+MAX_ARTIFACT_PATH = 1024
+
+
+async def existing_job(
+    store: Store, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False
+) -> Row:
+    positive_id(job_id, "job_id")
+    row = await store.get_job(conn, account_id, job_id, for_update=for_update)
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    return row
+
+
+async def existing_run(store: Store, conn: Connection, account_id: AccountId, run_id: int) -> Row:
+    positive_id(run_id, "run_id")
+    row = await store.get_run(conn, account_id, run_id)
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    return row
+
+
+async def run_artifact(
+    store: Store, conn: Connection, account_id: AccountId, run_id: int, path: str, *, step_index: int | None = None
+) -> Row:
+    """The artifact at ``path`` of the run (written by step ``step_index`` when given), with its content."""
+    path = text(path, "path", max_length=MAX_ARTIFACT_PATH, required=True)
+    run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
+    row = await store.get_artifact(conn, run, path)
+    if row is None or (step_index is not None and row["step_index"] != step_index):
+        where = "" if step_index is None else f" from step {step_index + 1}"
+        raise NotFound(f"run {run} has no artifact {path!r}{where}")
+    return row

@@ -1,0 +1,93 @@
+"""The FastAPI application: routes, the error envelope, and the paths dbt Cloud's clients also use.
+
+Clients differ in small ways that dbt Cloud accepts: a trailing slash or not (``dbt-cloud-cli``
+and ``dbtc`` leave it off), and ``/api/v3/`` for listing accounts and jobs (``dbtc``,
+``dbt-cloud-cli``). A middleware maps those onto the documented ``/api/v2/.../`` paths, which are
+the only ones in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.git_events import GitHooks
+from api.pickup_publisher import PickupPublisher
+from api.rest import git_hooks, jobs, runs, webhooks
+from api.rest.envelope import error_response, http_code
+from api.store import Store
+from api.webhook_subscriptions import Subscriptions
+from runplane.errors import RunplaneError
+from runplane.secrets import SecretBox
+
+log = logging.getLogger(__name__)
+
+
+def create_app(store: Store, pickups: PickupPublisher, box: SecretBox | None = None) -> FastAPI:
+    """The REST app over ``store``; ``box`` encrypts webhook secrets (no webhooks without one)."""
+    app = FastAPI(
+        title="runplane REST API (dbt Cloud v2 compatible)",
+        version="2",
+        description="dbt Cloud's administrative API v2 for runs, jobs and accounts, served by runplane.",
+        redirect_slashes=False,
+    )
+    app.state.store = store
+    app.state.pickups = pickups
+    app.state.subscriptions = Subscriptions(store, box)
+    app.state.git_hooks = GitHooks(store, pickups, box)
+    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router):
+        app.include_router(router)
+    app.add_middleware(_ClientPaths)
+
+    @app.exception_handler(RunplaneError)
+    async def runplane_error(request: Request, exc: RunplaneError) -> JSONResponse:
+        code = http_code(exc)
+        if code == 503:
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        return error_response(400, problems or "invalid request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(500, "internal error")
+
+    return app
+
+
+_ARTIFACT_FILE = re.compile(r"^/api/v2/accounts/[^/]+/runs/[^/]+/artifacts/[^/].*")
+_V3_READS = re.compile(r"^/api/v3/accounts(?:/[^/]+(?:/jobs(?:/[^/]+)?)?)?/?$")
+
+
+class _ClientPaths:
+    """Rewrites the paths dbt Cloud's clients send into the documented ones, before routing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if _V3_READS.match(path):
+                path = "/api/v2/" + path.removeprefix("/api/v3/")
+            if path.startswith(("/api/v2/", "/api/v3/")) and not path.endswith("/") and not _ARTIFACT_FILE.match(path):
+                path += "/"
+            if path != scope["path"]:
+                scope = {**scope, "path": path, "raw_path": path.encode()}
+        await self.app(scope, receive, send)

@@ -1,0 +1,57 @@
+"""Query parameters as dbt Cloud's clients send them: lists repeated, comma-joined or JSON-ish."""
+
+from __future__ import annotations
+
+import re
+
+from runplane.errors import InvalidArgument
+from runplane.types import RunStatus
+
+_LIST_NOISE = re.compile(r"[\[\]\"' ]")
+# What dbt Cloud's include_related accepts for a run; environment and repository answer null here.
+RUN_RELATED = frozenset({"trigger", "job", "run_steps", "debug_logs", "environment", "repository"})
+RUN_ORDERS = ("id", "created_at", "finished_at", "started_at", "status")
+JOB_ORDERS = ("id", "name", "created_at", "updated_at")
+
+
+def words(values: list[str] | None) -> set[str]:
+    """``["trigger,job"]``, ``["trigger", "job"]`` and ``["['trigger', 'job']"]`` all mean {trigger, job}."""
+    out: set[str] = set()
+    for value in values or []:
+        out.update(part for part in _LIST_NOISE.sub("", value).split(",") if part)
+    return out
+
+
+def related(values: list[str] | None) -> set[str]:
+    """The include_related of a run request; an unknown name is InvalidArgument."""
+    names = words(values)
+    unknown = names - RUN_RELATED
+    if unknown:
+        allowed = ", ".join(sorted(RUN_RELATED))
+        raise InvalidArgument("include_related", f"{sorted(unknown)[0][:40]!r} is not one of {allowed}")
+    return names
+
+
+def statuses(status: int | None, status_in: str | None) -> list[RunStatus]:
+    """``status=10`` or ``status__in=[10,20]`` (either form of list) as run statuses."""
+    codes: list[str] = [str(status)] if status is not None else []
+    codes += sorted(words([status_in]) if status_in else set())
+    known = {s.value for s in RunStatus}
+    out: set[RunStatus] = set()
+    for code in codes:
+        if not code.lstrip("-").isdigit() or int(code) not in known:
+            raise InvalidArgument(
+                "status" if status is not None else "status__in", f"{code[:40]!r} is not a run status"
+            )
+        out.add(RunStatus(int(code)))
+    return sorted(out)
+
+
+def order_by(value: str | None, allowed: tuple[str, ...]) -> str:
+    """A field to order by, ``-`` in front for descending; only the ones listed in ``allowed``."""
+    if not value:
+        return "id"
+    if value.removeprefix("-") not in allowed:
+        names = ", ".join(allowed)
+        raise InvalidArgument("order_by", f"{value[:40]!r} is not one of {names} (with '-' for descending)")
+    return value

@@ -1,0 +1,267 @@
+"""Runs: trigger, rerun, read, list, cancel, artifacts — dbt Cloud's v2 paths over runplane's rules."""
+
+from __future__ import annotations
+
+import mimetypes
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from api.cancelling import cancel_run
+from api.lookup import existing_job, existing_run, run_artifact
+from api.rest import params, shapes
+from api.rest.auth import Account
+from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
+from api.store import Row, Store
+from api.triggering import trigger_run
+from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
+from runplane.db import Connection
+from runplane.errors import InvalidArgument, NotFound
+from runplane.types import AccountId, JobId, RunId, RunStatus, Trigger
+
+router = APIRouter(responses=ERROR_RESPONSES)
+MAX_LIMIT = 100
+# dbt Cloud's artifact paths are rooted at target/; runplane keeps the path in the run's directory.
+TARGET = "target/"
+Id = Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class TriggerRunBody(BaseModel):
+    """dbt Cloud's trigger body; every override may be null (what its clients send when unset)."""
+
+    cause: str = Field("Triggered via API", description="Why the run was triggered (shown on the run).")
+    git_sha: str | None = None
+    git_branch: str | None = None
+    github_pull_request_id: Id | None = None
+    gitlab_merge_request_id: Id | None = None
+    azure_pull_request_id: Id | None = None
+    schema_override: str | None = None
+    dbt_version_override: str | None = None
+    threads_override: int | None = None
+    target_name_override: str | None = None
+    generate_docs_override: bool | None = None
+    timeout_seconds_override: int | None = None
+    steps_override: list[str] | None = None
+
+
+# runplane's override names, as dbt Cloud's clients call them (for error messages).
+_BODY_NAMES = {
+    "steps": "steps_override",
+    "threads": "threads_override",
+    "schema": "schema_override",
+    "timeout_seconds": "timeout_seconds_override",
+    "target_name": "target_name_override",
+    "dbt_version": "dbt_version_override",
+    "pull_request_number": "github_pull_request_id",
+}
+
+
+def trigger_of(job_id: int, body: TriggerRunBody) -> TriggerSpec:
+    """The REST trigger as runplane's TriggerSpec, checked by the same rules as gRPC's."""
+    prs = {
+        name: value
+        for name, value in (
+            ("github", body.github_pull_request_id),
+            ("gitlab", body.gitlab_merge_request_id),
+            ("azure", body.azure_pull_request_id),
+        )
+        if value is not None
+    }
+    if len(prs) > 1:
+        raise InvalidArgument("github_pull_request_id", "give at most one pull request id")
+    provider, pull_request = next(iter(prs.items()), (None, None))
+    overrides = checked_overrides(
+        RunOverridesSpec(
+            steps=body.steps_override,
+            threads=body.threads_override,
+            git_branch=body.git_branch,
+            git_sha=body.git_sha,
+            schema=body.schema_override,
+            timeout_seconds=body.timeout_seconds_override,
+            pull_request_number=pull_request,
+            target_name=body.target_name_override,
+            dbt_version=body.dbt_version_override,
+            generate_docs=body.generate_docs_override,
+            pull_request_provider=provider,
+        ),
+        lambda name: _BODY_NAMES.get(name, name),
+    )
+    cause = text(body.cause, "cause", max_length=MAX_CAUSE)
+    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, None, overrides)
+
+
+async def views(
+    request: Request, store: Store, conn: Connection, rows: list[Row], include: set[str]
+) -> list[shapes.Run]:
+    """Rows as dbt Cloud runs, with what ``include_related`` asked for (trigger, job, run_steps, debug_logs)."""
+    ids = [r["id"] for r in rows]
+    want_steps = bool(include & {"run_steps", "debug_logs"})
+    steps = await store.run_steps(conn, ids) if want_steps else {}
+    logs = await store.step_logs(conn, ids) if want_steps else {}
+    jobs: dict[int, shapes.Job | None] = {}
+    if "job" in include:
+        for job_id in {r["job_id"] for r in rows}:
+            job = await store.get_job(conn, AccountId(rows[0]["account_id"]), job_id)
+            jobs[job_id] = None if job is None else shapes.job(job)
+    base = str(request.base_url).rstrip("/")
+    return [
+        shapes.run(
+            row,
+            href=f"{base}/api/v2/accounts/{row['account_id']}/runs/{row['id']}/",
+            trigger_of=shapes.trigger(row) if "trigger" in include else None,
+            job_of=jobs.get(row["job_id"]),
+            steps=[
+                shapes.step(row, s, logs.get((row["id"], s["step_index"]), ""), debug_logs="debug_logs" in include)
+                for s in steps.get(row["id"], [])
+            ],
+        )
+        for row in rows
+    ]
+
+
+IncludeRelated = Annotated[
+    list[str] | None,
+    Query(description="Related objects to include: trigger, job, run_steps, debug_logs (comma-separated or repeated)."),
+]
+
+
+JobPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the job")]
+RunPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the run")]
+Step = Annotated[
+    int | None, Query(ge=1, le=10_000, description="1-based step whose artifacts to read (default: any step).")
+]
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+async def _one_run(request: Request, row: Row, include: set[str]) -> Envelope[shapes.Run]:
+    store = _store(request)
+    async with store.connection() as conn:
+        (run,) = await views(request, store, conn, [row], include)
+    return Envelope[shapes.Run](status=success(), data=run)
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/run/", summary="Trigger a job run")
+async def trigger(
+    request: Request, account_id: Account, job_id: JobPath, body: Annotated[TriggerRunBody | None, Body()] = None
+) -> Envelope[shapes.Run]:
+    spec = trigger_of(job_id, body or TriggerRunBody())
+    row, _ = await trigger_run(_store(request), request.app.state.pickups, account_id, spec)
+    return await _one_run(request, row, {"trigger", "job"})
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/", summary="Rerun the job's latest run")
+async def rerun(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Run]:
+    """A new run with the overrides of the job's latest run; after an error it records that run as its parent.
+
+    Every step runs again: runplane does not yet resume a run from its failed step.
+    """
+    store = _store(request)
+    async with store.connection() as conn:
+        await existing_job(store, conn, account_id, job_id)
+        latest = await store.latest_run_of_job(conn, account_id, job_id)
+    failed = latest is not None and latest["status"] == RunStatus.ERROR
+    raw = RunOverridesSpec(**(latest["overrides"] if failed and latest else {}))
+    spec = TriggerSpec(
+        JobId(job_id),
+        Trigger.API,
+        f"Rerun of run {latest['id']}" if failed and latest else "Rerun",
+        None,
+        checked_overrides(raw, lambda name: name),
+    )
+    row, _ = await trigger_run(
+        store, request.app.state.pickups, account_id, spec, parent_run_id=latest["id"] if failed and latest else None
+    )
+    return await _one_run(request, row, {"trigger", "job"})
+
+
+@router.get("/api/v2/accounts/{account_id}/runs/{run_id}/", summary="Get a run")
+async def get_run(
+    request: Request, account_id: Account, run_id: RunPath, include_related: IncludeRelated = None
+) -> Envelope[shapes.Run]:
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_run(store, conn, account_id, run_id)
+        (run,) = await views(request, store, conn, [row], params.related(include_related))
+    return Envelope[shapes.Run](status=success(), data=run)
+
+
+@router.get("/api/v2/accounts/{account_id}/runs/", summary="List runs")
+async def list_runs(
+    request: Request,
+    account_id: Account,
+    *,
+    include_related: IncludeRelated = None,
+    job_definition_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    status: Annotated[int | None, Query(description="One run status code (1, 2, 3, 10, 20, 30).")] = None,
+    status__in: Annotated[str | None, Query(max_length=200, description="Status codes, e.g. [10,20].")] = None,
+    environment_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    order_by: Annotated[
+        str | None, Query(max_length=40, description="id, created_at, finished_at, ...; -x for descending.")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
+) -> ListEnvelope[shapes.Run]:
+    store = _store(request)
+    wanted = params.statuses(status, status__in)
+    order = params.order_by(order_by, params.RUN_ORDERS)
+    filters: dict[str, object] = {"job_definition_id": job_definition_id, "status__in": [int(s) for s in wanted]}
+    async with store.connection() as conn:
+        if environment_id is not None or project_id is not None:
+            rows, total = list[Row](), 0  # runplane has no projects or environments yet: no run belongs to one
+        else:
+            rows, total = await store.runs_by_offset(
+                conn, account_id, job_id=job_definition_id, statuses=wanted, order_by=order, offset=offset, limit=limit
+            )
+        runs = await views(request, store, conn, rows, params.related(include_related))
+    return ListEnvelope[shapes.Run](
+        status=success(),
+        data=runs,
+        extra=Extra(filters=filters, order_by=order, pagination=Pagination(count=len(runs), total_count=total)),
+    )
+
+
+@router.post("/api/v2/accounts/{account_id}/runs/{run_id}/cancel/", summary="Cancel a run")
+async def cancel(request: Request, account_id: Account, run_id: RunPath) -> Envelope[shapes.Run]:
+    row = await cancel_run(_store(request), account_id, run_id)
+    return await _one_run(request, row, {"trigger"})
+
+
+@router.get("/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/", summary="List a run's artifacts")
+async def list_artifacts(
+    request: Request, account_id: Account, run_id: RunPath, step: Step = None
+) -> Envelope[list[str]]:
+    store = _store(request)
+    async with store.connection() as conn:
+        run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
+        rows = await store.artifacts_of_step(conn, run, None if step is None else step - 1)
+    return Envelope[list[str]](status=success(), data=[r["path"].removeprefix(TARGET) for r in rows])
+
+
+@router.get(
+    "/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/{path:path}",
+    summary="Get a run's artifact",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}, "text/plain": {}, "application/octet-stream": {}}}},
+)
+async def get_artifact(
+    request: Request,
+    account_id: Account,
+    run_id: RunPath,
+    path: Annotated[str, Path(description="Path under target/, e.g. manifest.json")],
+    step: Step = None,
+) -> Response:
+    store = _store(request)
+    step_index = None if step is None else step - 1
+    async with store.connection() as conn:
+        try:
+            row = await run_artifact(store, conn, account_id, run_id, TARGET + path, step_index=step_index)
+        except NotFound:
+            row = await run_artifact(store, conn, account_id, run_id, path, step_index=step_index)
+    media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    return Response(bytes(row["content"]), media_type=media_type)

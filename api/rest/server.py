@@ -1,0 +1,87 @@
+"""uvicorn serving the REST app inside the API process, next to the gRPC server.
+
+HTTPS when ``api.tls_certfile`` and ``api.tls_keyfile`` are set (dbt Cloud's clients build
+``https://<host>/api/v2/...``); plain HTTP otherwise, for a TLS-terminating proxy in front.
+The process's signal handlers stay the entry point's: uvicorn is told not to install its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from runplane.errors import ServiceUnavailable
+from runplane.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+STARTUP_TIMEOUT = 15.0
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # Shutdown comes from the API's drain, not from signals caught here.
+        yield
+
+
+@dataclass
+class RestServer:
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+    https: bool
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, give requests in flight ``grace`` seconds, then close them."""
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), grace + 1.0)
+        except TimeoutError:
+            self.server.force_exit = True
+            await self.task
+
+
+async def start_rest(app: FastAPI, settings: ApiSettings, port: int) -> RestServer:
+    """Serve ``app`` on ``settings.host:port`` (0 picks a port) until :meth:`RestServer.stop`."""
+    https = bool(settings.tls_certfile and settings.tls_keyfile)
+    if bool(settings.tls_certfile) != bool(settings.tls_keyfile):
+        raise ServiceUnavailable("set both api.tls_certfile and api.tls_keyfile, or neither")
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServiceUnavailable(f"REST API cannot listen on {settings.host}:{port}: {exc}") from exc
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        lifespan="off",
+        access_log=False,
+        ssl_certfile=settings.tls_certfile or None,
+        ssl_keyfile=settings.tls_keyfile or None,
+        timeout_graceful_shutdown=None,
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="rest-api")
+    deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()  # raises what stopped it
+            raise ServiceUnavailable("the REST API stopped while starting")
+        if asyncio.get_running_loop().time() > deadline:
+            server.should_exit = True
+            await task
+            raise ServiceUnavailable("the REST API did not start")
+        await asyncio.sleep(0.01)
+    bound = sock.getsockname()[1]
+    log.info("rest api listening", extra={"address": f"{settings.host}:{bound}", "https": https})
+    return RestServer(server, task, bound, https)

@@ -1,0 +1,382 @@
+"""runplane rows in dbt Cloud's v2 shapes.
+
+Field names, types and meanings follow dbt Cloud's API. What runplane does not have (projects,
+environments, a dbt version per job, thread ids, S3 paths) is null, never made up. Timestamps are
+written as dbt Cloud writes them (``2024-05-01 12:00:00.123456+00:00``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from api.store import Row
+from runplane.types import JobType, RunStatus
+
+# dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
+JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merge", JobType.ADHOC: "other"}
+# Colours of dbt Cloud's run and step statuses, as its API returns them.
+STATUS_COLORS = {1: "#C0C0C0", 2: "#C0C0C0", 3: "#008000", 10: "#008000", 20: "#FF0000", 30: "#FFA500"}
+ACTIVE, DELETED = 1, 2
+
+
+def stamp(value: datetime | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def humanized(status: int) -> str:
+    try:
+        return {10: "Success", 20: "Error", 30: "Cancelled"}.get(status, RunStatus(status).name.title())
+    except ValueError:
+        return "Unknown"
+
+
+def clock(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return str(timedelta(seconds=int(max(0.0, seconds)))).zfill(8)
+
+
+def human_seconds(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    s = int(max(0.0, seconds))
+    minutes, s = divmod(s, 60)
+    return f"{minutes} minutes, {s} seconds" if minutes else f"{s} seconds"
+
+
+def _between(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None:
+        return None
+    return ((end or datetime.now(start.tzinfo)) - start).total_seconds()
+
+
+class Account(BaseModel):
+    id: int
+    name: str
+    state: int
+    plan: str | None
+    run_slots: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class JobSettings(BaseModel):
+    threads: int
+    target_name: str
+
+
+class JobExecution(BaseModel):
+    timeout_seconds: int
+
+
+class JobTriggers(BaseModel):
+    github_webhook: bool
+    git_provider_webhook: bool
+    schedule: bool
+    on_merge: bool
+    custom_branch_only: bool
+
+
+class ScheduleDate(BaseModel):
+    type: str
+    cron: str | None
+
+
+class ScheduleTime(BaseModel):
+    type: str
+
+
+class JobSchedule(BaseModel):
+    cron: str | None
+    date: ScheduleDate
+    time: ScheduleTime
+
+
+class Job(BaseModel):
+    id: int
+    account_id: int
+    project_id: int | None
+    environment_id: int | None
+    name: str
+    description: str
+    dbt_version: str | None
+    job_type: str
+    execute_steps: list[str]
+    triggers: JobTriggers
+    settings: JobSettings
+    execution: JobExecution
+    schedule: JobSchedule
+    state: int
+    deactivated: bool
+    run_failure_count: int
+    generate_docs: bool
+    run_generate_sources: bool
+    deferring_job_definition_id: int | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class Trigger(BaseModel):
+    id: int
+    cause: str
+    cause_humanized: str
+    job_definition_id: int
+    git_branch: str | None
+    git_sha: str | None
+    github_pull_request_id: int | None
+    gitlab_merge_request_id: int | None
+    azure_pull_request_id: int | None
+    schema_override: str | None
+    dbt_version_override: str | None
+    threads_override: int | None
+    target_name_override: str | None
+    generate_docs_override: bool | None
+    timeout_seconds_override: int | None
+    steps_override: list[str] | None
+    created_at: str | None
+
+
+class RunStep(BaseModel):
+    id: int
+    run_id: int
+    account_id: int
+    index: int
+    status: int
+    status_color: str
+    status_humanized: str
+    name: str
+    logs: str
+    debug_logs: str | None
+    log_location: str
+    truncated_debug_logs: str | None
+    created_at: str | None
+    updated_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    duration: str | None
+    duration_humanized: str | None
+
+
+class Run(BaseModel):
+    id: int
+    trigger_id: int
+    account_id: int
+    environment_id: int | None
+    project_id: int | None
+    job_definition_id: int
+    job_id: int
+    status: int
+    status_humanized: str
+    status_message: str | None
+    dbt_version: str | None
+    git_branch: str | None
+    git_sha: str | None
+    owner_thread_id: str | None
+    executed_by_thread_id: str | None
+    deferring_run_id: int | None
+    artifacts_saved: bool
+    artifact_s3_path: str | None
+    has_docs_generated: bool
+    has_sources_generated: bool
+    notifications_sent: bool
+    blocked_by: list[int]
+    created_at: str | None
+    updated_at: str | None
+    dequeued_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    last_checked_at: str | None
+    last_heartbeat_at: str | None
+    should_start_at: str | None
+    in_progress: bool
+    is_complete: bool
+    is_success: bool
+    is_error: bool
+    is_cancelled: bool
+    is_running: bool
+    href: str
+    duration: str | None
+    queued_duration: str | None
+    run_duration: str | None
+    duration_humanized: str | None
+    queued_duration_humanized: str | None
+    run_duration_humanized: str | None
+    created_at_humanized: str | None
+    finished_at_humanized: str | None
+    retrying_run_id: int | None
+    waiting_reason: str
+    trigger: Trigger | None = None
+    job: Job | None = None
+    run_steps: list[RunStep] = []
+
+
+def account(row: Row) -> Account:
+    return Account(
+        id=row["id"],
+        name=row["name"],
+        state=ACTIVE,
+        plan=None,
+        run_slots=row["run_slots"],
+        created_at=stamp(row["created_at"]),
+        updated_at=stamp(row["updated_at"]),
+    )
+
+
+def job(row: Row) -> Job:
+    cron: str | None = row["cron"]
+    job_type = JobType(row["job_type"])
+    return Job(
+        id=row["id"],
+        account_id=row["account_id"],
+        project_id=None,
+        environment_id=None,
+        name=row["name"],
+        description="",
+        dbt_version=None,
+        job_type=JOB_TYPES[job_type],
+        execute_steps=list(row["steps"]),
+        triggers=JobTriggers(
+            github_webhook=bool(row["on_pull_request"]),
+            git_provider_webhook=bool(row["on_pull_request"]),
+            schedule=cron is not None,
+            on_merge=bool(row["on_merge"]),
+            custom_branch_only=bool(row["git_branch"]),
+        ),
+        settings=JobSettings(threads=row["threads"], target_name=row["target_name"]),
+        execution=JobExecution(timeout_seconds=row["timeout_seconds"]),
+        schedule=JobSchedule(
+            cron=cron,
+            date=ScheduleDate(type="custom_cron" if cron else "every_day", cron=cron),
+            time=ScheduleTime(type="every_hour" if cron is None else "custom"),
+        ),
+        state=DELETED if row.get("deleted_at") else ACTIVE,
+        deactivated=row["deactivated_at"] is not None,
+        run_failure_count=row["consecutive_failures"],
+        generate_docs=False,
+        run_generate_sources=False,
+        deferring_job_definition_id=None,
+        created_at=stamp(row["created_at"]),
+        updated_at=stamp(row["updated_at"]),
+    )
+
+
+def trigger(row: Row) -> Trigger:
+    o: dict[str, Any] = row["overrides"] or {}
+    provider = o.get("pull_request_provider", "github")
+    pr = row["pull_request_number"]
+    return Trigger(
+        id=row["id"],
+        cause=row["cause"],
+        cause_humanized=row["cause"],
+        job_definition_id=row["job_id"],
+        git_branch=o.get("git_branch"),
+        git_sha=o.get("git_sha"),
+        github_pull_request_id=pr if provider == "github" else None,
+        gitlab_merge_request_id=pr if provider == "gitlab" else None,
+        azure_pull_request_id=pr if provider == "azure" else None,
+        schema_override=o.get("schema"),
+        dbt_version_override=o.get("dbt_version"),
+        threads_override=o.get("threads"),
+        target_name_override=o.get("target_name"),
+        generate_docs_override=o.get("generate_docs"),
+        timeout_seconds_override=o.get("timeout_seconds"),
+        steps_override=o.get("steps"),
+        created_at=stamp(row["queued_at"]),
+    )
+
+
+def step(run: Row, row: Row, logs: str, *, debug_logs: bool) -> RunStep:
+    seconds = _between(row["started_at"], row["finished_at"])
+    return RunStep(
+        # runplane keys steps by (run, index); this id is derived from them, stable and unique.
+        id=run["id"] * 1000 + row["step_index"] + 1,
+        run_id=run["id"],
+        account_id=run["account_id"],
+        index=row["step_index"] + 1,
+        status=row["status"],
+        status_color=STATUS_COLORS.get(row["status"], "#C0C0C0"),
+        status_humanized=humanized(row["status"]),
+        name=f"Invoke `{row['command']}`",
+        logs=logs,
+        # runplane keeps one log stream per step: the debug log is that stream.
+        debug_logs=logs if debug_logs else None,
+        log_location="db",
+        truncated_debug_logs=logs if debug_logs else None,
+        created_at=stamp(row["started_at"]),
+        updated_at=stamp(row["finished_at"] or row["started_at"]),
+        started_at=stamp(row["started_at"]),
+        finished_at=stamp(row["finished_at"]),
+        duration=clock(seconds),
+        duration_humanized=human_seconds(seconds),
+    )
+
+
+def run(
+    row: Row,
+    *,
+    href: str,
+    trigger_of: Trigger | None = None,
+    job_of: Job | None = None,
+    steps: list[RunStep] | None = None,
+) -> Run:
+    status = int(row["status"])
+    o: dict[str, Any] = row["overrides"] or {}
+    terminal = RunStatus(status).is_terminal
+    total = _between(row["queued_at"], row["finished_at"])
+    queued = _between(row["queued_at"], row["started_at"] or row["finished_at"])
+    ran = _between(row["started_at"], row["finished_at"])
+    return Run(
+        id=row["id"],
+        trigger_id=row["id"],
+        account_id=row["account_id"],
+        environment_id=None,
+        project_id=None,
+        job_definition_id=row["job_id"],
+        job_id=row["job_id"],
+        status=status,
+        status_humanized=humanized(status),
+        status_message=row["status_message"] or None,
+        dbt_version=o.get("dbt_version"),
+        git_branch=o.get("git_branch"),
+        git_sha=o.get("git_sha"),
+        owner_thread_id=None,
+        executed_by_thread_id=row["pod_name"] or None,
+        deferring_run_id=None,
+        artifacts_saved=terminal,
+        artifact_s3_path=None,
+        has_docs_generated=False,
+        has_sources_generated=False,
+        notifications_sent=terminal,
+        blocked_by=[],
+        created_at=stamp(row["queued_at"]),
+        updated_at=stamp(row["finished_at"] or row["started_at"] or row["dispatched_at"] or row["queued_at"]),
+        dequeued_at=stamp(row["dispatched_at"]),
+        started_at=stamp(row["started_at"]),
+        finished_at=stamp(row["finished_at"]),
+        last_checked_at=stamp(row["heartbeat_at"]),
+        last_heartbeat_at=stamp(row["heartbeat_at"]),
+        should_start_at=stamp(row["scheduled_at"]),
+        in_progress=not terminal,
+        is_complete=terminal,
+        is_success=status == RunStatus.SUCCESS,
+        is_error=status == RunStatus.ERROR,
+        is_cancelled=status == RunStatus.CANCELLED,
+        is_running=status == RunStatus.RUNNING,
+        href=href,
+        duration=clock(total),
+        queued_duration=clock(queued),
+        run_duration=clock(ran),
+        duration_humanized=human_seconds(total),
+        queued_duration_humanized=human_seconds(queued),
+        run_duration_humanized=human_seconds(ran),
+        created_at_humanized=human_seconds(_between(row["queued_at"], None)),
+        finished_at_humanized=human_seconds(_between(row["finished_at"], None)),
+        retrying_run_id=row["parent_run_id"],
+        waiting_reason=row["waiting_reason"],
+        trigger=trigger_of,
+        job=job_of,
+        run_steps=steps or [],
+    )

@@ -1,0 +1,117 @@
+"""Triggering a run of a job: the one home of what a trigger checks and writes.
+
+gRPC's ``TriggerRun``, the REST ``.../jobs/{id}/run/`` and ``.../rerun/``, and Git webhooks all queue
+runs through :func:`trigger_run`; each turns its own request into a :class:`TriggerSpec` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from api.pickup_publisher import PickupPublisher
+from api.store import Row, Store
+from api.validation import TriggerSpec
+from runplane import tracing
+from runplane.db import Connection
+from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.types import AccountId, JobId, JobType, Trigger, ci_schema, takes_run_slot
+
+log = logging.getLogger(__name__)
+
+
+def client_idempotency_key(account_id: AccountId, key: str) -> str:
+    """A client's key, namespaced by account so that two accounts' keys never collide."""
+    return f"api:{account_id}:{key}"
+
+
+def generated_idempotency_key() -> str:
+    return f"api-once:{uuid.uuid4().hex}"
+
+
+async def trigger_run(
+    store: Store,
+    pickups: PickupPublisher,
+    account_id: AccountId,
+    spec: TriggerSpec,
+    *,
+    parent_run_id: int | None = None,
+) -> tuple[Row, list[Row]]:
+    """Queue a run of ``spec.job_id`` (or return the run its idempotency key already made), with its steps.
+
+    A job of another account is NotFound, exactly like a missing one.
+    """
+    key = client_idempotency_key(account_id, spec.client_key) if spec.client_key else generated_idempotency_key()
+    async with store.transaction() as conn:
+        # The row lock orders triggers of one job against each other and against DeleteJob.
+        job = await store.get_job(conn, account_id, spec.job_id, for_update=True)
+        if job is None:
+            raise NotFound(f"job {spec.job_id} not found")
+        if spec.client_key and (existing := await store.run_by_idempotency_key(conn, key)):
+            return await _replayed(store, conn, existing, spec)
+        await _check_trigger(store, conn, job, spec)
+        row = await store.insert_run(conn, **_run_params(job, spec, key, parent_run_id))
+        if row is None:  # a concurrent trigger with the same key won
+            existing = await store.run_by_idempotency_key(conn, key)
+            assert existing is not None
+            return await _replayed(store, conn, existing, spec)
+        steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
+    log.info(
+        "run queued",
+        extra={"account_id": account_id, "job_id": spec.job_id, "run_id": row["id"], "trigger": spec.trigger.value},
+    )
+    await pickups.publish(account_id)  # counted where it is sent
+    return row, steps
+
+
+async def _replayed(store: Store, conn: Connection, existing: Row, spec: TriggerSpec) -> tuple[Row, list[Row]]:
+    """The run an idempotency key already made; the key must have been used for this job."""
+    if existing["job_id"] != spec.job_id:
+        raise FailedPrecondition(f"idempotency_key {spec.client_key!r} was already used for job {existing['job_id']}")
+    return existing, (await store.run_steps(conn, [existing["id"]]))[existing["id"]]
+
+
+async def _check_trigger(store: Store, conn: Connection, job: Row, spec: TriggerSpec) -> None:
+    """What a trigger needs of the job: the right type, a pull request, an active job."""
+    job_type = JobType(job["job_type"])
+    pull_request = spec.overrides.pull_request_number
+    if spec.trigger is Trigger.CI and job_type is not JobType.CI:
+        raise InvalidArgument("trigger", f"a ci trigger needs a ci job; job {job['id']} is a {job_type} job")
+    if spec.trigger is Trigger.MERGE and job_type is not JobType.MERGE:
+        raise InvalidArgument("trigger", f"a merge trigger needs a merge job; job {job['id']} is a {job_type} job")
+    if job_type is JobType.CI and not pull_request:
+        raise InvalidArgument("overrides.pull_request_number", "a ci run needs the number of its pull request")
+    if job["deactivated_at"] is None:
+        return
+    if spec.trigger is Trigger.MANUAL:
+        # "Run now" on a deactivated job reactivates it, as saving it does.
+        await store.reactivate_job(conn, JobId(job["id"]))
+        log.info("job reactivated by run now", extra={"account_id": job["account_id"], "job_id": job["id"]})
+        return
+    raise FailedPrecondition(
+        f"job {job['id']} is deactivated ({job['deactivation_reason'] or 'no reason recorded'}); "
+        "save the job or run it now (trigger manual) to reactivate it"
+    )
+
+
+def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None) -> dict[str, object]:
+    job_type = JobType(job["job_type"])
+    pull_request = spec.overrides.pull_request_number
+    schema = spec.overrides.schema or ""
+    if not schema and job_type is JobType.CI and pull_request:
+        schema = ci_schema(job["id"], pull_request)
+    return {
+        "account_id": job["account_id"],
+        "job_id": job["id"],
+        "job_type": job_type.value,
+        "trigger": spec.trigger.value,
+        "cause": spec.cause,
+        "idempotency_key": key,
+        "priority": job["priority"],
+        "takes_slot": takes_run_slot(job_type),
+        "overrides": spec.overrides.as_json(),
+        "pull_request_number": pull_request,
+        "schema_name": schema,
+        "trace_parent": tracing.current_traceparent(),
+        "parent_run_id": parent_run_id,
+    }

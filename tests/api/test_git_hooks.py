@@ -1,0 +1,182 @@
+"""Git webhooks in, on GitHub's and GitLab's documented sample payloads with real signatures.
+
+The payloads keep the fields runplane reads, with the values of the providers' samples (GitHub's
+``pull_request`` opened/closed examples for Codertocat/Hello-World, GitLab's merge request event
+for gitlabhq/gitlab-test).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from api.admin import create_account
+from api.server import RunningApi, start_server
+from runplane.secrets import generate_key
+from runplane.settings import Settings
+from tests.api.conftest import AsyncDb, scalar
+
+HEAD_SHA = "ec26c3e57ca3a959ca5aad62de7213c562f8c821"
+GITHUB_OPENED: dict[str, Any] = {
+    "action": "opened",
+    "number": 2,
+    "pull_request": {
+        "number": 2,
+        "state": "open",
+        "merged": False,
+        "merge_commit_sha": None,
+        "head": {"ref": "changes", "sha": HEAD_SHA, "repo": {"full_name": "Codertocat/Hello-World"}},
+        "base": {"ref": "master", "sha": "f95f852bd8fca8fcc58a9a2d6c842781e32a215e"},
+    },
+    "repository": {"full_name": "Codertocat/Hello-World", "clone_url": "https://github.com/Codertocat/Hello-World.git"},
+    "sender": {"login": "Codertocat"},
+}
+GITLAB_OPENED: dict[str, Any] = {
+    "object_kind": "merge_request",
+    "event_type": "merge_request",
+    "project": {
+        "path_with_namespace": "gitlabhq/gitlab-test",
+        "git_http_url": "http://example.com/gitlabhq/gitlab-test.git",
+    },
+    "object_attributes": {
+        "iid": 1,
+        "action": "open",
+        "state": "opened",
+        "source_branch": "ms-viewport",
+        "target_branch": "master",
+        "merge_commit_sha": None,
+        "last_commit": {"id": "da1560886d4f094c3e6c9ef40349f7d38b5d27d7"},
+    },
+}
+
+
+@pytest.fixture
+async def keyed_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    running = await start_server(settings.model_copy(update={"secret_keys": SecretStr(generate_key())}), port=0)
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+
+
+@pytest.fixture
+async def http(keyed_api: RunningApi) -> AsyncIterator[httpx.AsyncClient]:
+    assert keyed_api.rest is not None
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{keyed_api.rest.port}") as client:
+        yield client
+
+
+async def _job(adb: AsyncDb, account_id: int, name: str, job_type: str, **flags: bool) -> int:
+    columns = ", ".join(["account_id", "name", "job_type", "steps", *flags])
+    marks = ", ".join(["%s"] * (4 + len(flags)))
+    return int(
+        await scalar(
+            adb, f"INSERT INTO jobs ({columns}) VALUES ({marks}) RETURNING id", account_id, name, job_type,
+            ["dbt build"], *flags.values(),
+        )
+    )  # fmt: skip
+
+
+def _github(secret: str, payload: dict[str, Any], *, event: str = "pull_request") -> dict[str, Any]:
+    body = json.dumps(payload).encode()
+    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return {"content": body, "headers": {"X-GitHub-Event": event, "X-Hub-Signature-256": signature}}
+
+
+async def test_github_pull_requests_start_ci_and_merge_runs(
+    http: httpx.AsyncClient, settings: Settings, adb: AsyncDb
+) -> None:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=512)
+    ci = await _job(adb, account_id, "pr", "ci", on_pull_request=True)
+    merge = await _job(adb, account_id, "on-merge", "merge", on_merge=True)
+    await _job(adb, account_id, "nightly", "deploy")
+    hook = (
+        await http.post(
+            f"/api/v3/accounts/{account_id}/git-webhooks/",
+            json={"provider": "github", "repository": "Codertocat/Hello-World"},
+            headers={"Authorization": f"Token {token}"},
+        )
+    ).json()["data"]
+    url, secret = hook["url_path"], hook["secret"]
+
+    opened = await http.post(url, **_github(secret, GITHUB_OPENED))
+    assert opened.status_code == 200, opened.text
+    (run_id,) = opened.json()["data"]["run_ids"]
+    cur = await adb.execute(
+        "SELECT job_id, trigger, pull_request_number, schema_name, overrides FROM runs WHERE id = %s", (run_id,)
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    assert row[:4] == (ci, "ci", 2, f"runplane_pr_{ci}_2")
+    assert row[4]["git_sha"] == HEAD_SHA and row[4]["git_branch"] == "changes"
+    # GitHub redelivers: the same run, nothing new
+    again = await http.post(url, **_github(secret, GITHUB_OPENED))
+    assert again.json()["data"]["run_ids"] == [run_id]
+
+    tampered = _github(secret, GITHUB_OPENED)
+    tampered["content"] = tampered["content"].replace(b'"number": 2', b'"number": 3')
+    for bad in (tampered, _github("not the secret", GITHUB_OPENED), {"content": b"{}", "headers": {}}):
+        response = await http.post(url, **bad)
+        assert response.status_code == 401 and response.json()["status"]["is_success"] is False
+    assert (await http.post("/webhooks/github/99999/", **_github(secret, GITHUB_OPENED))).status_code == 401
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 1
+
+    pushed = copy.deepcopy(GITHUB_OPENED)
+    pushed["action"] = "synchronize"
+    pushed["pull_request"]["head"]["sha"] = "1234567890abcdef1234567890abcdef12345678"
+    assert len((await http.post(url, **_github(secret, pushed))).json()["data"]["run_ids"]) == 1
+
+    closed = copy.deepcopy(GITHUB_OPENED)
+    closed["action"] = "closed"
+    assert (await http.post(url, **_github(secret, closed))).json()["data"]["run_ids"] == []
+    merged = copy.deepcopy(closed)
+    merged["pull_request"].update(merged=True, merge_commit_sha="0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c")
+    (merge_run,) = (await http.post(url, **_github(secret, merged))).json()["data"]["run_ids"]
+    assert await scalar(adb, "SELECT job_id FROM runs WHERE id = %s", merge_run) == merge
+    assert await scalar(adb, "SELECT overrides->>'git_sha' FROM runs WHERE id = %s", merge_run) == (
+        "0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"
+    )
+    ping = await http.post(url, **_github(secret, {"zen": "Keep it logically awesome."}, event="ping"))
+    assert ping.status_code == 200 and ping.json()["data"]["run_ids"] == []
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 3
+
+
+async def test_gitlab_merge_requests_with_the_secret_token(
+    http: httpx.AsyncClient, settings: Settings, adb: AsyncDb
+) -> None:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=512)
+    ci = await _job(adb, account_id, "mr", "ci", on_pull_request=True)
+    merge = await _job(adb, account_id, "on-merge", "merge", on_merge=True)
+    hook = (
+        await http.post(
+            f"/api/v3/accounts/{account_id}/git-webhooks/",
+            json={"provider": "gitlab", "repository": "gitlabhq/gitlab-test", "job_ids": [ci, merge]},
+            headers={"Authorization": f"Token {token}"},
+        )
+    ).json()["data"]
+    body = json.dumps(GITLAB_OPENED).encode()
+    headers = {"X-Gitlab-Event": "Merge Request Hook", "X-Gitlab-Token": hook["secret"]}
+    wrong = await http.post(hook["url_path"], content=body, headers={**headers, "X-Gitlab-Token": "guess"})
+    assert wrong.status_code == 401
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 0
+    (run_id,) = (await http.post(hook["url_path"], content=body, headers=headers)).json()["data"]["run_ids"]
+    assert await scalar(adb, "SELECT job_id FROM runs WHERE id = %s", run_id) == ci
+    assert await scalar(adb, "SELECT pull_request_number FROM runs WHERE id = %s", run_id) == 1
+    merged = copy.deepcopy(GITLAB_OPENED)
+    merged["object_attributes"].update(action="merge", state="merged")
+    (merge_run,) = (await http.post(hook["url_path"], content=json.dumps(merged).encode(), headers=headers)).json()[
+        "data"
+    ]["run_ids"]
+    assert await scalar(adb, "SELECT job_id FROM runs WHERE id = %s", merge_run) == merge
+    other_repo = copy.deepcopy(GITLAB_OPENED)
+    other_repo["project"]["path_with_namespace"] = "someone/else"
+    ignored = await http.post(hook["url_path"], content=json.dumps(other_repo).encode(), headers=headers)
+    assert ignored.json()["data"]["run_ids"] == []
