@@ -16,6 +16,7 @@ from typing import SupportsInt, cast
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
+from runplane import instruments
 from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.sql import load_queries
@@ -88,6 +89,27 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
     if superseded:
         metrics.runs_superseded(superseded)
     return TickResult(len(rows), superseded, frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows))
+
+
+def never_fires_reason(cron: str, timezone: str) -> str:
+    """What GetJob shows for a job deactivated because its schedule has no next fire."""
+    return f"deactivated: the schedule {cron[:200]!r} ({timezone[:64]}) never fires; fix the schedule and save the job"
+
+
+async def deactivate_never_fires(
+    pool: AsyncConnectionPool[Connection], job_id: int, version: int, cron: str, timezone: str
+) -> bool:
+    """Record that a job's schedule never fires, as that job's error; True when this call did it."""
+    async with pool.connection() as conn, conn.cursor() as cur:
+        await cur.execute(
+            QUERIES["deactivate_never_fires"],
+            {"job_id": job_id, "version": version, "reason": never_fires_reason(cron, timezone)},
+        )
+        done = cur.rowcount == 1
+    if done:
+        instruments.deactivations.add(1, {"reason": "never_fires"})
+    log.warning("schedule never fires; job deactivated", extra={"job_id": job_id, "cron": cron[:200]})
+    return done
 
 
 async def publish_pickups(bus: Bus, topology: Topology, accounts: frozenset[int]) -> None:

@@ -18,3 +18,11 @@ UPDATE runs r
 SET status = 30, finished_at = now(), status_message = %(message)s
 FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
 WHERE r.job_id = d.job_id AND r.status = 1 AND r.trigger = 'schedule' AND r.scheduled_at < to_timestamp(d.fire_ts);
+
+-- name: deactivate_never_fires
+-- A schedule with no next fire is that job's error: deactivate it with the reason (GetJob shows it);
+-- the version bump tells the orchestrator to revoke it. Only the version the worker held is touched,
+-- so a definition saved meanwhile (which may fix the schedule) wins.
+UPDATE jobs
+   SET deactivated_at = now(), deactivation_reason = %(reason)s, version = version + 1, updated_at = now()
+ WHERE id = %(job_id)s AND version = %(version)s AND deleted_at IS NULL AND deactivated_at IS NULL

@@ -19,9 +19,10 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, prepare, publish_pickups, queue_runs
+from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare, publish_pickups, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
+from runplane.cron import NeverFires
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
@@ -88,7 +89,7 @@ class QueuerWorker:
         if isinstance(message, bus_pb2.Assign):
             await self._on_assign(message)
         elif isinstance(message, bus_pb2.Update):
-            self._on_update(message)
+            await self._on_update(message)
         elif isinstance(message, bus_pb2.Revoke):
             self._on_revoke(message)
         else:
@@ -103,22 +104,29 @@ class QueuerWorker:
             return
         now = self._clock()
         taken: list[int] = []
+        never: list[Definition] = []
         for assignment in message.jobs:
             job = assignment.job
             job_stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else stamp
             if not self.gate.admit(job.job_id, job_stamp):
                 continue
             if job.active and job.cron:
-                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                try:
+                    self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                except NeverFires:
+                    self.heap.remove(job.job_id)
+                    never.append(_definition(job))
+                    continue
                 taken.append(job.job_id)
             else:
                 self.heap.remove(job.job_id)
+        await self._deactivate_never_fires(never)
         metrics.messages_applied.add(1, {"kind": "assign", "applied": bool(taken)})
         if taken:
             claimed = bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken)
             await self.bus.publish(self.topology.orchestrator, claimed)
 
-    def _on_update(self, message: bus_pb2.Update) -> None:
+    async def _on_update(self, message: bus_pb2.Update) -> None:
         assignment = message.job
         stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else Stamp.from_proto(message.stamp)
         job = assignment.job
@@ -128,11 +136,22 @@ class QueuerWorker:
             return
         if not (job.active and job.cron):
             self.heap.remove(job.job_id)
-        elif job.job_id in self.heap:
-            self.heap.update(_definition(job), now=self._clock())
-        else:
-            # The orchestrator believes this worker owns the job: hold it.
-            self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+            return
+        try:
+            if job.job_id in self.heap:
+                self.heap.update(_definition(job), now=self._clock())
+            else:
+                # The orchestrator believes this worker owns the job: hold it.
+                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+        except NeverFires:
+            self.heap.remove(job.job_id)
+            await self._deactivate_never_fires([_definition(job)])
+
+    async def _deactivate_never_fires(self, jobs: list[Definition]) -> None:
+        """A schedule with no next fire is its job's error: the job is deactivated with the reason and
+        the message that carried it is acked like any other."""
+        for defn in jobs:
+            await deactivate_never_fires(self.pool, defn.job_id, defn.version, defn.cron, defn.timezone)
 
     def _on_revoke(self, message: bus_pb2.Revoke) -> None:
         stamp = Stamp.from_proto(message.stamp)
@@ -215,7 +234,15 @@ class QueuerWorker:
             if len(still_due) != len(due):
                 tick = prepare(still_due)
             await self._queue(tick)
-            self.heap.reschedule(still_due)
+            never = [
+                Definition(j.job_id, j.version, j.cron, j.timezone, j.grace) for j, _ in self.heap.reschedule(still_due)
+            ]
+            if never:
+                try:
+                    await self._deactivate_never_fires(never)
+                except Exception:
+                    # Off the heap already; the orchestrator's reconcile hands it back if it still counts.
+                    log.exception("recording a schedule that never fires failed")
 
     @staticmethod
     async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:

@@ -125,10 +125,16 @@ async def test_a_leader_that_loses_its_lock_connection_exits(cluster: Cluster, d
     leader = cluster.orchestrator()
     await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 1, 20, what="term 1")
     standby = cluster.orchestrator()
-    db.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted",
+    # Only the connection of this test's leader: advisory locks are server-wide, and another install
+    # on the same server holds a lock with the same key in its own database.
+    terminated = db.execute(
+        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l"
+        " JOIN pg_database d ON d.oid = l.database AND d.datname = current_database()"
+        " JOIN pg_stat_activity a ON a.pid = l.pid AND a.datname = current_database()"
+        " WHERE l.locktype = 'advisory' AND l.objid = %s AND l.granted",
         (LEADER_LOCK_KEY & 0xFFFFFFFF,),
-    )
+    ).fetchall()
+    assert len(terminated) == 1
     await wait_for(lambda: leader.poll() is not None, 10, what="the old leader to exit")
     assert leader.returncode != 0
     await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 2, 10, what="term 2")
