@@ -106,6 +106,10 @@ launch_failures = _counter("runplane.launch.failures", "Failed launches (launche
 bus_redeliveries = _counter(
     "runplane.bus.redeliveries", "Bus messages delivered again after a consumer died (message_type)"
 )
+bus_dead_lettered = _counter(
+    "runplane.bus.dead_lettered",
+    "Bus messages moved to the dead-letter queue after failing every delivery (message_type, queue_kind)",
+)
 orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in Assign")
 orchestrator_updates = _counter("runplane.orchestrator.updates", "Jobs sent in Update messages")
 orchestrator_revoked = _counter("runplane.orchestrator.revoked", "Jobs sent in Revoke messages")
