@@ -25,6 +25,7 @@ from runplane.bus import AmqpBus, Delivery, Topology
 from runplane.cron import NeverFires
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
+from runplane.outages import Backoff, is_transient
 from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
 from runplane.supervise import sleep_or_stop, spawn
@@ -233,7 +234,7 @@ class QueuerWorker:
             still_due = self.heap.still_due(due)
             if len(still_due) != len(due):
                 tick = prepare(still_due)
-            await self._queue(tick)
+            await self._queue(tick, stop)
             never = [
                 Definition(j.job_id, j.version, j.cron, j.timezone, j.grace) for j, _ in self.heap.reschedule(still_due)
             ]
@@ -255,22 +256,33 @@ class QueuerWorker:
             wake.cancel()
             stopped.cancel()
 
-    async def _queue(self, tick: PreparedTick) -> None:
-        for attempt in range(1, _INSERT_ATTEMPTS + 1):
+    async def _queue(self, tick: PreparedTick, stop: asyncio.Event) -> None:
+        """Queue the tick's runs; while Postgres is down, keep trying (bounded backoff) until it is back.
+
+        Runs are keyed by fire, so a tick whose commit was lost with the connection is queued once."""
+        backoff = Backoff(first=0.2, cap=5.0)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 result = await queue_runs(self.pool, tick)
                 break
             except Exception as exc:
-                if attempt == _INSERT_ATTEMPTS:
+                if not is_transient(exc) and attempt >= _INSERT_ATTEMPTS:
                     raise
                 log.warning("queuing runs failed; retrying", extra={"attempt": attempt, "error": repr(exc)})
-                await asyncio.sleep(0.2 * attempt)
+                if await sleep_or_stop(stop, backoff.next()):
+                    return
         if result.queued or result.superseded:
             log.info(
                 "queued cron runs",
                 extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
             )
-        await publish_pickups(self.bus, self.topology, result.accounts)
+        try:
+            await publish_pickups(self.bus, self.topology, result.accounts)
+        except ServiceUnavailable as exc:
+            # Only a hint: the scheduler loop sends a Pickup for every account with due runs each pass.
+            log.warning("pickups not sent", extra={"accounts": len(result.accounts), "error": str(exc)})
 
 
 def _definition(job: bus_pb2.JobDefinition) -> Definition:

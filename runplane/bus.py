@@ -34,8 +34,9 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from runplane import instruments, tracing
+from runplane import instruments, readiness, tracing
 from runplane.errors import ServiceUnavailable
+from runplane.outages import Backoff, is_transient
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -82,27 +83,7 @@ class Topology:
 # Deliveries of one message that fail in its handler before it is moved to the dead-letter queue.
 MAX_DELIVERIES = 5
 DELIVERIES_HEADER = "x-runplane-deliveries"
-# How long a consumer waits before handing back a message whose handler found a dependency down.
-_UNAVAILABLE_BACKOFF = (0.5, 10.0)
 _MAX_ERROR_TEXT = 500
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` says a dependency is down, not that the message is bad."""
-    import psycopg
-    import redis.exceptions
-
-    return isinstance(
-        exc,
-        ServiceUnavailable
-        | psycopg.OperationalError
-        | redis.exceptions.ConnectionError
-        | redis.exceptions.TimeoutError
-        | aiormq.exceptions.AMQPConnectionError
-        | aiormq.exceptions.ChannelInvalidStateError
-        | ConnectionError
-        | TimeoutError,
-    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +125,8 @@ class AmqpBus:
         self._channel = channel
         self._declared: set[str] = set()
         self.max_deliveries = max_deliveries
-        self._unavailable_streak = 0
+        # How long a consumer waits before handing back a message whose handler found a dependency down.
+        self._unavailable = Backoff()
 
     @classmethod
     async def connect(cls, amqp_url: str, *, max_deliveries: int = MAX_DELIVERIES) -> AmqpBus:
@@ -153,7 +135,13 @@ class AmqpBus:
             channel = await connection.channel(publisher_confirms=True)
         except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
             raise ServiceUnavailable(f"cannot reach RabbitMQ at {_redact(amqp_url)}: {exc}") from exc
-        return cls(connection, channel, max_deliveries=max_deliveries)
+        bus = cls(connection, channel, max_deliveries=max_deliveries)
+
+        async def connected() -> bool:
+            return bus.connected
+
+        readiness.register("rabbitmq", connected)
+        return bus
 
     @property
     def connected(self) -> bool:
@@ -161,6 +149,7 @@ class AmqpBus:
         return not self._connection.is_closed and self._connection.connected.is_set()
 
     async def close(self) -> None:
+        readiness.forget("rabbitmq")
         await self._connection.close()
 
     async def declare(self, queue: str) -> None:
@@ -251,14 +240,12 @@ class AmqpBus:
             else:
                 await self._retry_later(queue, incoming, headers, failed_before + 1, exc)
             return
-        self._unavailable_streak = 0
+        self._unavailable.reset()
         await self._settle(incoming.ack())
 
     async def _back_off(self, queue: str, incoming: aio_pika.abc.AbstractIncomingMessage, exc: Exception) -> None:
         """A dependency is down: hand the message back uncounted, after a pause that grows to a bound."""
-        self._unavailable_streak += 1
-        low, high = _UNAVAILABLE_BACKOFF
-        pause = min(high, low * 2 ** min(self._unavailable_streak - 1, 8))
+        pause = self._unavailable.next()
         log.warning(
             "handler found a dependency down; message handed back",
             extra={"queue": queue, "message_type": incoming.type, "error": _error_text(exc), "pause": pause},

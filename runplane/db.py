@@ -12,7 +12,10 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from runplane import readiness
 from runplane.errors import ServiceUnavailable
+
+_CHECK_TIMEOUT = 2.0
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
 
@@ -36,7 +39,22 @@ async def open_pool(
     except Exception as exc:  # psycopg_pool.PoolTimeout
         await pool.close()
         raise ServiceUnavailable(f"cannot reach Postgres at {redact(database_url)}: {exc}") from exc
+
+    async def reachable() -> bool:
+        if pool.closed:
+            return False
+        async with pool.connection(timeout=_CHECK_TIMEOUT) as conn:
+            await conn.execute("SELECT 1")
+        return True
+
+    readiness.register(f"postgres:{name}", reachable)
     return pool
+
+
+async def close_pool(pool: AsyncConnectionPool[Connection]) -> None:
+    """Close a pool from ``open_pool`` and stop reporting on it."""
+    readiness.forget(f"postgres:{pool.name}")
+    await pool.close()
 
 
 async def connect(database_url: str, *, autocommit: bool = True) -> Connection:

@@ -12,6 +12,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runplane import readiness
 from runplane.errors import ServiceUnavailable
 
 _RELEASE = """
@@ -63,9 +64,13 @@ class RedisAccountLocks:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str, ttl_ms: int) -> RedisAccountLocks:
-        return cls(
-            aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), prefix=prefix, ttl_ms=ttl_ms
-        )
+        client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+        async def reachable() -> bool:
+            return bool(await client.ping())
+
+        readiness.register("redis", reachable)
+        return cls(client, prefix=prefix, ttl_ms=ttl_ms)
 
     def key(self, account_id: int) -> str:
         return f"{self._prefix}:lock:account:{account_id}"
@@ -81,4 +86,5 @@ class RedisAccountLocks:
         return RedisLock(self._client, key, token, self._ttl_ms) if taken else None
 
     async def close(self) -> None:
+        readiness.forget("redis")
         await self._client.aclose()

@@ -107,6 +107,7 @@ class Settings(BaseSettings):
     log_format: str = Field("auto", description="json, text or auto (text on a terminal).")
     log_level: str = Field("INFO")
     metrics_port: int = Field(0, description="Prometheus /metrics port; 0 turns it off.")
+    probe_port: int = Field(0, description="/ready and /live port (readiness: every dependency reachable); 0: off.")
     otlp_endpoint: str = Field("", description="OTLP traces endpoint; empty turns tracing off.")
     drain_seconds: float = Field(20.0, description="Bound on shutdown after SIGTERM.")
 
