@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aio_pika
 import aio_pika.abc
@@ -79,6 +79,16 @@ class Topology:
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}.worker.{worker_id}"
 
+
+class _ConsumerLost(Exception):
+    """The broker stopped delivering to this consumer (cancelled it, deleted its queue)."""
+
+
+# A broker call that takes longer is treated as the broker being away (a publish awaiting a confirm
+# on a channel that died with its connection would otherwise wait forever).
+_BROKER_TIMEOUT = 10.0
+# How often an idle consumer checks that the broker still knows it.
+_CONSUMER_CHECK = 5.0
 
 # Deliveries of one message that fail in its handler before it is moved to the dead-letter queue.
 MAX_DELIVERIES = 5
@@ -156,8 +166,8 @@ class AmqpBus:
         if queue in self._declared:
             return
         try:
-            await self._channel.declare_queue(queue, durable=True)
-        except (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError) as exc:
+            await asyncio.wait_for(self._channel.declare_queue(queue, durable=True), _BROKER_TIMEOUT)
+        except (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, TimeoutError) as exc:
             raise ServiceUnavailable(f"declare {queue} failed: {exc}") from exc
         self._declared.add(queue)
 
@@ -179,8 +189,16 @@ class AmqpBus:
 
     async def _publish(self, queue: str, amqp_message: aio_pika.Message) -> None:
         try:
-            await self._channel.default_exchange.publish(amqp_message, routing_key=queue, mandatory=False)
-        except (aiormq.exceptions.AMQPError, ConnectionError, aiormq.exceptions.ChannelInvalidStateError) as exc:
+            await asyncio.wait_for(
+                self._channel.default_exchange.publish(amqp_message, routing_key=queue, mandatory=False),
+                _BROKER_TIMEOUT,
+            )
+        except (
+            aiormq.exceptions.AMQPError,
+            ConnectionError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            TimeoutError,
+        ) as exc:
             # ChannelInvalidStateError (a RuntimeError) is what a channel says while the robust
             # connection is being restored after a broker restart.
             raise ServiceUnavailable(f"publish to {queue} failed: {exc!r}") from exc
@@ -189,29 +207,71 @@ class AmqpBus:
         """Hand every message of ``queue`` to ``handler``; ack after it returns.
 
         Runs on its own channel until ``stop`` is set. What a handler raises never stops the
-        consumer: see the module docstring for where the message goes.
+        consumer: see the module docstring for where the message goes. A consumer the broker lost
+        (a restart, a deleted queue, a cancel) is started again on a new channel, after a bounded
+        backoff; the queue is declared again on the way.
         """
-        channel = await self._connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
-        amqp_queue = await channel.declare_queue(queue, durable=True)
+        backoff = Backoff(first=0.5, cap=10.0)
+        while not stop.is_set():
+            try:
+                await self._consume_once(queue, handler, prefetch, stop, backoff)
+            except Exception as exc:
+                if not (is_transient(exc) or isinstance(exc, _ConsumerLost | aiormq.exceptions.AMQPError)):
+                    raise
+                pause = backoff.next()
+                log.warning(
+                    "consumer lost; consuming again", extra={"queue": queue, "error": repr(exc), "pause": pause}
+                )
+                self._declared.discard(queue)
+                await _sleep_or_stop(stop, pause)
+
+    async def _consume_once(
+        self, queue: str, handler: Handler, prefetch: int, stop: asyncio.Event, backoff: Backoff
+    ) -> None:
+        channel = await asyncio.wait_for(self._connection.channel(), _BROKER_TIMEOUT)
         try:
+            await channel.set_qos(prefetch_count=prefetch)
+            amqp_queue = await channel.declare_queue(queue, durable=True)
             async with amqp_queue.iterator() as messages:
                 stop_wait = asyncio.ensure_future(stop.wait())
+                next_message: asyncio.Future[aio_pika.abc.AbstractIncomingMessage] | None = None
                 try:
                     while not stop.is_set():
-                        next_message = asyncio.ensure_future(messages.__anext__())
-                        done, _ = await asyncio.wait({next_message, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                        if next_message not in done:
-                            next_message.cancel()
+                        if next_message is None:
+                            next_message = asyncio.ensure_future(messages.__anext__())
+                        waiting: set[asyncio.Future[Any]] = {next_message, stop_wait}
+                        done, _ = await asyncio.wait(
+                            waiting, timeout=_CONSUMER_CHECK, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if stop_wait in done:
                             break
-                        incoming = next_message.result()
+                        if next_message not in done:
+                            await self._check_consuming(channel, queue)
+                            continue
+                        try:
+                            incoming = next_message.result()
+                        except StopAsyncIteration as exc:
+                            raise _ConsumerLost(f"the iterator of {queue} ended") from exc
+                        next_message = None
+                        backoff.reset()
                         await self._handle(queue, incoming, handler)
                 finally:
                     stop_wait.cancel()
+                    if next_message is not None and not next_message.done():
+                        next_message.cancel()
         finally:
             if not channel.is_closed:
-                with contextlib.suppress(aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError):
-                    await channel.close()
+                with contextlib.suppress(
+                    aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, TimeoutError
+                ):
+                    await asyncio.wait_for(channel.close(), _BROKER_TIMEOUT)
+
+    @staticmethod
+    async def _check_consuming(channel: aio_pika.abc.AbstractChannel, queue: str) -> None:
+        """While idle: the queue still exists and someone consumes it (else the broker dropped us)."""
+        declared = await asyncio.wait_for(channel.declare_queue(queue, passive=True), _BROKER_TIMEOUT)
+        if not declared.declaration_result.consumer_count:
+            raise _ConsumerLost(f"the broker lists no consumer on {queue}")
 
     async def _handle(self, queue: str, incoming: aio_pika.abc.AbstractIncomingMessage, handler: Handler) -> None:
         try:
@@ -307,6 +367,11 @@ class AmqpBus:
             await settle
         except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError) as exc:
             log.warning("ack/nack lost with its channel; the broker redelivers", extra={"error": repr(exc)})
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
 def _deliveries(headers: dict[str, object]) -> int:
