@@ -7,9 +7,7 @@ queued) is still one run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import SupportsInt, cast
 
@@ -17,11 +15,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
 from runplane import instruments
-from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.sql import load_queries
 from runplane.types import schedule_idempotency_key
-from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +106,3 @@ async def deactivate_never_fires(
         instruments.deactivations.add(1, {"reason": "never_fires"})
     log.warning("schedule never fires; job deactivated", extra={"job_id": job_id, "cron": cron[:200]})
     return done
-
-
-async def publish_pickups(bus: Bus, topology: Topology, accounts: frozenset[int]) -> None:
-    """Tell the dispatchers right away that these accounts have new queued runs."""
-    now_ms = int(time.time() * 1000)
-    await asyncio.gather(
-        *(
-            bus.publish(topology.pickup, bus_pb2.Pickup(account_id=account_id, sent_at_ms=now_ms))
-            for account_id in accounts
-        )
-    )

@@ -19,13 +19,14 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare, publish_pickups, queue_runs
+from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
 from runplane.cron import NeverFires
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
 from runplane.outages import Backoff, is_transient
+from runplane.runs.pickups import send_pickups
 from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
 from runplane.supervise import sleep_or_stop, spawn
@@ -279,7 +280,7 @@ class QueuerWorker:
                 extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
             )
         try:
-            await publish_pickups(self.bus, self.topology, result.accounts)
+            await send_pickups(self.bus, self.topology, result.accounts, source="queuer")
         except ServiceUnavailable as exc:
             # Only a hint: the scheduler loop sends a Pickup for every account with due runs each pass.
             log.warning("pickups not sent", extra={"accounts": len(result.accounts), "error": str(exc)})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.dispatch.processes import OwnRedis, free_port
+from tests.support.processes import OwnRedis, free_port
 
 __all__ = ["OwnPostgres", "OwnRabbit", "OwnRedis", "free_port"]
 

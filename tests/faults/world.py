@@ -23,9 +23,9 @@ import psycopg
 
 from runplane.cron import fires_between
 from runplane.migrate import migrate
-from tests.dispatch.processes import Services, free_port
 from tests.faults.invariants import Db, Report, check
 from tests.faults.servers import OwnPostgres, OwnRabbit, OwnRedis
+from tests.support.processes import Services, free_port
 
 EVERY_MINUTE = "* * * * *"
 FAST = {
