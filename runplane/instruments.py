@@ -93,7 +93,10 @@ runs_started = _counter("runplane.runs.started", "Runs claimed by a runner (trig
 runs_finished = _counter("runplane.runs.finished", "Runs that reached a terminal status (status, trigger, job_type)")
 cancellations = _counter(
     "runplane.runs.cancelled",
-    description="Cancellations by reason: over_scheduled, superseded_merge, user, job_deleted",
+    description=(
+        "Cancellations by reason: over_scheduled, superseded_no_slot, superseded_system_behind (alert: runplane "
+        "was behind), superseded_merge, user, job_deleted"
+    ),
 )
 retries = _counter("runplane.runs.retried", "Retry runs queued (reason)")
 deactivations = _counter("runplane.jobs.deactivated", "Jobs deactivated after failing")
