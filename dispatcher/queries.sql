@@ -32,7 +32,8 @@ UPDATE runs r
        not_before = NULL,
        launch_attempts = r.launch_attempts + 1,
        schema_name = v.schema_name,
-       cluster = %(cluster)s
+       cluster = %(cluster)s,
+       dispatcher_id = nullif(%(dispatcher_id)s, '')
   FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,

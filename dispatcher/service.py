@@ -49,9 +49,6 @@ _tracer = trace.get_tracer(__name__)
 Q = load_queries("dispatcher")
 
 
-ANNOUNCE_INTERVAL = 5.0
-
-
 @dataclass(frozen=True)
 class Started:
     run_id: RunId
@@ -81,8 +78,12 @@ class Dispatcher:
         launcher: Launcher,
         *,
         pending: PendingPickups | None = None,
+        dispatcher_id: str = "",
     ) -> None:
         self._settings = settings
+        # Recorded on each run it starts: the scheduler loop reclaims them when this process stops
+        # heartbeating (``announce``).
+        self.dispatcher_id = dispatcher_id
         self._pool = pool
         self._bus = bus
         self._locks = locks
@@ -208,6 +209,7 @@ class Dispatcher:
                 "ids": [run.run_id for run in plan.start],
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],
                 "cluster": self._settings.dispatcher.cluster,
+                "dispatcher_id": self.dispatcher_id,
             },
         )
         memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
@@ -290,7 +292,7 @@ async def announce(
                     await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
             except psycopg.OperationalError as exc:
                 log.warning("dispatcher row not updated", extra={"error": str(exc)})
-            if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
+            if await sleep_or_stop(stop, settings.dispatcher.heartbeat_interval):
                 break
     finally:
         try:
@@ -316,12 +318,12 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         bus = await AmqpBus.connect(settings.amqp_url)
         if isinstance(launcher, LocalLauncher):
             await launcher.start()
-        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending)
+        name = f"{socket.gethostname()}:{os.getpid()}"
+        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name)
         queue = Topology(settings.bus_prefix).pickup
         prefetch = max(1, settings.dispatcher.prefetch // concurrency)
         log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
         started = time.monotonic()
-        name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
             spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
             watcher = companion(settings, pool, stop)

@@ -42,6 +42,10 @@ class DispatcherSettings(BaseModel):
     cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
     prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
     concurrency: int = Field(4, description="Accounts one dispatcher process works on at once.")
+    heartbeat_interval: float = Field(5.0, description="Seconds between a dispatcher's heartbeats (its row).")
+    dead_after_beats: int = Field(
+        3, description="Missed heartbeats before a dispatcher counts as dead and its starting runs are reclaimed."
+    )
     local_fork_server: bool = Field(
         True, description="local launcher: fork runners from a pre-loaded process; false: a fresh process per run."
     )

@@ -78,20 +78,33 @@ class SchedulerLoop:
 
     async def reap_starting(self) -> tuple[int, int]:
         timeout = self._settings.scheduler.start_timeout
+        dispatchers = self._settings.dispatcher
+        dead_after = dispatchers.heartbeat_interval * dispatchers.dead_after_beats
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["stuck_starting"], {"start_timeout": timeout, "limit": REAP_BATCH})
+            cur = await conn.execute(
+                Q["stuck_starting"], {"start_timeout": timeout, "dead_after": dead_after, "limit": REAP_BATCH}
+            )
             stuck = await cur.fetchall()
         relaunched = failed = 0
         for row in stuck:
             attempts = int(row["launch_attempts"])  # type: ignore[call-overload]
-            log.warning("run stuck in starting", extra={"run_id": row["id"], "launch_attempts": attempts})
+            orphaned = bool(row["orphaned"])
+            log.warning(
+                "run orphaned by a dead dispatcher" if orphaned else "run stuck in starting",
+                extra={"run_id": row["id"], "launch_attempts": attempts},
+            )
             await launch_failed(
                 self._pool,
                 self._bus,
                 self._settings,
                 run_id=int(row["id"]),  # type: ignore[call-overload]
                 launch_attempts=attempts,
-                message=f"no runner claimed the run within {timeout:g} s",
+                message=(
+                    f"the dispatcher that started the run stopped heartbeating for {dead_after:g} s before a runner"
+                    " claimed it"
+                    if orphaned
+                    else f"no runner claimed the run within {timeout:g} s"
+                ),
             )
             if attempts < self._settings.scheduler.launch_attempts:
                 relaunched += 1
