@@ -81,14 +81,12 @@ class Topology:
 
 
 class _ConsumerLost(Exception):
-    """The broker stopped delivering to this consumer (cancelled it, deleted its queue)."""
+    """The broker stopped delivering to this consumer (its iterator ended)."""
 
 
 # A broker call that takes longer is treated as the broker being away (a publish awaiting a confirm
 # on a channel that died with its connection would otherwise wait forever).
 _BROKER_TIMEOUT = 10.0
-# How often an idle consumer checks that the broker still knows it.
-_CONSUMER_CHECK = 5.0
 
 # Deliveries of one message that fail in its handler before it is moved to the dead-letter queue.
 MAX_DELIVERIES = 5
@@ -207,8 +205,8 @@ class AmqpBus:
         """Hand every message of ``queue`` to ``handler``; ack after it returns.
 
         Runs on its own channel until ``stop`` is set. What a handler raises never stops the
-        consumer: see the module docstring for where the message goes. A consumer the broker lost
-        (a restart, a deleted queue, a cancel) is started again on a new channel, after a bounded
+        consumer: see the module docstring for where the message goes. A consumer whose channel or
+        iterator fails (the broker restarted) is started again on a new channel, after a bounded
         backoff; the queue is declared again on the way.
         """
         backoff = Backoff(first=0.5, cap=10.0)
@@ -228,7 +226,10 @@ class AmqpBus:
     async def _consume_once(
         self, queue: str, handler: Handler, prefetch: int, stop: asyncio.Event, backoff: Backoff
     ) -> None:
-        channel = await asyncio.wait_for(self._connection.channel(), _BROKER_TIMEOUT)
+        try:
+            channel = await asyncio.wait_for(self._connection.channel(), _BROKER_TIMEOUT)
+        except RuntimeError as exc:  # "Connection was not opened": the robust connection is reconnecting
+            raise ServiceUnavailable(f"no channel for {queue}: {exc}") from exc
         try:
             await channel.set_qos(prefetch_count=prefetch)
             amqp_queue = await channel.declare_queue(queue, durable=True)
@@ -240,14 +241,9 @@ class AmqpBus:
                         if next_message is None:
                             next_message = asyncio.ensure_future(messages.__anext__())
                         waiting: set[asyncio.Future[Any]] = {next_message, stop_wait}
-                        done, _ = await asyncio.wait(
-                            waiting, timeout=_CONSUMER_CHECK, return_when=asyncio.FIRST_COMPLETED
-                        )
+                        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                         if stop_wait in done:
                             break
-                        if next_message not in done:
-                            await self._check_consuming(channel, queue)
-                            continue
                         try:
                             incoming = next_message.result()
                         except StopAsyncIteration as exc:
@@ -265,13 +261,6 @@ class AmqpBus:
                     aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, TimeoutError
                 ):
                     await asyncio.wait_for(channel.close(), _BROKER_TIMEOUT)
-
-    @staticmethod
-    async def _check_consuming(channel: aio_pika.abc.AbstractChannel, queue: str) -> None:
-        """While idle: the queue still exists and someone consumes it (else the broker dropped us)."""
-        declared = await asyncio.wait_for(channel.declare_queue(queue, passive=True), _BROKER_TIMEOUT)
-        if not declared.declaration_result.consumer_count:
-            raise _ConsumerLost(f"the broker lists no consumer on {queue}")
 
     async def _handle(self, queue: str, incoming: aio_pika.abc.AbstractIncomingMessage, handler: Handler) -> None:
         try:

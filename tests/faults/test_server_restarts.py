@@ -57,7 +57,11 @@ def down_then_up(world: World, stop: Callable[[], None], start: Callable[[], Non
         start()
     back_at = time.time()
     for name in ("scheduler", "dispatcher"):
-        wait(lambda n=name: world.ready(n)[0], 60, f"{name} to be ready again")  # type: ignore[misc]
+        try:
+            wait(lambda n=name: world.ready(n)[0], 60, f"{name} to be ready again")  # type: ignore[misc]
+        except AssertionError as exc:
+            print(world.logs())
+            raise AssertionError(f"{exc}; down: {world.ready(name)[1]}") from exc
     return back_at
 
 

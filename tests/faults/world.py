@@ -172,8 +172,9 @@ def probe_run(world: World, fault_at: float, *, timeout: float = 60) -> float:
 
 
 @contextlib.contextmanager
-def make_world(services_to_start: list[tuple[str, str]]) -> Iterator[World]:
-    """Private servers, a migrated schema with 12 every-minute jobs over two accounts, and the services."""
+def make_world(services_to_start: list[tuple[str, str]], *, cron_jobs: int = 12) -> Iterator[World]:
+    """Private servers, a migrated schema with ``cron_jobs`` every-minute jobs over two accounts, and
+    the services."""
     base = Path(tempfile.mkdtemp(prefix="rp-faults-"))
     postgres = OwnPostgres(base / "pg")
     rabbit = OwnRabbit(base / "rabbit")
@@ -199,8 +200,8 @@ def make_world(services_to_start: list[tuple[str, str]]) -> Iterator[World]:
                 for r in conn.execute(
                     "INSERT INTO jobs (account_id, name, job_type, steps, cron) SELECT"
                     " (%s::bigint[])[1 + g %% 2], 'job-' || g, 'deploy', ARRAY['true'], %s"
-                    " FROM generate_series(1, 12) g RETURNING id",
-                    (accounts, EVERY_MINUTE),
+                    " FROM generate_series(1, %s) g RETURNING id",
+                    (accounts, EVERY_MINUTE, cron_jobs),
                 ).fetchall()
             ]
         env = {
