@@ -60,8 +60,8 @@ async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event) ->
             try:
                 leader = Leader(settings, pool, bus, term, leader_id)
                 async with asyncio.TaskGroup() as group:
-                    spawn(group, "orchestrator:leadership", leadership.watch(conn, stop))
-                    spawn(group, "orchestrator:leader", leader.run(stop))
+                    spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)
+                    spawn(group, "orchestrator:leader", leader.run(stop), eternal=True, stop=stop)
             finally:
                 await bus.close()
         finally:

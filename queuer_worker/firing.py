@@ -17,12 +17,14 @@ from psycopg_pool import AsyncConnectionPool
 from queuer_worker import metrics
 from runplane import instruments
 from runplane.db import Connection
+from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
 from runplane.types import schedule_idempotency_key
 
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("queuer_worker")
+
 
 # Why a superseded cron run was still waiting (see ``cancel_superseded``), and what it tells the user.
 _SUPERSEDED = "Cancelled: superseded by a newer scheduled run of this job, queued while this one was still waiting"
@@ -83,12 +85,14 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
         return TickResult(0, 0, frozenset())
     by_reason: Counter[str] = Counter()
     async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-        await cur.execute(QUERIES["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys})
+        await cur.execute(
+            TRANSITIONS["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
+        )
         rows = await cur.fetchall()
         if rows:
             await cur.execute("SET LOCAL enable_nestloop = off")
             await cur.execute(
-                QUERIES["cancel_superseded"],
+                TRANSITIONS["cancel_superseded"],
                 {
                     "job_ids": [row["job_id"] for row in rows],
                     "fire_ts": [row["fire_ts"] for row in rows],
