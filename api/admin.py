@@ -131,7 +131,7 @@ async def seed_demo(settings: Settings, name: str) -> tuple[int, str, list[int]]
             for spec in DEMO_JOBS:
                 job = await store.job_by_name(conn, account_id, spec.name)
                 if job is None:
-                    job = await store.insert_job(conn, account_id, spec)
+                    job, _ = await store.insert_job(conn, account_id, spec)
                 job_ids.append(job["id"])
     finally:
         await pool.close()

@@ -22,7 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 from api.errors import status_boundary
 from api.scopes import TokenGrant, check_scope
 from runplane import tracing
-from runplane.errors import Unauthenticated
+from runplane.errors import InvalidArgument, Unauthenticated
 from runplane.types import AccountId
 
 # Services that answer without a token.
@@ -95,17 +95,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         if handler.request_streaming:
             raise TypeError(f"{method}: client-streaming methods are not served")
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.response_streaming:
             assert handler.unary_stream is not None
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),  # type: ignore[arg-type]
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         assert handler.unary_unary is not None
         return grpc.unary_unary_rpc_method_handler(
             self._wrap_unary(method, handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer,
             response_serializer=handler.response_serializer,
         )
 
@@ -122,6 +123,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             with _server_span(method, context):
                 async with status_boundary(context, method):
                     _account.set(await self._authenticate(context, method))
+                    _check_decoded(request)
                     return await behavior(request, context)
             raise AssertionError("unreachable: the boundary aborts")
 
@@ -134,10 +136,37 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             with _server_span(method, context):
                 async with status_boundary(context, method):
                     _account.set(await self._authenticate(context, method))
+                    _check_decoded(request)
                     async for item in behavior(request, context):
                         yield item
 
         return stream
+
+
+class _Malformed:
+    """What a request that does not decode becomes, so the handler's boundary answers INVALID_ARGUMENT
+    (grpc answers UNKNOWN for a deserializer that raises)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+    if deserialize is None:
+        return None
+
+    def tolerant(data: bytes) -> object:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError and whatever else bad bytes make a parser raise
+            return _Malformed(type(exc).__name__)
+
+    return tolerant
+
+
+def _check_decoded(request: object) -> None:
+    if isinstance(request, _Malformed):
+        raise InvalidArgument("request", f"malformed request: the body does not decode ({request.error})")
 
 
 def _server_span(method: str, context: grpc.aio.ServicerContext[object, object]) -> ContextManager[Span]:

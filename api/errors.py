@@ -35,11 +35,17 @@ _CODES: list[tuple[type[RunplaneError], grpc.StatusCode]] = [
 ]
 
 
+# Status details travel in a trailer: a long one fails the whole call (RESOURCE_EXHAUSTED on the
+# client). Messages quote at most a short start of what was sent; this bound backs that up.
+MAX_DETAILS = 1000
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and message a client sees for ``exc``."""
     for cls, code in _CODES:
         if isinstance(exc, cls):
-            return code, str(exc)
+            message = str(exc)
+            return code, message if len(message) <= MAX_DETAILS else message[: MAX_DETAILS - 1] + "…"
     return grpc.StatusCode.INTERNAL, "internal error"
 
 

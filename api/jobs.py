@@ -14,7 +14,7 @@ from api import convert, paging
 from api.auth import current_account
 from api.lookup import existing_job
 from api.store import Row, Store
-from api.validation import JobSpec, job_spec, positive_id
+from api.validation import MAX_IDEMPOTENCY_KEY, JobSpec, job_spec, positive_id, text
 from runplane import instruments
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -34,9 +34,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: Context) -> jobs_pb2.Job:
         account_id = current_account()
         spec = job_spec(request)
+        key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
         async with self._store.transaction() as conn:
             await self._check_completion_triggers(conn, account_id, None, spec)
-            row = await self._store.insert_job(conn, account_id, spec)
+            row, created = await self._store.insert_job(conn, account_id, spec, create_key=key)
+            if not created:
+                if row["deleted_at"] is not None:
+                    raise FailedPrecondition(f"the job created with this idempotency key ({row['id']}) was deleted")
+                log.info("job create retried", extra={"account_id": account_id, "job_id": row["id"]})
+                return await self._job(conn, row)
             await self._store.replace_completion_triggers(conn, JobId(row["id"]), spec)
             out = await self._job(conn, row)
         log.info("job created", extra={"account_id": account_id, "job_id": row["id"]})

@@ -30,16 +30,23 @@ UPDATE api_tokens SET revoked_at = now()
 RETURNING id, account_id;
 
 -- name: insert_job
+-- With a create key already used in this account nothing is inserted (and no row returned): the
+-- caller then reads the job the first create made (job_by_create_key).
 INSERT INTO jobs (
     account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
-    missed_run_grace_seconds, priority, secret_environment
+    missed_run_grace_seconds, priority, secret_environment, create_key
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
-    %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s
+    %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
+    %(create_key)s
 )
+ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
+
+-- name: job_by_create_key
+SELECT * FROM jobs WHERE account_id = %(account_id)s AND create_key = %(create_key)s;
 
 -- name: get_job
 SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;

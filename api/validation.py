@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from runplane.cron import validate_cron, validate_timezone
+from runplane.cron import validate_cron, validate_fires, validate_timezone
 from runplane.errors import InvalidArgument
 from runplane.secrets import is_secret_name
 from runplane.types import (
@@ -147,6 +147,7 @@ def _with_triggers(spec: JobSpec, triggers: jobs_pb2.JobTriggers) -> JobSpec:
             raise InvalidArgument("triggers.schedule", f"{spec.job_type} jobs run on pull requests, not on a schedule")
         cron = validate_cron(triggers.schedule.cron, "triggers.schedule.cron")
         timezone = validate_timezone(triggers.schedule.timezone, "triggers.schedule.timezone")
+        validate_fires(cron, timezone, "triggers.schedule.cron")
     if triggers.on_pull_request and spec.job_type is not JobType.CI:
         raise InvalidArgument("triggers.on_pull_request", "only ci jobs run on pull requests")
     if triggers.on_merge and spec.job_type is not JobType.MERGE:

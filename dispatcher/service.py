@@ -50,9 +50,6 @@ _tracer = trace.get_tracer(__name__)
 Q = load_queries("dispatcher")
 
 
-ANNOUNCE_INTERVAL = 5.0
-
-
 @dataclass(frozen=True)
 class Started:
     run_id: RunId
@@ -115,8 +112,12 @@ class Dispatcher:
         launcher: Launcher,
         *,
         pending: PendingPickups | None = None,
+        dispatcher_id: str = "",
     ) -> None:
         self._settings = settings
+        # Recorded on each run it starts: the scheduler loop reclaims them when this process stops
+        # heartbeating (``announce``).
+        self.dispatcher_id = dispatcher_id
         self._pool = pool
         self._bus = bus
         self._locks = locks
@@ -243,6 +244,7 @@ class Dispatcher:
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],
                 "token_hashes": [run_token_hash(tokens[run.run_id]) for run in plan.start],
                 "cluster": self._settings.dispatcher.cluster,
+                "dispatcher_id": self.dispatcher_id,
             },
             StartedRow,
         )
@@ -327,7 +329,7 @@ async def announce(
                     await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
             except ServiceUnavailable as exc:
                 log.warning("dispatcher row not updated", extra={"error": str(exc)})
-            if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
+            if await sleep_or_stop(stop, settings.dispatcher.heartbeat_interval):
                 break
     finally:
         try:
@@ -353,12 +355,12 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         bus = await AmqpBus.connect(settings.amqp_url)
         if isinstance(launcher, LocalLauncher):
             await launcher.start()
-        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending)
+        name = f"{socket.gethostname()}:{os.getpid()}"
+        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name)
         queue = Topology(settings.bus_prefix).pickup
         prefetch = max(1, settings.dispatcher.prefetch // concurrency)
         log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
         started = time.monotonic()
-        name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
             spawn(
                 group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop), eternal=True, stop=stop

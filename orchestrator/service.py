@@ -1,7 +1,8 @@
 """``runplane orchestrator``: stand by until the leader lock is ours, then lead until stopped.
 
-A leader that loses its lock's connection raises ``LeadershipLost`` and the process exits
-non-zero at once rather than keep sending messages another leader may contradict.
+A leader that loses its lock's connection (``LeadershipLost``), or finds Postgres or RabbitMQ down,
+stops leading at once (it must not keep sending messages another leader may contradict) and goes
+back to standing by, after a bounded backoff: the process itself rides out a server restart.
 """
 
 from __future__ import annotations
@@ -14,15 +15,39 @@ import socket
 from orchestrator import leadership
 from orchestrator.leader import Leader
 from runplane.bus import AmqpBus
-from runplane.db import open_pool
+from runplane.db import close_pool, open_pool
+from runplane.outages import Backoff, is_transient
 from runplane.settings import Settings
-from runplane.supervise import spawn
+from runplane.supervise import sleep_or_stop, spawn
 
 log = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     leader_id = f"{socket.gethostname()}-{os.getpid()}"
+    backoff = Backoff(first=1.0, cap=10.0)
+    while not stop.is_set():
+        try:
+            await _lead_once(settings, leader_id, stop)
+            backoff.reset()
+        except Exception as exc:
+            if not _lost(exc):
+                raise
+            pause = backoff.next()
+            log.warning("stepped down; standing by again", extra={"error": repr(exc), "pause": round(pause, 2)})
+            if await sleep_or_stop(stop, pause):
+                return
+
+
+def _lost(exc: BaseException) -> bool:
+    """An exception group from the leader's tasks made only of lost leadership and outages."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_lost(e) for e in exc.exceptions)
+    return isinstance(exc, leadership.LeadershipLost) or is_transient(exc)
+
+
+async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event) -> None:
+    """Stand by, then lead until stopped or until leading fails."""
     conn = await leadership.acquire(settings.database_url, stop)
     if conn is None:
         return
@@ -40,6 +65,6 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             finally:
                 await bus.close()
         finally:
-            await pool.close()
+            await close_pool(pool)
     finally:
         await conn.close()

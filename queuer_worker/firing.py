@@ -8,23 +8,40 @@ queued) is still one run.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import SupportsInt, cast
 
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
+from runplane import instruments
 from runplane.db import Connection
 from runplane.runs.transitions import TRANSITIONS
+from runplane.sql import load_queries
 from runplane.types import schedule_idempotency_key
 
 log = logging.getLogger(__name__)
 
+QUERIES = load_queries("queuer_worker")
 
-SUPERSEDED_MESSAGE = (
-    "Cancelled: superseded by a newer scheduled run of this job that was queued while this one was still "
-    "waiting. The job is over-scheduled: make it run faster or make its schedule less frequent."
-)
+
+# Why a superseded cron run was still waiting (see ``cancel_superseded``), and what it tells the user.
+_SUPERSEDED = "Cancelled: superseded by a newer scheduled run of this job, queued while this one was still waiting"
+SUPERSEDED_MESSAGES = {
+    "job_running": (
+        f"{_SUPERSEDED} for the job's previous run to finish. The job is over-scheduled: make it run faster "
+        "or make its schedule less frequent."
+    ),
+    "no_slot": (
+        f"{_SUPERSEDED} for a free run slot: every run slot of the account was in use. Add run slots or "
+        "spread the account's schedules."
+    ),
+    "behind": f"{_SUPERSEDED} to be dispatched: runplane was behind. Nothing needs to change on your side.",
+}
+# A run dispatched less than this ago counts as taking its slot; an older start that never got a
+# runner is the system's delay, not the account's.
+FRESH_START_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class TickResult:
     queued: int
     superseded: int
     accounts: frozenset[int]
+    superseded_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,7 +83,7 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
     tick = due if isinstance(due, PreparedTick) else prepare(due)
     if not tick.due:
         return TickResult(0, 0, frozenset())
-    superseded = 0
+    by_reason: Counter[str] = Counter()
     async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
         await cur.execute(
             TRANSITIONS["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
@@ -78,10 +96,33 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
                 {
                     "job_ids": [row["job_id"] for row in rows],
                     "fire_ts": [row["fire_ts"] for row in rows],
-                    "message": SUPERSEDED_MESSAGE,
+                    "fresh_start": FRESH_START_SECONDS,
+                    **SUPERSEDED_MESSAGES,
                 },
             )
-            superseded = cur.rowcount
-    if superseded:
-        metrics.runs_superseded(superseded)
-    return TickResult(len(rows), superseded, frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows))
+            by_reason.update(str(row["reason"]) for row in await cur.fetchall())
+    for reason, count in by_reason.items():
+        metrics.runs_superseded(reason, count)
+    accounts = frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows)
+    return TickResult(len(rows), by_reason.total(), accounts, dict(by_reason))
+
+
+def never_fires_reason(cron: str, timezone: str) -> str:
+    """What GetJob shows for a job deactivated because its schedule has no next fire."""
+    return f"deactivated: the schedule {cron[:200]!r} ({timezone[:64]}) never fires; fix the schedule and save the job"
+
+
+async def deactivate_never_fires(
+    pool: AsyncConnectionPool[Connection], job_id: int, version: int, cron: str, timezone: str
+) -> bool:
+    """Record that a job's schedule never fires, as that job's error; True when this call did it."""
+    async with pool.connection() as conn, conn.cursor() as cur:
+        await cur.execute(
+            QUERIES["deactivate_never_fires"],
+            {"job_id": job_id, "version": version, "reason": never_fires_reason(cron, timezone)},
+        )
+        done = cur.rowcount == 1
+    if done:
+        instruments.deactivations.add(1, {"reason": "never_fires"})
+    log.warning("schedule never fires; job deactivated", extra={"job_id": job_id, "cron": cron[:200]})
+    return done

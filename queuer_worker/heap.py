@@ -14,7 +14,7 @@ import heapq
 import sys
 from dataclasses import dataclass
 
-from runplane.cron import next_fire, previous_fire
+from runplane.cron import NeverFires, next_fire, previous_fire
 
 _MASK = (1 << 63) - 1
 
@@ -88,7 +88,9 @@ class CronHeap:
         return list(self._jobs)
 
     def assign(self, defn: Definition, *, last_fire_ts: int, now: float) -> int:
-        """Take (or replace) a job; returns its next fire, which is the missed fire when one is due."""
+        """Take (or replace) a job; returns its next fire, which is the missed fire when one is due.
+
+        A schedule that never fires raises ``NeverFires`` and leaves the heap as it was."""
         upcoming = next_fire(defn.cron, defn.timezone, now - 1)  # a fire in this very second counts
         missed = missed_fire(defn, last_fire_ts=last_fire_ts, now=now)
         first = missed if missed is not None and missed < upcoming else upcoming
@@ -96,7 +98,9 @@ class CronHeap:
         return first
 
     def update(self, defn: Definition, *, now: float) -> int:
-        """Apply a changed definition; a job whose schedule is unchanged keeps its pending fire."""
+        """Apply a changed definition; a job whose schedule is unchanged keeps its pending fire.
+
+        A schedule that never fires raises ``NeverFires`` and leaves the heap as it was."""
         current = self._jobs.get(defn.job_id)
         if current is not None and current.cron == defn.cron and current.timezone == defn.timezone:
             fire = current.next_fire
@@ -148,15 +152,25 @@ class CronHeap:
             (job_id, fire) for job_id, fire in due if (job := jobs.get(job_id)) is not None and job.next_fire == fire
         ]
 
-    def reschedule(self, due: list[tuple[int, int]]) -> None:
-        """Push the fire after each of ``due`` (called once the tick's runs are queued)."""
+    def reschedule(self, due: list[tuple[int, int]]) -> list[tuple[OwnedJob, NeverFires]]:
+        """Push the fire after each of ``due`` (called once the tick's runs are queued).
+
+        A job with no fire after this one is taken off the heap and returned with the reason: it is
+        that job's error, for the caller to record, and never stops the others."""
+        never: list[tuple[OwnedJob, NeverFires]] = []
         for job_id, fire in due:
             job = self._jobs.get(job_id)
             if job is None or job.next_fire != fire:
                 continue  # revoked or updated meanwhile
-            job.next_fire = next_fire(job.cron, job.timezone, fire)
+            try:
+                job.next_fire = next_fire(job.cron, job.timezone, fire)
+            except NeverFires as exc:
+                self.remove(job_id)
+                never.append((job, exc))
+                continue
             heapq.heappush(self._heap, (job.next_fire, job_id))
         self._compact()
+        return never
 
     def _put(self, defn: Definition, fire: int) -> None:
         old = self._jobs.get(defn.job_id)

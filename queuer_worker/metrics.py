@@ -15,9 +15,19 @@ from runplane import instruments
 messages_applied = instruments.worker_messages
 
 
-def runs_superseded(count: int) -> None:
-    """Older queued cron runs cancelled as over-scheduled."""
-    instruments.cancellations.add(count, {"reason": "over_scheduled"})
+# Why a superseded run was still waiting -> the cancellation reason operators see.
+_SUPERSEDED_REASONS = {
+    "job_running": "over_scheduled",
+    "no_slot": "superseded_no_slot",
+    "behind": "superseded_system_behind",
+}
+
+
+def runs_superseded(waiting: str, count: int) -> None:
+    """Older queued cron runs cancelled by a newer one, by why they were still waiting.
+
+    ``superseded_system_behind`` is runplane's own fault (no user cause): operators alert on it."""
+    instruments.cancellations.add(count, {"reason": _SUPERSEDED_REASONS[waiting]})
 
 
 def observe_jobs_owned(worker_id: str, count: Callable[[], int]) -> None:

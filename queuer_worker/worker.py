@@ -19,11 +19,13 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, prepare, queue_runs
+from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
+from runplane.cron import NeverFires
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
+from runplane.outages import Backoff, is_transient
 from runplane.runs.pickups import send_pickups
 from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
@@ -91,7 +93,7 @@ class QueuerWorker:
         if isinstance(message, bus_pb2.Assign):
             await self._on_assign(message)
         elif isinstance(message, bus_pb2.Update):
-            self._on_update(message)
+            await self._on_update(message)
         elif isinstance(message, bus_pb2.Revoke):
             self._on_revoke(message)
         else:
@@ -106,22 +108,29 @@ class QueuerWorker:
             return
         now = self._clock()
         taken: list[int] = []
+        never: list[Definition] = []
         for assignment in message.jobs:
             job = assignment.job
             job_stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else stamp
             if not self.gate.admit(job.job_id, job_stamp):
                 continue
             if job.active and job.cron:
-                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                try:
+                    self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                except NeverFires:
+                    self.heap.remove(job.job_id)
+                    never.append(_definition(job))
+                    continue
                 taken.append(job.job_id)
             else:
                 self.heap.remove(job.job_id)
+        await self._deactivate_never_fires(never)
         metrics.messages_applied.add(1, {"kind": "assign", "applied": bool(taken)})
         if taken:
             claimed = bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken)
             await self.bus.publish(self.topology.orchestrator, claimed)
 
-    def _on_update(self, message: bus_pb2.Update) -> None:
+    async def _on_update(self, message: bus_pb2.Update) -> None:
         assignment = message.job
         stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else Stamp.from_proto(message.stamp)
         job = assignment.job
@@ -131,11 +140,22 @@ class QueuerWorker:
             return
         if not (job.active and job.cron):
             self.heap.remove(job.job_id)
-        elif job.job_id in self.heap:
-            self.heap.update(_definition(job), now=self._clock())
-        else:
-            # The orchestrator believes this worker owns the job: hold it.
-            self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+            return
+        try:
+            if job.job_id in self.heap:
+                self.heap.update(_definition(job), now=self._clock())
+            else:
+                # The orchestrator believes this worker owns the job: hold it.
+                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+        except NeverFires:
+            self.heap.remove(job.job_id)
+            await self._deactivate_never_fires([_definition(job)])
+
+    async def _deactivate_never_fires(self, jobs: list[Definition]) -> None:
+        """A schedule with no next fire is its job's error: the job is deactivated with the reason and
+        the message that carried it is acked like any other."""
+        for defn in jobs:
+            await deactivate_never_fires(self.pool, defn.job_id, defn.version, defn.cron, defn.timezone)
 
     def _on_revoke(self, message: bus_pb2.Revoke) -> None:
         stamp = Stamp.from_proto(message.stamp)
@@ -218,30 +238,49 @@ class QueuerWorker:
             still_due = self.heap.still_due(due)
             if len(still_due) != len(due):
                 tick = prepare(still_due)
-            await self._queue(tick)
-            self.heap.reschedule(still_due)
+            await self._queue(tick, stop)
+            never = [
+                Definition(j.job_id, j.version, j.cron, j.timezone, j.grace) for j, _ in self.heap.reschedule(still_due)
+            ]
+            if never:
+                try:
+                    await self._deactivate_never_fires(never)
+                except Exception:
+                    # Off the heap already; the orchestrator's reconcile hands it back if it still counts.
+                    log.exception("recording a schedule that never fires failed")
 
     @staticmethod
     async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
         """Sleep up to ``seconds``, or until ``event`` or ``stop`` is set."""
         await wait_any(stop, event, timeout=seconds)
 
-    async def _queue(self, tick: PreparedTick) -> None:
-        for attempt in range(1, _INSERT_ATTEMPTS + 1):
+    async def _queue(self, tick: PreparedTick, stop: asyncio.Event) -> None:
+        """Queue the tick's runs; while Postgres is down, keep trying (bounded backoff) until it is back.
+
+        Runs are keyed by fire, so a tick whose commit was lost with the connection is queued once."""
+        backoff = Backoff(first=0.2, cap=5.0)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 result = await queue_runs(self.pool, tick)
                 break
             except Exception as exc:
-                if attempt == _INSERT_ATTEMPTS:
+                if not is_transient(exc) and attempt >= _INSERT_ATTEMPTS:
                     raise
                 log.warning("queuing runs failed; retrying", extra={"attempt": attempt, "error": repr(exc)})
-                await asyncio.sleep(0.2 * attempt)
+                if await sleep_or_stop(stop, backoff.next()):
+                    return
         if result.queued or result.superseded:
             log.info(
                 "queued cron runs",
                 extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
             )
-        await send_pickups(self.bus, self.topology, result.accounts, source="queuer")
+        try:
+            await send_pickups(self.bus, self.topology, result.accounts, source="queuer")
+        except ServiceUnavailable as exc:
+            # Only a hint: the scheduler loop sends a Pickup for every account with due runs each pass.
+            log.warning("pickups not sent", extra={"accounts": len(result.accounts), "error": str(exc)})
 
 
 def _definition(job: bus_pb2.JobDefinition) -> Definition:

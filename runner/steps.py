@@ -1,4 +1,5 @@
-"""Executing one step: ``/bin/sh -c`` in its own process group, watched until it ends.
+"""Executing one step: ``/bin/sh -c`` in its own process group, watched until it ends; if the
+runner dies the group dies with it (see ``_GUARD``).
 
 While the step runs, its output goes to a callback as it comes, and every ``sample_interval`` the
 watcher checks, in this order: cancellation requested (SIGTERM to the group, SIGKILL after the
@@ -70,6 +71,30 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+# The guard leads a step's process group (a group joins only a group of its own session, so not a
+# session of its own). It holds the read end of a pipe whose write
+# end only this runner holds; when the runner dies, even by SIGKILL, the kernel closes that end, the
+# guard's read returns and it kills its whole group: the step and everything it started die with
+# the runner instead of outliving it. It ignores SIGTERM so a graceful cancel keeps it watching.
+_GUARD = "trap '' TERM INT HUP; read -r _; kill -s KILL 0"
+
+
+async def _start_guard(cwd: str) -> tuple[asyncio.subprocess.Process, int]:
+    """Start a guard; its process (its pid is the step's process group) and its lifeline's write end."""
+    read_end, write_end = os.pipe()  # both close-on-exec: no step inherits the write end
+    try:
+        guard = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", _GUARD, cwd=cwd, stdin=read_end, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, process_group=0,
+        )  # fmt: skip
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return guard, write_end
+
+
 async def run_step(
     command: str,
     *,
@@ -79,18 +104,27 @@ async def run_step(
     control: StepControl,
     limits: Limits,
 ) -> StepResult:
-    process = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        cwd=cwd,
-        env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,  # its own process group: signals reach everything it started
-    )
-    pgid = process.pid
+    guard, lifeline = await _start_guard(cwd)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # The guard's process group: signals reach everything the step started, and the guard
+            # kills all of it if this runner dies.
+            process_group=guard.pid,
+        )
+    except BaseException:
+        _signal_group(guard.pid, signal.SIGKILL)
+        os.close(lifeline)
+        await guard.wait()
+        raise
+    pgid = guard.pid
     assert process.stdout is not None
     stdout = process.stdout
 
@@ -104,9 +138,11 @@ async def run_step(
         end = await _watch(process, pgid, control, limits)
         exit_code = await process.wait()
     finally:
-        _signal_group(pgid, signal.SIGKILL)  # anything the step left in the background
+        _signal_group(pgid, signal.SIGKILL)  # anything the step left in the background, and the guard
+        os.close(lifeline)
         if process.returncode is None:
             await process.wait()
+        await guard.wait()
         # The pipe closes when the last holder of it is gone; the group was just killed.
         try:
             await asyncio.wait_for(reader, timeout=5)

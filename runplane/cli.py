@@ -51,10 +51,21 @@ def _serve(command: str, settings: Settings) -> int:
     logs.configure(command, fmt=settings.log_format, level=settings.log_level)
     setup_metrics(command, settings.metrics_port)
     setup_tracing(command, settings.otlp_endpoint)
+
+    async def with_probes(stop: asyncio.Event) -> None:
+        if not settings.probe_port:
+            await serve(settings, stop)
+            return
+        from runplane.readiness import serve_probes
+
+        probes = asyncio.create_task(serve_probes(settings.probe_port, stop), name=f"{command}:probes")
+        try:
+            await serve(settings, stop)
+        finally:
+            probes.cancel()
+
     try:
-        asyncio.run(
-            run_until_stopped(command, lambda stop: serve(settings, stop), drain_seconds=settings.drain_seconds)
-        )
+        asyncio.run(run_until_stopped(command, with_probes, drain_seconds=settings.drain_seconds))
     finally:
         shutdown_tracing()
     return 0

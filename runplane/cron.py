@@ -8,15 +8,24 @@ its first occurrence.
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
-from runplane.errors import InvalidArgument
+from runplane.errors import InvalidArgument, RunplaneError
 
 MAX_CRON_LENGTH = 200
+# A schedule must fire within this many years of now. Eight years covers ``0 0 29 2 *`` across a
+# century year that is not a leap year (2096 -> 2104); an expression such as ``0 0 31 2 *`` (no 31st
+# of February) never fires and is refused.
+FIRE_HORIZON_YEARS = 8
+
+
+class NeverFires(RunplaneError):
+    """A schedule whose next fire cannot be found (it names a date that never exists)."""
 
 
 def validate_cron(expr: str, field: str = "cron") -> str:
@@ -37,12 +46,24 @@ def validate_cron(expr: str, field: str = "cron") -> str:
     return expr
 
 
+def validate_fires(expr: str, timezone: str, field: str = "cron", *, now: float | None = None) -> None:
+    """InvalidArgument naming ``field`` unless ``expr`` fires in ``timezone`` within the horizon."""
+    start = time.time() if now is None else now
+    try:
+        first = next_fire(expr, timezone, start)
+    except NeverFires:
+        first = None
+    if first is None or first - start > FIRE_HORIZON_YEARS * 366 * 86400:
+        raise InvalidArgument(field, f"{expr!r} never fires in the next {FIRE_HORIZON_YEARS} years")
+
+
 def validate_timezone(name: str, field: str = "timezone") -> str:
     name = name.strip() or "UTC"
     try:
         zone(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise InvalidArgument(field, f"{name!r} is not an IANA time zone") from exc
+        # Only the start of what was sent: the error never echoes unbounded input.
+        raise InvalidArgument(field, f"{name[:64]!r} is not an IANA time zone") from exc
     return name
 
 
@@ -54,7 +75,7 @@ def zone(name: str) -> ZoneInfo:
 
 
 def next_fire(expr: str, timezone: str, after: float) -> int:
-    """The first fire time strictly after ``after`` (unix seconds)."""
+    """The first fire time strictly after ``after`` (unix seconds); NeverFires when there is none."""
     # Fire times are whole seconds: the first one after floor(after) is also the first after ``after``.
     return _next_fire(expr, timezone, math.floor(after))
 
@@ -67,12 +88,16 @@ def _next_fire(expr: str, timezone: str, after: int) -> int:
     # Iterate in naive local wall time: croniter then only ever yields wall times that match the
     # expression, and the zone decides which of them exist (gap) or repeat (fold).
     it.set_current(_wall(after, tz), force=True)
-    for _ in range(_MAX_CANDIDATES):
-        candidate: datetime = it.get_next(datetime)
-        ts = _wall_to_unix(candidate, tz)
-        if ts is not None and ts > after:
-            return ts
-    raise ValueError(f"{expr!r} does not fire in {timezone}")
+    try:
+        for _ in range(_MAX_CANDIDATES):
+            candidate: datetime = it.get_next(datetime)
+            ts = _wall_to_unix(candidate, tz)
+            if ts is not None and ts > after:
+                return ts
+    except (CroniterError, ValueError, OverflowError) as exc:
+        # croniter gives up on a date that never exists (the 31st of February), or runs past year 9999.
+        raise NeverFires(f"{expr!r} does not fire after {after} in {timezone}") from exc
+    raise NeverFires(f"{expr!r} does not fire after {after} in {timezone}")
 
 
 def previous_fire(expr: str, timezone: str, at_or_before: float) -> int | None:
@@ -95,15 +120,18 @@ def _previous_fire(expr: str, timezone: str, at_or_before: int) -> int | None:
     # One second past it, so a fire exactly at ``at_or_before`` counts.
     it.set_current(start + timedelta(seconds=1), force=True)
     limit = at_or_before - 366 * 86400
-    for _ in range(_MAX_CANDIDATES):
-        candidate: datetime = it.get_prev(datetime)
-        ts = _wall_to_unix(candidate, tz)
-        if ts is None:
-            continue
-        if ts < limit:
-            return None
-        if ts <= at_or_before:
-            return ts
+    try:
+        for _ in range(_MAX_CANDIDATES):
+            candidate: datetime = it.get_prev(datetime)
+            ts = _wall_to_unix(candidate, tz)
+            if ts is None:
+                continue
+            if ts < limit:
+                return None
+            if ts <= at_or_before:
+                return ts
+    except (CroniterError, ValueError, OverflowError):
+        return None  # a date that never exists: nothing was missed
     return None
 
 

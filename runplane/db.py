@@ -23,7 +23,10 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from runplane import readiness
 from runplane.errors import Contention, DatabaseError, ServiceUnavailable
+
+_CHECK_TIMEOUT = 2.0
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
 T = TypeVar("T")
@@ -73,7 +76,22 @@ async def open_pool(
     except Exception as exc:  # psycopg_pool.PoolTimeout
         await pool.close()
         raise ServiceUnavailable(f"cannot reach Postgres at {redact(database_url)}: {exc}") from exc
+
+    async def reachable() -> bool:
+        if pool.closed:
+            return False
+        async with pool.connection(timeout=_CHECK_TIMEOUT) as conn:
+            await conn.execute("SELECT 1")
+        return True
+
+    readiness.register(f"postgres:{name}", reachable)
     return pool
+
+
+async def close_pool(pool: AsyncConnectionPool[Connection]) -> None:
+    """Close a pool from ``open_pool`` and stop reporting on it."""
+    readiness.forget(f"postgres:{pool.name}")
+    await pool.close()
 
 
 async def connect(database_url: str, *, autocommit: bool = True, options: str = "") -> Connection:

@@ -93,7 +93,10 @@ runs_started = _counter("runplane.runs.started", "Runs claimed by a runner (trig
 runs_finished = _counter("runplane.runs.finished", "Runs that reached a terminal status (status, trigger, job_type)")
 cancellations = _counter(
     "runplane.runs.cancelled",
-    description="Cancellations by reason: over_scheduled, superseded_merge, user, job_deleted",
+    description=(
+        "Cancellations by reason: over_scheduled, superseded_no_slot, superseded_system_behind (alert: runplane "
+        "was behind), superseded_merge, user, job_deleted"
+    ),
 )
 retries = _counter("runplane.runs.retried", "Retry runs queued (reason)")
 deactivations = _counter("runplane.jobs.deactivated", "Jobs deactivated after failing")
@@ -105,6 +108,10 @@ lock_attempts = _counter("runplane.dispatcher.lock_attempts", "Account lock atte
 launch_failures = _counter("runplane.launch.failures", "Failed launches (launcher, retryable)")
 bus_redeliveries = _counter(
     "runplane.bus.redeliveries", "Bus messages delivered again after a consumer died (message_type)"
+)
+bus_dead_lettered = _counter(
+    "runplane.bus.dead_lettered",
+    "Bus messages moved to the dead-letter queue after failing every delivery (message_type, queue_kind)",
 )
 orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in Assign")
 orchestrator_updates = _counter("runplane.orchestrator.updates", "Jobs sent in Update messages")

@@ -12,7 +12,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from runplane import redis_keys
+from runplane import readiness, redis_keys
 from runplane.errors import ServiceUnavailable
 
 _RELEASE = """
@@ -64,9 +64,13 @@ class RedisAccountLocks:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str, ttl_ms: int) -> RedisAccountLocks:
-        return cls(
-            aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), prefix=prefix, ttl_ms=ttl_ms
-        )
+        client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+        async def reachable() -> bool:
+            return bool(await client.ping())
+
+        readiness.register("redis", reachable)
+        return cls(client, prefix=prefix, ttl_ms=ttl_ms)
 
     def key(self, account_id: int) -> str:
         return redis_keys.account_lock(self._prefix, account_id)
@@ -82,4 +86,5 @@ class RedisAccountLocks:
         return RedisLock(self._client, key, token, self._ttl_ms) if taken else None
 
     async def close(self) -> None:
+        readiness.forget("redis")
         await self._client.aclose()

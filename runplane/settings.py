@@ -62,6 +62,10 @@ class DispatcherSettings(BaseModel):
     cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
     prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
     concurrency: int = Field(4, description="Accounts one dispatcher process works on at once.")
+    heartbeat_interval: float = Field(5.0, description="Seconds between a dispatcher's heartbeats (its row).")
+    dead_after_beats: int = Field(
+        3, description="Missed heartbeats before a dispatcher counts as dead and its starting runs are reclaimed."
+    )
     local_fork_server: bool = Field(
         True, description="local launcher: fork runners from a pre-loaded process; false: a fresh process per run."
     )
@@ -142,6 +146,7 @@ class Settings(BaseSettings):
     log_format: str = Field("auto", description="json, text or auto (text on a terminal).")
     log_level: str = Field("INFO")
     metrics_port: int = Field(0, description="Prometheus /metrics port; 0 turns it off.")
+    probe_port: int = Field(0, description="/ready and /live port (readiness: every dependency reachable); 0: off.")
     otlp_endpoint: str = Field("", description="OTLP traces endpoint; empty turns tracing off.")
     drain_seconds: float = Field(20.0, description="Bound on shutdown after SIGTERM.")
     secret_keys: SecretStr = Field(

@@ -2,12 +2,14 @@
 
 Queue depth and the oldest queued run, the on-time split (run delay ≤ 25 s, 25–60 s, > 60 s), p50/p99
 of trigger lag, wait time, prep time and run delay over the last minutes, the orchestrator's term,
-workers with their job counts and heartbeat age, dispatchers, and why accounts' runs wait.
+workers with their job counts and heartbeat age, dispatchers, why accounts' runs wait, and how many
+bus messages sit in the dead-letter queue.
 ``--once --json`` prints the same figures once, for scripts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -16,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from runplane.bus import Topology, dead_letter_count
 from runplane.db import redact
 from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
@@ -25,8 +28,8 @@ QUERIES = load_queries("runplane.sql", "status.sql")
 STATUS_NAMES = {1: "queued", 2: "starting", 3: "running", 10: "success", 20: "error", 30: "cancelled"}
 
 
-def snapshot(database_url: str, window_seconds: float = 900.0) -> dict[str, Any]:
-    """Every figure of the status view, as plain JSON-ready values."""
+def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings | None = None) -> dict[str, Any]:
+    """Every figure of the status view, as plain JSON-ready values (with ``bus``, the bus's too)."""
     try:
         conn = psycopg.connect(database_url, row_factory=dict_row, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -61,7 +64,18 @@ def snapshot(database_url: str, window_seconds: float = 900.0) -> dict[str, Any]
         "workers": [{k: _plain(v) for k, v in w.items()} for w in workers],
         "dispatchers": [{k: _plain(v) for k, v in d.items()} for d in dispatchers],
         "waiting": [{k: _plain(v) for k, v in w.items()} for w in waiting],
+        **({"dead_letters": _dead_letters(bus)} if bus is not None else {}),
     }
+
+
+def _dead_letters(settings: Settings) -> dict[str, Any]:
+    """The dead-letter queue's depth: messages no handler could process (see ``runplane.bus``)."""
+    topology = Topology(settings.bus_prefix)
+    try:
+        count = asyncio.run(dead_letter_count(settings.amqp_url, topology))
+    except ServiceUnavailable as exc:
+        return {"queue": topology.dead_letter, "messages": None, "error": str(exc)}
+    return {"queue": topology.dead_letter, "messages": count}
 
 
 def _plain(value: object) -> object:
@@ -122,12 +136,19 @@ def _render(snap: dict[str, Any]) -> Any:
         waiting.add_column(column)
     for x in snap["waiting"]:
         waiting.add_row(f"{x['account_id']} {x['account_name']}", x["waiting_reason"] or "(due soon)", fmt(x["runs"]))
-    return Group(head, delays, pct, workers, dispatchers, waiting)
+    parts: list[Any] = [head, delays, pct, workers, dispatchers, waiting]
+    if "dead_letters" in snap:
+        dead = Table(title="bus")
+        dead.add_column("dead-letter queue")
+        dead.add_column("messages")
+        dead.add_row(snap["dead_letters"]["queue"], fmt(snap["dead_letters"]["messages"]))
+        parts.append(dead)
+    return Group(*parts)
 
 
 def main(settings: Settings, once: bool, as_json: bool, *, interval: float = 2.0) -> int:
     if once:
-        snap = snapshot(settings.database_url)
+        snap = snapshot(settings.database_url, bus=settings)
         if as_json:
             print(json.dumps(snap, indent=2, default=str))
         else:
@@ -137,11 +158,11 @@ def main(settings: Settings, once: bool, as_json: bool, *, interval: float = 2.0
         return 0
     from rich.live import Live
 
-    with Live(_render(snapshot(settings.database_url)), refresh_per_second=2, screen=False) as live:
+    with Live(_render(snapshot(settings.database_url, bus=settings)), refresh_per_second=2, screen=False) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(_render(snapshot(settings.database_url)))
+                live.update(_render(snapshot(settings.database_url, bus=settings)))
         except KeyboardInterrupt:
             pass
     return 0

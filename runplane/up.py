@@ -1,8 +1,10 @@
 """``runplane up``: the whole system on one machine, one OS process per service.
 
-Nothing is restarted silently: if any service exits, every other one is stopped and ``up`` exits
-non-zero naming it. Ctrl-C or SIGTERM stops them all: SIGTERM first, SIGKILL after the drain bound,
-and the same for anything they started (local runners), so no process is left behind.
+A service that exits is restarted, loudly (its name, exit code and the wait are printed), after a
+backoff that doubles from 1 s to 30 s and starts over once it has stayed up for a minute: one lost
+leader lock or one crash never ends the others' runs. Only Ctrl-C or SIGTERM stops everything:
+SIGTERM first, SIGKILL after the drain bound, and the same for anything they started (local
+runners), so no process is left behind.
 """
 
 from __future__ import annotations
@@ -28,6 +30,29 @@ class Child:
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
     descendants: set[int] = field(default_factory=set)
+    restarts: int = 0
+    started_at: float = 0.0
+    restart_at: float | None = None  # when a child that exited is started again
+
+    def start(self) -> None:
+        # Own process group: a terminal's Ctrl-C reaches only `up`, which stops the rest in order.
+        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+
+RESTART_BACKOFF_FIRST = 1.0
+RESTART_BACKOFF_CAP = 30.0
+# A child that stayed up this long starts its backoff over when it exits.
+RESTART_STABLE_AFTER = 60.0
+
+
+def restart_delay(child: Child, now: float) -> float:
+    """How long to wait before starting ``child`` again, counting this exit."""
+    if now - child.started_at >= RESTART_STABLE_AFTER:
+        child.restarts = 0
+    child.restarts += 1
+    return float(min(RESTART_BACKOFF_CAP, RESTART_BACKOFF_FIRST * 2 ** min(child.restarts - 1, 8)))
 
 
 DEFAULT_METRICS_PORT = 9464  # the first service's; each next one takes the next port
@@ -95,6 +120,23 @@ def stop_all(children: list[Child], drain_seconds: float) -> None:
         proc.kill()
 
 
+def _restart_exited(children: list[Child]) -> None:
+    """Schedule a restart of each child that exited; start those whose backoff is over."""
+    now = time.monotonic()
+    for child in children:
+        if child.process is None or child.process.poll() is None:
+            continue
+        if child.restart_at is None:
+            delay = restart_delay(child, now)
+            child.restart_at = now + delay
+            code = child.process.returncode
+            print(f"runplane: {child.name} exited with code {code}; restarting in {delay:g} s", file=sys.stderr)
+        elif now >= child.restart_at:
+            child.start()
+            pid = child.process.pid if child.process else "?"
+            print(f"restarted {child.name} (pid {pid}, restart {child.restarts})", flush=True)
+
+
 def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int, launcher: str | None) -> int:
     from runplane.migrate import ensure_database, migrate
     from runplane.secrets import ensure_local_keys
@@ -118,9 +160,8 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     for child in children:
-        # Own process group: a terminal's Ctrl-C reaches only `up`, which stops the rest in order.
-        child.process = subprocess.Popen(child.argv, env=child.env, start_new_session=True)
-        print(f"started {child.name} (pid {child.process.pid})", flush=True)
+        child.start()
+        print(f"started {child.name} (pid {child.process.pid if child.process else '?'})", flush=True)
     print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
     for port_line in (f"  metrics of {n}: http://127.0.0.1:{p}/metrics" for n, p in metrics_ports(children).items()):
         print(port_line, flush=True)
@@ -130,13 +171,7 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     try:
         while not stopping:
             _remember_descendants(children)
-            dead = [c for c in children if c.process is not None and c.process.poll() is not None]
-            if dead:
-                for child in dead:
-                    code = child.process.returncode if child.process else None
-                    print(f"runplane: {child.name} exited with code {code}; stopping everything", file=sys.stderr)
-                exit_code = 1
-                break
+            _restart_exited(children)
             time.sleep(0.2)
     finally:
         print("stopping runplane ...", flush=True)

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
-from runplane.errors import ServiceUnavailable
+from runplane.outages import Backoff, is_transient
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
 from runplane.settings import Settings
 from runplane.sql import load_queries
@@ -81,19 +81,23 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     try:
         bus = await AmqpBus.connect(settings.amqp_url)
         loop = SchedulerLoop(settings, pool, bus, pending)
-        failures = 0
+        backoff = Backoff(first=settings.scheduler.interval)
         while not stop.is_set():
+            pause = settings.scheduler.interval
             try:
                 done = await loop.run_once()
-                failures = 0
+                backoff.reset()
                 if done["relaunched"] or done["start_failed"] or done["lost"]:
                     log.info("reaped", extra=done)
-            except ServiceUnavailable as exc:
-                # Postgres or RabbitMQ away: keep trying every interval; the pass is idempotent.
-                failures += 1
-                if failures == 1 or failures % 30 == 0:
-                    log.warning("scheduler pass failed", extra={"error": str(exc), "failures": failures})
-            if await sleep_or_stop(stop, settings.scheduler.interval):
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                # Postgres, Redis or RabbitMQ away: try again after a bounded backoff; the pass is
+                # idempotent.
+                pause = backoff.next()
+                if backoff.failures == 1 or backoff.failures % 30 == 0:
+                    log.warning("scheduler pass failed", extra={"error": repr(exc), "failures": backoff.failures})
+            if await sleep_or_stop(stop, pause):
                 break
     finally:
         if bus is not None:

@@ -8,10 +8,19 @@ SELECT DISTINCT account_id
    AND (not_before IS NULL OR not_before <= clock_timestamp())
 
 -- name: stuck_starting
-SELECT id, launch_attempts
-  FROM runs
- WHERE status = 2 AND dispatched_at < clock_timestamp() - make_interval(secs => %(start_timeout)s)
- ORDER BY id
+-- Starting runs no runner claimed within the start timeout, and sooner, those whose dispatcher
+-- stopped heartbeating before it launched them (orphaned: nobody will launch them).
+SELECT r.id, r.launch_attempts, r.dispatched_at >= clock_timestamp() - make_interval(secs => %(start_timeout)s)
+           AS orphaned
+  FROM runs r
+ WHERE r.status = 2
+   AND (r.dispatched_at < clock_timestamp() - make_interval(secs => %(start_timeout)s)
+        OR (r.dispatcher_id IS NOT NULL
+            AND r.dispatched_at < clock_timestamp() - make_interval(secs => %(dead_after)s)
+            AND NOT EXISTS (SELECT 1 FROM dispatchers d
+                             WHERE d.dispatcher_id = r.dispatcher_id
+                               AND d.last_seen_at > clock_timestamp() - make_interval(secs => %(dead_after)s))))
+ ORDER BY r.id
  LIMIT %(limit)s
 
 -- name: lost_running

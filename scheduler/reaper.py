@@ -1,6 +1,8 @@
 """The reaper: what happens to a run whose runner never came, or died.
 
-- A run ``starting`` longer than ``settings.scheduler.start_timeout`` never got a runner: it is
+- A run ``starting`` whose dispatcher stopped heartbeating (``dispatcher.dead_after_beats`` missed
+  beats) will never be launched, and one ``starting`` longer than ``settings.scheduler.start_timeout``
+  never got a runner: either is
   relaunched (queued again after a backoff) or, with its launch budget spent, ended in error
   (``runplane/runs/relaunch.py``).
 - A run ``running`` whose lease expired lost its runner (the runner stopped heartbeating: killed,
@@ -34,22 +36,35 @@ REAP_BATCH = 500
 
 
 async def reap_starting(pool: AsyncConnectionPool[Connection], bus: Bus, settings: Settings) -> tuple[int, int]:
-    """Runs starting longer than the start timeout: relaunched, or ended once the launch budget is spent."""
+    """Runs starting longer than the start timeout, or whose dispatcher stopped heartbeating before it
+    launched them: relaunched, or ended once the launch budget is spent."""
     timeout = settings.scheduler.start_timeout
+    dead_after = settings.dispatcher.heartbeat_interval * settings.dispatcher.dead_after_beats
     async with pool.connection() as conn:
-        cur = await conn.execute(Q["stuck_starting"], {"start_timeout": timeout, "limit": REAP_BATCH})
+        cur = await conn.execute(
+            Q["stuck_starting"], {"start_timeout": timeout, "dead_after": dead_after, "limit": REAP_BATCH}
+        )
         stuck = await cur.fetchall()
     relaunched = failed = 0
     for row in stuck:
         attempts = int(row["launch_attempts"])  # type: ignore[call-overload]
-        log.warning("run stuck in starting", extra={"run_id": row["id"], "launch_attempts": attempts})
+        orphaned = bool(row["orphaned"])
+        log.warning(
+            "run orphaned by a dead dispatcher" if orphaned else "run stuck in starting",
+            extra={"run_id": row["id"], "launch_attempts": attempts},
+        )
         await launch_failed(
             pool,
             bus,
             settings,
             run_id=int(row["id"]),  # type: ignore[call-overload]
             launch_attempts=attempts,
-            message=f"no runner claimed the run within {timeout:g} s",
+            message=(
+                f"the dispatcher that started the run stopped heartbeating for {dead_after:g} s before a runner"
+                " claimed it"
+                if orphaned
+                else f"no runner claimed the run within {timeout:g} s"
+            ),
         )
         if attempts < settings.scheduler.launch_attempts:
             relaunched += 1

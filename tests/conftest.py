@@ -142,7 +142,7 @@ async def delete_queues(prefix: str) -> None:
     try:
         channel = await connection.channel()
         topo = Topology(prefix)
-        for name in (topo.assign, topo.orchestrator, topo.pickup):
+        for name in (topo.assign, topo.orchestrator, topo.pickup, topo.dead_letter):
             try:
                 await channel.queue_delete(name)
             except Exception:

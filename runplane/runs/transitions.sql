@@ -41,7 +41,8 @@ UPDATE runs r
        not_before = NULL,
        launch_attempts = r.launch_attempts + 1,
        schema_name = v.schema_name,
-       cluster = %(cluster)s
+       cluster = %(cluster)s,
+       dispatcher_id = nullif(%(dispatcher_id)s, '')
   FROM unnest(%(ids)s::bigint[], %(schemas)s::text[], %(token_hashes)s::bytea[]) AS v(id, schema_name, token_hash)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
@@ -77,12 +78,39 @@ WHERE job_id = %(job_id)s AND status = 1
 
 -- name: cancel_superseded
 -- Same transaction, right after: older cron runs of the jobs just queued that are still queued are
--- over-scheduled. Runs of other triggers are never touched. (Run with nested loops off: on a table
--- whose statistics lag a burst, a nested loop would rescan the index once per queued run.)
+-- superseded (one queued cron run per job). Each cancellation says why the older run was still
+-- waiting, read from the state right now:
+--   job_running  the job's previous run is running with a live lease: the job is over-scheduled;
+--   no_slot      every run slot of the account is taken by a running run or a fresh start;
+--   behind       neither: runplane itself did not dispatch it in time (a dead dispatcher's stale
+--                starts, a backlog) - no advice to the user, counted for operators.
+-- Runs of other triggers are never touched. (Run with nested loops off: on a table whose statistics
+-- lag a burst, a nested loop would rescan the index once per queued run.)
+WITH waiting AS (
+    SELECT r.id,
+           CASE
+             WHEN EXISTS (SELECT 1 FROM runs o WHERE o.job_id = r.job_id AND o.status = 3
+                            AND o.lease_expires_at > clock_timestamp()) THEN 'job_running'
+             WHEN r.takes_slot AND (
+                    SELECT count(*) FROM runs o WHERE o.account_id = r.account_id AND o.takes_slot AND (
+                        (o.status = 3 AND o.lease_expires_at > clock_timestamp())
+                        OR (o.status = 2 AND o.dispatched_at > clock_timestamp() - make_interval(secs => %(fresh_start)s)))
+                  ) >= (SELECT a.run_slots FROM accounts a WHERE a.id = r.account_id) THEN 'no_slot'
+             ELSE 'behind'
+           END AS reason
+    FROM runs r
+    JOIN unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
+      ON r.job_id = d.job_id AND r.scheduled_at < to_timestamp(d.fire_ts)
+    WHERE r.status = 1 AND r.trigger = 'schedule'
+    FOR UPDATE OF r
+)
 UPDATE runs r
-SET status = 30, finished_at = now(), status_message = %(message)s
-FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
-WHERE r.job_id = d.job_id AND r.status = 1 AND r.trigger = 'schedule' AND r.scheduled_at < to_timestamp(d.fire_ts)
+SET status = 30, finished_at = now(), waiting_reason = '',
+    status_message = CASE w.reason WHEN 'job_running' THEN %(job_running)s
+                                   WHEN 'no_slot' THEN %(no_slot)s ELSE %(behind)s END
+FROM waiting w
+WHERE r.id = w.id AND r.status = 1
+RETURNING w.reason;
 
 -- Ending a run (finish.py, retries.py), relaunching it (relaunch.py).
 

@@ -257,8 +257,13 @@ class CreateJobRequest(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     TRIGGERS_FIELD_NUMBER: _builtins.int
     SETTINGS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     job_type: _common_pb2.JobType.ValueType
+    idempotency_key: _builtins.str
+    """Optional, at most 200 characters: a create retried with the same key (after a lost answer or a
+    client deadline) returns the job the first one created instead of creating another.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -273,10 +278,11 @@ class CreateJobRequest(_message.Message):
         steps: _abc.Iterable[_builtins.str] | None = ...,
         triggers: Global___JobTriggers | None = ...,
         settings: Global___JobSettings | None = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings", "triggers", b"triggers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_type", b"job_type", "name", b"name", "settings", b"settings", "steps", b"steps", "triggers", b"triggers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "job_type", b"job_type", "name", b"name", "settings", b"settings", "steps", b"steps", "triggers", b"triggers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

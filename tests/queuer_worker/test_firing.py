@@ -70,11 +70,13 @@ async def test_over_scheduled_run_is_cancelled_but_not_other_triggers(
     for key, trigger, status in (("api-1", "api", 1), ("manual-1", "manual", 1), ("running", "schedule", 3)):
         db.execute(
             "INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, scheduled_at,"
-            " status) VALUES (%s, %s, 'deploy', %s, %s, true, to_timestamp(%s), %s)",
+            " status, lease_expires_at) VALUES (%s, %s, 'deploy', %s, %s, true, to_timestamp(%s), %s,"
+            " now() + interval '30 s')",
             (account[0], job, trigger, key, FIRE - 600, status),
         )
     result = await queue_runs(pool, [(job, FIRE + 60)])
     assert result.superseded == 1
+    assert result.superseded_by_reason == {"job_running": 1}
     by_key = {key: (status, trigger, message) for key, status, trigger, message in runs(db, job)}
     status, _, message = by_key[f"sched:{job}:{FIRE}"]
     assert status == 30
@@ -96,3 +98,46 @@ async def test_deactivated_deleted_and_unscheduled_jobs_queue_nothing(
     result = await queue_runs(pool, [(j, FIRE) for j in (active, deactivated, deleted, unscheduled)])
     assert result.queued == 1
     assert [r[0] for r in db.execute("SELECT job_id FROM runs")] == [active]
+
+
+def _running(
+    db: Db, account: int, job: int, key: str, *, status: int = 3, lease: str = "30 s", age: str = "0 s"
+) -> None:
+    db.execute(
+        "INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, scheduled_at, status,"
+        " dispatched_at, lease_expires_at) VALUES (%s, %s, 'deploy', 'api', %s, true, now(), %s,"
+        " now() - %s::interval, now() + %s::interval)",
+        (account, job, key, status, age, lease),
+    )
+
+
+async def test_a_run_superseded_while_the_slots_were_full_says_so(
+    pool: AsyncConnectionPool[Connection], db: Db
+) -> None:
+    account = insert_accounts(db, 1, run_slots=2)
+    job, busy_1, busy_2 = insert_jobs(db, 3, cron="* * * * *", accounts=account)
+    await queue_runs(pool, [(job, FIRE)])
+    _running(db, account[0], busy_1, "busy-1")
+    _running(db, account[0], busy_2, "busy-2", status=2)  # a fresh start holds its slot too
+    result = await queue_runs(pool, [(job, FIRE + 60)])
+    assert result.superseded_by_reason == {"no_slot": 1}
+    message = runs(db, job)[0][3]
+    assert "free run slot" in message and "over-scheduled" not in message
+
+
+async def test_a_run_superseded_because_runplane_was_behind_gives_no_advice(
+    pool: AsyncConnectionPool[Connection], db: Db
+) -> None:
+    account = insert_accounts(db, 1, run_slots=2)
+    job, stale_1, stale_2 = insert_jobs(db, 3, cron="* * * * *", accounts=account)
+    await queue_runs(pool, [(job, FIRE)])
+    # What a dead dispatcher leaves behind: starts that never got a runner, and this job's runner whose
+    # lease expired. Neither is the account's load nor the job's.
+    _running(db, account[0], stale_1, "stale-1", status=2, age="5 min")
+    _running(db, account[0], stale_2, "stale-2", status=2, age="5 min")
+    _running(db, account[0], job, "lost", lease="-1 min")
+    result = await queue_runs(pool, [(job, FIRE + 60)])
+    assert result.superseded_by_reason == {"behind": 1}
+    message = next(m for key, _, _, m in runs(db, job) if key == f"sched:{job}:{FIRE}")
+    assert "runplane was behind" in message and "Nothing needs to change" in message
+    assert "over-scheduled" not in message and "slot" not in message

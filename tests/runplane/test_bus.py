@@ -1,5 +1,5 @@
 """The bus on the real RabbitMQ: persistent publish with confirms, ack after the handler, requeue on
-failure, poison messages dropped, trace context carried in headers."""
+failure, poison messages dead-lettered without stopping the consumer, trace context carried in headers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from runplane.bus import AmqpBus, Delivery, Handler, Topology
+from runplane.bus import MAX_DELIVERIES, AmqpBus, Delivery, Handler, Topology
+from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
 from runplane.v1 import bus_pb2
 
@@ -24,6 +25,7 @@ async def bus(prefix: str) -> AsyncIterator[AmqpBus]:
     bus = await AmqpBus.connect(Settings().amqp_url)
     yield bus
     await bus.delete(Topology(prefix).pickup)
+    await bus.delete(Topology(prefix).dead_letter)
     await bus.close()
 
 
@@ -76,28 +78,63 @@ def _counted(reader: InMemoryMetricReader, name: str, **attributes: str) -> floa
     )
 
 
-async def test_a_failing_handler_leaves_the_message_for_redelivery(
+async def test_a_message_no_handler_can_process_is_dead_lettered_and_the_consumer_lives_on(
     bus: AmqpBus, prefix: str, metric_reader: InMemoryMetricReader
 ) -> None:
     queue = Topology(prefix).pickup
-    await bus.publish(queue, bus_pb2.Pickup(account_id=7))
-
-    async def failing(message: Message, delivery: Delivery) -> None:
-        raise RuntimeError("effect not committed")
-
-    with pytest.raises(RuntimeError):
-        await asyncio.wait_for(bus.consume(queue, failing, prefetch=1, stop=asyncio.Event()), timeout=10)
-    seen: list[object] = []
+    await bus.publish(queue, bus_pb2.Pickup(account_id=7))  # poison for this handler
+    await bus.publish(queue, bus_pb2.Pickup(account_id=8))
+    calls: list[tuple[int, bool]] = []
+    handled: list[object] = []
 
     async def handler(message: Message, delivery: Delivery) -> None:
-        seen.append((message.account_id, delivery.redelivered))  # type: ignore[attr-defined]
+        assert isinstance(message, bus_pb2.Pickup)
+        if message.account_id == 7:
+            calls.append((message.account_id, delivery.redelivered))
+            raise RuntimeError("x" * 5000)
+        handled.append(message.account_id)
 
-    await _consume_until(bus, queue, handler, 1, seen)
-    assert seen == [(7, True)]
-    assert _counted(metric_reader, "runplane.bus.redeliveries", message_type="Pickup") == 1
+    stop = asyncio.Event()
+    consumer = asyncio.create_task(bus.consume(queue, handler, prefetch=1, stop=stop))
+    try:
+        for _ in range(200):
+            if await _passive_count(Topology(prefix).dead_letter, declare=True) == 1 or consumer.done():
+                break
+            await asyncio.sleep(0.05)
+        assert not consumer.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(consumer, timeout=10)
+    assert handled and set(handled) == {8}
+    assert len(calls) == MAX_DELIVERIES
+    assert [redelivered for _, redelivered in calls] == [False] + [True] * (MAX_DELIVERIES - 1)
+    assert await _passive_count(queue) == 0
+    dead = await _take_one(Topology(prefix).dead_letter)
+    assert dead.type == "Pickup" and bus_pb2.Pickup.FromString(dead.body).account_id == 7
+    assert dead.headers["x-runplane-queue"] == queue
+    error = str(dead.headers["x-runplane-error"])
+    assert error.startswith("RuntimeError: xxx") and len(error) <= 500  # bounded, never the whole input
+    assert _counted(metric_reader, "runplane.bus.dead_lettered", message_type="Pickup", queue_kind="pickup") == 1
 
 
-async def test_an_undecodable_message_is_dropped_not_looped(bus: AmqpBus, prefix: str) -> None:
+async def test_a_dependency_down_hands_the_message_back_uncounted(bus: AmqpBus, prefix: str) -> None:
+    queue = Topology(prefix).pickup
+    await bus.publish(queue, bus_pb2.Pickup(account_id=5))
+    seen: list[object] = []
+    bus.max_deliveries = 2
+
+    async def flaky(message: Message, delivery: Delivery) -> None:
+        seen.append(delivery.redelivered)
+        if len(seen) <= 3:
+            raise ServiceUnavailable("postgres is restarting")
+
+    await _consume_until(bus, queue, flaky, 4, seen)
+    assert seen == [False, True, True, True]
+    assert await _passive_count(queue) == 0
+    assert await _passive_count(Topology(prefix).dead_letter, declare=True) == 0
+
+
+async def test_an_undecodable_message_is_dead_lettered_not_looped(bus: AmqpBus, prefix: str) -> None:
     queue = Topology(prefix).pickup
     await bus.declare(queue)
     connection = await aio_pika.connect(Settings().amqp_url)
@@ -113,6 +150,8 @@ async def test_an_undecodable_message_is_dropped_not_looped(bus: AmqpBus, prefix
     await _consume_until(bus, queue, handler, 1, seen)
     assert seen == [3]
     assert await _passive_count(queue) == 0
+    dead = await _take_one(Topology(prefix).dead_letter)
+    assert dead.type == "Nonsense" and "unknown message type" in str(dead.headers["x-runplane-error"])
 
 
 async def test_trace_context_crosses_the_bus(bus: AmqpBus, prefix: str) -> None:
@@ -134,9 +173,19 @@ async def test_trace_context_crosses_the_bus(bus: AmqpBus, prefix: str) -> None:
     assert traceparent.split("-")[1] == f"{sent_trace:032x}"
 
 
-async def _passive_count(queue: str) -> int:
+async def _passive_count(queue: str, *, declare: bool = False) -> int:
     connection = await aio_pika.connect(Settings().amqp_url)
     async with connection:
         channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
+        declared = await channel.declare_queue(queue, passive=not declare, durable=True)
         return int(declared.declaration_result.message_count or 0)
+
+
+async def _take_one(queue: str) -> aio_pika.abc.AbstractIncomingMessage:
+    connection = await aio_pika.connect(Settings().amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, durable=True)
+        message = await declared.get(no_ack=True, fail=True)
+        assert message is not None
+        return message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -83,3 +84,24 @@ def test_run_delay_percentiles_follow_the_rows(db: Conn, database_url: str) -> N
     # Run delays 5, 10, 30, 90 and ~0 (the running run): median 10.
     assert abs(delays["run_delay_p50"] - 10) < 0.5
     assert 85 < delays["run_delay_p99"] <= 90
+
+
+async def test_status_shows_the_dead_letter_queue(database_url: str, prefix: str, _cleanup_bus: None) -> None:
+    from runplane.bus import AmqpBus, Topology
+    from runplane.settings import Settings
+    from runplane.v1 import bus_pb2
+
+    bus = await AmqpBus.connect(Settings().amqp_url)
+    try:
+        await bus.publish(Topology(prefix).dead_letter, bus_pb2.Pickup(account_id=1))
+        await bus.publish(Topology(prefix).dead_letter, bus_pb2.Pickup(account_id=2))
+    finally:
+        await bus.close()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runplane", "status", "--once", "--json",
+        env={"RUNPLANE_DATABASE_URL": database_url, "RUNPLANE_BUS_PREFIX": prefix, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    assert json.loads(out)["dead_letters"] == {"queue": f"{prefix}.dead-letter", "messages": 2}

@@ -1,5 +1,5 @@
 """`runplane up`: every service as its own OS process; all stopped on SIGTERM with no orphans; a
-service that dies stops everything instead of being restarted silently."""
+service that dies is restarted with backoff, loudly, and the others keep running."""
 
 from __future__ import annotations
 
@@ -89,20 +89,39 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
             proc.communicate()
 
 
-def test_a_service_that_dies_stops_everything(up_env: dict[str, str]) -> None:
+def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: dict[str, str]) -> None:
     proc = _start(up_env)
     up = psutil.Process(proc.pid)
     try:
         _wait_for(lambda: len(_service_children(up)) == len(EXPECTED), 60, "every service process")
-        pids = {p.pid for p in up.children(recursive=True)}
+        others = {p.pid for p in _service_children(up) if p.cmdline()[-1] != "scheduler"}
         victim = next(p for p in _service_children(up) if p.cmdline()[-1] == "scheduler")
         os.kill(victim.pid, signal.SIGKILL)
+        _wait_for(
+            lambda: any(p.cmdline()[-1] == "scheduler" and p.pid != victim.pid for p in _service_children(up)),
+            30,
+            "a new scheduler process",
+        )
+        assert proc.poll() is None
+        assert others <= {p.pid for p in _service_children(up)}, "another service was stopped"
+        proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
-        assert proc.returncode == 1
-        assert "scheduler exited with code -9; stopping everything" in output
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-        assert alive == []
+        assert proc.returncode == 0, output
+        assert "scheduler exited with code -9; restarting in 1 s" in output
+        assert "restarted scheduler" in output
     finally:
+        for child in up.children(recursive=True) if up.is_running() else []:
+            child.kill()
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_restart_backoff_doubles_to_a_bound_and_starts_over_after_a_stable_run() -> None:
+    from runplane.up import RESTART_BACKOFF_CAP, RESTART_STABLE_AFTER, Child, restart_delay
+
+    child = Child("scheduler", [], {})
+    delays = [restart_delay(child, now=1.0) for _ in range(8)]
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30] and max(delays) == RESTART_BACKOFF_CAP
+    child.started_at = 100.0
+    assert restart_delay(child, now=100.0 + RESTART_STABLE_AFTER) == 1

@@ -87,3 +87,37 @@ async def test_a_pass_sends_one_pickup_per_account_with_due_runs_and_reaps(
     stuck_row = run_row(db, stuck)
     assert (stuck_row["status"], stuck_row["waiting_reason"]) == (RunStatus.QUEUED, "launch_backoff")
     assert stuck_row["not_before"] is not None
+
+
+async def test_starting_runs_of_a_dead_dispatcher_are_reclaimed_within_seconds(
+    db: Conn, settings: Settings, pending: PendingPickups
+) -> None:
+    account = create_account(db)
+    orphan, live, fresh, unrecorded = (queue_run(db, create_job(db, account), status=2) for _ in range(4))
+    db.execute(
+        "INSERT INTO dispatchers (dispatcher_id, cluster, launcher, last_seen_at) VALUES"
+        " ('dead:1', 'local', 'local', now() - interval '20 s'), ('live:2', 'local', 'local', now())"
+    )
+    for run_id, dispatcher, age in (
+        (orphan, "dead:1", "16 s"),  # its dispatcher's last heartbeat is older than 3 x 5 s
+        (live, "live:2", "16 s"),  # a live dispatcher is still launching it
+        (fresh, "dead:1", "2 s"),  # just dispatched: not yet judged
+        (unrecorded, None, "16 s"),  # no dispatcher recorded: only the start timeout applies
+    ):
+        db.execute(
+            "UPDATE runs SET dispatcher_id = %s, dispatched_at = now() - %s::interval, launch_attempts = 1"
+            " WHERE id = %s",
+            (dispatcher, age, run_id),
+        )
+    pool = await open_pool(settings.database_url)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    try:
+        done = await SchedulerLoop(settings, pool, bus, pending).run_once()
+    finally:
+        await bus.close()
+        await pool.close()
+    assert done["relaunched"] == 1
+    reclaimed = run_row(db, orphan)
+    assert (reclaimed["status"], reclaimed["waiting_reason"]) == (RunStatus.QUEUED, "launch_backoff")
+    assert "stopped heartbeating" in reclaimed["status_message"]
+    assert [run_row(db, r)["status"] for r in (live, fresh, unrecorded)] == [RunStatus.STARTING] * 3

@@ -162,7 +162,7 @@ class Cluster:
 
 async def delete_queues(prefix: str, worker_ids: list[str]) -> None:
     topo = Topology(prefix)
-    names = [topo.assign, topo.orchestrator, topo.pickup, *(topo.worker(w) for w in worker_ids)]
+    names = [topo.assign, topo.orchestrator, topo.pickup, topo.dead_letter, *(topo.worker(w) for w in worker_ids)]
     connection = await aio_pika.connect(Settings().amqp_url)
     try:
         for name in names:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 import redis
@@ -149,10 +150,13 @@ def test_kill_9_a_runner_the_run_fails_runner_lost_and_is_retried(db: Conn, serv
     services.start("scheduler")
     services.start("dispatcher")
     wait_for(lambda: step_pid.exists() and step_pid.read_text().strip(), timeout=60, what="the step to start")
-    services.forget_pid_later(int(step_pid.read_text()))  # a killed runner orphans its step, as a lost node would
+    step = int(step_pid.read_text())
+    services.forget_pid_later(step)  # killed at the end should this test fail
     runner_pid = int(run_row(db, run_id)["pod_name"].removeprefix("pid:"))
     killed_at = time.time()
     os.kill(runner_pid, signal.SIGKILL)
+    # The step dies with its runner (its guard kills the group), not 60 s later or never.
+    wait_for(lambda: not _alive(step), timeout=5, what="the step to die with its runner")
 
     wait_for(lambda: run_row(db, run_id)["status"] == RunStatus.ERROR, timeout=30, what="the reaper")
     lost = run_row(db, run_id)
@@ -203,3 +207,10 @@ def test_redis_stopped_and_restarted_during_dispatch(db: Conn, services: Service
             assert services.log_text(f"dispatcher-{i}").count("redis unavailable") <= 5
     finally:
         own.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,80 @@
+"""A schedule that never fires is its job's error, never the queuer's.
+
+``0 0 31 2 *`` (the 31st of February) has no next fire. Such a job (saved before validation refused
+it) must be deactivated with its reason, its message acked, and every worker left running the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runplane.cron import NeverFires, next_fire, validate_fires
+from runplane.errors import InvalidArgument
+from runplane.settings import Settings
+from tests.support.queuer import Cluster, Db, insert_jobs, ownership, wait_for
+
+NEVER = ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *"]
+NEVER_SOON = "0 0 1 1 *"
+
+
+@pytest.mark.parametrize("expr", NEVER)
+def test_validation_refuses_a_schedule_that_never_fires(expr: str) -> None:
+    with pytest.raises(NeverFires):
+        next_fire(expr, "UTC", 1_790_000_000)
+    with pytest.raises(InvalidArgument, match="never fires"):
+        validate_fires(expr, "UTC", "triggers.schedule.cron")
+
+
+def test_a_leap_day_schedule_is_accepted_across_a_century() -> None:
+    # From March 2096 the next 29th of February is in 2104 (2100 is not a leap year).
+    validate_fires("0 0 29 2 *", "UTC", now=4_081_795_200)  # 2099-05-07
+    validate_fires("0 0 29 2 *", "Europe/Amsterdam")
+
+
+@pytest.fixture
+async def cluster(settings: Settings, service_env: dict[str, str], db: Db) -> AsyncIterator[Cluster]:
+    c = Cluster(settings, service_env)
+    try:
+        yield c
+    finally:
+        await c.cleanup(db)
+
+
+@pytest.mark.slow
+async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(cluster: Cluster, db: Db) -> None:
+    accounts = [
+        int(r[0]) for r in db.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 2), ('b', 2) RETURNING id")
+    ]
+    good = insert_jobs(db, 40, cron=NEVER_SOON, accounts=accounts)
+    bad = [insert_jobs(db, 1, cron=expr, accounts=accounts[:1])[0] for expr in NEVER]
+    workers = [cluster.worker(), cluster.worker()]
+    cluster.orchestrator()
+
+    def bad_deactivated() -> bool:
+        rows = db.execute(
+            "SELECT deactivated_at IS NOT NULL, deactivation_reason FROM jobs WHERE id = ANY(%s)", (bad,)
+        ).fetchall()
+        return all(row[0] and "never fires" in row[1] for row in rows)
+
+    try:
+        await wait_for(bad_deactivated, 30, what="the never-firing jobs to be deactivated with their reason")
+        await wait_for(
+            lambda: all(ownership(db).get(j, (None, ""))[1] == "claimed" for j in good),
+            30,
+            what="every other job claimed",
+        )
+    except AssertionError:
+        print(cluster.logs())
+        raise
+    assert all(w.poll() is None for w in workers), cluster.logs()
+    # The schedule is the job's error: no worker holds it, and saving a fixed schedule brings it back.
+    assert not any(ownership(db).get(j, (None, ""))[1] == "claimed" for j in bad)
+    db.execute(
+        "UPDATE jobs SET cron = %s, deactivated_at = NULL, deactivation_reason = '', version = version + 1"
+        " WHERE id = %s",
+        (NEVER_SOON, bad[0]),
+    )
+    await wait_for(lambda: ownership(db).get(bad[0], (None, ""))[1] == "claimed", 30, what="the fixed job claimed")
+    assert all(w.poll() is None for w in workers), cluster.logs()
