@@ -34,11 +34,11 @@ from typing import Any
 
 import urllib3
 
-from dispatcher.kubernetes_launcher import KubernetesLauncher
+from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.launcher import LaunchRequest
 from runplane.settings import DispatcherSettings, KubernetesSettings, Settings
 from runplane.types import AccountId, JobId, RunId
-from tests.kubernetes.local_cluster import ControlPlane, Node
+from tests.support.kubernetes_cluster import ControlPlane, Node
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = Path(__file__).resolve().parents[1] / "deploy" / "k8s-local" / "images.sh"
@@ -208,7 +208,9 @@ def main(argv: list[str]) -> int:
         with cluster(with_node=True) as (plane, node):
             assert node is not None
             env = {**os.environ, "DOCKER_HOST": node.docker_host}
-            image = subprocess.run([str(IMAGES)], env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
+            image = subprocess.run([str(IMAGES)], env=env, capture_output=True, text=True, check=True).stdout.split()[
+                -1
+            ]
             figures.update(asyncio.run(cold_pods(plane, image, args.pods)))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "kubernetes.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -7,7 +7,7 @@
    steps are killed and the runner leaves without writing anything.
 3. Steps run in order in a per-run working directory, their output streamed into log chunks and
    ``target/*.json`` stored as artifacts after each one.
-4. The outcome is written with a compare-and-set on the lease owner (``runplane.outcomes``).
+4. The outcome is written with a compare-and-set on the lease owner (``runplane.runs.finish``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from psycopg_pool import AsyncConnectionPool
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
-from runplane.bus import AmqpBus
+from runplane.bus import AmqpBus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
+from runplane.runs.pickups import hint_pickups
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -333,7 +335,7 @@ class Runner:
             log.warning("bus unavailable; the scheduler loop will pick up", extra={"error": str(exc)})
             return True
         try:
-            await publish_pickups(bus, self._settings.bus_prefix, finished.pickup_accounts)
+            await hint_pickups(bus, Topology(self._settings.bus_prefix), finished.pickup_accounts, source="outcome")
         finally:
             await bus.close()
         return True

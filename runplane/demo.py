@@ -1,9 +1,8 @@
-"""The demo that ``make run`` shows: an account, a token and a few jobs."""
+"""The demo that ``make run`` shows: an account, a token and a few jobs (made by ``api.admin``)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 
 from runplane.settings import Settings
 
@@ -12,8 +11,9 @@ DEMO_ACCOUNT = "demo"
 
 def seed_demo(settings: Settings) -> list[str]:
     """Create the demo account (once), a fresh token and the demo jobs; returns what to print."""
-    admin = importlib.import_module("api.admin")
-    account_id, token, job_ids = asyncio.run(admin.seed_demo(settings, DEMO_ACCOUNT))
+    from api.admin import seed_demo as seed
+
+    account_id, token, job_ids = asyncio.run(seed(settings, DEMO_ACCOUNT))
     address = f"{settings.api.host}:{settings.api.port}"
     return [
         "",

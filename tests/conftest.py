@@ -19,6 +19,8 @@ from runplane.migrate import migrate
 from runplane.preflight import ensure_services
 from runplane.settings import Settings
 
+pytest_plugins = ["tests.support.kubernetes_fixtures"]
+
 BASE = Settings()
 ADMIN_URL = psycopg.conninfo.make_conninfo(BASE.database_url, dbname="postgres")
 

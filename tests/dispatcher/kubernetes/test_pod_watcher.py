@@ -1,0 +1,262 @@
+"""The Pod watcher on a real kube-apiserver (v1.20, on loopback), reconciling runs in the real Postgres.
+
+Pod status changes are written to the Pods' status subresource, as the kubelet reports them; the
+API server validates them, stores them and streams MODIFIED events to the watcher. Each test has
+its own namespace. Pods run for real (with a kubelet) in tests/system/test_kubernetes_pods.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from dispatcher.kubernetes.launcher import KubernetesLauncher
+from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+from dispatcher.kubernetes.watch import PodWatcher
+from dispatcher.launcher import LaunchRequest
+from runplane.db import open_pool
+from runplane.settings import Settings
+from runplane.types import AccountId, JobId, RunId, RunStatus
+from tests.dispatcher.kubernetes.conftest import k8s_settings
+from tests.support.kubernetes_cluster import ControlPlane, Rest
+
+Db = psycopg.Connection[tuple[object, ...]]
+
+
+@dataclass
+class Cluster:
+    """A real API server with a watcher running against this test's database and namespace."""
+
+    settings: Settings
+    kube: Rest
+    launcher: KubernetesLauncher
+    watcher: PodWatcher
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.kubernetes.namespace
+
+    def pod_names(self) -> set[str]:
+        return set(self.kube.pod_names(self.namespace))
+
+    async def set_status(self, name: str, status: dict[str, Any]) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{name}/status"
+        await asyncio.to_thread(self.kube.merge_patch, path, {"status": status})
+
+
+async def start_cluster(
+    plane: ControlPlane, namespace: str, database_url: str, **kubernetes_settings: Any
+) -> tuple[Cluster, asyncio.Event, asyncio.Task[None], Callable[[], Any]]:
+    settings = k8s_settings(namespace=namespace, **kubernetes_settings)
+    settings = settings.model_copy(update={"database_url": database_url})
+    pool = await open_pool(database_url, max_size=4)
+    launcher = KubernetesLauncher(settings, configuration=plane.configuration())
+    watcher = PodWatcher(settings, PostgresPodOutcomes(pool, settings), configuration=plane.configuration())
+    kube = plane.rest()
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop), name="test:pod-watcher")
+
+    async def close() -> None:
+        if not task.done():
+            task.cancel()
+        await launcher.close()
+        await pool.close()
+        kube.close()
+
+    return Cluster(settings, kube, launcher, watcher), stop, task, close
+
+
+@pytest.fixture
+async def cluster(control_plane: ControlPlane, runs_namespace: str, database_url: str) -> AsyncIterator[Cluster]:
+    started, stop, task, close = await start_cluster(control_plane, runs_namespace, database_url)
+    try:
+        yield started
+        stop.set()
+        began = time.monotonic()
+        await asyncio.wait_for(task, timeout=5)
+        assert time.monotonic() - began < 3  # stopping closes the watch socket: no wait for a timeout
+    finally:
+        await close()
+
+
+def _run(db: Db, status: RunStatus, *, launch_attempts: int = 0) -> RunId:
+    account = db.execute("INSERT INTO accounts (name, run_slots, memory_mb) VALUES ('a', 5, 512) RETURNING id")
+    (account_id,) = account.fetchone() or ()
+    job = db.execute(
+        "INSERT INTO jobs (account_id, name, job_type, steps)"
+        " VALUES (%s, 'j', 'deploy', ARRAY['dbt run']) RETURNING id",
+        (account_id,),
+    )
+    (job_id,) = job.fetchone() or ()
+    run = db.execute(
+        """INSERT INTO runs (account_id, job_id, job_type, status, trigger, idempotency_key, takes_slot,
+                             scheduled_at, launch_attempts, dispatched_at)
+           VALUES (%s, %s, 'deploy', %s, 'api', gen_random_uuid()::text, true, now(), %s, now()) RETURNING id""",
+        (account_id, job_id, int(status), launch_attempts),
+    )
+    (run_id,) = run.fetchone() or ()
+    return RunId(int(str(run_id)))
+
+
+async def _launch(cluster: Cluster, db: Db, run_id: RunId, *, attempt: int = 1) -> str:
+    """Launch as the dispatcher would, and record the cluster and Pod on the run."""
+    request = LaunchRequest(run_id, JobId(1), AccountId(1), attempt=attempt, memory_mb=512, timeout_seconds=0)
+    result = await cluster.launcher.launch(request)
+    db.execute("UPDATE runs SET cluster = %s, pod_name = %s WHERE id = %s", (result.cluster, result.pod_name, run_id))
+    return result.pod_name
+
+
+def _row(db: Db, run_id: RunId) -> dict[str, Any]:
+    cur = db.execute(
+        "SELECT status, status_message, launch_attempts, not_before, waiting_reason, pod_name, finished_at"
+        " FROM runs WHERE id = %s",
+        (run_id,),
+    )
+    names = [c.name for c in cur.description or []]
+    return dict(zip(names, cur.fetchone() or (), strict=True))
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def _terminated(reason: str, exit_code: int) -> dict[str, Any]:
+    finished = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": finished, "finishedAt": finished}
+    return {"name": "runner", "image": "runner", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": terminated}}  # fmt: skip
+
+
+async def test_oom_killed_pod_ends_the_run_with_memory_limit_error(cluster: Cluster, db: Db) -> None:
+    run_id = _run(db, RunStatus.RUNNING)
+    pod = await _launch(cluster, db, run_id)
+    await cluster.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+    await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    row = _row(db, run_id)
+    assert row["status_message"] == "memory limit error"
+    assert row["finished_at"] is not None
+    # Ended through the shared outcome path: the job's failure count moved.
+    failures = db.execute(
+        "SELECT j.consecutive_failures FROM jobs j JOIN runs r ON r.job_id = j.id WHERE r.id = %s", (run_id,)
+    )
+    assert failures.fetchone() == (1,)
+
+
+async def test_evicted_before_claim_goes_back_to_the_queue_with_backoff(cluster: Cluster, db: Db) -> None:
+    run_id = _run(db, RunStatus.STARTING)
+    pod = await _launch(cluster, db, run_id)
+    await cluster.set_status(pod, {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"})
+    await _until(lambda: _row(db, run_id)["status"] == RunStatus.QUEUED)
+    row = _row(db, run_id)
+    assert row["launch_attempts"] == 1
+    assert row["waiting_reason"] == "launch_backoff"
+    assert row["pod_name"] == ""
+    assert "Evicted: node low on memory" in row["status_message"]
+    backoff = (row["not_before"] - datetime.now(UTC)).total_seconds()
+    assert 0 < backoff <= cluster.settings.scheduler.launch_backoff
+
+
+async def test_failure_before_claim_with_the_budget_spent_ends_the_run(cluster: Cluster, db: Db) -> None:
+    run_id = _run(db, RunStatus.STARTING, launch_attempts=2)  # the budget is 3 launches
+    pod = await _launch(cluster, db, run_id, attempt=3)
+    await cluster.set_status(
+        pod, {"phase": "Pending", "containerStatuses": [{"name": "runner", "image": "runner", "imageID": "",
+            "ready": False, "restartCount": 0, "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "runplane-urls" not found'}}}]}
+    )  # fmt: skip
+    await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    row = _row(db, run_id)
+    assert row["launch_attempts"] == 3
+    assert "3 launch attempts" in row["status_message"] and "runplane-urls" in row["status_message"]
+
+
+async def test_a_failed_pod_of_a_claimed_run_does_not_requeue_it(cluster: Cluster, db: Db) -> None:
+    """Once the runner claimed the run, its lease (not the Pod) decides: the watcher leaves it running."""
+    run_id = _run(db, RunStatus.RUNNING)
+    pod = await _launch(cluster, db, run_id)
+    other = _run(db, RunStatus.RUNNING)
+    other_pod = await _launch(cluster, db, other)
+    await cluster.set_status(pod, {"phase": "Failed", "reason": "Evicted"})
+    await cluster.set_status(other_pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+    await _until(lambda: _row(db, other)["status"] == RunStatus.ERROR)  # events are handled in order
+    assert _row(db, run_id)["status"] == RunStatus.RUNNING
+
+
+async def test_pod_whose_run_is_not_live_is_deleted(cluster: Cluster, db: Db) -> None:
+    live = _run(db, RunStatus.RUNNING)
+    live_pod = await _launch(cluster, db, live)
+    cancelled = _run(db, RunStatus.RUNNING)
+    cancelled_pod = await _launch(cluster, db, cancelled)
+    await _until(lambda: cluster.watcher.pods.keys() >= {live_pod, cancelled_pod})
+    db.execute("UPDATE runs SET status = 30, finished_at = now() WHERE id = %s", (cancelled,))
+    await _until(lambda: cancelled_pod not in cluster.pod_names())  # found by the periodic sweep
+    await asyncio.sleep(3 * cluster.settings.kubernetes.sweep_interval)
+    assert live_pod in cluster.pod_names()
+
+
+async def test_finished_pods_are_deleted_after_retention(cluster: Cluster, db: Db) -> None:
+    run_id = _run(db, RunStatus.RUNNING)
+    pod = await _launch(cluster, db, run_id)
+    await cluster.set_status(pod, {"phase": "Succeeded", "containerStatuses": [_terminated("Completed", 0)]})
+    # The runner's outcome; written after the Pod ended here, as the orphan grace (0.3 s) is too short to
+    # cover a loaded machine between the two (the Pod would go as an orphan, not after retention).
+    db.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
+    seen = time.monotonic()
+    await _until(lambda: pod in cluster.watcher.pods and cluster.watcher.pods[pod].terminal)
+    await _until(lambda: pod not in cluster.pod_names())
+    retention = cluster.settings.kubernetes.pod_retention_seconds
+    assert time.monotonic() - seen >= retention - 0.1
+    assert _row(db, run_id)["status"] == RunStatus.SUCCESS  # the watcher never touches a finished run
+
+
+async def test_watch_resumes_across_server_timeouts_without_listing_again(cluster: Cluster, db: Db) -> None:
+    """Each watch ends after ``watch_timeout_seconds`` (2 s); the next resumes from the last version seen."""
+    run_id = _run(db, RunStatus.RUNNING)
+    pod = await _launch(cluster, db, run_id)
+    await _until(lambda: pod in cluster.watcher.pods)
+    await asyncio.sleep(2.5 * cluster.settings.kubernetes.watch_timeout_seconds)  # past two server timeouts
+    await cluster.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+    await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    assert cluster.watcher.relists == 1
+
+
+async def test_watch_410_gone_relists_and_keeps_reconciling(
+    compacting_control_plane: ControlPlane, database_url: str, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On an API server that compacts its history every second, the watcher's version expires while its
+    namespace is quiet and others change; resuming answers 410 Gone and the watcher lists again."""
+    kube = compacting_control_plane.rest()
+    for name in ("runs", "elsewhere"):
+        kube.post("/api/v1/namespaces", {"metadata": {"name": name}})
+    started, stop, task, close = await start_cluster(
+        compacting_control_plane, "runs", database_url, watch_timeout_seconds=1
+    )
+    caplog.set_level(logging.INFO, logger="dispatcher.kubernetes_watch")
+    try:
+        await _until(lambda: started.watcher.relists == 1)
+        for i in range(12):  # writes elsewhere move the store's revision on; compaction drops the old ones
+            kube.post("/api/v1/namespaces/elsewhere/configmaps", {"metadata": {"name": f"c{i}"}})
+            await asyncio.sleep(0.5)
+        await _until(lambda: started.watcher.relists > 1, timeout=10)
+        assert "watch expired (410 Gone); relisting" in caplog.messages
+        run_id = _run(db, RunStatus.RUNNING)
+        pod = await _launch(started, db, run_id)
+        await started.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+        await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+        await close()
+        kube.close()
