@@ -86,6 +86,10 @@ class PodWatcher:
     def pods(self) -> dict[str, PodView]:
         return dict(self._pods)
 
+    def active_count(self) -> int:
+        """Run Pods of this cluster still pending or running, as last seen."""
+        return sum(1 for view in self._pods.values() if not view.terminal)
+
     async def run(self, stop: asyncio.Event) -> None:
         try:
             async with asyncio.TaskGroup() as group:

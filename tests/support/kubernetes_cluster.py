@@ -195,6 +195,8 @@ class ControlPlane:
     api_port: int
     admin_token: str
     processes: Processes
+    _etcd_url: str = ""
+    _extra_args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -277,19 +279,25 @@ current-context: local
         return self.ready()
 
     def _start_processes(self, extra_args: list[str]) -> None:
-        d, pki = self.directory, self.directory / "pki"
+        d = self.directory
         etcd_port, peer_port = free_port(), free_port()
-        etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+        self._etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+        self._extra_args = extra_args
         self.processes.start(
             "etcd",
             [str(ETCD), "--name", "test", "--data-dir", str(d / "etcd"),
-             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+             "--listen-client-urls", self._etcd_url, "--advertise-client-urls", self._etcd_url,
              "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
              "--initial-cluster", f"test={peer_url}", "--unsafe-no-fsync"],
         )  # fmt: skip
+        self.start_api_server()
+
+    def start_api_server(self, timeout: float = 0.0) -> None:
+        """(Re)start kube-apiserver on its port, on the same etcd; with ``timeout``, wait until ready."""
+        pki = self.directory / "pki"
         self.processes.start(
             "kube-apiserver",
-            [str(self.bin / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+            [str(self.bin / "kube-apiserver"), f"--etcd-servers={self._etcd_url}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
              f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
              f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
@@ -297,8 +305,14 @@ current-context: local
              f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
              "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
              # Pods name no token Secret (they do not mount one), so no ServiceAccount admission.
-             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true", *extra_args],
+             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true", *self._extra_args],
         )  # fmt: skip
+        if timeout:
+            wait_for(self._ready_or_dead, timeout, "kube-apiserver", self.directory / "kube-apiserver.log")
+
+    def stop_api_server(self) -> None:
+        """Stop kube-apiserver only (SIGTERM): the cluster's API is down, its etcd keeps the state."""
+        self.processes.stop("kube-apiserver")
 
     def stop(self) -> None:
         self.processes.stop()

@@ -36,6 +36,8 @@ from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Node, Rest, wait_for
 
 IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.sh"
+# The first test pays for the node and, when the sources changed, the image build (minutes on a busy machine).
+pytestmark = pytest.mark.timeout(1500)
 Db = psycopg.Connection[tuple[object, ...]]
 
 
