@@ -67,6 +67,11 @@ class Rest:
         self._http = urllib3.PoolManager(ca_certs=str(ca_file), cert_reqs="CERT_REQUIRED", retries=False)
 
     def request(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> Any:
+        text = self.text(method, path, body, content_type)
+        return json.loads(text) if text else None
+
+    def text(self, method: str, path: str, body: object = None, content_type: str = "application/json") -> str:
+        """The answer's body as text (a container's log), raising ``RestError`` on an error status."""
         headers = dict(self._headers)
         data = None
         if body is not None:
@@ -76,7 +81,7 @@ class Rest:
         text = response.data.decode(errors="replace")
         if response.status >= 400:
             raise RestError(response.status, text)
-        return json.loads(text) if text else None
+        return text
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)

@@ -69,7 +69,7 @@ class Runs:
 
     def log(self, name: str) -> str:
         path = f"/api/v1/namespaces/{self.namespace}/pods/{name}/log"
-        return str(self.kube.request("GET", path, content_type="text/plain") or "")
+        return self.kube.text("GET", path)
 
     def create(self, pod: dict[str, Any]) -> None:
         self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod)
