@@ -104,10 +104,10 @@ class ClusterGate:
     async def consume_while_open(self, consume: Consume, stop: asyncio.Event) -> None:
         """Run ``consume(stop=pause)`` while the gate is open; ``pause`` is set when it closes or on ``stop``."""
         while not stop.is_set():
-            if not await _first(self._open, stop):
+            if await supervise.wait_any(stop, self._open):
                 return
             pause = asyncio.Event()
-            relay = asyncio.create_task(_set_when_first(pause, self._closed, stop), name="cluster-gate:relay")
+            relay = asyncio.create_task(_pause_when_closed(pause, self._closed, stop), name="cluster-gate:relay")
             try:
                 await consume(stop=pause)
             finally:
@@ -116,27 +116,6 @@ class ClusterGate:
                     await relay
 
 
-async def _first(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
-    """Wait for ``wanted`` or ``stop``; True when ``wanted`` came (and ``stop`` is not set)."""
-    waits = {
-        asyncio.create_task(wanted.wait(), name="cluster-gate:wanted"),
-        asyncio.create_task(stop.wait(), name="cluster-gate:stop"),
-    }
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waits:
-            task.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-    return wanted.is_set() and not stop.is_set()
-
-
-async def _set_when_first(target: asyncio.Event, *events: asyncio.Event) -> None:
-    waits = [asyncio.create_task(e.wait(), name="cluster-gate:event") for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        target.set()
-    finally:
-        for task in waits:
-            task.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
+async def _pause_when_closed(pause: asyncio.Event, closed: asyncio.Event, stop: asyncio.Event) -> None:
+    await supervise.wait_any(stop, closed)
+    pause.set()
