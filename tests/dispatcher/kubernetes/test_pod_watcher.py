@@ -8,7 +8,6 @@ its own namespace. Pods run for real (with a kubelet) in tests/system/test_kuber
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -209,15 +208,16 @@ async def test_pod_whose_run_is_not_live_is_deleted(cluster: Cluster, db: Db) ->
 async def test_finished_pods_are_deleted_after_retention(cluster: Cluster, db: Db) -> None:
     run_id = _run(db, RunStatus.RUNNING)
     pod = await _launch(cluster, db, run_id)
-    await cluster.set_status(pod, {"phase": "Succeeded", "containerStatuses": [_terminated("Completed", 0)]})
+    terminated = _terminated("Completed", 0)
+    await cluster.set_status(pod, {"phase": "Succeeded", "containerStatuses": [terminated]})
     # The runner's outcome; written after the Pod ended here, as the orphan grace (0.3 s) is too short to
     # cover a loaded machine between the two (the Pod would go as an orphan, not after retention).
     db.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
-    seen = time.monotonic()
     await _until(lambda: pod in cluster.watcher.pods and cluster.watcher.pods[pod].terminal)
     await _until(lambda: pod not in cluster.pod_names())
     retention = cluster.settings.kubernetes.pod_retention_seconds
-    assert time.monotonic() - seen >= retention - 0.1
+    finished = datetime.fromisoformat(terminated["state"]["terminated"]["finishedAt"].replace("Z", "+00:00"))
+    assert time.time() - finished.timestamp() >= retention  # kept for retention after the container finished
     assert _row(db, run_id)["status"] == RunStatus.SUCCESS  # the watcher never touches a finished run
 
 
@@ -233,7 +233,7 @@ async def test_watch_resumes_across_server_timeouts_without_listing_again(cluste
 
 
 async def test_watch_410_gone_relists_and_keeps_reconciling(
-    compacting_control_plane: ControlPlane, database_url: str, db: Db, caplog: pytest.LogCaptureFixture
+    compacting_control_plane: ControlPlane, database_url: str, db: Db
 ) -> None:
     """On an API server that compacts its history every second, the watcher's version expires while its
     namespace is quiet and others change; resuming answers 410 Gone and the watcher lists again."""
@@ -243,14 +243,13 @@ async def test_watch_410_gone_relists_and_keeps_reconciling(
     started, stop, task, close = await start_cluster(
         compacting_control_plane, "runs", database_url, watch_timeout_seconds=1
     )
-    caplog.set_level(logging.INFO, logger="dispatcher.kubernetes_watch")
     try:
         await _until(lambda: started.watcher.relists == 1)
         for i in range(12):  # writes elsewhere move the store's revision on; compaction drops the old ones
             kube.post("/api/v1/namespaces/elsewhere/configmaps", {"metadata": {"name": f"c{i}"}})
             await asyncio.sleep(0.5)
         await _until(lambda: started.watcher.relists > 1, timeout=10)
-        assert "watch expired (410 Gone); relisting" in caplog.messages
+        assert started.watcher.expirations >= 1  # the relist followed a real 410 Gone
         run_id = _run(db, RunStatus.RUNNING)
         pod = await _launch(started, db, run_id)
         await started.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
