@@ -72,8 +72,8 @@ class Runs:
         try:
             return self.kube.text("GET", path)
         except RestError as exc:
-            if exc.status == 400 and "waiting to start" in exc.body:
-                return ""  # no log before the container starts
+            if exc.status == 400:  # "waiting to start", "not available": no log before the container runs
+                return ""
             raise
 
     def create(self, pod: dict[str, Any]) -> None:
