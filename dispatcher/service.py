@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -29,7 +30,7 @@ from dispatcher.local_launcher import LocalLauncher
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
-from runplane.db import Connection, open_pool
+from runplane.db import Connection, fetch_all, fetch_one, open_pool
 from runplane.errors import Contention, LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
 from runplane.runs.finish import Outcome, finish_run
@@ -61,6 +62,38 @@ class Started:
     memory_mb: int
     timeout_seconds: int
     trace_parent: str = ""
+
+
+@dataclass(frozen=True)
+class AccountRow:
+    id: int
+    run_slots: int
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class AccountRunRow:
+    """A run of ``account_runs``: starting/running (``active``) or due and queued."""
+
+    active: bool
+    id: int
+    job_id: int
+    job_type: str
+    takes_slot: bool
+    priority: int
+    queued_at: datetime
+    pull_request_number: int | None
+    schema_name: str
+
+
+@dataclass(frozen=True)
+class StartedRow:
+    id: int
+    job_id: int
+    launch_attempts: int
+    overrides: object
+    trace_parent: str | None
+    timeout_seconds: int | None
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -152,34 +185,32 @@ class Dispatcher:
         # A dispatcher that stalls inside the pass loses the transaction (and the row lock) once
         # its Redis lock has expired; one that waits for the row that long gives up.
         await conn.execute(Q["pass_timeouts"], {"ms": str(self._settings.dispatcher.lock_ttl_ms)})
-        cur = await conn.execute(Q["lock_account"], {"account_id": account_id})
-        account = await cur.fetchone()
+        account = await fetch_one(conn, Q["lock_account"], {"account_id": account_id}, AccountRow)
         if account is None:
             return [], set()
         # Read after the row lock is granted: each statement sees what was committed before it began.
-        cur = await conn.execute(
-            Q["account_runs"], {"account_id": account_id, "limit": self._settings.dispatcher.batch_size}
+        rows = await fetch_all(
+            conn,
+            Q["account_runs"],
+            {"account_id": account_id, "limit": self._settings.dispatcher.batch_size},
+            AccountRunRow,
         )
-        rows = await cur.fetchall()
-        active = [ActiveRun(JobId(r["job_id"]), bool(r["takes_slot"])) for r in rows if r["active"]]  # type: ignore[arg-type]
+        active = [ActiveRun(JobId(r.job_id), r.takes_slot) for r in rows if r.active]
         queued = [
             QueuedRun(
-                run_id=RunId(r["id"]),  # type: ignore[arg-type]
-                job_id=JobId(r["job_id"]),  # type: ignore[arg-type]
-                job_type=JobType(str(r["job_type"])),
-                takes_slot=bool(r["takes_slot"]),
-                queued_at=r["queued_at"],  # type: ignore[arg-type]
-                pull_request_number=r["pull_request_number"],  # type: ignore[arg-type]
-                schema_name=str(r["schema_name"]),
+                run_id=RunId(r.id),
+                job_id=JobId(r.job_id),
+                job_type=JobType(r.job_type),
+                takes_slot=r.takes_slot,
+                queued_at=r.queued_at,
+                pull_request_number=r.pull_request_number,
+                schema_name=r.schema_name,
             )
-            for r in sorted(
-                (r for r in rows if not r["active"]),
-                key=lambda r: (-int(r["priority"]), r["queued_at"], int(r["id"])),  # type: ignore[call-overload]
-            )
+            for r in sorted((r for r in rows if not r.active), key=lambda r: (-r.priority, r.queued_at, r.id))
         ]
         if not queued:
             return [], set()
-        plan = plan_dispatch(int(account["run_slots"]), active, queued)  # type: ignore[call-overload]
+        plan = plan_dispatch(account.run_slots, active, queued)
         pickups: set[AccountId] = set()
         for run in plan.superseded:
             finished = await finish_run(
@@ -202,26 +233,27 @@ class Dispatcher:
             )
         if not plan.start:
             return [], pickups
-        cur = await conn.execute(
+        rows_started = await fetch_all(
+            conn,
             TRANSITIONS["start_runs"],
             {
                 "ids": [run.run_id for run in plan.start],
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],
                 "cluster": self._settings.dispatcher.cluster,
             },
+            StartedRow,
         )
-        memory_mb = int(account["memory_mb"])  # type: ignore[call-overload]
         started = [
             Started(
-                run_id=RunId(r["id"]),  # type: ignore[arg-type]
-                job_id=JobId(r["job_id"]),  # type: ignore[arg-type]
+                run_id=RunId(r.id),
+                job_id=JobId(r.job_id),
                 account_id=account_id,
-                launch_attempts=int(r["launch_attempts"]),  # type: ignore[call-overload]
-                memory_mb=memory_mb,
-                timeout_seconds=_timeout(r["overrides"], int(r["timeout_seconds"] or 0)),  # type: ignore[call-overload]
-                trace_parent=str(r["trace_parent"] or ""),
+                launch_attempts=r.launch_attempts,
+                memory_mb=account.memory_mb,
+                timeout_seconds=_timeout(r.overrides, r.timeout_seconds or 0),
+                trace_parent=r.trace_parent or "",
             )
-            for r in await cur.fetchall()
+            for r in rows_started
         ]
         return started, pickups
 

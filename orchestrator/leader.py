@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries("orchestrator")
 
-DIGEST_HEADER = "owned_digest"
 _NOTIFY_DEBOUNCE = 0.05
 _PUBLISH_CONCURRENCY = 64
 
@@ -331,38 +330,38 @@ class Leader:
 
     # -- messages from workers --------------------------------------------------------------------
 
-    async def on_message(self, message: Message, delivery: Delivery) -> None:
+    async def on_message(self, message: Message, _delivery: Delivery) -> None:
         if isinstance(message, bus_pb2.Heartbeat):
             info = self.workers.get(message.worker_id)
             if info is not None and info.alive:
                 # A live worker's beat decides nothing, so it does not wait for the lock: a long
                 # sweep would otherwise delay it, and the claims queued behind it.
-                await self._on_live_heartbeat(info, message, delivery)
+                await self._on_live_heartbeat(info, message)
                 return
         async with self._lock:
             if isinstance(message, bus_pb2.Heartbeat):
-                await self._on_heartbeat(message, delivery)
+                await self._on_heartbeat(message)
             elif isinstance(message, bus_pb2.Claimed):
                 await self._on_claimed(message)
             else:
                 log.warning("unexpected message on the orchestrator queue", extra={"type": type(message).__name__})
 
-    async def _on_live_heartbeat(self, info: WorkerInfo, beat: bus_pb2.Heartbeat, delivery: Delivery) -> None:
+    async def _on_live_heartbeat(self, info: WorkerInfo, beat: bus_pb2.Heartbeat) -> None:
         info.last_seen = time.monotonic()
         info.jobs_owned = beat.jobs_owned
-        info.owned_digest = int(str(delivery.headers.get(DIGEST_HEADER, "0")))
+        info.owned_digest = beat.owned_digest
         # Only while the row says alive: a burial that got in first stays a burial.
         await self._execute(
             QUERIES["beat"],
             {"worker_id": beat.worker_id, "jobs_owned": beat.jobs_owned, "owned_digest": info.owned_digest},
         )
 
-    async def _on_heartbeat(self, beat: bus_pb2.Heartbeat, delivery: Delivery) -> None:
+    async def _on_heartbeat(self, beat: bus_pb2.Heartbeat) -> None:
         """A beat from a worker not known to be alive (the caller holds the lock)."""
         worker_id = beat.worker_id
         info = self.workers.get(worker_id)
         if info is not None and info.alive:
-            await self._on_live_heartbeat(info, beat, delivery)  # registered while this one waited
+            await self._on_live_heartbeat(info, beat)  # registered while this one waited
             return
         if not beat.registering:
             # Declared dead (or unknown to us): whatever it holds was given to others.
@@ -375,7 +374,7 @@ class Leader:
         # Jobs may be waiting for workers: assign them once the workers starting together are in.
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
-        info.owned_digest = int(str(delivery.headers.get(DIGEST_HEADER, "0")))
+        info.owned_digest = beat.owned_digest
         await self._execute(
             QUERIES["heartbeat"],
             {"worker_id": worker_id, "jobs_owned": beat.jobs_owned, "owned_digest": info.owned_digest},

@@ -42,8 +42,6 @@ _MIN_BEAT_GAP = 0.2
 # How long before a fire its statement is prepared (due jobs taken off the heap, parameters built).
 _PREPARE_AHEAD = 0.5
 
-DIGEST_HEADER = "owned_digest"
-
 
 class QueuerWorker:
     def __init__(
@@ -181,9 +179,10 @@ class QueuerWorker:
                 jobs_owned=len(self.heap),
                 sent_at_ms=int(time.time() * 1000),
                 registering=registering,
+                owned_digest=self.heap.digest,
             )
             try:
-                await self.bus.publish(self.topology.orchestrator, beat, headers={DIGEST_HEADER: str(self.heap.digest)})
+                await self.bus.publish(self.topology.orchestrator, beat)
             except ServiceUnavailable:
                 log.warning("heartbeat not sent", extra={"worker_id": self.worker_id})
             else:

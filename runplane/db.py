@@ -14,17 +14,19 @@ Services catch these, never ``psycopg.*``; the original error is the new one's `
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.errors import Contention, DatabaseError, ServiceUnavailable
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
+T = TypeVar("T")
 
 _CONTENTION = (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -88,6 +90,20 @@ async def transaction(pool: AsyncConnectionPool[Connection]) -> AsyncIterator[Co
     """A pooled connection inside one transaction."""
     async with pool.connection() as conn, conn.transaction():
         yield conn
+
+
+async def fetch_all(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> list[T]:
+    """Every row of ``query`` as a ``row`` (a dataclass whose fields are the query's columns)."""
+    async with conn.cursor(row_factory=class_row(row)) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall()
+
+
+async def fetch_one(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> T | None:
+    """The first row of ``query`` as a ``row``, or None."""
+    async with conn.cursor(row_factory=class_row(row)) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchone()
 
 
 def redact(url: str) -> str:

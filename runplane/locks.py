@@ -12,6 +12,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runplane import redis_keys
 from runplane.errors import ServiceUnavailable
 
 _RELEASE = """
@@ -68,7 +69,7 @@ class RedisAccountLocks:
         )
 
     def key(self, account_id: int) -> str:
-        return f"{self._prefix}:lock:account:{account_id}"
+        return redis_keys.account_lock(self._prefix, account_id)
 
     async def acquire(self, account_id: int) -> RedisLock | None:
         """Take the account's lock, or None when another holder has it."""

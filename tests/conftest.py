@@ -15,6 +15,7 @@ import psycopg
 import pytest
 import redis
 
+from runplane import redis_keys
 from runplane.migrate import migrate
 from runplane.preflight import ensure_services
 from runplane.settings import Settings
@@ -128,7 +129,7 @@ def _redis_cleanup(prefix: str) -> Iterator[None]:
     yield
     client = redis.Redis.from_url(BASE.redis_url)
     try:
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        keys = list(client.scan_iter(redis_keys.every_key(prefix), count=1000))
         if keys:
             client.delete(*keys)
     finally:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from runplane import instruments
+from runplane import instruments, redis_keys
 from runplane.bus import Bus, Topology
 from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
@@ -87,7 +87,7 @@ class PendingPickups:
         )
 
     def key(self, account_id: int) -> str:
-        return f"{self._prefix}:pickup:account:{account_id}"
+        return redis_keys.pending_pickup(self._prefix, account_id)
 
     async def mark(self, account_ids: Sequence[int]) -> list[int]:
         """Mark the accounts; those that were not marked yet (whose Pickup should be sent)."""

@@ -245,6 +245,7 @@ class Heartbeat(_message.Message):
     JOBS_OWNED_FIELD_NUMBER: _builtins.int
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
     REGISTERING_FIELD_NUMBER: _builtins.int
+    OWNED_DIGEST_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     newest_term: _builtins.int
     """the newest term the worker has seen"""
@@ -252,6 +253,10 @@ class Heartbeat(_message.Message):
     sent_at_ms: _builtins.int
     registering: _builtins.bool
     """first heartbeat since the worker started or dropped everything"""
+    owned_digest: _builtins.int
+    """XOR of a 63-bit hash of (job_id, version) over the jobs the worker holds (queuer_worker/heap.py):
+    the leader compares it with its own view of what the worker owns.
+    """
     def __init__(
         self,
         *,
@@ -260,10 +265,11 @@ class Heartbeat(_message.Message):
         jobs_owned: _builtins.int = ...,
         sent_at_ms: _builtins.int = ...,
         registering: _builtins.bool = ...,
+        owned_digest: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "owned_digest", b"owned_digest", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import sys
 import time
 
@@ -19,6 +18,7 @@ from runplane.errors import FailedPrecondition, InvalidArgument, NotFound, Servi
 from runplane.v1 import jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, deploy_job
 from tests.api.conftest import status_of as call_status
+from tests.support.ports import free_port
 
 
 async def test_an_unexpected_error_is_internal_logged_and_the_server_keeps_serving(
@@ -60,13 +60,6 @@ async def test_losing_the_database_connections_is_unavailable_then_recovers(clie
             break
         assert code is grpc.StatusCode.UNAVAILABLE and "try again" in details, (code, details)
     assert grpc.StatusCode.UNAVAILABLE in codes and codes[-1] is grpc.StatusCode.OK, codes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.mark.slow

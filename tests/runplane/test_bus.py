@@ -14,7 +14,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from runplane import tracing
 from runplane.bus import AmqpBus, Delivery, Handler, Topology
 from runplane.settings import Settings
 from runplane.v1 import bus_pb2
@@ -125,11 +124,12 @@ async def test_trace_context_crosses_the_bus(bus: AmqpBus, prefix: str) -> None:
     seen: list[object] = []
 
     async def handler(message: Message, delivery: Delivery) -> None:
-        seen.append(trace.get_current_span().get_span_context().trace_id or tracing.extract(delivery.headers))
+        seen.append(trace.get_current_span().get_span_context().trace_id)  # the handler runs in the trace
         seen.append(delivery.headers.get("traceparent"))
 
     await _consume_until(bus, queue, handler, 2, seen)
-    traceparent = seen[1]
+    consumer_trace, traceparent = seen
+    assert consumer_trace == sent_trace
     assert isinstance(traceparent, str)
     assert traceparent.split("-")[1] == f"{sent_trace:032x}"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 
@@ -11,12 +10,7 @@ import redis
 
 from runplane.preflight import ensure_services
 from runplane.settings import Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def test_all_three_services_answer() -> None:
@@ -24,7 +18,7 @@ def test_all_three_services_answer() -> None:
 
 
 def test_a_stopped_local_redis_is_started() -> None:
-    port = _free_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     said: list[str] = []
     try:
@@ -38,7 +32,7 @@ def test_a_stopped_local_redis_is_started() -> None:
 
 
 def test_a_service_that_cannot_be_started_is_named_with_the_fix() -> None:
-    port = _free_port()
+    port = free_port()
     problems = ensure_services(
         Settings(amqp_url=f"amqp://guest:guest@127.0.0.1:{port}/"), say=lambda _: None, wait_seconds=1
     )
@@ -49,7 +43,7 @@ def test_a_service_that_cannot_be_started_is_named_with_the_fix() -> None:
 
 
 def test_check_services_command_exits_non_zero_with_the_message() -> None:
-    port = _free_port()
+    port = free_port()
     env = {"RUNPLANE_DATABASE_URL": f"postgresql://postgres@db.invalid:{port}/runplane", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-m", "runplane", "check-services"],

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.ports import free_port
 
 SCRIPT = """
 import sys, time
@@ -26,14 +27,8 @@ time.sleep(60)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_instruments_are_scraped_with_prometheus_names_and_buckets() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

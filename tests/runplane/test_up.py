@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.ports import free_ports, listening
+
 pytestmark = pytest.mark.slow
 
 EXPECTED = ["api", "orchestrator", "queuer-worker", "queuer-worker", "scheduler", "dispatcher", "dispatcher"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _service_children(up: psutil.Process) -> list[psutil.Process]:
@@ -52,8 +47,9 @@ def _serving(port: int) -> bool:
 @pytest.fixture
 def up_env(service_env: dict[str, str]) -> Iterator[dict[str, str]]:
     env = dict(service_env)
-    env["RUNPLANE_API__PORT"] = str(_free_port())
-    env["RUNPLANE_METRICS_PORT"] = str(_free_port())
+    api_port, *metrics_ports = free_ports(len(EXPECTED) + 1)  # up gives service i the metrics port base + i
+    env["RUNPLANE_API__PORT"] = str(api_port)
+    env["RUNPLANE_METRICS_PORT"] = str(metrics_ports[0])
     env["RUNPLANE_DRAIN_SECONDS"] = "5"
     yield env
 
@@ -74,7 +70,9 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
         assert commands == sorted(EXPECTED)
         _wait_for(lambda: _serving(int(up_env["RUNPLANE_API__PORT"])), 60, "the API to serve")
         pids = {p.pid for p in up.children(recursive=True)}
-        time.sleep(2)  # let the services settle so a crash on start would show
+        base = int(up_env["RUNPLANE_METRICS_PORT"])
+        metrics = range(base, base + len(EXPECTED))
+        _wait_for(lambda: all(listening(port) for port in metrics), 60, "every service's metrics endpoint")
         assert proc.poll() is None, proc.communicate()[0]
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]

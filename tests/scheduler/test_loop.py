@@ -13,7 +13,7 @@ from runplane.runs.pickups import PendingPickups
 from runplane.settings import Settings
 from runplane.types import RunStatus
 from scheduler.loop import SchedulerLoop
-from tests.support.processes import free_port
+from tests.support.ports import free_port
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus")

@@ -17,6 +17,7 @@ import psycopg
 
 from runplane.bus import AmqpBus, Topology
 from runplane.v1 import bus_pb2
+from tests.support.ports import free_port
 
 
 class Services:
@@ -100,12 +101,6 @@ def publish_pickup(amqp_url: str, prefix: str, account_id: int) -> None:
             await bus.close()
 
     asyncio.run(publish())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OwnRedis:

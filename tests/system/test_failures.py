@@ -13,6 +13,7 @@ import psycopg
 import pytest
 import redis
 
+from runplane import redis_keys
 from runplane.settings import Settings
 from runplane.types import RunStatus
 from tests.support.processes import OwnRedis, Services, kill_group, publish_pickup
@@ -63,7 +64,7 @@ def hold_dispatcher_in_the_lock(
     transaction open, waiting in Postgres for the row) until the test rolls back. Returns the
     process and when its Redis lock expires.
     """
-    key = f"{settings.redis_prefix}:lock:account:{account}"
+    key = redis_keys.account_lock(settings.redis_prefix, account)
     client = redis.Redis.from_url(settings.redis_url)
     try:
         row_holder.execute("SELECT id FROM accounts WHERE id = %s FOR UPDATE", (account,))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,27 +24,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from prometheus_client.parser import text_string_to_metric_families
 
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.ports import free_ports
 
 pytestmark = pytest.mark.slow
 SERVICES = 7  # api, orchestrator, 2 queuer workers, scheduler, 2 dispatchers
-
-
-def _free_ports(n: int) -> list[int]:
-    """n consecutive free ports (up gives service i the port base + i)."""
-    for base in range(24000, 60000, 97):
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-            return list(range(base, base + n))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def _until(condition: Callable[[], object], timeout: float, what: str) -> Any:
@@ -111,7 +93,7 @@ def test_metrics_and_traces_agree_with_the_runs(
     collector: tuple[Collector, int],
 ) -> None:  # fmt: skip
     spans, otlp_port = collector
-    api_port, *metrics_ports = _free_ports(SERVICES + 1)
+    api_port, *metrics_ports = free_ports(SERVICES + 1)
     env = dict(service_env)
     env.update(
         RUNPLANE_API__PORT=str(api_port),
@@ -179,9 +161,15 @@ def test_metrics_and_traces_agree_with_the_runs(
             lambda: db.execute("SELECT count(*) FROM runs WHERE observed <> 7 OR status < 10").fetchone() == (0,),
             30, "every run terminal and recorded",
         )  # fmt: skip
-        time.sleep(1.5)  # the exporter reads instruments at scrape time; let the loop's last batch land
+        # The loop records a batch's instruments just after committing its flags: scrape until they show.
+        counted = db.execute("SELECT count(*), count(started_at) FROM runs").fetchone()
 
-        samples = _scrape(metrics_ports)
+        def recorded() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            samples = _scrape(metrics_ports)
+            totals = (_sum(samples, "runplane_runs_finished_total"), _sum(samples, "runplane_runs_started_total"))
+            return samples if counted is not None and totals == tuple(counted) else None
+
+        samples = _until(recorded, 15, "the metrics to count every recorded run")
         rows = db.execute(
             """SELECT count(*),
                       count(*) FILTER (WHERE status = 10), count(*) FILTER (WHERE status = 20),
