@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean
+.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,13 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/share/kubectl-layer '$(HELM_LAYER)'
 	$(BIN)/python deploy/helm/extract_helm.py $(VENV)/share/kubectl-layer $@
 
-test: lint check-services $(BIN)/helm
+# A real Kubernetes for the tests: kube-apiserver, scheduler, controller-manager and kubelet v1.20.2
+# built from Debian's source package (about 8 minutes of two cores, once per machine), cached by
+# version under /var/cache/runplane; etcd and dockerd from Debian's packages, installed here.
+k8s:
+	deploy/k8s-local/build.sh
+
+test: lint check-services $(BIN)/helm k8s
 	$(BIN)/pytest -q
 
 # The fault suite alone (also part of `make test`): private Postgres, Redis and RabbitMQ servers

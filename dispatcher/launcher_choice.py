@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -14,6 +12,10 @@ from dispatcher.noop_launcher import NoopLauncher
 from runplane.db import Connection
 from runplane.errors import InvalidArgument
 from runplane.settings import Settings
+
+if TYPE_CHECKING:  # imported when chosen: the Kubernetes client is heavy
+    from dispatcher.kubernetes.gate import ClusterGate
+    from dispatcher.kubernetes.watch import PodWatcher
 
 
 def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> Launcher:
@@ -31,13 +33,20 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
     raise InvalidArgument("dispatcher.launcher", f"unknown launcher {name!r}: local, noop or kubernetes")
 
 
-def companion(
-    settings: Settings, pool: AsyncConnectionPool[Connection], stop: asyncio.Event
-) -> Coroutine[Any, Any, None] | None:
+def companion(settings: Settings, pool: AsyncConnectionPool[Connection]) -> PodWatcher | None:
     """The background work a launcher needs beside the dispatcher: the Pod watcher for Kubernetes."""
     if settings.dispatcher.launcher != "kubernetes":
         return None
     from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
     from dispatcher.kubernetes.watch import PodWatcher
 
-    return PodWatcher(settings, PostgresPodOutcomes(pool, settings)).run(stop)
+    return PodWatcher(settings, PostgresPodOutcomes(pool, settings))
+
+
+def intake_gate(settings: Settings, watcher: PodWatcher | None) -> ClusterGate | None:
+    """What decides whether this dispatcher takes pickups: for Kubernetes, its cluster's health and room."""
+    if settings.dispatcher.launcher != "kubernetes":
+        return None
+    from dispatcher.kubernetes.gate import ClusterGate
+
+    return ClusterGate(settings, active_pods=watcher.active_count if watcher is not None else None)

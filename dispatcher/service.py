@@ -12,6 +12,7 @@ the transaction of a dispatcher that stalls holding the row, so it can change no
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -24,7 +25,7 @@ from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
-from dispatcher.launcher_choice import companion, make_launcher
+from dispatcher.launcher_choice import companion, intake_gate, make_launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
@@ -365,17 +366,17 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             spawn(
                 group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop), eternal=True, stop=stop
             )
-            watcher = companion(settings, pool, stop)
+            watcher = companion(settings, pool)
             if watcher is not None:
-                spawn(group, f"dispatcher:{launcher.name}:watch", watcher, eternal=True, stop=stop)
+                spawn(group, f"dispatcher:{launcher.name}:watch", watcher.run(stop), eternal=True, stop=stop)
+            gate = intake_gate(settings, watcher)
+            if gate is not None:
+                spawn(group, f"dispatcher:{launcher.name}:gate", gate.run(stop), eternal=True, stop=stop)
+            consume = functools.partial(bus.consume, queue, dispatcher.on_pickup, prefetch=prefetch)
             for index in range(concurrency):
-                spawn(
-                    group,
-                    f"dispatcher:consume:{index}",
-                    bus.consume(queue, dispatcher.on_pickup, prefetch=prefetch, stop=stop),
-                    eternal=True,
-                    stop=stop,
-                )
+                # With a gate, consuming pauses while the cluster cannot take runs (other clusters do).
+                task = consume(stop=stop) if gate is None else gate.consume_while_open(consume, stop)
+                spawn(group, f"dispatcher:consume:{index}", task, eternal=True, stop=stop)
         log.info("dispatcher stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
     finally:
         await launcher.close()

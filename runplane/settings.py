@@ -107,6 +107,13 @@ class KubernetesSettings(BaseModel):
     api_attempts: int = Field(4, description="Tries of one API call on 429, 5xx or a dropped connection.")
     api_backoff: float = Field(0.5, description="First retry delay of an API call, doubled per retry.")
     api_backoff_cap: float = Field(8.0, description="Longest wait inside one launch; a longer Retry-After defers.")
+    health_interval: float = Field(2.0, description="Seconds between probes of the cluster API (/version).")
+    health_failures: int = Field(
+        2, description="Failed probes in a row after which the dispatcher stops taking pickups for this cluster."
+    )
+    capacity: int = Field(
+        0, description="Active run Pods at which the dispatcher stops taking pickups (others take them); 0: no limit."
+    )
 
 
 class RunnerSettings(BaseModel):

@@ -24,6 +24,8 @@ from runplane.secrets import generate_key
 from runplane.settings import Settings
 from tests.support.ports import free_port
 
+pytest_plugins = ["tests.support.kubernetes_fixtures"]
+
 BASE = Settings()
 # Two keys, as after a rotation: the newest encrypts, both decrypt.
 TEST_SECRET_KEYS = f"{generate_key()},{generate_key()}"

@@ -81,10 +81,15 @@ class PodWatcher:
         self._pods: dict[str, PodView] = {}  # the Pods we know of, by name
         self._terminal_since: dict[str, float] = {}  # when a finished Pod was first seen finished
         self.relists = 0  # how many times the full list was read (observability and tests)
+        self.expirations = 0  # how many watches answered 410 Gone
 
     @property
     def pods(self) -> dict[str, PodView]:
         return dict(self._pods)
+
+    def active_count(self) -> int:
+        """Run Pods of this cluster still pending or running, as last seen."""
+        return sum(1 for view in self._pods.values() if not view.terminal)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -103,6 +108,7 @@ class PodWatcher:
                 while not stop.is_set():
                     version = await self._watch(version, stop)
             except WatchExpired:
+                self.expirations += 1
                 log.info("watch expired (410 Gone); relisting")
             except KubernetesApiError as exc:
                 log.warning("pod watch failed; relisting", extra={"status": exc.status, "error": str(exc)})

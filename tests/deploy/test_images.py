@@ -1,4 +1,7 @@
-"""The Dockerfiles (no Docker engine here): their entry points exist in the package, and they run non-root."""
+"""The Dockerfiles as text: their entry points exist in the package, and they run non-root.
+
+The images are built for real (deploy/k8s-local/images.sh) and run in Pods in tests/system/test_kubernetes_pods.py.
+"""
 
 from __future__ import annotations
 
@@ -43,10 +46,14 @@ def test_images_run_the_runplane_console_script_as_non_root(name: str) -> None:
     assert user not in ("root", "0") and int(user) >= 1000
 
 
-def test_control_plane_image_is_python_311_slim_and_installs_every_package() -> None:
+def test_control_plane_image_is_python_311_slim_by_default_and_installs_every_package() -> None:
     path = DOCKER / "Dockerfile"
+    args = dict(value.split("=", 1) for key, value in instructions(path) if key == "ARG" and "=" in value)
+    assert (
+        args["PYTHON_IMAGE"] == "python:3.11-slim"
+    )  # the images built here replace it (tests/system/test_kubernetes_pods.py)
     froms = [value for key, value in instructions(path) if key == "FROM"]
-    assert all(value.split()[0] == "python:3.11-slim" for value in froms)
+    assert all(value.split()[0] == "${PYTHON_IMAGE}" for value in froms)
     copied = {shlex.split(value)[0] for key, value in instructions(path) if key == "COPY" and "--from" not in value}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -149,7 +148,7 @@ async def test_a_failed_launch_is_retried_with_backoff_then_fails_the_run(
 
 
 def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
-    from dispatcher.launcher_choice import companion, make_launcher
+    from dispatcher.launcher_choice import companion, intake_gate, make_launcher
     from dispatcher.local_launcher import LocalLauncher
     from dispatcher.noop_launcher import NoopLauncher
     from runplane.errors import InvalidArgument
@@ -158,7 +157,8 @@ def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
     assert isinstance(make_launcher(settings, pool), LocalLauncher)  # type: ignore[arg-type]
     settings.dispatcher.launcher = "noop"
     assert isinstance(make_launcher(settings, pool), NoopLauncher)  # type: ignore[arg-type]
-    assert companion(settings, pool, asyncio.Event()) is None  # type: ignore[arg-type]
+    assert companion(settings, pool) is None  # type: ignore[arg-type]
+    assert intake_gate(settings, None) is None
     settings.dispatcher.launcher = "ssh"
     with pytest.raises(InvalidArgument, match="unknown launcher 'ssh'"):
         make_launcher(settings, pool)  # type: ignore[arg-type]

@@ -1,4 +1,8 @@
-"""Fixtures for the Kubernetes launcher tests: settings, and a client configuration for a kmock server."""
+"""Settings for the Kubernetes tests, and kmock for the faults a real API server cannot be made to show.
+
+The real API server (and node) come from ``tests/support/kubernetes_fixtures.py``; kmock (an HTTP
+emulator) stays only for faults a real API server cannot be made to show on demand, each test saying so.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from dispatcher.kubernetes.api import without_client_retries
 from runplane.settings import DispatcherSettings, KubernetesSettings, SchedulerSettings, Settings
 
 NAMESPACE = "runs"
-KUBE_VERSION = "1.31"  # the chart's kubeVersion; every manifest is validated against this schema
+KUBE_VERSION = "1.31"  # the chart's newest kubeVersion; every manifest is validated against this schema
+REAL_KUBE_VERSION = "1.20"  # what the local API server is
 
 
 def k8s_settings(cluster: str = "east", **kubernetes: Any) -> Settings:
@@ -36,7 +41,7 @@ def k8s_settings(cluster: str = "east", **kubernetes: Any) -> Settings:
 
 
 def client_config(url: object) -> kubernetes.client.Configuration:
-    """A client configuration for an API server at ``url`` (a kmock server on 127.0.0.1)."""
+    """A client configuration for an emulated API server at ``url`` (kmock on 127.0.0.1)."""
     return without_client_retries(kubernetes.client.Configuration(host=str(url).rstrip("/")))
 
 

@@ -1,27 +1,31 @@
-"""The launcher against a Kubernetes API on 127.0.0.1, with the real ``kubernetes`` client.
+"""The launcher against a real kube-apiserver (v1.20, on loopback), with the real ``kubernetes`` client.
 
-Contract cases run on kmock's ``KubernetesEmulator`` (a stateful in-memory API server). Faults are
-scripted: the emulator stores a created object even when a scripted reaction answers instead, so
-the 429/5xx cases use kmock's stateless ``KubernetesScaffold`` where every answer is scripted, and
-the dropped connection uses a tiny TCP server, since neither kmock server can cut a connection.
+Contract cases (create, 409 on a second create, list, delete, and the API's rejections by
+validation, admission and RBAC) run on the session's real API server, each in its own namespace.
+429, 5xx and a connection dropped mid-request are faults a real API server cannot be made to show on
+demand: those cases script them on kmock's stateless ``KubernetesScaffold``, or on a tiny TCP
+server for the dropped connection (kmock cannot cut a connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import kmock as kmocklib
 import pytest
 
 from dispatcher.kubernetes.launcher import KubernetesLauncher
+from dispatcher.kubernetes.pods import SELECTOR
 from dispatcher.launcher import LaunchRequest
 from runplane.errors import LaunchError
 from runplane.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
+from tests.support.kubernetes_cluster import ControlPlane, Rest, service_account_token
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
@@ -34,10 +38,6 @@ REQUEST = LaunchRequest(
     timeout_seconds=300,
     token="rpr_the-token-of-run-7",
 )
-
-
-def _pods(kmock: Any) -> list[str]:
-    return [name for (resource, _, name) in kmock.objects if resource.plural == "pods"]
 
 
 def _secrets_accepted(kmock: Any) -> None:
@@ -53,79 +53,131 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def launcher(kube_url: str) -> AsyncIterator[KubernetesLauncher]:
-    launcher = KubernetesLauncher(k8s_settings(), configuration=client_config(kube_url))
+async def launcher(control_plane: ControlPlane, runs_namespace: str) -> AsyncIterator[KubernetesLauncher]:
+    settings = k8s_settings(namespace=runs_namespace)
+    launcher = KubernetesLauncher(settings, configuration=control_plane.configuration())
     yield launcher
     await launcher.close()
 
 
-async def test_create_records_cluster_and_pod_and_stores_the_built_pod(
-    launcher: KubernetesLauncher, kmock: Any
+async def test_create_records_cluster_and_pod_and_the_server_keeps_the_built_pod(
+    launcher: KubernetesLauncher, kube: Rest, runs_namespace: str
 ) -> None:
     result = await launcher.launch(REQUEST)
     assert (result.cluster, result.pod_name) == ("east", "runplane-run-7-1")
-    stored = kmock.objects[kmock.resource("v1/pods"), NAMESPACE, "runplane-run-7-1"]
-    assert stored.raw == launcher.pod_for(REQUEST)
-    token = kmock.objects[kmock.resource("v1/secrets"), NAMESPACE, "runplane-run-7-1"]
-    assert token.raw["stringData"] == {"token": REQUEST.token}  # the Pod mounts it; its spec never holds it
+    built = launcher.pod_for(REQUEST)
+    stored = kube.get(f"/api/v1/namespaces/{runs_namespace}/pods/runplane-run-7-1")
+    assert stored["metadata"]["labels"] == built["metadata"]["labels"]
+    (container,) = stored["spec"]["containers"]
+    (want,) = built["spec"]["containers"]
+    for key in ("image", "command", "env", "resources", "securityContext", "volumeMounts"):
+        assert container[key] == want[key], key
+    for key in ("restartPolicy", "automountServiceAccountToken", "terminationGracePeriodSeconds",
+                "activeDeadlineSeconds", "securityContext"):  # fmt: skip
+        assert stored["spec"][key] == built["spec"][key], key
+    assert stored["status"]["phase"] == "Pending"
+    secret = kube.get(f"/api/v1/namespaces/{runs_namespace}/secrets/runplane-run-7-1")
+    assert base64.b64decode(secret["data"]["token"]).decode() == REQUEST.token  # mounted; never in the Pod spec
+    assert REQUEST.token not in json.dumps(stored)
 
 
-async def test_duplicate_create_answers_409_and_counts_as_launched(launcher: KubernetesLauncher, kmock: Any) -> None:
+async def test_duplicate_create_answers_409_and_counts_as_launched(
+    launcher: KubernetesLauncher, kube: Rest, runs_namespace: str
+) -> None:
     first = await launcher.launch(REQUEST)
+    path = f"/api/v1/namespaces/{runs_namespace}/pods/{first.pod_name}"
+    uid = kube.get(path)["metadata"]["uid"]
     second = await launcher.launch(REQUEST)
     assert first == second
-    creates = [r for r in kmock["post"] if r.url.path == PODS]
-    assert len(creates) == 2  # the second really reached the API and got 409
-    assert _pods(kmock) == ["runplane-run-7-1"]
+    assert kube.pod_names(runs_namespace) == ["runplane-run-7-1"]
+    assert kube.get(path)["metadata"]["uid"] == uid  # the first one, untouched
 
 
-async def test_a_new_attempt_is_a_new_pod(launcher: KubernetesLauncher, kmock: Any) -> None:
+async def test_concurrent_creates_of_one_launch_make_one_pod(
+    launcher: KubernetesLauncher, kube: Rest, runs_namespace: str
+) -> None:
+    results = await asyncio.gather(*(launcher.launch(REQUEST) for _ in range(8)))
+    assert {r.pod_name for r in results} == {"runplane-run-7-1"}
+    assert kube.pod_names(runs_namespace) == ["runplane-run-7-1"]
+
+
+async def test_a_new_attempt_is_a_new_pod(launcher: KubernetesLauncher, kube: Rest, runs_namespace: str) -> None:
     await launcher.launch(REQUEST)
     result = await launcher.launch(LaunchRequest(**{**REQUEST.__dict__, "attempt": 2}))
     assert result.pod_name == "runplane-run-7-2"
-    assert _pods(kmock) == ["runplane-run-7-1", "runplane-run-7-2"]
+    assert kube.pod_names(runs_namespace) == ["runplane-run-7-1", "runplane-run-7-2"]
 
 
-async def test_list_by_label_and_delete(launcher: KubernetesLauncher, kmock: Any, kube_url: str) -> None:
-    """The list call the watcher makes (watching: test_pod_watcher.py and test_watch_resume.py), and delete."""
-    import kubernetes.client
-
+async def test_list_by_label_and_delete(launcher: KubernetesLauncher, kube: Rest, runs_namespace: str) -> None:
+    """The list call the watcher makes (watching: test_pod_watcher.py), and delete."""
     await launcher.launch(REQUEST)
-    core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(client_config(kube_url)))
-    listing = await asyncio.to_thread(
-        core.list_namespaced_pod, NAMESPACE, label_selector="app.kubernetes.io/managed-by=runplane"
+    kube.post(
+        f"/api/v1/namespaces/{runs_namespace}/pods",
+        {"metadata": {"name": "not-ours"}, "spec": {"containers": [{"name": "c", "image": "local/busybox:1"}]}},
     )
-    assert [p.metadata.name for p in listing.items] == ["runplane-run-7-1"]
-    (list_request,) = kmock["get"]
-    assert list_request.params["labelSelector"] == "app.kubernetes.io/managed-by=runplane"
+    assert kube.pod_names(runs_namespace, SELECTOR) == ["runplane-run-7-1"]  # the server filtered by label
 
     assert await launcher.delete_pod("runplane-run-7-1") is True
     assert await launcher.delete_pod("runplane-run-7-1") is False  # 404: already gone
-    listing = await asyncio.to_thread(core.list_namespaced_pod, NAMESPACE)
-    assert listing.items == []
-    core.api_client.close()
+    assert kube.pod_names(runs_namespace) == ["not-ours"]
+
+
+def _invalid_image(plane: ControlPlane, kube: Rest, namespace: str) -> KubernetesLauncher:
+    """Validation: the API server requires an image."""
+    return KubernetesLauncher(k8s_settings(namespace=namespace, image=""), configuration=plane.configuration())
+
+
+def _over_the_limit_range(plane: ControlPlane, kube: Rest, namespace: str) -> KubernetesLauncher:
+    """Admission: the LimitRanger plugin rejects a Pod above the namespace's memory maximum."""
+    limits = {"type": "Container", "max": {"memory": "256Mi"}}
+    kube.post(
+        f"/api/v1/namespaces/{namespace}/limitranges", {"metadata": {"name": "small"}, "spec": {"limits": [limits]}}
+    )
+    return KubernetesLauncher(k8s_settings(namespace=namespace), configuration=plane.configuration())
+
+
+def _without_a_role(plane: ControlPlane, kube: Rest, namespace: str) -> KubernetesLauncher:
+    """RBAC: a ServiceAccount bound to no Role may not create Pods."""
+    token = service_account_token(kube, namespace, "no-role")
+    return KubernetesLauncher(k8s_settings(namespace=namespace), configuration=plane.configuration(token))
+
+
+Arrange = Callable[[ControlPlane, Rest, str], KubernetesLauncher]
 
 
 @pytest.mark.parametrize(
-    ("code", "reason", "message"),
+    "case",
     [
-        (422, "Invalid", 'Pod "runplane-run-7-1" is invalid: spec.containers[0].image: Required value'),
-        (403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:runplane:dispatcher" cannot create'),
+        (_invalid_image, 422, "Invalid", "spec.containers[0].image: Required value"),
+        (_over_the_limit_range, 403, "Forbidden", "maximum memory usage per Container is 256Mi, but limit is 512Mi"),
+        (_without_a_role, 403, "Forbidden", 'cannot create resource "pods" in API group "" in the namespace'),
     ],
+    ids=["validation", "admission", "rbac"],
 )
 async def test_rejections_fail_the_run_with_the_reason(
-    launcher: KubernetesLauncher, kmock: Any, code: int, reason: str, message: str
+    control_plane: ControlPlane,
+    kube: Rest,
+    runs_namespace: str,
+    case: tuple[Arrange, int, str, str],
 ) -> None:
-    reaction = kmock[f"post {PODS}"] << code << _status(code, reason, message)
-    with pytest.raises(LaunchError) as caught:
-        await launcher.launch(REQUEST)
+    arrange, code, reason, message = case
+    launcher = arrange(control_plane, kube, runs_namespace)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as caught:
+            await launcher.launch(REQUEST)
+        elapsed = time.monotonic() - started
+    finally:
+        await launcher.close()
     assert caught.value.retryable is False
-    assert message in str(caught.value) and str(code) in str(caught.value)
-    assert len(list(reaction)) == 1  # not retried
+    assert message in str(caught.value) and str(code) in str(caught.value) and reason in str(caught.value)
+    assert elapsed < 2.0  # answered once, not retried with backoff
+    assert kube.pod_names(runs_namespace) == []
 
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_429_honours_retry_after_then_succeeds(kmock: Any) -> None:
+    """Emulated: a real API server throttles only under load it decides on, not on demand."""
     _secrets_accepted(kmock)
     create = kmock[f"post {PODS}"]
     throttled = create[:1] << 429 << {"Retry-After": "1"} << _status(429, "TooManyRequests", "slow down")
@@ -144,6 +196,7 @@ async def test_429_honours_retry_after_then_succeeds(kmock: Any) -> None:
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_429_longer_than_a_launch_may_wait_defers_with_retry_after(kmock: Any) -> None:
+    """Emulated: a real API server does not send a 30 s Retry-After on demand."""
     _secrets_accepted(kmock)
     throttled = kmock[f"post {PODS}"] << 429 << {"Retry-After": "30"} << _status(429, "TooManyRequests", "slow")
     launcher = KubernetesLauncher(k8s_settings(api_backoff_cap=2.0), configuration=client_config(kmock.url))
@@ -158,6 +211,7 @@ async def test_429_longer_than_a_launch_may_wait_defers_with_retry_after(kmock: 
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_5xx_is_retried_with_backoff_then_succeeds(kmock: Any) -> None:
+    """Emulated: a real API server answers 500 twice and then 201 only by accident."""
     _secrets_accepted(kmock)
     create = kmock[f"post {PODS}"]
     failing = create[:2] << 500 << _status(500, "InternalError", "etcdserver: request timed out")
@@ -173,6 +227,7 @@ async def test_5xx_is_retried_with_backoff_then_succeeds(kmock: Any) -> None:
 
 @pytest.mark.kmock(cls=kmocklib.KubernetesScaffold)
 async def test_5xx_that_persists_is_a_retryable_launch_error_after_bounded_attempts(kmock: Any) -> None:
+    """Emulated: a real API server shutting down closes its port rather than answering 503."""
     _secrets_accepted(kmock)
     failing = kmock[f"post {PODS}"] << 503 << _status(503, "ServiceUnavailable", "apiserver is shutting down")
     launcher = KubernetesLauncher(k8s_settings(api_attempts=3), configuration=client_config(kmock.url))
@@ -228,6 +283,7 @@ class DroppingServer:
 
 
 async def test_dropped_connection_is_retried_then_succeeds() -> None:
+    """Emulated: a real API server cannot be made to read a request and hang up without an answer."""
     server = DroppingServer(drops=1)
     async with server as url:
         launcher = KubernetesLauncher(k8s_settings(), configuration=client_config(url))
@@ -240,6 +296,7 @@ async def test_dropped_connection_is_retried_then_succeeds() -> None:
 
 
 async def test_connection_that_keeps_dropping_is_a_retryable_launch_error() -> None:
+    """Emulated, as above: a connection cut after the request, every time."""
     server = DroppingServer(drops=100)
     async with server as url:
         launcher = KubernetesLauncher(k8s_settings(api_attempts=3), configuration=client_config(url))
@@ -252,21 +309,29 @@ async def test_connection_that_keeps_dropping_is_a_retryable_launch_error() -> N
     assert server.requests == 3
 
 
-async def test_clusters_record_their_own_name(kmock: Any, kube_url: str) -> None:
-    """Two dispatchers, two clusters: each launch lands in its own API server and names its cluster."""
-    async with kmocklib.KubernetesEmulator() as west_api, kmocklib.Server(west_api) as west_server:
-        west_api.resources["v1/pods"] = {}
-        west_api.resources["v1/secrets"] = {}
-        east = KubernetesLauncher(k8s_settings("east"), configuration=client_config(kube_url))
-        west = KubernetesLauncher(k8s_settings("west"), configuration=client_config(west_server.url))
-        try:
-            a = await east.launch(REQUEST)
-            b = await west.launch(LaunchRequest(**{**REQUEST.__dict__, "run_id": RunId(8)}))
-        finally:
-            await east.close()
-            await west.close()
+async def test_clusters_record_their_own_name(
+    control_plane: ControlPlane, second_control_plane: ControlPlane, kube: Rest, runs_namespace: str
+) -> None:
+    """Two dispatchers, two real API servers: each launch lands in its own cluster and names it."""
+    west_kube = second_control_plane.rest()
+    west_kube.post("/api/v1/namespaces", {"metadata": {"name": runs_namespace}})
+    east = KubernetesLauncher(
+        k8s_settings("east", namespace=runs_namespace), configuration=control_plane.configuration()
+    )
+    west = KubernetesLauncher(
+        k8s_settings("west", namespace=runs_namespace), configuration=second_control_plane.configuration()
+    )
+    try:
+        a = await east.launch(REQUEST)
+        b = await west.launch(LaunchRequest(**{**REQUEST.__dict__, "run_id": RunId(8)}))
         assert (a.cluster, b.cluster) == ("east", "west")
-        assert _pods(kmock) == ["runplane-run-7-1"]
-        assert _pods(west_api) == ["runplane-run-8-1"]
-        west_pod = west_api.objects[kmock.resource("v1/pods"), NAMESPACE, "runplane-run-8-1"]
-        assert west_pod.raw["metadata"]["labels"]["runplane.dev/cluster"] == "west"
+        assert kube.pod_names(runs_namespace) == ["runplane-run-7-1"]
+        assert west_kube.pod_names(runs_namespace) == ["runplane-run-8-1"]
+        west_pod = west_kube.get(f"/api/v1/namespaces/{runs_namespace}/pods/runplane-run-8-1")
+        assert west_pod["metadata"]["labels"]["runplane.dev/cluster"] == "west"
+    finally:
+        await east.close()
+        await west.close()
+        west_kube.request("DELETE", f"/api/v1/namespaces/{runs_namespace}/pods", {"gracePeriodSeconds": 0})
+        west_kube.delete(f"/api/v1/namespaces/{runs_namespace}")
+        west_kube.close()

@@ -1,8 +1,8 @@
-"""The Pod watcher on kmock's ``KubernetesEmulator``, reconciling against runs in the real Postgres.
+"""The Pod watcher on a real kube-apiserver (v1.20, on loopback), reconciling runs in the real Postgres.
 
-Pod status changes are PATCHed into the emulator (it merges them and streams MODIFIED events), the
-way the kubelet would report them. The emulator neither filters by label nor keeps resourceVersions,
-so these tests check what the watcher does with events; the 410 Gone is scripted on the first watch.
+Pod status changes are written to the Pods' status subresource, as the kubelet reports them; the
+API server validates them, stores them and streams MODIFIED events to the watcher. Each test has
+its own namespace. Pods run for real (with a kubelet) in tests/system/test_kubernetes_pods.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import psycopg
 import pytest
 
@@ -26,59 +25,66 @@ from runplane.db import open_pool
 from runplane.run_tokens import new_run_token
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
-from tests.dispatcher.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
+from tests.dispatcher.kubernetes.conftest import k8s_settings
+from tests.support.kubernetes_cluster import ControlPlane, Rest
 
 Db = psycopg.Connection[tuple[object, ...]]
 
 
 @dataclass
 class Cluster:
-    """An emulated cluster with a watcher running against this test's database."""
+    """A real API server with a watcher running against this test's database and namespace."""
 
     settings: Settings
-    url: str
-    kmock: Any
+    kube: Rest
     launcher: KubernetesLauncher
     watcher: PodWatcher
 
+    @property
+    def namespace(self) -> str:
+        return self.settings.kubernetes.namespace
+
     def pod_names(self) -> set[str]:
-        return {
-            name
-            for (resource, _, name), obj in self.kmock.objects.items()
-            if not obj.deleted and resource.plural == "pods"
-        }
+        return set(self.kube.pod_names(self.namespace))
 
     async def set_status(self, name: str, status: dict[str, Any]) -> None:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.patch(f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods/{name}", json={"status": status}) as resp,
-        ):
-            assert resp.status == 200, await resp.text()
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{name}/status"
+        await asyncio.to_thread(self.kube.merge_patch, path, {"status": status})
 
 
-@pytest.fixture
-async def cluster(kmock: Any, kube_url: str, database_url: str) -> AsyncIterator[Cluster]:
-    settings = k8s_settings()
+async def start_cluster(
+    plane: ControlPlane, namespace: str, database_url: str, **kubernetes_settings: Any
+) -> tuple[Cluster, asyncio.Event, asyncio.Task[None], Callable[[], Any]]:
+    settings = k8s_settings(namespace=namespace, **kubernetes_settings)
     settings = settings.model_copy(update={"database_url": database_url})
     pool = await open_pool(database_url, max_size=4)
-    launcher = KubernetesLauncher(settings, configuration=client_config(kube_url))
-    watcher = PodWatcher(settings, PostgresPodOutcomes(pool, settings), configuration=client_config(kube_url))
+    launcher = KubernetesLauncher(settings, configuration=plane.configuration())
+    watcher = PodWatcher(settings, PostgresPodOutcomes(pool, settings), configuration=plane.configuration())
+    kube = plane.rest()
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop), name="test:pod-watcher")
-    try:
-        yield Cluster(settings, kube_url, kmock, launcher, watcher)
-        stop.set()
-        started = time.monotonic()
-        await asyncio.wait_for(task, timeout=5)
-        assert time.monotonic() - started < 3  # stopping closes the watch socket: no wait for a timeout
-        # The emulator's watch handlers notice a closed client only when they next write: give them an event.
-        await launcher.launch(LaunchRequest(RunId(10**9), JobId(1), AccountId(1), 1, 64, 0, token=new_run_token()))
 
-    finally:
+    async def close() -> None:
         if not task.done():
             task.cancel()
         await launcher.close()
         await pool.close()
+        kube.close()
+
+    return Cluster(settings, kube, launcher, watcher), stop, task, close
+
+
+@pytest.fixture
+async def cluster(control_plane: ControlPlane, runs_namespace: str, database_url: str) -> AsyncIterator[Cluster]:
+    started, stop, task, close = await start_cluster(control_plane, runs_namespace, database_url)
+    try:
+        yield started
+        stop.set()
+        began = time.monotonic()
+        await asyncio.wait_for(task, timeout=5)
+        assert time.monotonic() - began < 3  # stopping closes the watch socket: no wait for a timeout
+    finally:
+        await close()
 
 
 def _run(db: Db, status: RunStatus, *, launch_attempts: int = 0) -> RunId:
@@ -129,9 +135,10 @@ async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def _terminated(reason: str, exit_code: int) -> dict[str, Any]:
-    finished = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": finished}
-    return {"name": "runner", "state": {"terminated": terminated}}
+    finished = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": finished, "finishedAt": finished}
+    return {"name": "runner", "image": "runner", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": terminated}}  # fmt: skip
 
 
 async def test_oom_killed_pod_ends_the_run_with_memory_limit_error(cluster: Cluster, db: Db) -> None:
@@ -167,7 +174,8 @@ async def test_failure_before_claim_with_the_budget_spent_ends_the_run(cluster: 
     run_id = _run(db, RunStatus.STARTING, launch_attempts=2)  # the budget is 3 launches
     pod = await _launch(cluster, db, run_id, attempt=3)
     await cluster.set_status(
-        pod, {"phase": "Pending", "containerStatuses": [{"name": "runner", "state": {"waiting": {
+        pod, {"phase": "Pending", "containerStatuses": [{"name": "runner", "image": "runner", "imageID": "",
+            "ready": False, "restartCount": 0, "state": {"waiting": {
             "reason": "CreateContainerConfigError", "message": 'secret "runplane-urls" not found'}}}]}
     )  # fmt: skip
     await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
@@ -203,24 +211,54 @@ async def test_pod_whose_run_is_not_live_is_deleted(cluster: Cluster, db: Db) ->
 async def test_finished_pods_are_deleted_after_retention(cluster: Cluster, db: Db) -> None:
     run_id = _run(db, RunStatus.RUNNING)
     pod = await _launch(cluster, db, run_id)
-    db.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))  # the runner's outcome
-    await cluster.set_status(pod, {"phase": "Succeeded", "containerStatuses": [_terminated("Completed", 0)]})
-    seen = time.monotonic()
+    terminated = _terminated("Completed", 0)
+    await cluster.set_status(pod, {"phase": "Succeeded", "containerStatuses": [terminated]})
+    # The runner's outcome; written after the Pod ended here, as the orphan grace (0.3 s) is too short to
+    # cover a loaded machine between the two (the Pod would go as an orphan, not after retention).
+    db.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
     await _until(lambda: pod in cluster.watcher.pods and cluster.watcher.pods[pod].terminal)
     await _until(lambda: pod not in cluster.pod_names())
     retention = cluster.settings.kubernetes.pod_retention_seconds
-    assert time.monotonic() - seen >= retention - 0.1
+    finished = datetime.fromisoformat(terminated["state"]["terminated"]["finishedAt"].replace("Z", "+00:00"))
+    assert time.time() - finished.timestamp() >= retention  # kept for retention after the container finished
     assert _row(db, run_id)["status"] == RunStatus.SUCCESS  # the watcher never touches a finished run
 
 
-async def test_watch_410_gone_relists_and_keeps_reconciling(kmock: Any, cluster: Cluster, db: Db) -> None:
-    """The first watch is scripted to answer ERROR 410; the watcher lists again and keeps watching."""
-    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
-    gone = kmock["watch pods"][:1] << (expired,)
-    relists = cluster.watcher.relists
-    await _until(lambda: cluster.watcher.relists > relists, timeout=10)
-    assert len(list(gone)) == 1  # the 410 was served, and answered by a relist
+async def test_watch_resumes_across_server_timeouts_without_listing_again(cluster: Cluster, db: Db) -> None:
+    """Each watch ends after ``watch_timeout_seconds`` (2 s); the next resumes from the last version seen."""
     run_id = _run(db, RunStatus.RUNNING)
     pod = await _launch(cluster, db, run_id)
+    await _until(lambda: pod in cluster.watcher.pods)
+    await asyncio.sleep(2.5 * cluster.settings.kubernetes.watch_timeout_seconds)  # past two server timeouts
     await cluster.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
     await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    assert cluster.watcher.relists == 1
+
+
+async def test_watch_410_gone_relists_and_keeps_reconciling(
+    compacting_control_plane: ControlPlane, database_url: str, db: Db
+) -> None:
+    """On an API server that compacts its history every second, the watcher's version expires while its
+    namespace is quiet and others change; resuming answers 410 Gone and the watcher lists again."""
+    kube = compacting_control_plane.rest()
+    for name in ("runs", "elsewhere"):
+        kube.post("/api/v1/namespaces", {"metadata": {"name": name}})
+    started, stop, task, close = await start_cluster(
+        compacting_control_plane, "runs", database_url, watch_timeout_seconds=1
+    )
+    try:
+        await _until(lambda: started.watcher.relists == 1)
+        for i in range(12):  # writes elsewhere move the store's revision on; compaction drops the old ones
+            kube.post("/api/v1/namespaces/elsewhere/configmaps", {"metadata": {"name": f"c{i}"}})
+            await asyncio.sleep(0.5)
+        await _until(lambda: started.watcher.relists > 1, timeout=10)
+        assert started.watcher.expirations >= 1  # the relist followed a real 410 Gone
+        run_id = _run(db, RunStatus.RUNNING)
+        pod = await _launch(started, db, run_id)
+        await started.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+        await _until(lambda: _row(db, run_id)["status"] == RunStatus.ERROR)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+        await close()
+        kube.close()

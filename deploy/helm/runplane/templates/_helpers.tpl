@@ -122,7 +122,8 @@ livenessProbe:
 {{- end -}}
 
 {{- define "runplane.pdb" -}}
-apiVersion: policy/v1
+{{- /* policy/v1 from Kubernetes 1.21; policy/v1beta1 before (removed in 1.25). */}}
+apiVersion: {{ .root.Capabilities.APIVersions.Has "policy/v1" | ternary "policy/v1" "policy/v1beta1" }}
 kind: PodDisruptionBudget
 metadata:
   name: {{ .name }}

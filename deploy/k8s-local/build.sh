@@ -1,0 +1,105 @@
+#!/bin/bash
+# Obtains a real Kubernetes control plane and node for the tests, from Debian's packages only.
+#
+# Debian bookworm's `kubernetes` source package is the upstream v1.20.2 tree with vendor/; Debian's
+# golang-go builds it offline. The binaries land in $RUNPLANE_K8S_CACHE/k8s-$VERSION/bin (outside
+# the clone, keyed by version) and are reused when present; the 1.5 GB build cache is deleted
+# after. etcd comes prebuilt from `etcd-server`, dockerd from `docker.io`.
+#
+# Usage: deploy/k8s-local/build.sh            (idempotent; prints the bin directory)
+#        deploy/k8s-local/build.sh --locate   (prints the bin directory, fails when not built)
+set -euo pipefail
+
+VERSION=v1.20.2
+SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1
+CACHE_ROOT=${RUNPLANE_K8S_CACHE:-/var/cache/runplane}
+DEST=$CACHE_ROOT/k8s-$VERSION
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet pause)
+PACKAGES=(etcd-server golang-go dpkg-dev make gcc libc6-dev openssl curl iproute2 iptables
+          docker.io busybox-static debootstrap)
+
+log() { echo "k8s-local: $*" >&2; }
+
+complete() {
+    for b in "${BINARIES[@]}"; do [ -x "$DEST/bin/$b" ] || return 1; done
+    [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$SOURCE_VERSION" ]
+}
+
+install_packages() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "installing ${missing[*]}"
+    # Services are not started by the install: tests start their own daemons.
+    local policy=/usr/sbin/policy-rc.d created_policy=
+    if [ ! -e $policy ]; then printf '#!/bin/sh\nexit 101\n' > $policy; chmod +x $policy; created_policy=1; fi
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } \
+        || { [ -n "$created_policy" ] && rm -f $policy; return 1; }
+    [ -n "$created_policy" ] && rm -f $policy
+    return 0
+}
+
+build() {
+    local work=$CACHE_ROOT/build-k8s-$VERSION
+    rm -rf "$work"
+    mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/bin"
+    # A private apt configuration with a deb-src line made from the machine's own Debian archive.
+    local uri
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null \
+          || awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
+    echo "deb-src $uri bookworm main" > "$work/apt/sources.list"
+    local apt_opts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                    -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache")
+    local t0=$SECONDS
+    (cd "$work" && apt-get "${apt_opts[@]}" update -qq \
+        && apt-get "${apt_opts[@]}" source -qq "kubernetes=$SOURCE_VERSION" >/dev/null 2>&1)
+    log "source fetched and unpacked in $((SECONDS - t0)) s"
+    local src=$work/kubernetes-${SOURCE_VERSION%%-*}
+    [ -d "$src" ] || { log "source tree $src missing"; return 1; }
+    export GOPATH=$work/gopath GO111MODULE=off GOFLAGS= GOPROXY=off CGO_ENABLED=0 GOCACHE=$work/gocache
+    mkdir -p "$GOPATH/src/k8s.io" && ln -s "$src" "$GOPATH/src/k8s.io/kubernetes"
+    cd "$GOPATH/src/k8s.io/kubernetes"
+    t0=$SECONDS
+    make gen_openapi >"$work/gen_openapi.log" 2>&1 || { tail -20 "$work/gen_openapi.log" >&2; return 1; }
+    log "gen_openapi in $((SECONDS - t0)) s"
+    # The sandbox ("pause") container of every Pod, from the same source tree.
+    gcc -Os -static -DVERSION=v3.2-runplane -o "$work/bin/pause" build/pause/linux/pause.c
+    strip "$work/bin/pause"
+    local ld="-s -w" p c
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ld="$ld -X k8s.io/kubernetes/vendor/$p.gitVersion=$VERSION -X k8s.io/kubernetes/vendor/$p.gitMajor=1"
+        ld="$ld -X k8s.io/kubernetes/vendor/$p.gitMinor=20"
+    done
+    for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+        t0=$SECONDS
+        go build -trimpath -ldflags "$ld" -o "$work/bin/$c" "k8s.io/kubernetes/cmd/$c"
+        log "built $c in $((SECONDS - t0)) s"
+    done
+    cd /
+    rm -rf "$DEST.new" && mkdir -p "$DEST.new"
+    mv "$work/bin" "$DEST.new/bin"
+    echo "$SOURCE_VERSION" > "$DEST.new/VERSION"
+    rm -rf "$DEST" && mv "$DEST.new" "$DEST"
+    rm -rf "$work"
+}
+
+if [ "${1:-}" = --locate ]; then
+    complete || { log "not built: run make k8s"; exit 1; }
+    echo "$DEST/bin"
+    exit 0
+fi
+mkdir -p "$CACHE_ROOT"
+install_packages
+if ! complete; then
+    exec 9>"$CACHE_ROOT/.k8s-$VERSION.lock"
+    flock 9  # another build of the same version finishes first, then is reused
+    if ! complete; then
+        log "cold build of Kubernetes $VERSION from Debian's source package (about 8 min)"
+        t_build=$SECONDS
+        build
+        log "cold build done in $((SECONDS - t_build)) s"
+    fi
+fi
+echo "$DEST/bin"

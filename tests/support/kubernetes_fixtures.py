@@ -1,0 +1,75 @@
+"""Fixtures with a real Kubernetes: API servers on loopback, a node, a namespace per test.
+
+``control_plane`` is a real kube-apiserver v1.20 + etcd, started once per test session
+(``kubernetes_cluster.ControlPlane``; ``make k8s`` builds and caches its binaries). Each test gets its
+own namespace in it (``runs_namespace``), so tests cannot see each other's Pods. ``node`` adds a real
+kubelet on a private dockerd, for tests where Pods must really run. Loaded by the root conftest.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.kubernetes_cluster import ControlPlane, Node, Rest
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """A real kube-apiserver v1.20 + etcd on loopback, for the whole session."""
+    plane = ControlPlane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def second_control_plane() -> Iterator[ControlPlane]:
+    """Another cluster's API server, for tests of two clusters."""
+    plane = ControlPlane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def compacting_control_plane() -> Iterator[ControlPlane]:
+    """An API server that forgets history within seconds: no watch cache, etcd compacted every second,
+    so resuming a watch from a version a few seconds old answers 410 Gone."""
+    plane = ControlPlane.start(extra_args=["--watch-cache=false", "--etcd-compaction-interval=1s"])
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def node(control_plane: ControlPlane) -> Iterator[Node]:
+    """A real node (kubelet on a private dockerd) on the session's control plane."""
+    started = Node.start(control_plane)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane) -> Iterator[Rest]:
+    """Admin JSON calls to the real API server, for arranging and asserting."""
+    rest = control_plane.rest()
+    yield rest
+    rest.close()
+
+
+@pytest.fixture
+def runs_namespace(kube: Rest) -> Iterator[str]:
+    """A namespace of this test's own in the real API server; its Pods are deleted at the end."""
+    name = f"runs-{uuid.uuid4().hex[:10]}"
+    kube.post("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"gracePeriodSeconds": 0})
+    kube.delete(f"/api/v1/namespaces/{name}")

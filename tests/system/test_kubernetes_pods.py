@@ -1,0 +1,238 @@
+"""Run Pods on a real node: kubelet v1.20 on a private dockerd, the runner image built here.
+
+The runner image is built from Debian's packages and PyPI (``deploy/k8s-local/images.sh``: a
+debootstrap root filesystem imported as the base, the project's Dockerfiles on top) and cached by
+the content of its inputs. Pods come from the launcher's own manifest (non-root, read-only root
+filesystem, the account's memory as the limit); the Pod watcher reconciles them against the real
+Postgres. Where a test needs the container to do something other than ``runplane runner`` (use
+memory, wait for SIGTERM), it changes only the command of the launcher's Pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import urllib3
+
+from dispatcher.kubernetes.launcher import KubernetesLauncher
+from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+from dispatcher.kubernetes.watch import PodWatcher
+from dispatcher.launcher import LaunchRequest
+from runplane.db import open_pool
+from runplane.settings import Settings
+from runplane.types import AccountId, JobId, RunId, RunStatus
+from tests.dispatcher.kubernetes.conftest import k8s_settings
+from tests.support.kubernetes_cluster import ControlPlane, Node, Rest, RestError, wait_for
+
+IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.sh"
+# The first test pays for the node and, when the sources changed, the image build (minutes on a busy machine).
+pytestmark = pytest.mark.timeout(1500)
+Db = psycopg.Connection[tuple[object, ...]]
+
+
+@pytest.fixture(scope="session")
+def runner_image(node: Node) -> str:
+    """The runner image, built (or loaded from the cache) into the node's dockerd."""
+    env = {**os.environ, "DOCKER_HOST": node.docker_host}
+    done = subprocess.run([str(IMAGES)], env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, f"images.sh failed:\n{done.stderr[-3000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Runs:
+    """Launching and reconciling on the real node, against this test's database."""
+
+    settings: Settings
+    kube: Rest
+    launcher: KubernetesLauncher
+    watcher: PodWatcher
+    db: Db
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.kubernetes.namespace
+
+    def pod(self, name: str) -> Any:
+        return self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+
+    def log(self, name: str) -> str:
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{name}/log"
+        try:
+            return self.kube.text("GET", path)
+        except RestError as exc:
+            if exc.status == 400:  # "waiting to start", "not available": no log before the container runs
+                return ""
+            raise
+
+    def create(self, pod: dict[str, Any]) -> None:
+        self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod)
+
+    def new_run(self, status: RunStatus, memory_mb: int = 256) -> RunId:
+        account = self.db.execute(
+            "INSERT INTO accounts (name, run_slots, memory_mb) VALUES ('a', 5, %s) RETURNING id", (memory_mb,)
+        )
+        (account_id,) = account.fetchone() or ()
+        job = self.db.execute(
+            "INSERT INTO jobs (account_id, name, job_type, steps) VALUES (%s, 'j', 'deploy', ARRAY['dbt run'])"
+            " RETURNING id",
+            (account_id,),
+        )
+        (job_id,) = job.fetchone() or ()
+        run = self.db.execute(
+            """INSERT INTO runs (account_id, job_id, job_type, status, trigger, idempotency_key, takes_slot,
+                                 scheduled_at, dispatched_at)
+               VALUES (%s, %s, 'deploy', %s, 'api', gen_random_uuid()::text, true, now(), now()) RETURNING id""",
+            (account_id, job_id, int(status)),
+        )
+        (run_id,) = run.fetchone() or ()
+        return RunId(int(str(run_id)))
+
+    def request(self, run_id: RunId, memory_mb: int = 256) -> LaunchRequest:
+        return LaunchRequest(run_id, JobId(1), AccountId(1), attempt=1, memory_mb=memory_mb, timeout_seconds=0)
+
+    def record(self, run_id: RunId, pod_name: str) -> None:
+        self.db.execute("UPDATE runs SET cluster = 'east', pod_name = %s WHERE id = %s", (pod_name, run_id))
+
+    def status(self, run_id: RunId) -> tuple[int, str]:
+        row = self.db.execute("SELECT status, status_message FROM runs WHERE id = %s", (run_id,)).fetchone()
+        assert row is not None
+        return int(str(row[0])), str(row[1])
+
+
+@pytest.fixture
+async def runs(
+    control_plane: ControlPlane, runner_image: str, runs_namespace: str, database_url: str, db: Db
+) -> AsyncIterator[Runs]:
+    settings = k8s_settings(
+        namespace=runs_namespace,
+        image=runner_image,
+        image_pull_policy="Never",
+        sweep_interval=0.5,
+        orphan_grace_seconds=0.5,
+        pod_retention_seconds=60,
+    )
+    settings = settings.model_copy(update={"database_url": database_url})
+    pool = await open_pool(database_url, max_size=4)
+    launcher = KubernetesLauncher(settings, configuration=control_plane.configuration())
+    watcher = PodWatcher(settings, PostgresPodOutcomes(pool, settings), configuration=control_plane.configuration())
+    kube = control_plane.rest()
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop), name="test:pod-watcher")
+    try:
+        yield Runs(settings, kube, launcher, watcher, db)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        await launcher.close()
+        await pool.close()
+        kube.close()
+
+
+async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    await asyncio.to_thread(wait_for, condition, timeout, what)
+
+
+def _container_state(pod: Any) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return dict(statuses[0]["state"]) if statuses else {}
+
+
+class PodEvents:
+    """Every watch event of one namespace's Pods, collected in a thread (what a Pod went through)."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self._http = urllib3.PoolManager(ca_certs=str(plane.ca_file), cert_reqs="CERT_REQUIRED", retries=False)
+        url = f"{plane.url}/api/v1/namespaces/{namespace}/pods?watch=true&timeoutSeconds=120"
+        headers = {"Authorization": f"Bearer {plane.admin_token}"}
+        self._response = self._http.request("GET", url, headers=headers, preload_content=False, timeout=130)
+        self._thread = threading.Thread(target=self._read, name="test-pod-events", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        buffer = b""
+        try:
+            for chunk in self._response.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line)
+                    self.events.append((event["type"], event["object"]))
+        except Exception:  # the stream was closed by close()
+            return
+
+    def close(self) -> None:
+        self._response.release_conn()
+        self._http.clear()
+
+
+async def test_the_runner_image_starts_in_a_real_pod(runs: Runs) -> None:
+    """The launcher's Pod is scheduled, its container starts as uid 10001 and runs ``runplane runner``."""
+    run_id = runs.new_run(RunStatus.STARTING)
+    result = await runs.launcher.launch(runs.request(run_id))
+    runs.record(run_id, result.pod_name)
+    await _until(lambda: bool(_container_state(runs.pod(result.pod_name))) and "waiting" not in _container_state(
+        runs.pod(result.pod_name)), 120, "runner container started")  # fmt: skip
+    pod = runs.pod(result.pod_name)
+    assert pod["spec"]["nodeName"] == "localhost"
+    assert pod["status"]["podIP"]
+    await _until(lambda: "runner" in runs.log(result.pod_name), 60, "the runner's first log line")
+    log = runs.log(result.pod_name)
+    assert '"logger"' in log or "runner" in log, log
+
+
+async def test_memory_limit_is_enforced_by_the_kernel_and_ends_the_run(runs: Runs) -> None:
+    """A container above the account's memory is OOM-killed by its cgroup; the run ends "memory limit error"."""
+    run_id = runs.new_run(RunStatus.RUNNING, memory_mb=64)
+    request = runs.request(run_id, memory_mb=64)
+    pod = runs.launcher.pod_for(request)
+    hog = "import time; blocks = [bytearray(16 << 20) for _ in range(32)]; time.sleep(60)"
+    pod["spec"]["containers"][0]["command"] = ["python3", "-c", hog]
+    runs.create(pod)
+    runs.record(run_id, pod["metadata"]["name"])
+    await _until(lambda: runs.status(run_id)[0] == RunStatus.ERROR, 120, "the run to end")
+    assert runs.status(run_id)[1] == "memory limit error"
+    terminated = _container_state(runs.pod(pod["metadata"]["name"]))["terminated"]
+    assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137
+
+
+@pytest.fixture
+def pod_events(control_plane: ControlPlane, runs: Runs) -> Iterator[PodEvents]:
+    events = PodEvents(control_plane, runs.namespace)
+    yield events
+    events.close()
+
+
+async def test_a_cancelled_run_has_its_pod_deleted_gracefully(runs: Runs, pod_events: PodEvents) -> None:
+    """The watcher deletes the Pod of a run that is no longer live; the container gets SIGTERM and its
+    grace period to exit, then the Pod is gone."""
+    run_id = runs.new_run(RunStatus.RUNNING)
+    pod = runs.launcher.pod_for(runs.request(run_id))
+    name = pod["metadata"]["name"]
+    script = "trap 'echo got SIGTERM; exit 3' TERM; echo ready; while true; do sleep 0.1; done"
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", script]
+    runs.create(pod)
+    runs.record(run_id, name)
+    await _until(lambda: "ready" in runs.log(name), 120, "the container to run")
+    runs.db.execute("UPDATE runs SET status = 30, finished_at = now() WHERE id = %s", (run_id,))  # cancelled
+    started = time.monotonic()
+    await _until(lambda: any(kind == "DELETED" for kind, _ in pod_events.events), 60, "the Pod to be deleted")
+    elapsed = time.monotonic() - started
+    deleting = [obj for kind, obj in pod_events.events if obj["metadata"].get("deletionTimestamp")]
+    assert deleting, "deleted with a grace period (deletionTimestamp set first), not at once"
+    assert deleting[0]["metadata"]["deletionGracePeriodSeconds"] == pod["spec"]["terminationGracePeriodSeconds"]
+    final = _container_state(deleting[-1])
+    assert final.get("terminated", {}).get("exitCode") == 3, final  # the trap ran: SIGTERM, not SIGKILL
+    assert elapsed < pod["spec"]["terminationGracePeriodSeconds"]
