@@ -21,6 +21,7 @@ import pytest
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
+from runplane.run_tokens import new_run_token
 from runplane.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, RestError, service_account_token, wait_for
@@ -29,7 +30,9 @@ from tests.support.pod_outcomes import RecordedOutcomes
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "runplane"
 HELM = Path(sys.executable).parent / "helm"
-REQUEST = LaunchRequest(RunId(11), JobId(1), AccountId(1), attempt=1, memory_mb=256, timeout_seconds=0)
+REQUEST = LaunchRequest(
+    RunId(11), JobId(1), AccountId(1), attempt=1, memory_mb=256, timeout_seconds=0, token=new_run_token()
+)
 
 
 @dataclass(frozen=True)

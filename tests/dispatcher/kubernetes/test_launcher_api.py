@@ -150,7 +150,7 @@ Arrange = Callable[[ControlPlane, Rest, str], KubernetesLauncher]
     [
         (_invalid_image, 422, "Invalid", "spec.containers[0].image: Required value"),
         (_over_the_limit_range, 403, "Forbidden", "maximum memory usage per Container is 256Mi, but limit is 512Mi"),
-        (_without_a_role, 403, "Forbidden", 'cannot create resource "pods" in API group "" in the namespace'),
+        (_without_a_role, 403, "Forbidden", 'cannot create resource "secrets" in API group "" in the namespace'),
     ],
     ids=["validation", "admission", "rbac"],
 )
