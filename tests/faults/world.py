@@ -214,6 +214,7 @@ def make_world(services_to_start: list[tuple[str, str]], *, cron_jobs: int = 12)
         logs = base / "logs"
         logs.mkdir()
         services = Services(env, logs, database_url)
+        services.with_api = False  # the noop launcher starts no runner, so no runner API is needed
         w = World(postgres, redis, rabbit, services, database_url, jobs, since=0.0)
         for command, name in services_to_start:
             w.start(command, name)
