@@ -15,6 +15,7 @@ import logging
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.db import Connection
+from runplane.secrets import mask
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class RunLogs:
         self._decoders: dict[int, codecs.IncrementalDecoder] = {}
         self._full = asyncio.Event()
         self._lock = asyncio.Lock()
+        self.secrets: list[str] = []  # masked in everything stored
 
     def write(self, step_index: int, data: bytes, *, final: bool = False) -> None:
         decoder = self._decoders.setdefault(step_index, codecs.getincrementaldecoder("utf-8")(errors="replace"))
@@ -72,7 +74,7 @@ class RunLogs:
                         "run_id": self._run_id,
                         "seqs": seqs,
                         "step_indexes": [step for step, _ in merged],
-                        "texts": [text for _, text in merged],
+                        "texts": [mask(text, self.secrets) for _, text in merged],
                     },
                 )
 

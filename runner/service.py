@@ -5,9 +5,12 @@
 2. While it works, a lease task renews the lease every heartbeat interval and polls for a cancel
    request in between; if the lease was taken away (the reaper declared the runner lost), the
    steps are killed and the runner leaves without writing anything.
-3. Steps run in order in a per-run working directory, their output streamed into log chunks and
-   ``target/*.json`` stored as artifacts after each one.
-4. The outcome is written with a compare-and-set on the lease owner (``runplane.outcomes``).
+3. A job with an environment is prepared first (``runner.prepare``: checkout at the run's commit,
+   a profile for this run, ``dbt deps``); a failing preparation ends the run as error.
+4. Steps run in order (in the project's directory, or a per-run working directory for plain
+   commands), their output streamed into log chunks with secrets masked, and dbt's artifacts
+   stored per step after each one (``runner.artifacts``).
+5. The outcome is written with a compare-and-set on the lease owner (``runplane.outcomes``).
 """
 
 from __future__ import annotations
@@ -28,13 +31,19 @@ import psycopg
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
+from runner.artifacts import ARTIFACT_MAX_BYTES, ArtifactCollector, dbt_output_directories
+from runner.checkout import RepositoryCache
+from runner.dbt_env import is_dbt_step
+from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
 from runplane.bus import AmqpBus
 from runplane.db import Connection, open_pool
-from runplane.errors import ServiceUnavailable
+from runplane.dbt_context import DbtContext, load_dbt_context
+from runplane.errors import RunplaneError, ServiceUnavailable
 from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
+from runplane.secrets import SecretBox, mask
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -44,7 +53,6 @@ _tracer = trace.get_tracer(__name__)
 
 Q = load_queries("runner")
 
-ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
 CANCEL_POLL_INTERVAL = 0.5
 
 
@@ -127,7 +135,16 @@ class Runner:
         self._run_id = run_id
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._control = StepControl()
-        self._stored: dict[Path, tuple[int, int]] = {}  # artifact -> (mtime_ns, size) when stored
+        self._secrets: list[str] = []
+
+    async def dbt_context(self) -> DbtContext | None:
+        """What the run needs to run dbt; None for a job without an environment (plain commands)."""
+
+        def decrypt(token: str) -> str:
+            return SecretBox.from_keys(self._settings.secret_keys).decrypt(token)
+
+        async with self._pool.connection() as conn:
+            return await load_dbt_context(conn, self._run_id, decrypt)
 
     async def claim(self) -> ClaimedRun | None:
         async with self._pool.connection() as conn:
@@ -141,18 +158,20 @@ class Runner:
         # Started/prep/delay metrics are made from this row's timestamps by the scheduler loop.
         return ClaimedRun.from_row(row)
 
-    async def execute(self, run: ClaimedRun) -> Outcome | None:
+    async def execute(self, run: ClaimedRun, context: DbtContext | None = None) -> Outcome | None:
         """Run the steps; the outcome to write, or None when the lease was lost."""
         # The run's span continues the trace of whatever queued it (the trigger's call).
         attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         with _tracer.start_as_current_span("run", context=tracing.extract(run.trace_parent), attributes=attributes):
-            return await self._execute(run)
+            return await self._execute(run, context)
 
-    async def _execute(self, run: ClaimedRun) -> Outcome | None:
+    async def _execute(self, run: ClaimedRun, context: DbtContext | None) -> Outcome | None:
         self._control.cancel_requested = run.cancel_requested
         async with self._pool.connection() as conn:
             await conn.execute(Q["create_steps"], {"run_id": run.run_id, "commands": run.steps})
         logs = RunLogs(self._pool, run.run_id)
+        if context is not None:
+            self._secrets = logs.secrets = context.secrets()
         stop = asyncio.Event()
         work_dir, temporary = self._work_dir(run.run_id)
         try:
@@ -160,7 +179,7 @@ class Runner:
                 group.create_task(self._keep_lease(stop), name=f"runner:{run.run_id}:lease")
                 group.create_task(logs.run(stop), name=f"runner:{run.run_id}:logs")
                 try:
-                    outcome = await self._steps(run, logs, str(work_dir))
+                    outcome = await self._steps(run, logs, work_dir, context)
                 finally:
                     stop.set()
         finally:
@@ -175,51 +194,112 @@ class Runner:
             return path, False
         return Path(tempfile.mkdtemp(prefix=f"runplane-run-{run_id}-")), True
 
-    async def _steps(self, run: ClaimedRun, logs: RunLogs, work_dir: str) -> Outcome | None:
-        env = step_environment(run)
+    async def _steps(
+        self, run: ClaimedRun, logs: RunLogs, work_dir: Path, context: DbtContext | None
+    ) -> Outcome | None:
         deadline = time.monotonic() + run.timeout_seconds if run.timeout_seconds > 0 else None
         limits = Limits(
-            deadline=deadline, memory_bytes=run.memory_mb * 1024 * 1024, cancel_grace=self._settings.runner.cancel_grace
+            deadline=deadline,
+            memory_bytes=run.memory_mb * 1024 * 1024,
+            cancel_grace=self._settings.runner.cancel_grace,
+            interrupt_grace=self._settings.runner.interrupt_grace,
         )
-        for index, command in enumerate(run.steps):
-            if self._control.cancel_requested:
-                await self._skip_from(index)
-                return Outcome.cancelled("cancelled by request")
-            async with self._pool.connection() as conn:
-                await conn.execute(Q["step_started"], {"run_id": run.run_id, "step_index": index})
-            with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
-                result = await run_step(
-                    command,
-                    cwd=work_dir,
-                    env=env,
-                    on_output=lambda data, index=index: logs.write(index, data),  # type: ignore[misc]
-                    control=self._control,
-                    limits=limits,
-                )
-            logs.end_step(index)
-            await self._store_artifacts(run.run_id, index, Path(work_dir))
-            step_status = (
-                RunStatus.SUCCESS if result.end is StepEnd.EXITED and result.exit_code == 0 else RunStatus.ERROR
-            )
-            if result.end is StepEnd.CANCELLED:
-                step_status = RunStatus.CANCELLED
-            async with self._pool.connection() as conn:
-                await conn.execute(
-                    Q["step_finished"],
-                    {
-                        "run_id": run.run_id,
-                        "step_index": index,
-                        "status": int(step_status),
-                        "exit_code": result.exit_code,
-                    },
-                )
-            outcome = self._step_outcome(result.end, result.exit_code, index, command, run.timeout_seconds)
-            if result.end is StepEnd.ABANDONED:
-                return None
-            if outcome is not None:
-                await self._skip_from(index + 1)
-                return outcome
+        env = step_environment(run)
+        cwd = work_dir
+        collector = ArtifactCollector(work_dir / "target")
+        async with contextlib.AsyncExitStack() as stack:
+            if context is not None:
+                try:
+                    prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits))
+                except PrepareError as exc:
+                    await self._skip_from(0)
+                    if self._control.abandoned:
+                        return None
+                    if self._control.cancel_requested:
+                        return Outcome.cancelled("cancelled by request")
+                    logs.write(0, f"runplane: {exc}\n".encode())
+                    return Outcome.error(str(exc), FailureKind.STEP)
+                env, cwd, collector = prepared.env, prepared.project, prepared.collector
+            for index, command in enumerate(run.steps):
+                if self._control.cancel_requested:
+                    await self._skip_from(index)
+                    return Outcome.cancelled("cancelled by request")
+                if context is not None and is_dbt_step(command):
+                    collector.watch(*dbt_output_directories(command, cwd, env))
+                outcome, ended = await self._step(run, logs, index, command, cwd, env, limits)
+                await self._store_artifacts(run.run_id, index, collector, logs)
+                if ended:
+                    return outcome
         return Outcome.success()
+
+    def _prepared(
+        self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits
+    ) -> contextlib.AbstractAsyncContextManager[PreparedRun]:
+        cache_root = self._settings.runner.repository_cache or str(Path.home() / ".cache" / "runplane" / "repositories")
+
+        async def record_sha(sha: str) -> None:
+            params = {"run_id": self._run_id, "git_sha": sha, "owner": self._owner}
+            async with self._pool.connection() as conn:
+                await conn.execute(Q["record_git_sha"], params)
+
+        return prepared_run(
+            context,
+            cache=RepositoryCache(Path(cache_root)),
+            work_dir=work_dir,
+            dbt_versions=self._settings.runner.dbt_versions,
+            on_checkout=record_sha,
+            say=lambda line: logs.write(0, f"runplane: {line}\n".encode()),
+            on_output=lambda data: logs.write(0, data),
+            control=self._control,
+            limits=limits,
+        )
+
+    async def _step(
+        self,
+        run: ClaimedRun,
+        logs: RunLogs,
+        index: int,
+        command: str,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+    ) -> tuple[Outcome | None, bool]:
+        """Run one step; (outcome, True) when the run ends with it."""
+        async with self._pool.connection() as conn:
+            await conn.execute(Q["step_started"], {"run_id": run.run_id, "step_index": index})
+        with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
+            result = await run_step(
+                command,
+                cwd=str(cwd),
+                env=env,
+                on_output=lambda data: logs.write(index, data),
+                control=self._control,
+                limits=limits,
+            )
+        if result.end_reason:
+            logs.write(index, f"\nrunplane: step {index + 1} ended: {result.end_reason}\n".encode())
+        logs.end_step(index)
+        step_status = RunStatus.SUCCESS if result.end is StepEnd.EXITED and result.exit_code == 0 else RunStatus.ERROR
+        if result.end is StepEnd.CANCELLED:
+            step_status = RunStatus.CANCELLED
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                Q["step_finished"],
+                {
+                    "run_id": run.run_id,
+                    "step_index": index,
+                    "status": int(step_status),
+                    "exit_code": result.exit_code,
+                    "end_reason": result.end_reason,
+                },
+            )
+        if result.end is StepEnd.ABANDONED:
+            return None, True
+        outcome = self._step_outcome(result.end, result.exit_code, index, command, run.timeout_seconds)
+        if outcome is not None:
+            await self._skip_from(index + 1)
+            return outcome, True
+        return None, False
 
     @staticmethod
     def _step_outcome(end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int) -> Outcome | None:
@@ -241,30 +321,29 @@ class Runner:
         async with self._pool.connection() as conn:
             await conn.execute(Q["steps_skipped"], {"run_id": self._run_id, "from_index": index})
 
-    async def _store_artifacts(self, run_id: int, step_index: int, work_dir: Path) -> None:
-        """Store new or changed ``target/*.json`` files, tagged with the step that wrote them."""
-        for path in sorted((work_dir / "target").glob("*.json")):
+    async def _store_artifacts(self, run_id: int, step_index: int, collector: ArtifactCollector, logs: RunLogs) -> None:
+        """Store what the step wrote or changed, tagged with the step; say so for what is too large."""
+        scan = collector.scan()
+        for found in scan.too_large:
+            logs.write(
+                step_index,
+                f"runplane: {found.name} not kept: {found.size} bytes is over the "
+                f"{ARTIFACT_MAX_BYTES // (1024 * 1024)} MiB limit of an artifact\n".encode(),
+            )
+        for found in scan.changed:
             try:
-                stat = path.stat()
-                if self._stored.get(path) == (stat.st_mtime_ns, stat.st_size):
-                    continue  # unchanged since an earlier step stored it
-                if stat.st_size > ARTIFACT_MAX_BYTES:
-                    log.warning("artifact too large; not stored", extra={"run_id": run_id, "path": str(path)})
-                    continue
-                content = path.read_bytes()
+                content = found.path.read_bytes()
             except OSError:
                 continue
+            if self._secrets:
+                content = mask(content.decode("utf-8", errors="surrogateescape"), self._secrets).encode(
+                    "utf-8", errors="surrogateescape"
+                )
             async with self._pool.connection() as conn:
                 await conn.execute(
                     Q["upsert_artifact"],
-                    {
-                        "run_id": run_id,
-                        "path": str(path.relative_to(work_dir)),
-                        "step_index": step_index,
-                        "content": content,
-                    },
+                    {"run_id": run_id, "path": found.name, "step_index": step_index, "content": content},
                 )
-            self._stored[path] = (stat.st_mtime_ns, stat.st_size)
 
     async def _keep_lease(self, stop: asyncio.Event) -> None:
         """Renew the lease every heartbeat interval, poll for a cancel request in between."""
@@ -349,7 +428,14 @@ async def run(settings: Settings, run_id: int) -> int:
             log.info("run not in starting; nothing to do", extra={"run_id": run_id})
             return 0
         log.info("run claimed", extra={"run_id": run_id, "job_id": claimed.job_id, "account_id": claimed.account_id})
-        outcome = await runner.execute(claimed)
+        try:
+            context = await runner.dbt_context()
+        except RunplaneError as exc:  # a secret the configured keys cannot open
+            log.error("run cannot be prepared", extra={"run_id": run_id, "error": str(exc)})
+            context = None
+            outcome: Outcome | None = Outcome.error(f"the run cannot be prepared: {exc}", FailureKind.STEP)
+        else:
+            outcome = await runner.execute(claimed, context)
         if outcome is None:
             return 1
         if not await runner.finish(outcome):

@@ -88,7 +88,18 @@ class KubernetesSettings(BaseModel):
 class RunnerSettings(BaseModel):
     lease_seconds: float = Field(30.0, description="A runner silent this long is lost.")
     heartbeat_interval: float = Field(5.0, description="Seconds between lease renewals.")
-    cancel_grace: float = Field(10.0, description="Seconds between SIGTERM and SIGKILL.")
+    interrupt_grace: float = Field(
+        10.0, description="Cancel/timeout: seconds between SIGINT (dbt cancels its queries) and SIGTERM."
+    )
+    cancel_grace: float = Field(10.0, description="Cancel/timeout: seconds between SIGTERM and SIGKILL.")
+    repository_cache: str = Field(
+        "", description="Where this host keeps clones of projects' repositories; empty: ~/.cache/runplane/repositories."
+    )
+    dbt_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Installed dbt versions on this host: version -> directory holding its dbt executable "
+        '(JSON, e.g. {"1.10": "/opt/dbt-1.10/bin"}). An environment\'s dbt_version picks one.',
+    )
     work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
     retry_backoff_base: float = Field(10.0, description="First retry delay in seconds.")
     retry_backoff_cap: float = Field(600.0, description="Longest retry delay in seconds.")
