@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -120,6 +120,15 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, description="Prometheus /metrics port; 0 turns it off.")
     otlp_endpoint: str = Field("", description="OTLP traces endpoint; empty turns tracing off.")
     drain_seconds: float = Field(20.0, description="Bound on shutdown after SIGTERM.")
+    secret_keys: SecretStr = Field(
+        SecretStr(""),
+        description="Fernet keys that encrypt stored secrets, comma-separated, newest first (the newest "
+        "encrypts, all decrypt). In production from a Kubernetes Secret; `runplane up` fills it from "
+        "secret_key_file when empty.",
+    )
+    secret_key_file: str = Field(
+        "~/.runplane/secret.key", description="Local key file `runplane up` and the demo read or create (0600)."
+    )
 
     api: ApiSettings = ApiSettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import psutil
+from pydantic import SecretStr
 
 from runplane.settings import Settings
 
@@ -35,6 +36,9 @@ DEFAULT_METRICS_PORT = 9464  # the first service's; each next one takes the next
 def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher: str | None) -> list[Child]:
     """The processes ``up`` starts, each with its own metrics port (from RUNPLANE_METRICS_PORT, or 9464)."""
     base = os.environ.copy()
+    keys = settings.secret_keys.get_secret_value()
+    if keys:
+        base["RUNPLANE_SECRET_KEYS"] = keys
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
     exe = [sys.executable, "-m", "runplane"]
@@ -93,9 +97,12 @@ def stop_all(children: list[Child], drain_seconds: float) -> None:
 
 def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int, launcher: str | None) -> int:
     from runplane.migrate import ensure_database, migrate
+    from runplane.secrets import ensure_local_keys
 
     ensure_database(settings.database_url)
     migrate(settings.database_url)
+    # Every service that stores or reads a secret needs the same keys: one machine keeps them in a file.
+    settings = settings.model_copy(update={"secret_keys": SecretStr(ensure_local_keys(settings))})
     banner: list[str] = []
     if demo:
         from runplane.demo import seed_demo
