@@ -181,11 +181,15 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
     async def GetArtifact(self, request: runs_pb2.GetArtifactRequest, context: Context) -> runs_pb2.ArtifactContent:
         account_id = current_account()
         path = text(request.path, "path", max_length=MAX_ARTIFACT_PATH, required=True)
+        step_index = request.step_index if request.HasField("step_index") else None
+        if step_index is not None and step_index < 0:
+            raise InvalidArgument("step_index", "must be a step index (0 is the first step), or unset for the last")
         async with self._store.connection() as conn:
             run_id = RunId((await self._existing(conn, account_id, request.run_id))["id"])
-            row = await self._store.get_artifact(conn, run_id, path)
+            row = await self._store.get_artifact(conn, run_id, path, step_index)
         if row is None:
-            raise NotFound(f"run {run_id} has no artifact {path!r}")
+            of_step = "" if step_index is None else f" from step {step_index}"
+            raise NotFound(f"run {run_id} has no artifact {path!r}{of_step}")
         return runs_pb2.ArtifactContent(artifact=convert.artifact(row), content=bytes(row["content"]))
 
     async def _existing(self, conn: Connection, account_id: AccountId, run_id: int) -> Row:

@@ -19,18 +19,20 @@ from psycopg_pool import AsyncConnectionPool
 from api.auth import AuthInterceptor
 from api.jobs import JobService
 from api.pickup import PickupPublisher
+from api.projects import ProjectService
 from api.runs import RunService
 from api.store import Store
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
-from runplane.v1 import jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from runplane.v1 import jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    projects_pb2.DESCRIPTOR.services_by_name["ProjectService"].full_name,
     runs_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
 )
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # artifacts travel whole
@@ -79,6 +81,7 @@ async def start_server(settings: Settings, *, port: int | None = None) -> Runnin
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobService(store, max_page_size=settings.api.max_page_size), server
         )
+        projects_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectService(store, settings), server)
         runs_pb2_grpc.add_RunServiceServicer_to_server(
             RunService(
                 store,

@@ -45,6 +45,7 @@ _RESERVED_ENV_PREFIX = "RUNPLANE_"
 _GIT_BRANCH = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_./+@-]{0,254}")
 _GIT_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_SCHEMA_RULE = "a SQL identifier of at most 63 characters"
 _TARGET = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 
 # Which client triggers may start runs of which job types; the rest are internal.
@@ -103,6 +104,8 @@ class JobSpec:
     retry_on_step_failure: bool = False
     missed_run_grace_seconds: int = DEFAULT_GRACE_SECONDS
     priority: int = 0
+    environment_id: int | None = None  # None: plain commands
+    schema: str = ""  # empty: the environment's
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
@@ -177,20 +180,28 @@ def _terminal_statuses(values: list[int], name: str) -> tuple[RunStatus, ...]:
 
 
 def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
+    if settings.environment_id < 0:
+        raise InvalidArgument("settings.environment_id", "must be an environment id, or 0 for none")
     grace = settings.missed_run_grace_seconds
     if grace == -1:
         grace = DEFAULT_GRACE_SECONDS
     return replace(
         spec,
-        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS) or DEFAULT_THREADS,
+        # 0 on a job with an environment means the environment's default.
+        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS)
+        or (0 if settings.environment_id else DEFAULT_THREADS),
         timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
-        target_name=_match(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
+        target_name=matching(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
         environment=environment(dict(settings.environment), "settings.environment"),
         git_branch=git_branch(settings.git_branch, "settings.git_branch"),
         retry_max_attempts=bounded(settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS),
         retry_on_step_failure=settings.retry_on_step_failure,
         missed_run_grace_seconds=bounded(grace, "settings.missed_run_grace_seconds", 0, MAX_GRACE_SECONDS),
         priority=bounded(settings.priority, "settings.priority", -MAX_PRIORITY, MAX_PRIORITY),
+        environment_id=positive_id(settings.environment_id, "settings.environment_id")
+        if settings.environment_id
+        else None,
+        schema=matching(settings.schema, "settings.schema", _SCHEMA, "a SQL identifier of at most 63 characters"),
     )
 
 
@@ -212,7 +223,7 @@ def git_branch(value: str, name: str) -> str:
     return value
 
 
-def _match(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
+def matching(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
     if value and not pattern.fullmatch(value):
         raise InvalidArgument(name, f"{value[:80]!r} is not valid ({allowed})")
     return value
@@ -229,6 +240,7 @@ class RunOverridesSpec:
     schema: str | None = None
     timeout_seconds: int | None = None
     pull_request_number: int | None = None
+    target_name: str | None = None
 
     def as_json(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -261,10 +273,12 @@ def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
         steps=_steps(list(overrides.steps), f"{name}.steps") if overrides.steps else None,
         threads=bounded(overrides.threads, f"{name}.threads", 0, MAX_THREADS) or None,
         git_branch=git_branch(overrides.git_branch, f"{name}.git_branch") or None,
-        git_sha=_match(overrides.git_sha, f"{name}.git_sha", _GIT_SHA, "7 to 64 hex digits") or None,
-        schema=_match(overrides.schema, f"{name}.schema", _SCHEMA, "a SQL identifier of at most 63 characters") or None,
+        git_sha=matching(overrides.git_sha, f"{name}.git_sha", _GIT_SHA, "7 to 64 hex digits") or None,
+        schema=matching(overrides.schema, f"{name}.schema", _SCHEMA, "a SQL identifier of at most 63 characters")
+        or None,
         timeout_seconds=bounded(overrides.timeout_seconds, f"{name}.timeout_seconds", 0, MAX_TIMEOUT_SECONDS) or None,
         pull_request_number=bounded(overrides.pull_request_number, f"{name}.pull_request_number", 0, 2**31 - 1) or None,
+        target_name=matching(overrides.target_name, f"{name}.target_name", _TARGET, "letters, digits, _ . -") or None,
     )
 
 

@@ -92,9 +92,8 @@ class ArtifactCollector:
         scan = Scan()
         for target, logs in self._places:
             candidates = [(f"target/{name}", target / name) for name in DBT_TARGET_FILES]
-            candidates += [
-                (f"target/{p.name}", p) for p in sorted(target.glob("*.json")) if p.name not in DBT_TARGET_FILES
-            ]
+            others = sorted(p for p in target.glob("*.json") if p.name not in DBT_TARGET_FILES)
+            candidates += [(f"target/{p.name}", p) for p in others]
             if logs is not None:
                 candidates.append((f"logs/{DBT_LOG_FILE}", logs / DBT_LOG_FILE))
             for name, path in candidates:

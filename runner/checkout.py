@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,16 +97,9 @@ async def _clone(repo: Repository, mirror: Path, env: Mapping[str, str]) -> None
     partial = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
     try:
         await _git(repo, ["clone", "--mirror", "--quiet", "--", repo.url, str(partial)], env, action="clone")
-        partial.rename(mirror)
+        os.rename(partial, mirror)
     finally:
-        if partial.exists():
-            await asyncio.to_thread(_rmtree, partial)
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)  # gone already after the rename
 
 
 async def _has_commit(mirror: Path, sha: str, env: Mapping[str, str]) -> bool:

@@ -43,7 +43,7 @@ from runplane.db import Connection, open_pool
 from runplane.dbt_context import DbtContext, load_dbt_context
 from runplane.errors import RunplaneError, ServiceUnavailable
 from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
-from runplane.secrets import SecretBox, mask
+from runplane.secrets import box_from_settings, mask
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.types import RunStatus
@@ -141,7 +141,7 @@ class Runner:
         """What the run needs to run dbt; None for a job without an environment (plain commands)."""
 
         def decrypt(token: str) -> str:
-            return SecretBox.from_keys(self._settings.secret_keys).decrypt(token)
+            return box_from_settings(self._settings).decrypt(token)
 
         async with self._pool.connection() as conn:
             return await load_dbt_context(conn, self._run_id, decrypt)
@@ -226,7 +226,9 @@ class Runner:
                     return Outcome.cancelled("cancelled by request")
                 if context is not None and is_dbt_step(command):
                     collector.watch(*dbt_output_directories(command, cwd, env))
-                outcome, ended = await self._step(run, logs, index, command, cwd, env, limits)
+                outcome, ended = await self._step(
+                    run, logs=logs, index=index, command=command, cwd=cwd, env=env, limits=limits
+                )
                 await self._store_artifacts(run.run_id, index, collector, logs)
                 if ended:
                     return outcome
@@ -257,6 +259,7 @@ class Runner:
     async def _step(
         self,
         run: ClaimedRun,
+        *,
         logs: RunLogs,
         index: int,
         command: str,
