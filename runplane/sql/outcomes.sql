@@ -16,6 +16,14 @@ UPDATE runs
 RETURNING id, account_id, job_id, job_type, trigger, cause, attempt, priority, takes_slot, overrides,
           pull_request_number, schema_name
 
+-- name: end_unfinished_steps
+UPDATE run_steps
+   SET status = CASE WHEN started_at IS NULL THEN status ELSE %(status)s END,
+       skipped = started_at IS NULL,
+       end_reason = CASE WHEN started_at IS NULL THEN end_reason ELSE %(reason)s END,
+       finished_at = CASE WHEN started_at IS NULL THEN NULL ELSE clock_timestamp() END
+ WHERE run_id = %(run_id)s AND finished_at IS NULL AND NOT skipped
+
 -- name: reset_failures
 UPDATE jobs SET consecutive_failures = 0 WHERE id = %(job_id)s AND consecutive_failures <> 0
 
