@@ -69,7 +69,8 @@ async def test_ci_runs_take_no_slot_and_build_in_their_pull_requests_schema(clie
             overrides=runs_pb2.RunOverrides(pull_request_number=43, schema="custom_schema"),
         )
     )
-    assert named.schema == "custom_schema"
+    # A CI run cannot be pointed at another schema (production's, say): it keeps its pull request's.
+    assert named.schema == f"dbt_cloud_pr_{job.id}_43"
 
 
 async def test_triggers_must_fit_the_job_type(client: Client, adb: AsyncDb) -> None:
