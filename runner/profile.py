@@ -14,7 +14,13 @@ from pathlib import Path
 
 import yaml
 
-from runplane.connections import ConnectionFieldError, check_secret_fields, secret_env_name, typed_profile_fields
+from runplane.connections import (
+    ConnectionFieldError,
+    adapter_fields,
+    check_secret_fields,
+    secret_env_name,
+    typed_profile_fields,
+)
 from runplane.dbt_context import DbtContext
 from runplane.errors import RunplaneError
 
@@ -65,6 +71,8 @@ def write_profile(context: DbtContext, project: Path, directory: Path) -> Profil
         variable = secret_env_name(field)
         output[field] = "{{ env_var('" + variable + "') }}"
         environment[variable] = context.connection_secrets[field]
+    for field, value in adapter_fields(context.adapter_type).profile_defaults.items():
+        output.setdefault(field, value)
     output.update(type=context.adapter_type, schema=context.schema, threads=context.threads)
     profiles = {name: {"target": context.target_name, "outputs": {context.target_name: output}}}
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -8,7 +8,7 @@ turns the same stored text into the typed values of ``profiles.yml`` with it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runplane.errors import RunplaneError
 
@@ -31,6 +31,7 @@ class AdapterFields:
     secrets: frozenset[str]  # encrypted at rest; reach dbt as DBT_ENV_SECRET_* variables
     required_secrets: frozenset[str]
     choices: Mapping[str, frozenset[str]]
+    profile_defaults: Mapping[str, str | int] = field(default_factory=dict)  # what the adapter insists on
 
 
 ADAPTERS: Mapping[str, AdapterFields] = {
@@ -42,6 +43,8 @@ ADAPTERS: Mapping[str, AdapterFields] = {
         secrets=frozenset({"password"}),
         required_secrets=frozenset(),
         choices={"sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})},
+        # dbt-postgres requires the key even where the server trusts its clients.
+        profile_defaults={"password": "", "port": 5432},
     ),
 }
 
