@@ -84,9 +84,7 @@ async def create_token(settings: Settings, *, account_id: int) -> str:
         await pool.close()
 
 
-async def seed_demo(
-    settings: Settings, name: str, project: DemoProject | None = None
-) -> tuple[int, str, list[int]]:
+async def seed_demo(settings: Settings, name: str, project: DemoProject | None = None) -> tuple[int, str, list[int]]:
     """The demo account (reused by name), a fresh token and the demo jobs (made once), with the dbt
     project, its environment and dbt jobs when ``project`` is given."""
     pool = await open_pool(settings.database_url, max_size=1, name="admin")
