@@ -12,7 +12,7 @@ import logging
 import time
 
 from runplane.bus import AmqpBus, Topology
-from runplane.v1 import bus_pb2
+from runplane.runs.pickups import send_pickups
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 class PickupPublisher:
     def __init__(self, amqp_url: str, topology: Topology, *, timeout: float = 3.0, retry_after: float = 5.0) -> None:
         self._amqp_url = amqp_url
+        self._topology = topology
         self._queue = topology.pickup
         self._timeout = timeout
         self._retry_after = retry_after
@@ -36,9 +37,8 @@ class PickupPublisher:
         bus = await self._connected()
         if bus is None:
             return False
-        message = bus_pb2.Pickup(account_id=account_id, sent_at_ms=int(time.time() * 1000))
         try:
-            await asyncio.wait_for(bus.publish(self._queue, message), self._timeout)
+            await asyncio.wait_for(send_pickups(bus, self._topology, [account_id], source="api"), self._timeout)
         except Exception as exc:  # a hint only: no bus failure may fail the trigger
             log.warning("pickup not published: %s", exc, extra={"account_id": account_id})
             async with self._lock:

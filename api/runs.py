@@ -75,8 +75,7 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             "run queued",
             extra={"account_id": account_id, "job_id": spec.job_id, "run_id": run.id, "trigger": spec.trigger.value},
         )
-        if await self._pickups.publish(account_id):
-            instruments.pickups_published.add(1, {"source": "api"})
+        await self._pickups.publish(account_id)
         return run
 
     async def GetRun(self, request: runs_pb2.GetRunRequest, context: Context) -> runs_pb2.Run:

@@ -1,1 +1,1 @@
-"""The scheduler loop, the dispatchers and the launchers."""
+"""Dispatchers and the launchers."""

@@ -1,4 +1,4 @@
--- Dispatcher and scheduler loop.
+-- Dispatchers.
 
 -- name: pass_timeouts
 -- For this transaction only: how long the pass may wait for the account row, and sit idle in it.
@@ -50,35 +50,6 @@ UPDATE runs r
   FROM unnest(%(ids)s::bigint[], %(pod_names)s::text[], %(clusters)s::text[]) AS v(id, pod_name, cluster)
  WHERE r.id = v.id AND r.status IN (2, 3)
 
--- name: requeue_for_relaunch
--- Back to queued after a failed or lost launch; launch_attempts keeps counting.
-UPDATE runs
-   SET status = 1,
-       dispatched_at = NULL,
-       pod_name = '',
-       not_before = clock_timestamp() + make_interval(secs => %(delay)s),
-       waiting_reason = 'launch_backoff',
-       status_message = %(message)s
- WHERE id = %(run_id)s AND status = 2 AND launch_attempts = %(launch_attempts)s
-RETURNING id
-
--- name: accounts_with_due_runs
-SELECT DISTINCT account_id
-  FROM runs
- WHERE status = 1
-   AND scheduled_at <= clock_timestamp()
-   AND (not_before IS NULL OR not_before <= clock_timestamp())
-
--- name: stuck_starting
-SELECT id, launch_attempts
-  FROM runs
- WHERE status = 2 AND dispatched_at < clock_timestamp() - make_interval(secs => %(start_timeout)s)
- ORDER BY id
- LIMIT %(limit)s
-
--- name: lost_running
-SELECT id FROM runs WHERE status = 3 AND lease_expires_at < clock_timestamp() ORDER BY id LIMIT %(limit)s
-
 -- name: dispatcher_seen
 INSERT INTO dispatchers (dispatcher_id, cluster, launcher, dispatched)
 VALUES (%(dispatcher_id)s, %(cluster)s, %(launcher)s, %(dispatched)s)
@@ -86,15 +57,3 @@ ON CONFLICT (dispatcher_id) DO UPDATE SET last_seen_at = now(), dispatched = EXC
 
 -- name: dispatcher_gone
 DELETE FROM dispatchers WHERE dispatcher_id = %(dispatcher_id)s
-
--- name: forget_silent_dispatchers
-DELETE FROM dispatchers WHERE last_seen_at < now() - make_interval(secs => %(silent_seconds)s)
-
--- name: run_gauges
-SELECT count(*) FILTER (WHERE status = 1) AS queued,
-       count(*) FILTER (WHERE status IN (2, 3)) AS running,
-       count(*) FILTER (WHERE status IN (2, 3) AND takes_slot) AS slots_in_use,
-       COALESCE(extract(epoch FROM clock_timestamp() - min(queued_at) FILTER (WHERE status = 1)), 0)::float8
-           AS oldest_queued_age
-  FROM runs
- WHERE status IN (1, 2, 3)

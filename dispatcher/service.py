@@ -25,17 +25,18 @@ from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
-from dispatcher.launchers import companion, make_launcher
+from dispatcher.launcher_choice import companion, make_launcher
 from dispatcher.local_launcher import LocalLauncher
-from dispatcher.pending_pickups import PendingPickups, pending_pickup_ttl_ms
-from dispatcher.relaunch import launch_failed
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.outcomes import Outcome, RetryPolicy, finish_run, publish_pickups
+from runplane.runs.finish import Outcome, finish_run
+from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
+from runplane.runs.relaunch import launch_failed
+from runplane.runs.retries import RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn
@@ -121,7 +122,9 @@ class Dispatcher:
             except ServiceUnavailable as exc:
                 log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
         log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
-        await publish_pickups(self._bus, self._settings.bus_prefix, other_accounts - {account_id})
+        await hint_pickups(
+            self._bus, Topology(self._settings.bus_prefix), other_accounts - {account_id}, source="outcome"
+        )
         if started:
             self.dispatched += len(started)
             await self._launch_all(started)

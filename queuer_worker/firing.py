@@ -7,20 +7,16 @@ queued) is still one run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import SupportsInt, cast
 
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.sql import load_queries
 from runplane.types import schedule_idempotency_key
-from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +84,3 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
     if superseded:
         metrics.runs_superseded(superseded)
     return TickResult(len(rows), superseded, frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows))
-
-
-async def publish_pickups(bus: Bus, topology: Topology, accounts: frozenset[int]) -> None:
-    """Tell the dispatchers right away that these accounts have new queued runs."""
-    now_ms = int(time.time() * 1000)
-    await asyncio.gather(
-        *(
-            bus.publish(topology.pickup, bus_pb2.Pickup(account_id=account_id, sent_at_ms=now_ms))
-            for account_id in accounts
-        )
-    )

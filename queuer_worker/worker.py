@@ -19,11 +19,12 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, prepare, publish_pickups, queue_runs
+from queuer_worker.firing import PreparedTick, prepare, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
 from runplane.db import Connection
 from runplane.errors import ServiceUnavailable
+from runplane.runs.pickups import send_pickups
 from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
 from runplane.supervise import sleep_or_stop, spawn
@@ -243,7 +244,7 @@ class QueuerWorker:
                 "queued cron runs",
                 extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
             )
-        await publish_pickups(self.bus, self.topology, result.accounts)
+        await send_pickups(self.bus, self.topology, result.accounts, source="queuer")
 
 
 def _definition(job: bus_pb2.JobDefinition) -> Definition:

@@ -10,7 +10,7 @@
 4. Steps run in order (in the project's directory, or a per-run working directory for plain
    commands), their output streamed into log chunks with secrets masked, and dbt's artifacts
    stored per step after each one (``runner.artifacts``).
-5. The outcome is written with a compare-and-set on the lease owner (``runplane.outcomes``).
+5. The outcome is written with a compare-and-set on the lease owner (``runplane.runs.finish``).
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
-from runplane.bus import AmqpBus
+from runplane.bus import AmqpBus, Topology
 from runplane.db import Connection, open_pool
 from runplane.dbt_context import DbtContext, load_dbt_context
 from runplane.errors import RunplaneError, ServiceUnavailable
-from runplane.outcomes import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RetryPolicy, end_run, publish_pickups
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
+from runplane.runs.pickups import hint_pickups
+from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.secrets import box_from_settings, mask
 from runplane.settings import Settings
 from runplane.sql import load_queries
@@ -415,7 +417,7 @@ class Runner:
             log.warning("bus unavailable; the scheduler loop will pick up", extra={"error": str(exc)})
             return True
         try:
-            await publish_pickups(bus, self._settings.bus_prefix, finished.pickup_accounts)
+            await hint_pickups(bus, Topology(self._settings.bus_prefix), finished.pickup_accounts, source="outcome")
         finally:
             await bus.close()
         return True

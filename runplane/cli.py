@@ -1,14 +1,15 @@
 """The ``runplane`` command: one entry point for every service and the admin tasks.
 
-Services are imported lazily, by name, so that the shared package never depends on them at import
-time (the import-linter contract in pyproject.toml names this module as the one exception).
+This is the composition root: it imports each service's ``serve`` (and the runner, and the admin
+tasks of ``api.admin``) when its command runs, so a command loads only what it starts. The
+import-linter contract "the shared package does not depend on any service" in pyproject.toml names
+each of these imports as an exception, with this reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -18,18 +19,27 @@ from runplane import logs
 from runplane.errors import RunplaneError
 from runplane.settings import Settings
 
-# command -> (module, function): async def serve(settings, stop) -> None
-SERVICES: dict[str, tuple[str, str]] = {
-    "api": ("api.server", "serve"),
-    "orchestrator": ("orchestrator.service", "serve"),
-    "queuer-worker": ("queuer_worker.service", "serve"),
-    "scheduler": ("dispatcher.scheduler_loop", "serve"),
-    "dispatcher": ("dispatcher.service", "serve"),
-}
+Serve = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
+
+SERVICES = ("api", "orchestrator", "queuer-worker", "scheduler", "dispatcher")
 
 
-def _entry(module: str, name: str) -> Callable[..., Any]:
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+def _service(command: str) -> Serve:
+    """The ``serve(settings, stop)`` of the service a command runs, imported only then."""
+    match command:
+        case "api":
+            from api.server import serve
+        case "orchestrator":
+            from orchestrator.service import serve
+        case "queuer-worker":
+            from queuer_worker.service import serve
+        case "scheduler":
+            from scheduler.loop import serve
+        case "dispatcher":
+            from dispatcher.service import serve
+        case _:
+            raise AssertionError(f"no service {command!r}")
+    return serve
 
 
 def _serve(command: str, settings: Settings) -> int:
@@ -37,8 +47,7 @@ def _serve(command: str, settings: Settings) -> int:
     from runplane.telemetry import setup_metrics
     from runplane.tracing import setup_tracing, shutdown_tracing
 
-    module, function = SERVICES[command]
-    serve: Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]] = _entry(module, function)
+    serve = _service(command)
     logs.configure(command, fmt=settings.log_format, level=settings.log_level)
     setup_metrics(command, settings.metrics_port)
     setup_tracing(command, settings.otlp_endpoint)
@@ -116,7 +125,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
             logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
             setup_tracing("runner", settings.otlp_endpoint)
-            run: Callable[[Settings, int], Coroutine[Any, Any, int]] = _entry("runner.service", "run")
+            from runner.service import run
+
             try:
                 return asyncio.run(run(settings, args.run_id))
             finally:
@@ -134,7 +144,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         case "admin":
             return _admin(args, settings)
         case "status":
-            status: Callable[[Settings, bool, bool], int] = _entry("runplane.status", "main")
+            from runplane.status import main as status
+
             return status(settings, args.once, args.json)
         case command if command in SERVICES:
             return _serve(command, settings)
@@ -142,13 +153,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> int:
-    admin = importlib.import_module("api.admin")
+    from api.admin import create_account, create_token
+
     if args.admin_command == "create-account":
         account_id, token = asyncio.run(
-            admin.create_account(settings, name=args.name, run_slots=args.run_slots, memory_mb=args.memory_mb)
+            create_account(settings, name=args.name, run_slots=args.run_slots, memory_mb=args.memory_mb)
         )
         print(json.dumps({"account_id": account_id, "token": token}))
         return 0
-    token = asyncio.run(admin.create_token(settings, account_id=args.account))
+    token = asyncio.run(create_token(settings, account_id=args.account))
     print(json.dumps({"account_id": args.account, "token": token}))
     return 0

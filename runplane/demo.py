@@ -1,4 +1,4 @@
-"""The demo that ``make run`` shows: an account, a token and a few jobs.
+"""The demo that ``make run`` shows: an account, a token and a few jobs (made by ``api.admin``).
 
 With dbt installed (``make run`` makes ``.venv-dbt`` and names it in ``RUNPLANE_RUNNER__DBT_VERSIONS``)
 the demo also gets the example dbt project (``examples/jaffle_shop``), committed afresh at every start
@@ -9,7 +9,6 @@ three dbt jobs: a scheduled build, a CI job and a job chained to the build.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,12 +53,14 @@ def warehouse_fields(settings: Settings) -> dict[str, str]:
 
 def seed_demo(settings: Settings) -> list[str]:
     """Create the demo account (once), a fresh token and the demo jobs; returns what to print."""
-    admin = importlib.import_module("api.admin")
+    from api.admin import DemoProject
+    from api.admin import seed_demo as seed
+
     dbt_versions = sorted(settings.runner.dbt_versions)
     project = None
     if dbt_versions:
-        project = admin.DemoProject(demo_repository(), warehouse_fields(settings), dbt_versions[-1])
-    account_id, token, job_ids = asyncio.run(admin.seed_demo(settings, DEMO_ACCOUNT, project))
+        project = DemoProject(demo_repository(), warehouse_fields(settings), dbt_versions[-1])
+    account_id, token, job_ids = asyncio.run(seed(settings, DEMO_ACCOUNT, project))
     address = f"{settings.api.host}:{settings.api.port}"
     dbt_lines = (
         [

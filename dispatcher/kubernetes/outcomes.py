@@ -1,0 +1,77 @@
+"""``PodOutcomes`` on Postgres: what the Pod watcher does to runs, as compare-and-set SQL.
+
+Statements that find a Pod's run live in ``queries.sql``. What happens to the run is the run
+lifecycle's: a Pod that failed before its runner claimed the run is relaunched or ends the run
+(:func:`runplane.runs.relaunch.runner_never_started`); a Pod killed for memory ends it through
+:func:`runplane.runs.finish.finish_run` like every other run's end (failure counts, deactivation,
+retries, completion triggers). The scheduler loop's next pass publishes the pickups that follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg_pool import AsyncConnectionPool
+
+from runplane.db import Connection
+from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, finish_run
+from runplane.runs.relaunch import runner_never_started
+from runplane.runs.retries import FailureKind, RetryPolicy
+from runplane.settings import Settings
+from runplane.sql import load_queries
+from runplane.types import RunId, RunStatus
+
+QUERIES = load_queries("dispatcher.kubernetes")
+
+
+class PostgresPodOutcomes:
+    def __init__(self, pool: AsyncConnectionPool[Connection], settings: Settings) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._orphan_grace = settings.kubernetes.orphan_grace_seconds
+        self._policy = RetryPolicy.from_settings(settings.runner)
+
+    async def memory_limit_exceeded(self, run_id: RunId, pod_name: str) -> bool:
+        """The Pod was OOMKilled: the run ends in error "memory limit error"."""
+        statuses = (RunStatus.STARTING, RunStatus.RUNNING)
+        async with self._pool.connection() as conn, conn.transaction():
+            if await self._lock(conn, run_id, pod_name, statuses) is None:
+                return False
+            outcome = Outcome.error(MEMORY_LIMIT_ERROR, FailureKind.STEP)
+            return await finish_run(conn, run_id, outcome, policy=self._policy, from_statuses=statuses) is not None
+
+    async def failed_before_claim(self, run_id: RunId, pod_name: str, reason: str) -> bool:
+        """The Pod failed before its runner claimed the run: relaunch within the budget, else error."""
+        reason = reason[:1000]
+        async with self._pool.connection() as conn, conn.transaction():
+            row = await self._lock(conn, run_id, pod_name, (RunStatus.STARTING,))
+            if row is None:
+                return False
+            return await runner_never_started(
+                conn,
+                self._settings,
+                run_id=run_id,
+                launch_attempts=int(row["launch_attempts"]) + 1,  # type: ignore[call-overload]
+                reason=reason,
+                policy=self._policy,
+            )
+
+    async def _lock(
+        self, conn: Connection, run_id: RunId, pod_name: str, statuses: tuple[RunStatus, ...]
+    ) -> dict[str, object] | None:
+        cur = await conn.execute(
+            QUERIES["lock_pod_run"], {"run_id": run_id, "pod_name": pod_name, "statuses": [int(s) for s in statuses]}
+        )
+        return await cur.fetchone()
+
+    async def live_pods(self, pods: Sequence[tuple[RunId, str]]) -> set[str]:
+        if not pods:
+            return set()
+        params = {
+            "run_ids": [run_id for run_id, _ in pods],
+            "names": [name for _, name in pods],
+            "grace": self._orphan_grace,
+        }
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(QUERIES["live_pods"], params)
+            return {str(row["name"]) for row in await cur.fetchall()}

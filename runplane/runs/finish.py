@@ -1,0 +1,197 @@
+"""Ending a run: the terminal status and everything that follows from it, in one transaction.
+
+Whoever ends a run calls :func:`finish_run` (inside a transaction it opens, or nested in the
+caller's) or :func:`end_run` (pool + bus: commits, then publishes pickups). Callers are the runner,
+the scheduler loop's reaper, the dispatcher (launch failures, superseded merge runs) and the
+Kubernetes launcher. What follows a terminal status:
+
+- **success** resets the job's ``consecutive_failures``;
+- **error** increments it; at :data:`DEACTIVATE_AFTER_FAILURES` the job is deactivated with a reason
+  and its ``version`` bumped, so the orchestrator stops its schedule;
+- **completion triggers** whose statuses include the outcome queue their downstream job once
+  (idempotency key ``done:{run_id}:{job_id}``), unless that job is deactivated or deleted;
+- **retries** (:mod:`runplane.runs.retries`): an error may queue a new run after a backoff.
+
+The Kubernetes launcher ends a Pod killed for memory with::
+
+    await end_run(pool, bus, prefix, run_id, Outcome.error(MEMORY_LIMIT_ERROR, FailureKind.STEP),
+                  policy=RetryPolicy.from_settings(settings.runner))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from psycopg_pool import AsyncConnectionPool
+
+from runplane import instruments
+from runplane.bus import Bus, Topology
+from runplane.db import Connection
+from runplane.runs.pickups import hint_pickups
+from runplane.runs.retries import FailureKind, RetryPolicy, queue_retry
+from runplane.sql import load_queries
+from runplane.types import AccountId, JobId, RunId, RunStatus
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("runplane.runs", "transitions.sql")
+
+DEACTIVATE_AFTER_FAILURES = 100
+MEMORY_LIMIT_ERROR = "memory limit error"
+RUNNER_LOST = "runner lost"
+NON_TERMINAL = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: RunStatus
+    message: str = ""
+    failure: FailureKind | None = None
+
+    @classmethod
+    def success(cls) -> Outcome:
+        return cls(RunStatus.SUCCESS)
+
+    @classmethod
+    def error(cls, message: str, failure: FailureKind) -> Outcome:
+        return cls(RunStatus.ERROR, message, failure)
+
+    @classmethod
+    def cancelled(cls, message: str = "cancelled") -> Outcome:
+        return cls(RunStatus.CANCELLED, message)
+
+
+@dataclass(frozen=True)
+class Finished:
+    run_id: RunId
+    account_id: AccountId
+    job_id: JobId
+    status: RunStatus
+    retry_run_id: RunId | None = None
+    downstream_run_ids: tuple[RunId, ...] = ()
+    job_deactivated: bool = False
+    retries_exhausted: bool = False
+    pickup_accounts: frozenset[AccountId] = field(default_factory=frozenset)
+
+
+async def finish_run(
+    conn: Connection,
+    run_id: int,
+    outcome: Outcome,
+    *,
+    policy: RetryPolicy,
+    from_statuses: Iterable[RunStatus] = NON_TERMINAL,
+    lease_owner: str | None = None,
+    require_lease_expired: bool = False,
+) -> Finished | None:
+    """Move the run to ``outcome`` and apply its consequences; None when the compare-and-set lost.
+
+    Opens a transaction on ``conn`` (a savepoint when the caller already has one open). Publish
+    ``pickup_accounts`` after the commit (:func:`runplane.runs.pickups.hint_pickups`), as :func:`end_run` does.
+    """
+    if not outcome.status.is_terminal:
+        raise ValueError(f"{outcome.status.name} is not a terminal status")
+    async with conn.transaction():
+        cur = await conn.execute(
+            Q["finish_run"],
+            {
+                "run_id": run_id,
+                "status": int(outcome.status),
+                "message": outcome.message,
+                "from_statuses": [int(s) for s in from_statuses],
+                "lease_owner": lease_owner,
+                "require_lease_expired": require_lease_expired,
+            },
+        )
+        run = await cur.fetchone()
+        if run is None:
+            return None
+        # Steps end with their run: one still running (its runner lost) ends as the run did, with the
+        # reason; one never started is skipped. A runner that ended its steps itself leaves none.
+        await conn.execute(
+            Q["end_unfinished_steps"], {"run_id": run_id, "status": int(outcome.status), "reason": outcome.message}
+        )
+        job_id = JobId(int(run["job_id"]))  # type: ignore[call-overload]
+        account_id = AccountId(int(run["account_id"]))  # type: ignore[call-overload]
+        pickups = {account_id}  # a slot may have freed
+        retry_run_id: RunId | None = None
+        deactivated = exhausted = False
+        if outcome.status is RunStatus.SUCCESS:
+            await conn.execute(Q["reset_failures"], {"job_id": job_id})
+        elif outcome.status is RunStatus.ERROR:
+            reason = f"deactivated after {DEACTIVATE_AFTER_FAILURES} consecutive failed runs (last: run {run_id})"
+            cur = await conn.execute(
+                Q["count_failure"], {"job_id": job_id, "limit": DEACTIVATE_AFTER_FAILURES, "reason": reason}
+            )
+            job = await cur.fetchone()
+            if job is not None:
+                deactivated = bool(job["deactivated_now"])
+                retry_run_id, exhausted = await queue_retry(
+                    conn, run, job, failure=outcome.failure, message=outcome.message, policy=policy
+                )
+                if retry_run_id is not None:
+                    pickups.add(account_id)
+        downstream: list[RunId] = []
+        cur = await conn.execute(
+            Q["queue_completion_triggers"],
+            {"run_id": run_id, "upstream_job_id": job_id, "status": int(outcome.status)},
+        )
+        for row in await cur.fetchall():
+            downstream.append(RunId(int(row["id"])))  # type: ignore[call-overload]
+            pickups.add(AccountId(int(row["account_id"])))  # type: ignore[call-overload]
+    if deactivated:
+        instruments.deactivations.add(1)
+    if retry_run_id is not None:
+        instruments.retries.add(1, {"reason": str(outcome.failure)})
+    log.info(
+        "run finished",
+        extra={
+            "run_id": run_id,
+            "job_id": job_id,
+            "account_id": account_id,
+            "status": outcome.status.name.lower(),
+            "status_message": outcome.message,
+            "retry_run_id": retry_run_id,
+        },
+    )
+    return Finished(
+        run_id=RunId(run_id),
+        account_id=account_id,
+        job_id=job_id,
+        status=outcome.status,
+        retry_run_id=retry_run_id,
+        downstream_run_ids=tuple(downstream),
+        job_deactivated=deactivated,
+        retries_exhausted=exhausted,
+        pickup_accounts=frozenset(pickups),
+    )
+
+
+async def end_run(
+    pool: AsyncConnectionPool[Connection],
+    bus: Bus | None,
+    prefix: str,
+    run_id: int,
+    outcome: Outcome,
+    *,
+    policy: RetryPolicy,
+    from_statuses: Iterable[RunStatus] = NON_TERMINAL,
+    lease_owner: str | None = None,
+    require_lease_expired: bool = False,
+) -> Finished | None:
+    """:func:`finish_run` in its own transaction, then pickups for the accounts concerned."""
+    async with pool.connection() as conn:
+        finished = await finish_run(
+            conn,
+            run_id,
+            outcome,
+            policy=policy,
+            from_statuses=from_statuses,
+            lease_owner=lease_owner,
+            require_lease_expired=require_lease_expired,
+        )
+    if finished is not None:
+        await hint_pickups(bus, Topology(prefix), finished.pickup_accounts, source="outcome")
+    return finished

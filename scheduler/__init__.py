@@ -1,0 +1,1 @@
+"""The scheduler loop (``runplane scheduler``): Pickups for accounts with due runs, reaping, run metrics."""

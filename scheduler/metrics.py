@@ -1,0 +1,71 @@
+"""Run-lifecycle metrics, made from the run rows by the scheduler loop.
+
+Runs are queued by the API, the queuer workers and the outcome path, and started by runners that
+live for one run and cannot be scraped; so one place records the delays of DESIGN.md from the
+timestamps on the rows, once per run (the ``observed`` flags, claimed with SKIP LOCKED, make several
+scheduler loops share the work without counting a run twice):
+
+- queued: ``runplane.runs.queued`` and trigger lag (queued_at - scheduled_at; a retry scheduled in
+  the future counts 0);
+- started: ``runplane.runs.started``, wait time, prep time and run delay;
+- finished: ``runplane.runs.finished`` by status, and run duration for runs that started.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from psycopg_pool import AsyncConnectionPool
+
+from runplane import instruments
+from runplane.db import Connection
+from runplane.sql import load_queries
+from runplane.types import RunStatus
+
+Q = load_queries("scheduler", "metrics.sql")
+
+BATCH = 2000
+QUEUED, STARTED, FINISHED = 1, 2, 4
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return max(0.0, (later - earlier).total_seconds())
+
+
+async def observe_runs(pool: AsyncConnectionPool[Connection], *, batch: int = BATCH, max_batches: int = 20) -> int:
+    """Record every run event not recorded yet; returns how many rows were read."""
+    seen = 0
+    for _ in range(max_batches):
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(Q["observe_runs"], {"limit": batch})
+            rows = await cur.fetchall()
+        for row in rows:
+            record(row)
+        seen += len(rows)
+        if len(rows) < batch:
+            break
+    return seen
+
+
+def record(row: dict[str, object]) -> None:
+    before = int(row["before"])  # type: ignore[call-overload]
+    labels = {"trigger": str(row["trigger"]), "job_type": str(row["job_type"])}
+    queued_at, scheduled_at = row["queued_at"], row["scheduled_at"]
+    dispatched_at, started_at, finished_at = row["dispatched_at"], row["started_at"], row["finished_at"]
+    assert isinstance(queued_at, datetime) and isinstance(scheduled_at, datetime)
+    if not before & QUEUED:
+        instruments.runs_queued.add(1, labels)
+        instruments.trigger_lag.record(_seconds(queued_at, scheduled_at) or 0.0, labels)
+    if not before & STARTED and isinstance(started_at, datetime):
+        instruments.runs_started.add(1, labels)
+        if isinstance(dispatched_at, datetime):
+            instruments.wait_time.record(_seconds(dispatched_at, queued_at) or 0.0, labels)
+            instruments.prep_time.record(_seconds(started_at, dispatched_at) or 0.0, labels)
+        instruments.run_delay.record(_seconds(started_at, scheduled_at) or 0.0, labels)
+    if not before & FINISHED and isinstance(finished_at, datetime):
+        status = RunStatus(int(row["status"])).name.lower()  # type: ignore[call-overload]
+        instruments.runs_finished.add(1, {"status": status, **labels})
+        if isinstance(started_at, datetime):
+            instruments.run_duration.record(_seconds(finished_at, started_at) or 0.0, labels)

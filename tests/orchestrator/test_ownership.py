@@ -1,0 +1,135 @@
+"""Ownership across real processes: sharing, failover of workers and of the leader, rebalancing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import AsyncIterator
+from functools import reduce
+
+import pytest
+
+from orchestrator.leadership import LEADER_LOCK_KEY
+from queuer_worker.heap import job_digest
+from runplane.settings import Settings
+from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, wait_for
+
+pytestmark = pytest.mark.slow
+
+NEVER_SOON = "0 0 1 1 *"  # once a year: these scenarios are about ownership, not firing
+
+
+@pytest.fixture
+async def cluster(settings: Settings, service_env: dict[str, str], db: Db) -> AsyncIterator[Cluster]:
+    c = Cluster(settings, service_env)
+    try:
+        yield c
+    finally:
+        await c.cleanup(db)
+
+
+def workers_agree(db: Db) -> bool:
+    """Every alive worker reports holding exactly the (job, version) pairs Postgres says it owns."""
+    expected: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for worker_id, job_id, version in db.execute(
+        "SELECT o.worker_id, o.job_id, j.version FROM job_ownership o JOIN jobs j ON j.id = o.job_id"
+        " WHERE o.state = 'claimed'"
+    ):
+        expected[worker_id] = expected.get(worker_id, 0) ^ job_digest(job_id, version)
+        counts[worker_id] = counts.get(worker_id, 0) + 1
+    reported = db.execute("SELECT worker_id, jobs_owned, owned_digest FROM queuer_workers WHERE state = 'alive'")
+    return all(counts.get(w, 0) == n and expected.get(w, 0) == digest for w, n, digest in reported)
+
+
+def all_claimed(db: Db, n: int) -> bool:
+    owners = ownership(db)
+    return len(owners) == n and all(state == "claimed" for _, state in owners.values())
+
+
+def within(counts: dict[str, int], mean: float, tolerance: float = 0.10) -> bool:
+    return bool(counts) and all(abs(c - mean) <= mean * tolerance for c in counts.values())
+
+
+async def test_three_workers_share_3000_jobs(cluster: Cluster, db: Db) -> None:
+    job_ids = insert_jobs(db, 3000, cron=NEVER_SOON)
+    for _ in range(3):
+        cluster.worker()
+    cluster.orchestrator()
+
+    def shared() -> bool:
+        counts = claimed_counts(db)
+        return all_claimed(db, 3000) and len(counts) == 3 and within(counts, 1000) and workers_agree(db)
+
+    await wait_for(shared, 40, what="3,000 jobs claimed within ±10% of 1,000 per worker")
+    owners = ownership(db)
+    assert sorted(owners) == sorted(job_ids)
+    assert len({w for w, _ in owners.values()}) == 3
+    counts = claimed_counts(db)
+    assert all(900 <= c <= 1100 for c in counts.values()), counts
+    # What the workers hold (count and digest of job ids and versions) equals Postgres ownership.
+    reported = dict(db.execute("SELECT worker_id, jobs_owned FROM queuer_workers WHERE state = 'alive'").fetchall())
+    assert reported == counts
+    digest = reduce(lambda acc, j: acc ^ job_digest(j, 1), job_ids, 0)
+    worker_digests = [d for (d,) in db.execute("SELECT owned_digest FROM queuer_workers WHERE state = 'alive'")]
+    assert reduce(lambda a, b: a ^ b, worker_digests, 0) == digest
+
+
+async def test_standby_takes_over_when_the_leader_is_killed(cluster: Cluster, db: Db) -> None:
+    insert_jobs(db, 300, cron=NEVER_SOON)
+    leader = cluster.orchestrator()
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 1, 20, what="term 1")
+    standby = cluster.orchestrator()
+    cluster.worker()
+    cluster.worker()
+    await wait_for(lambda: all_claimed(db, 300) and workers_agree(db), 30, what="jobs claimed")
+    before = ownership(db)
+
+    killed_at = time.monotonic()
+    cluster.kill9(leader)
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 2, 10, what="term 2")
+    assert time.monotonic() - killed_at <= 10
+    assert standby.poll() is None
+    # The new leader keeps every ownership: nothing reassigned, the workers still agree with Postgres.
+    await wait_for(lambda: workers_agree(db), 5, what="workers agree with Postgres under the new leader")
+    assert ownership(db) == before
+
+
+async def test_a_worker_declared_dead_that_returns_drops_everything(cluster: Cluster, db: Db) -> None:
+    insert_jobs(db, 400, cron=NEVER_SOON)
+    cluster.orchestrator()
+    frozen = cluster.worker()
+    cluster.worker()
+    await wait_for(lambda: all_claimed(db, 400) and len(claimed_counts(db)) == 2 and workers_agree(db), 30)
+    frozen_id = db.execute("SELECT worker_id FROM queuer_workers WHERE worker_id LIKE %s", (f"%-{frozen.pid}-%",))
+    worker_id = frozen_id.fetchone()[0]
+
+    # A paused process sends no heartbeats: after 3 intervals it is dead and its jobs move.
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        await wait_for(lambda: worker_id not in {w for w, _ in ownership(db).values()} and all_claimed(db, 400), 10)
+        assert db.execute("SELECT state FROM queuer_workers WHERE worker_id = %s", (worker_id,)).fetchone()[0] == "dead"
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    # Back, it is told to drop what it held, registers again and gets a fair share; what every worker
+    # holds still equals Postgres.
+    await wait_for(
+        lambda: claimed_counts(db).get(worker_id, 0) > 0 and within(claimed_counts(db), 200) and workers_agree(db),
+        40,
+        what="the returning worker to re-register and be rebalanced",
+    )
+    assert all_claimed(db, 400)
+
+
+async def test_a_leader_that_loses_its_lock_connection_exits(cluster: Cluster, db: Db) -> None:
+    leader = cluster.orchestrator()
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 1, 20, what="term 1")
+    standby = cluster.orchestrator()
+    db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted",
+        (LEADER_LOCK_KEY & 0xFFFFFFFF,),
+    )
+    await wait_for(lambda: leader.poll() is not None, 10, what="the old leader to exit")
+    assert leader.returncode != 0
+    await wait_for(lambda: db.execute("SELECT term FROM orchestrator_term").fetchone()[0] == 2, 10, what="term 2")
+    assert standby.poll() is None

@@ -1,0 +1,98 @@
+"""Queuing a tick's runs in real Postgres: keys, over-scheduling, deactivated and deleted jobs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from queuer_worker.firing import queue_runs
+from runplane.db import Connection, open_pool
+from runplane.settings import Settings
+from tests.support.queuer import Db, insert_accounts, insert_jobs
+
+FIRE = 1_900_000_020 // 60 * 60  # a minute boundary
+
+
+@pytest.fixture
+async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Connection]]:
+    pool = await open_pool(settings.database_url, max_size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def runs(db: Db, job_id: int) -> list[tuple[str, int, str, str]]:
+    return [
+        (str(r[0]), int(r[1]), str(r[2]), str(r[3]))
+        for r in db.execute(
+            "SELECT idempotency_key, status, trigger, status_message FROM runs WHERE job_id = %s ORDER BY id", (job_id,)
+        )
+    ]
+
+
+async def test_runs_carry_the_job_and_the_fire(pool: AsyncConnectionPool[Connection], db: Db) -> None:
+    account = insert_accounts(db, 1)
+    deploy = insert_jobs(db, 1, cron="* * * * *", accounts=account)[0]
+    ci = insert_jobs(db, 1, cron="* * * * *", accounts=account, job_type="ci")[0]
+    db.execute("UPDATE jobs SET priority = 7 WHERE id = %s", (deploy,))
+    result = await queue_runs(pool, [(deploy, FIRE), (ci, FIRE)])
+    assert (result.queued, result.accounts) == (2, frozenset(account))
+    rows = db.execute(
+        "SELECT job_id, account_id, job_type, trigger, status, priority, takes_slot, scheduled_at, idempotency_key"
+        " FROM runs ORDER BY job_id"
+    ).fetchall()
+    at = datetime.fromtimestamp(FIRE, UTC)
+    assert rows == [
+        (deploy, account[0], "deploy", "schedule", 1, 7, True, at, f"sched:{deploy}:{FIRE}"),
+        (ci, account[0], "ci", "schedule", 1, 0, False, at, f"sched:{ci}:{FIRE}"),
+    ]
+
+
+async def test_a_fire_queued_twice_is_one_run(pool: AsyncConnectionPool[Connection], db: Db) -> None:
+    job = insert_jobs(db, 1, cron="* * * * *")[0]
+    first = await queue_runs(pool, [(job, FIRE), (job, FIRE)])
+    again = await queue_runs(pool, [(job, FIRE)])
+    assert (first.queued, again.queued, again.superseded) == (1, 0, 0)
+    assert [r[0] for r in runs(db, job)] == [f"sched:{job}:{FIRE}"]
+
+
+async def test_over_scheduled_run_is_cancelled_but_not_other_triggers(
+    pool: AsyncConnectionPool[Connection], db: Db
+) -> None:
+    account = insert_accounts(db, 1)
+    job, other = insert_jobs(db, 2, cron="* * * * *", accounts=account)
+    await queue_runs(pool, [(job, FIRE), (other, FIRE)])
+    # Still queued at the next fire: an API run and a manual run of the same job, and a running cron run.
+    for key, trigger, status in (("api-1", "api", 1), ("manual-1", "manual", 1), ("running", "schedule", 3)):
+        db.execute(
+            "INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, scheduled_at,"
+            " status) VALUES (%s, %s, 'deploy', %s, %s, true, to_timestamp(%s), %s)",
+            (account[0], job, trigger, key, FIRE - 600, status),
+        )
+    result = await queue_runs(pool, [(job, FIRE + 60)])
+    assert result.superseded == 1
+    by_key = {key: (status, trigger, message) for key, status, trigger, message in runs(db, job)}
+    status, _, message = by_key[f"sched:{job}:{FIRE}"]
+    assert status == 30
+    assert "superseded by a newer scheduled run" in message
+    assert "less frequent" in message and "faster" in message
+    assert by_key[f"sched:{job}:{FIRE + 60}"][0] == 1
+    assert by_key["api-1"][0] == 1 and by_key["manual-1"][0] == 1 and by_key["running"][0] == 3
+    # Another job's queued run is not touched.
+    assert runs(db, other)[0][1] == 1
+
+
+async def test_deactivated_deleted_and_unscheduled_jobs_queue_nothing(
+    pool: AsyncConnectionPool[Connection], db: Db
+) -> None:
+    active, deactivated, deleted, unscheduled = insert_jobs(db, 4, cron="* * * * *")
+    db.execute("UPDATE jobs SET deactivated_at = now() WHERE id = %s", (deactivated,))
+    db.execute("UPDATE jobs SET deleted_at = now() WHERE id = %s", (deleted,))
+    db.execute("UPDATE jobs SET cron = NULL WHERE id = %s", (unscheduled,))
+    result = await queue_runs(pool, [(j, FIRE) for j in (active, deactivated, deleted, unscheduled)])
+    assert result.queued == 1
+    assert [r[0] for r in db.execute("SELECT job_id FROM runs")] == [active]

@@ -1,0 +1,156 @@
+"""A queuer worker on the real bus and Postgres: (term, clock) gating and missed-fire grace."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from queuer_worker.worker import QueuerWorker
+from runplane.bus import AmqpBus, Topology
+from runplane.db import open_pool
+from runplane.settings import Settings
+from runplane.stamps import Stamp
+from runplane.v1 import bus_pb2
+from tests.support.queuer import Db, delete_queues, insert_jobs, wait_for
+
+NEVER_SOON = "0 0 1 1 *"
+
+
+@dataclass
+class Running:
+    worker: QueuerWorker
+    publisher: AmqpBus
+    topology: Topology
+
+
+@pytest.fixture
+async def running(settings: Settings) -> AsyncIterator[Running]:
+    pool = await open_pool(settings.database_url, max_size=2)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    publisher = await AmqpBus.connect(settings.amqp_url)
+    worker = QueuerWorker(settings, bus, pool, "w-test")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop), name="queuer-worker-under-test")
+    try:
+        yield Running(worker, publisher, Topology(settings.bus_prefix))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await publisher.close()
+        await bus.close()
+        await pool.close()
+        await delete_queues(settings.bus_prefix, ["w-test"])
+
+
+def definition(job_id: int, version: int, cron: str = NEVER_SOON, grace: int = 300) -> bus_pb2.JobDefinition:
+    return bus_pb2.JobDefinition(
+        job_id=job_id, account_id=1, version=version, cron=cron, timezone="UTC", active=True,
+        missed_run_grace_seconds=grace, job_type=1,
+    )  # fmt: skip
+
+
+def assign(job_id: int, stamp: Stamp, version: int, last_fire_ts: int = 0, **kw: object) -> bus_pb2.Assign:
+    job = bus_pb2.JobAssignment(
+        job=definition(job_id, version, **kw), stamp=stamp.to_proto(), last_fire_ts=last_fire_ts
+    )  # type: ignore[arg-type]
+    return bus_pb2.Assign(stamp=stamp.to_proto(), jobs=[job])
+
+
+def update(job_id: int, stamp: Stamp, version: int) -> bus_pb2.Update:
+    job = bus_pb2.JobAssignment(job=definition(job_id, version), stamp=stamp.to_proto())
+    return bus_pb2.Update(stamp=stamp.to_proto(), job=job)
+
+
+def revoke(job_id: int, stamp: Stamp) -> bus_pb2.Revoke:
+    return bus_pb2.Revoke(stamp=stamp.to_proto(), job_ids=[job_id])
+
+
+def held(worker: QueuerWorker) -> dict[int, int]:
+    """job_id -> version of everything the worker holds."""
+    out = {}
+    for job_id in worker.heap.job_ids():
+        job = worker.heap.get(job_id)
+        assert job is not None
+        out[job_id] = job.version
+    return out
+
+
+async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running: Running) -> None:
+    rng = random.Random(20260321)
+    messages: list[tuple[str, object]] = []
+    expected: dict[int, int] = {}
+    clock = 0
+    for job_id in range(1, 31):
+        kinds = ["assign"] + [rng.choice(["update", "revoke", "assign"]) for _ in range(rng.randint(1, 4))]
+        for kind in kinds:
+            clock += 1
+            stamp = Stamp(2, clock)
+            if kind == "assign":
+                messages.append(("assign", assign(job_id, stamp, version=clock)))
+            elif kind == "update":
+                messages.append(("own", update(job_id, stamp, version=clock)))
+            else:
+                messages.append(("own", revoke(job_id, stamp)))
+        if kinds[-1] == "revoke":
+            expected.pop(job_id, None)
+        else:
+            expected[job_id] = clock
+        # A leader of an older term said something else later in its own clock.
+        messages.append(("assign", assign(job_id, Stamp(1, 10_000 + job_id), version=99_999)))
+    messages += rng.sample(messages, 25)  # redeliveries
+    rng.shuffle(messages)
+    topo = running.topology
+    for where, message in messages:
+        queue = topo.assign if where == "assign" else topo.worker("w-test")
+        await running.publisher.publish(queue, message)  # type: ignore[arg-type]
+
+    await wait_for(lambda: held(running.worker) == expected, 20, what="the newest stamp per job")
+    assert running.worker.gate.newest_term == 2
+
+    # Once term 2 is seen, term 1 is ignored even for a job whose stamp it would otherwise beat; the
+    # sentinel after it on the same queue proves it was read.
+    some_job = next(iter(expected))
+    await running.publisher.publish(topo.worker("w-test"), update(some_job, Stamp(1, 1_000_000), version=42))
+    await running.publisher.publish(topo.worker("w-test"), update(500, Stamp(2, clock + 1), version=7))
+    await wait_for(lambda: 500 in held(running.worker), 10, what="the sentinel update")
+    assert held(running.worker)[some_job] == expected[some_job]
+
+
+async def test_missed_fire_within_grace_is_queued_once_on_takeover(running: Running, db: Db) -> None:
+    inside, outside, no_grace, known = insert_jobs(db, 4, cron="* * * * *")
+    yearly = insert_jobs(db, 1, cron=NEVER_SOON)[0]
+    now = time.time()
+    previous = int(now) // 60 * 60
+    stamp = Stamp(3, 1)
+    jobs = [
+        bus_pb2.JobAssignment(job=definition(inside, 1, "* * * * *", 300), stamp=stamp.to_proto()),
+        # Its last fire (New Year) is far outside the 5 minute grace.
+        bus_pb2.JobAssignment(job=definition(yearly, 1, NEVER_SOON, 300), stamp=stamp.to_proto()),
+        bus_pb2.JobAssignment(job=definition(no_grace, 1, "* * * * *", 0), stamp=stamp.to_proto()),
+        bus_pb2.JobAssignment(
+            job=definition(known, 1, "* * * * *", 300), stamp=stamp.to_proto(), last_fire_ts=previous
+        ),
+    ]
+    await running.publisher.publish(running.topology.assign, bus_pb2.Assign(stamp=stamp.to_proto(), jobs=jobs))
+    await running.publisher.publish(running.topology.assign, bus_pb2.Assign(stamp=stamp.to_proto(), jobs=jobs))
+
+    def missed_runs() -> list[tuple[int, int]]:
+        return [
+            (int(r[0]), int(r[1]))
+            for r in db.execute(
+                "SELECT job_id, extract(epoch FROM scheduled_at)::bigint FROM runs"
+                " WHERE scheduled_at <= to_timestamp(%s)",
+                (now,),
+            )
+        ]
+
+    await wait_for(missed_runs, 10, what="the missed fire")
+    await wait_for(lambda: len(held(running.worker)) == 4, 10, what="all four jobs held")
+    # Exactly one run: the newest occurrence of the job taken within its grace, none for the others.
+    assert missed_runs() == [(inside, previous)]
+    assert outside not in held(running.worker)
