@@ -106,6 +106,10 @@ async def prepared_run(
             if result.end is not StepEnd.EXITED or result.exit_code != 0:
                 raise PrepareError(f"dbt deps failed ({result.end_reason or f'exit code {result.exit_code}'})")
         timings["deps"] = round(time.monotonic() - started, 4)
+        say(
+            f"prepared in {sum(timings.values()):.3f} s (checkout {timings['checkout']:.3f} s, "
+            f"profile {timings['profile']:.3f} s, deps {timings['deps']:.3f} s)"
+        )
 
         target, logs = dbt_output_directories("dbt", project, env)
         yield PreparedRun(

@@ -45,7 +45,9 @@ class KubernetesLauncher:
         return self._cluster
 
     def pod_for(self, request: LaunchRequest) -> dict[str, Any]:
-        return build_pod(request, self._k8s, cluster=self._cluster, cancel_grace=self._settings.runner.cancel_grace)
+        # The Pod's grace covers the runner's own stop of a step: SIGINT, then SIGTERM, then SIGKILL.
+        grace = self._settings.runner.interrupt_grace + self._settings.runner.cancel_grace
+        return build_pod(request, self._k8s, cluster=self._cluster, cancel_grace=grace)
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
         pod = self.pod_for(request)
