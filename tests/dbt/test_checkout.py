@@ -6,6 +6,8 @@ code the run sees, and that preparing it made a profile for the run alone.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import grpc
 import psycopg
 import pytest
 
+from api.server import RunningApi
 from runplane.settings import Settings
 from runplane.v1 import common_pb2, projects_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, git, make_repository, run_job, run_log, warehouse
@@ -143,3 +146,40 @@ async def _scalar(database_url: str, sql: str, *params: object) -> Any:
         row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+async def test_the_client_sets_up_a_project_and_reads_a_runs_log_and_artifacts(
+    *, api: RunningApi, client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    from api.admin import create_token
+    from tests.api.test_client import finish, run_client, start
+
+    repo = make_repository(tmp_path / "jaffle")
+    token = await create_token(dbt_settings, account_id=client.account_id)
+    env = {
+        **os.environ,
+        "RUNPLANE_TOKEN": token,
+        "RUNPLANE_API__HOST": "127.0.0.1",
+        "RUNPLANE_API__PORT": str(api.port),
+        "WAREHOUSE_PASSWORD": "pw-from-the-cli",
+    }
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    project = await run_client(env, "create-project", "--name", "shop", "--url", f"file://{repo}")
+    environment_ = await run_client(
+        env, "create-environment", "--project", project["id"], "--name", "prod", "--dbt-version", "1.10",
+        "--field", "host=127.0.0.1", "--field", f"dbname={info['dbname']}", "--field", "user=postgres",
+        "--password-env", "WAREHOUSE_PASSWORD", "--target", "prod", "--schema", "analytics",
+    )  # fmt: skip
+    assert environment_["secretFieldsSet"] == ["password"] and "pw-from-the-cli" not in json.dumps(environment_)
+    job = await run_client(
+        env, "create-job", "--name", "cli", "--environment", environment_["id"],
+        "--step", "mkdir -p target && echo '{\"ok\": 1}' > target/run_results.json && cat dbt_project.yml",
+    )  # fmt: skip
+    run = await run_job(client, dbt_settings, db, int(job["id"]))
+    assert run.status == common_pb2.RUN_STATUS_SUCCESS
+    code, out, _ = await finish(await start(env, "logs", str(run.id)))
+    assert code == 0 and "profile: jaffle_shop" in out
+    code, out, _ = await finish(await start(env, "artifacts", str(run.id)))
+    assert code == 0 and "target/run_results.json" in out
+    code, out, _ = await finish(await start(env, "artifact", str(run.id), "target/run_results.json", "--step", "0"))
+    assert code == 0 and json.loads(out) == {"ok": 1}
