@@ -39,8 +39,13 @@ class Found:
 
 @dataclass
 class Scan:
+    limit: int  # bytes: a file larger than this is not kept
     changed: list[Found] = field(default_factory=list)
     too_large: list[Found] = field(default_factory=list)
+
+    def limit_shown(self) -> str:
+        mib = 1024 * 1024
+        return f"{self.limit // mib} MiB" if self.limit % mib == 0 else f"{self.limit} bytes"
 
 
 def _option(words: list[str], name: str) -> str | None:
@@ -89,7 +94,7 @@ class ArtifactCollector:
 
     def scan(self) -> Scan:
         """What is new or changed since the last scan."""
-        scan = Scan()
+        scan = Scan(ARTIFACT_MAX_BYTES)
         for target, logs in self._places:
             candidates = [(f"target/{name}", target / name) for name in DBT_TARGET_FILES]
             others = sorted(p for p in target.glob("*.json") if p.name not in DBT_TARGET_FILES)
@@ -106,5 +111,5 @@ class ArtifactCollector:
                     continue
                 self._seen[path] = mark
                 found = Found(name, path, stat.st_size)
-                (scan.too_large if stat.st_size > ARTIFACT_MAX_BYTES else scan.changed).append(found)
+                (scan.too_large if stat.st_size > scan.limit else scan.changed).append(found)
         return scan

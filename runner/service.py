@@ -24,14 +24,16 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
-from runner.artifacts import ARTIFACT_MAX_BYTES, ArtifactCollector, dbt_output_directories
+from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.checkout import RepositoryCache
 from runner.dbt_env import is_dbt_step
 from runner.prepare import PreparedRun, PrepareError, prepared_run
@@ -40,7 +42,7 @@ from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
 from runplane.bus import AmqpBus, Topology
 from runplane.db import Connection, open_pool
-from runplane.dbt_context import DbtContext, load_dbt_context
+from runplane.dbt_context import DbtContext, load_dbt_context, run_override
 from runplane.errors import RunplaneError, ServiceUnavailable
 from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
 from runplane.runs.pickups import hint_pickups
@@ -77,34 +79,27 @@ class ClaimedRun:
     trace_parent: str = ""
 
     @classmethod
-    def from_row(cls, row: dict[str, object]) -> ClaimedRun:
+    def from_row(cls, row: Mapping[str, Any]) -> ClaimedRun:
         overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
-        steps = _override(overrides, "steps") or row["steps"]
+        steps = run_override(overrides, "steps") or row["steps"]
         environment = row["environment"] if isinstance(row["environment"], dict) else {}
         return cls(
-            run_id=int(row["id"]),  # type: ignore[call-overload]
-            account_id=int(row["account_id"]),  # type: ignore[call-overload]
-            job_id=int(row["job_id"]),  # type: ignore[call-overload]
-            steps=[str(step) for step in steps],  # type: ignore[attr-defined]
+            run_id=int(row["id"]),
+            account_id=int(row["account_id"]),
+            job_id=int(row["job_id"]),
+            steps=[str(step) for step in steps],
             environment={str(k): str(v) for k, v in environment.items()},
-            threads=int(_override(overrides, "threads") or row["threads"]),  # type: ignore[call-overload]
-            schema=str(_override(overrides, "schema") or row["schema_name"] or ""),
-            timeout_seconds=int(_override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),  # type: ignore[call-overload]
-            memory_mb=int(row["memory_mb"]),  # type: ignore[call-overload]
+            threads=int(run_override(overrides, "threads") or row["threads"]),
+            schema=str(run_override(overrides, "schema") or row["schema_name"] or ""),
+            timeout_seconds=int(run_override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),
+            memory_mb=int(row["memory_mb"]),
             target_name=str(row["target_name"] or ""),
-            git_branch=str(_override(overrides, "git_branch") or row["git_branch"] or ""),
-            pull_request_number=row["pull_request_number"],  # type: ignore[arg-type]
+            git_branch=str(run_override(overrides, "git_branch") or row["git_branch"] or ""),
+            pull_request_number=row["pull_request_number"],
             cause=str(row["cause"] or ""),
             cancel_requested=row["cancel_requested_at"] is not None,
             trace_parent=str(row.get("trace_parent") or ""),
         )
-
-
-def _override(overrides: dict[str, object], name: str) -> object:
-    """A run override by its proto field name (stored snake_case or camelCase)."""
-    head, *rest = name.split("_")
-    camel = head + "".join(part.title() for part in rest)
-    return overrides.get(name) or overrides.get(camel)
 
 
 def step_environment(run: ClaimedRun) -> dict[str, str]:
@@ -333,7 +328,7 @@ class Runner:
             logs.write(
                 step_index,
                 f"runplane: {found.name} not kept: {found.size} bytes is over the "
-                f"{ARTIFACT_MAX_BYTES // (1024 * 1024)} MiB limit of an artifact\n".encode(),
+                f"{scan.limit_shown()} limit of an artifact\n".encode(),
             )
         for found in scan.changed:
             try:

@@ -93,7 +93,7 @@ def effective_run_reason(trigger: Trigger, cause: str) -> str:
     }[trigger]
 
 
-def _override(overrides: Mapping[str, Any], name: str) -> Any:
+def run_override(overrides: Mapping[str, Any], name: str) -> Any:
     """A run override by its proto field name (stored snake_case or camelCase)."""
     head, *rest = name.split("_")
     camel = head + "".join(part.title() for part in rest)
@@ -107,7 +107,7 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
     if job_type is JobType.CI:
         schema = str(row["run_schema"])  # set at trigger time: the pull request's own schema
     else:
-        schema = str(_override(overrides, "schema") or row["job_schema"] or row["environment_schema"])
+        schema = str(run_override(overrides, "schema") or row["job_schema"] or row["environment_schema"])
     pull_request = row["pull_request_number"]
     trigger = Trigger(row["trigger"])
     return DbtContext(
@@ -124,18 +124,18 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
         subdirectory=str(row["subdirectory"]),
         git_credential_kind=str(row["git_credential_kind"]),
         git_credential=decrypt(row["git_credential"]) if row["git_credential"] else "",
-        git_sha=str(_override(overrides, "git_sha") or ""),
-        git_branch=str(_override(overrides, "git_branch") or row["job_git_branch"] or row["environment_git_branch"]),
+        git_sha=str(run_override(overrides, "git_sha") or ""),
+        git_branch=str(run_override(overrides, "git_branch") or row["job_git_branch"] or row["environment_git_branch"]),
         dbt_version=str(row["dbt_version"]),
         adapter_type=str(row["adapter_type"]),
         connection={str(k): str(v) for k, v in dict(row["connection"]).items()},
         connection_secrets={str(k): decrypt(str(v)) for k, v in dict(row["connection_secrets"]).items()},
         target_name=str(
-            _override(overrides, "target_name") or row["job_target_name"] or row["environment_target_name"]
+            run_override(overrides, "target_name") or row["job_target_name"] or row["environment_target_name"]
         ),
         schema=schema,
         threads=int(
-            _override(overrides, "threads") or row["job_threads"] or row["environment_threads"] or DEFAULT_THREADS
+            run_override(overrides, "threads") or row["job_threads"] or row["environment_threads"] or DEFAULT_THREADS
         ),
         variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
         pull_request_number=int(pull_request) if pull_request else None,

@@ -163,3 +163,22 @@ def live_in_group(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.NoSuchProcess):
             continue
     return live
+
+
+async def test_artifacts_are_kept_per_step_and_a_file_over_the_limit_is_skipped_with_a_line_in_the_log(
+    db: Conn, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("runner.artifacts.ARTIFACT_MAX_BYTES", 1000)
+    account = create_account(db)
+    write = "mkdir -p target && printf '{\"step\": %s}' > target/run_results.json"
+    steps = [write % 1, write % 2 + " && head -c 2000 /dev/zero | tr '\\0' x > target/manifest.json"]
+    run_id = queue_run(db, create_job(db, account, steps=steps))
+    make_starting(db, run_id)
+    assert await run(settings, run_id) == 0
+    kept = rows(db, "SELECT path, step_index, content FROM artifacts WHERE run_id = %s ORDER BY 1, 2", (run_id,))
+    assert [(a["path"], a["step_index"], bytes(a["content"])) for a in kept] == [
+        ("target/run_results.json", 0, b'{"step": 1}'),
+        ("target/run_results.json", 1, b'{"step": 2}'),
+    ]
+    text = "".join(r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,)))
+    assert "runplane: target/manifest.json not kept: 2000 bytes is over the 1000 bytes limit of an artifact" in text
