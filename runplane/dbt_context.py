@@ -15,7 +15,15 @@ from typing import Any
 
 from runplane.db import Connection
 from runplane.sql import load_queries
-from runplane.types import JobType, Trigger
+from runplane.types import (
+    JOB_TYPE_FROM_PROTO,
+    JOB_TYPE_TO_PROTO,
+    TRIGGER_FROM_PROTO,
+    TRIGGER_TO_PROTO,
+    JobType,
+    Trigger,
+)
+from runplane.v1 import projects_pb2
 
 Q = load_queries("runplane.sql", "dbt_context.sql")
 DEFAULT_THREADS = 4
@@ -149,3 +157,62 @@ async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str
     if row is None:
         return None
     return context_from_row(row, decrypt)
+
+
+def to_proto(context: DbtContext) -> projects_pb2.DbtContext:
+    """The message that carries a DbtContext to the run's runner."""
+    return projects_pb2.DbtContext(
+        run_id=context.run_id,
+        job_id=context.job_id,
+        account_id=context.account_id,
+        project_id=context.project_id,
+        environment_id=context.environment_id,
+        environment_type=context.environment_type,
+        job_type=JOB_TYPE_TO_PROTO[context.job_type],  # type: ignore[arg-type]
+        trigger=TRIGGER_TO_PROTO[context.trigger],  # type: ignore[arg-type]
+        cause=context.cause,
+        repository_url=context.repository_url,
+        subdirectory=context.subdirectory,
+        git_credential_kind=context.git_credential_kind,
+        git_credential=context.git_credential,
+        git_sha=context.git_sha,
+        git_branch=context.git_branch,
+        dbt_version=context.dbt_version,
+        adapter_type=context.adapter_type,
+        connection=dict(context.connection),
+        connection_secrets=dict(context.connection_secrets),
+        target_name=context.target_name,
+        schema=context.schema,
+        threads=context.threads,
+        variables=dict(context.variables),
+        pull_request_number=context.pull_request_number or 0,
+    )
+
+
+def from_proto(message: projects_pb2.DbtContext) -> DbtContext:
+    return DbtContext(
+        run_id=message.run_id,
+        job_id=message.job_id,
+        account_id=message.account_id,
+        project_id=message.project_id,
+        environment_id=message.environment_id,
+        environment_type=message.environment_type,
+        job_type=JOB_TYPE_FROM_PROTO[message.job_type],
+        trigger=TRIGGER_FROM_PROTO[message.trigger],
+        cause=message.cause,
+        repository_url=message.repository_url,
+        subdirectory=message.subdirectory,
+        git_credential_kind=message.git_credential_kind,
+        git_credential=message.git_credential,
+        git_sha=message.git_sha,
+        git_branch=message.git_branch,
+        dbt_version=message.dbt_version,
+        adapter_type=message.adapter_type,
+        connection=dict(message.connection),
+        connection_secrets=dict(message.connection_secrets),
+        target_name=message.target_name,
+        schema=message.schema,
+        threads=message.threads,
+        variables=dict(message.variables),
+        pull_request_number=message.pull_request_number or None,
+    )

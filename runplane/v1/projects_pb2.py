@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from runplane.v1 import common_pb2 as runplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arunplane/v1/projects.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x02\n\x07Project\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x16\n\x0erepository_url\x18\x04 \x01(\t\x12\x14\n\x0csubdirectory\x18\x05 \x01(\t\x12;\n\x13git_credential_kind\x18\x06 \x01(\x0e\x32\x1e.runplane.v1.GitCredentialKind\x12\x1a\n\x12git_credential_set\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa7\x01\n\x14\x43reateProjectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0erepository_url\x18\x02 \x01(\t\x12\x14\n\x0csubdirectory\x18\x03 \x01(\t\x12;\n\x13git_credential_kind\x18\x04 \x01(\x0e\x32\x1e.runplane.v1.GitCredentialKind\x12\x16\n\x0egit_credential\x18\x05 \x01(\t\"\'\n\x11GetProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\"\x15\n\x13ListProjectsRequest\">\n\x14ListProjectsResponse\x12&\n\x08projects\x18\x01 \x03(\x0b\x32\x14.runplane.v1.Project\"\xfd\x01\n\nConnection\x12\x14\n\x0c\x61\x64\x61pter_type\x18\x01 \x01(\t\x12\x33\n\x06\x66ields\x18\x02 \x03(\x0b\x32#.runplane.v1.Connection.FieldsEntry\x12@\n\rsecret_fields\x18\x03 \x03(\x0b\x32).runplane.v1.Connection.SecretFieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11SecretFieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe9\x04\n\x0b\x45nvironment\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x12\n\nproject_id\x18\x03 \x01(\x03\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x36\n\x10\x65nvironment_type\x18\x05 \x01(\x0e\x32\x1c.runplane.v1.EnvironmentType\x12\x13\n\x0b\x64\x62t_version\x18\x06 \x01(\t\x12\x12\n\ngit_branch\x18\x07 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_type\x18\x08 \x01(\t\x12I\n\x11\x63onnection_fields\x18\t \x03(\x0b\x32..runplane.v1.Environment.ConnectionFieldsEntry\x12\x19\n\x11secret_fields_set\x18\n \x03(\t\x12\x13\n\x0btarget_name\x18\x0b \x01(\t\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\x0f\n\x07threads\x18\r \x01(\x05\x12:\n\tvariables\x18\x0e \x03(\x0b\x32\'.runplane.v1.Environment.VariablesEntry\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x37\n\x15\x43onnectionFieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfb\x02\n\x18\x43reateEnvironmentRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x36\n\x10\x65nvironment_type\x18\x03 \x01(\x0e\x32\x1c.runplane.v1.EnvironmentType\x12\x13\n\x0b\x64\x62t_version\x18\x04 \x01(\t\x12\x12\n\ngit_branch\x18\x05 \x01(\t\x12+\n\nconnection\x18\x06 \x01(\x0b\x32\x17.runplane.v1.Connection\x12\x13\n\x0btarget_name\x18\x07 \x01(\t\x12\x0e\n\x06schema\x18\x08 \x01(\t\x12\x0f\n\x07threads\x18\t \x01(\x05\x12G\n\tvariables\x18\n \x03(\x0b\x32\x34.runplane.v1.CreateEnvironmentRequest.VariablesEntry\x1a\x30\n\x0eVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x15GetEnvironmentRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\x03\"-\n\x17ListEnvironmentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\"J\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.runplane.v1.Environment*x\n\x11GitCredentialKind\x12#\n\x1fGIT_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19GIT_CREDENTIAL_KIND_TOKEN\x10\x01\x12\x1f\n\x1bGIT_CREDENTIAL_KIND_SSH_KEY\x10\x02*v\n\x0f\x45nvironmentType\x12 \n\x1c\x45NVIRONMENT_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45NVIRONMENT_TYPE_DEPLOYMENT\x10\x01\x12 \n\x1c\x45NVIRONMENT_TYPE_DEVELOPMENT\x10\x02\x32\xfa\x03\n\x0eProjectService\x12H\n\rCreateProject\x12!.runplane.v1.CreateProjectRequest\x1a\x14.runplane.v1.Project\x12\x42\n\nGetProject\x12\x1e.runplane.v1.GetProjectRequest\x1a\x14.runplane.v1.Project\x12S\n\x0cListProjects\x12 .runplane.v1.ListProjectsRequest\x1a!.runplane.v1.ListProjectsResponse\x12T\n\x11\x43reateEnvironment\x12%.runplane.v1.CreateEnvironmentRequest\x1a\x18.runplane.v1.Environment\x12N\n\x0eGetEnvironment\x12\".runplane.v1.GetEnvironmentRequest\x1a\x18.runplane.v1.Environment\x12_\n\x10ListEnvironments\x12$.runplane.v1.ListEnvironmentsRequest\x1a%.runplane.v1.ListEnvironmentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arunplane/v1/projects.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18runplane/v1/common.proto\"\x9e\x02\n\x07Project\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x16\n\x0erepository_url\x18\x04 \x01(\t\x12\x14\n\x0csubdirectory\x18\x05 \x01(\t\x12;\n\x13git_credential_kind\x18\x06 \x01(\x0e\x32\x1e.runplane.v1.GitCredentialKind\x12\x1a\n\x12git_credential_set\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa7\x01\n\x14\x43reateProjectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0erepository_url\x18\x02 \x01(\t\x12\x14\n\x0csubdirectory\x18\x03 \x01(\t\x12;\n\x13git_credential_kind\x18\x04 \x01(\x0e\x32\x1e.runplane.v1.GitCredentialKind\x12\x16\n\x0egit_credential\x18\x05 \x01(\t\"\'\n\x11GetProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\"\x15\n\x13ListProjectsRequest\">\n\x14ListProjectsResponse\x12&\n\x08projects\x18\x01 \x03(\x0b\x32\x14.runplane.v1.Project\"\xfd\x01\n\nConnection\x12\x14\n\x0c\x61\x64\x61pter_type\x18\x01 \x01(\t\x12\x33\n\x06\x66ields\x18\x02 \x03(\x0b\x32#.runplane.v1.Connection.FieldsEntry\x12@\n\rsecret_fields\x18\x03 \x03(\x0b\x32).runplane.v1.Connection.SecretFieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11SecretFieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe9\x04\n\x0b\x45nvironment\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x12\n\nproject_id\x18\x03 \x01(\x03\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x36\n\x10\x65nvironment_type\x18\x05 \x01(\x0e\x32\x1c.runplane.v1.EnvironmentType\x12\x13\n\x0b\x64\x62t_version\x18\x06 \x01(\t\x12\x12\n\ngit_branch\x18\x07 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_type\x18\x08 \x01(\t\x12I\n\x11\x63onnection_fields\x18\t \x03(\x0b\x32..runplane.v1.Environment.ConnectionFieldsEntry\x12\x19\n\x11secret_fields_set\x18\n \x03(\t\x12\x13\n\x0btarget_name\x18\x0b \x01(\t\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\x0f\n\x07threads\x18\r \x01(\x05\x12:\n\tvariables\x18\x0e \x03(\x0b\x32\'.runplane.v1.Environment.VariablesEntry\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x37\n\x15\x43onnectionFieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfb\x02\n\x18\x43reateEnvironmentRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x36\n\x10\x65nvironment_type\x18\x03 \x01(\x0e\x32\x1c.runplane.v1.EnvironmentType\x12\x13\n\x0b\x64\x62t_version\x18\x04 \x01(\t\x12\x12\n\ngit_branch\x18\x05 \x01(\t\x12+\n\nconnection\x18\x06 \x01(\x0b\x32\x17.runplane.v1.Connection\x12\x13\n\x0btarget_name\x18\x07 \x01(\t\x12\x0e\n\x06schema\x18\x08 \x01(\t\x12\x0f\n\x07threads\x18\t \x01(\x05\x12G\n\tvariables\x18\n \x03(\x0b\x32\x34.runplane.v1.CreateEnvironmentRequest.VariablesEntry\x1a\x30\n\x0eVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x15GetEnvironmentRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\x03\"-\n\x17ListEnvironmentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\x03\"J\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.runplane.v1.Environment\"\xcd\x06\n\nDbtContext\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\naccount_id\x18\x03 \x01(\x03\x12\x12\n\nproject_id\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nvironment_id\x18\x05 \x01(\x03\x12\x18\n\x10\x65nvironment_type\x18\x06 \x01(\t\x12&\n\x08job_type\x18\x07 \x01(\x0e\x32\x14.runplane.v1.JobType\x12%\n\x07trigger\x18\x08 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12\r\n\x05\x63\x61use\x18\t \x01(\t\x12\x16\n\x0erepository_url\x18\n \x01(\t\x12\x14\n\x0csubdirectory\x18\x0b \x01(\t\x12\x1b\n\x13git_credential_kind\x18\x0c \x01(\t\x12\x16\n\x0egit_credential\x18\r \x01(\t\x12\x0f\n\x07git_sha\x18\x0e \x01(\t\x12\x12\n\ngit_branch\x18\x0f \x01(\t\x12\x13\n\x0b\x64\x62t_version\x18\x10 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_type\x18\x11 \x01(\t\x12;\n\nconnection\x18\x12 \x03(\x0b\x32\'.runplane.v1.DbtContext.ConnectionEntry\x12J\n\x12\x63onnection_secrets\x18\x13 \x03(\x0b\x32..runplane.v1.DbtContext.ConnectionSecretsEntry\x12\x13\n\x0btarget_name\x18\x14 \x01(\t\x12\x0e\n\x06schema\x18\x15 \x01(\t\x12\x0f\n\x07threads\x18\x16 \x01(\x05\x12\x39\n\tvariables\x18\x17 \x03(\x0b\x32&.runplane.v1.DbtContext.VariablesEntry\x12\x1b\n\x13pull_request_number\x18\x18 \x01(\x05\x1a\x31\n\x0f\x43onnectionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x38\n\x16\x43onnectionSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*x\n\x11GitCredentialKind\x12#\n\x1fGIT_CREDENTIAL_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19GIT_CREDENTIAL_KIND_TOKEN\x10\x01\x12\x1f\n\x1bGIT_CREDENTIAL_KIND_SSH_KEY\x10\x02*v\n\x0f\x45nvironmentType\x12 \n\x1c\x45NVIRONMENT_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45NVIRONMENT_TYPE_DEPLOYMENT\x10\x01\x12 \n\x1c\x45NVIRONMENT_TYPE_DEVELOPMENT\x10\x02\x32\xfa\x03\n\x0eProjectService\x12H\n\rCreateProject\x12!.runplane.v1.CreateProjectRequest\x1a\x14.runplane.v1.Project\x12\x42\n\nGetProject\x12\x1e.runplane.v1.GetProjectRequest\x1a\x14.runplane.v1.Project\x12S\n\x0cListProjects\x12 .runplane.v1.ListProjectsRequest\x1a!.runplane.v1.ListProjectsResponse\x12T\n\x11\x43reateEnvironment\x12%.runplane.v1.CreateEnvironmentRequest\x1a\x18.runplane.v1.Environment\x12N\n\x0eGetEnvironment\x12\".runplane.v1.GetEnvironmentRequest\x1a\x18.runplane.v1.Environment\x12_\n\x10ListEnvironments\x12$.runplane.v1.ListEnvironmentsRequest\x1a%.runplane.v1.ListEnvironmentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,42 +43,56 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENVIRONMENT_VARIABLESENTRY']._serialized_options = b'8\001'
   _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._loaded_options = None
   _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._serialized_options = b'8\001'
-  _globals['_GITCREDENTIALKIND']._serialized_start=2093
-  _globals['_GITCREDENTIALKIND']._serialized_end=2213
-  _globals['_ENVIRONMENTTYPE']._serialized_start=2215
-  _globals['_ENVIRONMENTTYPE']._serialized_end=2333
-  _globals['_PROJECT']._serialized_start=77
-  _globals['_PROJECT']._serialized_end=363
-  _globals['_CREATEPROJECTREQUEST']._serialized_start=366
-  _globals['_CREATEPROJECTREQUEST']._serialized_end=533
-  _globals['_GETPROJECTREQUEST']._serialized_start=535
-  _globals['_GETPROJECTREQUEST']._serialized_end=574
-  _globals['_LISTPROJECTSREQUEST']._serialized_start=576
-  _globals['_LISTPROJECTSREQUEST']._serialized_end=597
-  _globals['_LISTPROJECTSRESPONSE']._serialized_start=599
-  _globals['_LISTPROJECTSRESPONSE']._serialized_end=661
-  _globals['_CONNECTION']._serialized_start=664
-  _globals['_CONNECTION']._serialized_end=917
-  _globals['_CONNECTION_FIELDSENTRY']._serialized_start=819
-  _globals['_CONNECTION_FIELDSENTRY']._serialized_end=864
-  _globals['_CONNECTION_SECRETFIELDSENTRY']._serialized_start=866
-  _globals['_CONNECTION_SECRETFIELDSENTRY']._serialized_end=917
-  _globals['_ENVIRONMENT']._serialized_start=920
-  _globals['_ENVIRONMENT']._serialized_end=1537
-  _globals['_ENVIRONMENT_CONNECTIONFIELDSENTRY']._serialized_start=1432
-  _globals['_ENVIRONMENT_CONNECTIONFIELDSENTRY']._serialized_end=1487
-  _globals['_ENVIRONMENT_VARIABLESENTRY']._serialized_start=1489
-  _globals['_ENVIRONMENT_VARIABLESENTRY']._serialized_end=1537
-  _globals['_CREATEENVIRONMENTREQUEST']._serialized_start=1540
-  _globals['_CREATEENVIRONMENTREQUEST']._serialized_end=1919
-  _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._serialized_start=1489
-  _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._serialized_end=1537
-  _globals['_GETENVIRONMENTREQUEST']._serialized_start=1921
-  _globals['_GETENVIRONMENTREQUEST']._serialized_end=1968
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=1970
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=2015
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=2017
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=2091
-  _globals['_PROJECTSERVICE']._serialized_start=2336
-  _globals['_PROJECTSERVICE']._serialized_end=2842
+  _globals['_DBTCONTEXT_CONNECTIONENTRY']._loaded_options = None
+  _globals['_DBTCONTEXT_CONNECTIONENTRY']._serialized_options = b'8\001'
+  _globals['_DBTCONTEXT_CONNECTIONSECRETSENTRY']._loaded_options = None
+  _globals['_DBTCONTEXT_CONNECTIONSECRETSENTRY']._serialized_options = b'8\001'
+  _globals['_DBTCONTEXT_VARIABLESENTRY']._loaded_options = None
+  _globals['_DBTCONTEXT_VARIABLESENTRY']._serialized_options = b'8\001'
+  _globals['_GITCREDENTIALKIND']._serialized_start=2967
+  _globals['_GITCREDENTIALKIND']._serialized_end=3087
+  _globals['_ENVIRONMENTTYPE']._serialized_start=3089
+  _globals['_ENVIRONMENTTYPE']._serialized_end=3207
+  _globals['_PROJECT']._serialized_start=103
+  _globals['_PROJECT']._serialized_end=389
+  _globals['_CREATEPROJECTREQUEST']._serialized_start=392
+  _globals['_CREATEPROJECTREQUEST']._serialized_end=559
+  _globals['_GETPROJECTREQUEST']._serialized_start=561
+  _globals['_GETPROJECTREQUEST']._serialized_end=600
+  _globals['_LISTPROJECTSREQUEST']._serialized_start=602
+  _globals['_LISTPROJECTSREQUEST']._serialized_end=623
+  _globals['_LISTPROJECTSRESPONSE']._serialized_start=625
+  _globals['_LISTPROJECTSRESPONSE']._serialized_end=687
+  _globals['_CONNECTION']._serialized_start=690
+  _globals['_CONNECTION']._serialized_end=943
+  _globals['_CONNECTION_FIELDSENTRY']._serialized_start=845
+  _globals['_CONNECTION_FIELDSENTRY']._serialized_end=890
+  _globals['_CONNECTION_SECRETFIELDSENTRY']._serialized_start=892
+  _globals['_CONNECTION_SECRETFIELDSENTRY']._serialized_end=943
+  _globals['_ENVIRONMENT']._serialized_start=946
+  _globals['_ENVIRONMENT']._serialized_end=1563
+  _globals['_ENVIRONMENT_CONNECTIONFIELDSENTRY']._serialized_start=1458
+  _globals['_ENVIRONMENT_CONNECTIONFIELDSENTRY']._serialized_end=1513
+  _globals['_ENVIRONMENT_VARIABLESENTRY']._serialized_start=1515
+  _globals['_ENVIRONMENT_VARIABLESENTRY']._serialized_end=1563
+  _globals['_CREATEENVIRONMENTREQUEST']._serialized_start=1566
+  _globals['_CREATEENVIRONMENTREQUEST']._serialized_end=1945
+  _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._serialized_start=1515
+  _globals['_CREATEENVIRONMENTREQUEST_VARIABLESENTRY']._serialized_end=1563
+  _globals['_GETENVIRONMENTREQUEST']._serialized_start=1947
+  _globals['_GETENVIRONMENTREQUEST']._serialized_end=1994
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=1996
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=2041
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=2043
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=2117
+  _globals['_DBTCONTEXT']._serialized_start=2120
+  _globals['_DBTCONTEXT']._serialized_end=2965
+  _globals['_DBTCONTEXT_CONNECTIONENTRY']._serialized_start=2808
+  _globals['_DBTCONTEXT_CONNECTIONENTRY']._serialized_end=2857
+  _globals['_DBTCONTEXT_CONNECTIONSECRETSENTRY']._serialized_start=2859
+  _globals['_DBTCONTEXT_CONNECTIONSECRETSENTRY']._serialized_end=2915
+  _globals['_DBTCONTEXT_VARIABLESENTRY']._serialized_start=1515
+  _globals['_DBTCONTEXT_VARIABLESENTRY']._serialized_end=1563
+  _globals['_PROJECTSERVICE']._serialized_start=3210
+  _globals['_PROJECTSERVICE']._serialized_end=3716
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from runplane.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -522,3 +523,166 @@ class ListEnvironmentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEnvironmentsResponse: _TypeAlias = ListEnvironmentsResponse  # noqa: Y015
+
+@_typing.final
+class DbtContext(_message.Message):
+    """What a runner needs to run dbt for one run of a job with an environment: the project, the
+    environment and the effective target/schema/threads, assembled by the control plane
+    (runplane.dbt_context) and handed to the run's runner alone. Secret fields are in clear text
+    here: the message is never stored and never returned by the public API.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ConnectionEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ConnectionSecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class VariablesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ACCOUNT_ID_FIELD_NUMBER: _builtins.int
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_TYPE_FIELD_NUMBER: _builtins.int
+    JOB_TYPE_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    REPOSITORY_URL_FIELD_NUMBER: _builtins.int
+    SUBDIRECTORY_FIELD_NUMBER: _builtins.int
+    GIT_CREDENTIAL_KIND_FIELD_NUMBER: _builtins.int
+    GIT_CREDENTIAL_FIELD_NUMBER: _builtins.int
+    GIT_SHA_FIELD_NUMBER: _builtins.int
+    GIT_BRANCH_FIELD_NUMBER: _builtins.int
+    DBT_VERSION_FIELD_NUMBER: _builtins.int
+    ADAPTER_TYPE_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
+    CONNECTION_SECRETS_FIELD_NUMBER: _builtins.int
+    TARGET_NAME_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    job_id: _builtins.int
+    account_id: _builtins.int
+    project_id: _builtins.int
+    environment_id: _builtins.int
+    environment_type: _builtins.str
+    """deployment | development"""
+    job_type: _common_pb2.JobType.ValueType
+    trigger: _common_pb2.Trigger.ValueType
+    cause: _builtins.str
+    """DBT_CLOUD_RUN_REASON"""
+    repository_url: _builtins.str
+    subdirectory: _builtins.str
+    git_credential_kind: _builtins.str
+    """none | token | ssh_key"""
+    git_credential: _builtins.str
+    git_sha: _builtins.str
+    """requested commit; empty: the branch's head"""
+    git_branch: _builtins.str
+    """empty: the repository's default branch"""
+    dbt_version: _builtins.str
+    adapter_type: _builtins.str
+    target_name: _builtins.str
+    schema: _builtins.str
+    threads: _builtins.int
+    pull_request_number: _builtins.int
+    """0: none"""
+    @_builtins.property
+    def connection(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def connection_secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        job_id: _builtins.int = ...,
+        account_id: _builtins.int = ...,
+        project_id: _builtins.int = ...,
+        environment_id: _builtins.int = ...,
+        environment_type: _builtins.str = ...,
+        job_type: _common_pb2.JobType.ValueType = ...,
+        trigger: _common_pb2.Trigger.ValueType = ...,
+        cause: _builtins.str = ...,
+        repository_url: _builtins.str = ...,
+        subdirectory: _builtins.str = ...,
+        git_credential_kind: _builtins.str = ...,
+        git_credential: _builtins.str = ...,
+        git_sha: _builtins.str = ...,
+        git_branch: _builtins.str = ...,
+        dbt_version: _builtins.str = ...,
+        adapter_type: _builtins.str = ...,
+        connection: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        connection_secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        target_name: _builtins.str = ...,
+        schema: _builtins.str = ...,
+        threads: _builtins.int = ...,
+        variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        pull_request_number: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "cause", b"cause", "connection", b"connection", "connection_secrets", b"connection_secrets", "dbt_version", b"dbt_version", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "git_sha", b"git_sha", "job_id", b"job_id", "job_type", b"job_type", "project_id", b"project_id", "pull_request_number", b"pull_request_number", "repository_url", b"repository_url", "run_id", b"run_id", "schema", b"schema", "subdirectory", b"subdirectory", "target_name", b"target_name", "threads", b"threads", "trigger", b"trigger", "variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DbtContext: _TypeAlias = DbtContext  # noqa: Y015
