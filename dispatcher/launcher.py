@@ -22,6 +22,7 @@ class LaunchRequest:
     attempt: int  # launch attempt, 1-based; part of a Pod's deterministic name
     memory_mb: int  # the account's memory limit per run
     timeout_seconds: int  # 0: none
+    dbt_version: str = ""  # the environment's dbt version: picks the runner image; empty for plain commands
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,9 @@ UPDATE runs r
   FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
-          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds
+          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
+          (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
+            WHERE j.id = r.job_id) AS dbt_version
 
 -- name: set_waiting_reasons
 UPDATE runs r

@@ -61,6 +61,7 @@ class Started:
     memory_mb: int
     timeout_seconds: int
     trace_parent: str = ""
+    dbt_version: str = ""  # the environment's; empty for plain commands
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -220,6 +221,7 @@ class Dispatcher:
                 memory_mb=memory_mb,
                 timeout_seconds=_timeout(r["overrides"], int(r["timeout_seconds"] or 0)),  # type: ignore[call-overload]
                 trace_parent=str(r["trace_parent"] or ""),
+                dbt_version=str(r["dbt_version"] or ""),
             )
             for r in await cur.fetchall()
         ]
@@ -251,6 +253,7 @@ class Dispatcher:
             attempt=run.launch_attempts,
             memory_mb=run.memory_mb,
             timeout_seconds=run.timeout_seconds,
+            dbt_version=run.dbt_version,
         )
         attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         try:

@@ -58,6 +58,10 @@ class KubernetesSettings(BaseModel):
     namespace: str = Field("runplane-runs", description="Namespace the run Pods are created in.")
     image: str = Field("ghcr.io/runplane/runplane-runner:0.1.0", description="Runner image (dbt installed).")
     image_pull_policy: str = Field("IfNotPresent", description="Always, IfNotPresent or Never.")
+    dbt_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Runner image per dbt version (JSON); an environment's dbt_version picks one, else `image`.",
+    )
     service_account: str = Field("", description="Service account of run Pods; empty: the namespace default.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels run Pods require.")
     tolerations: list[dict[str, Any]] = Field(

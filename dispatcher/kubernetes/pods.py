@@ -51,7 +51,7 @@ def build_pod(
     }
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": settings.image,
+        "image": settings.dbt_images.get(request.dbt_version, settings.image),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["runplane", "runner", "--run-id", str(request.run_id)],
         "env": [
