@@ -103,10 +103,6 @@ WITH dropped AS (
 UPDATE jobs SET version = version + 1, updated_at = now()
 WHERE id IN (SELECT job_id FROM dropped) AND deleted_at IS NULL;
 
--- name: cancel_queued_runs_of_job
-UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s
-WHERE job_id = %(job_id)s AND status = 1;
-
 -- name: reactivate_job
 UPDATE jobs SET deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
     version = version + 1, updated_at = now()
@@ -115,17 +111,6 @@ RETURNING *;
 
 -- name: run_by_idempotency_key
 SELECT * FROM runs WHERE idempotency_key = %(idempotency_key)s;
-
--- name: insert_run
-INSERT INTO runs (
-    account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
-    pull_request_number, schema_name, trace_parent, scheduled_at, queued_at
-) VALUES (
-    %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
-    %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, now(), now()
-)
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
 
 -- name: get_run
 SELECT * FROM runs WHERE id = %(run_id)s AND account_id = %(account_id)s;
@@ -142,13 +127,6 @@ WHERE account_id = %(account_id)s
   AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
-
--- name: cancel_queued_run
--- Compare-and-set: only a run still queued is cancelled here; a dispatcher may have taken it.
-UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s,
-    cancel_requested_at = COALESCE(cancel_requested_at, now())
-WHERE id = %(run_id)s AND account_id = %(account_id)s AND status = 1
-RETURNING *;
 
 -- name: request_cancel
 -- A starting or running run is stopped by its runner, which watches cancel_requested_at.

@@ -11,7 +11,7 @@ import grpc
 
 from api import convert, paging
 from api.auth import current_account
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.validation import TriggerSpec, positive_id, run_statuses, text, trigger_spec
 from runplane import instruments, tracing

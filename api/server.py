@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.auth import AuthInterceptor
 from api.jobs import JobService
-from api.pickup import PickupPublisher
+from api.pickup_publisher import PickupPublisher
 from api.projects import ProjectService
 from api.runs import RunService
 from api.store import Store

@@ -11,21 +11,21 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
-from runplane.errors import ServiceUnavailable
+from runplane.errors import Contention, ServiceUnavailable
+from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
 from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-QUERIES = load_queries("api")
+QUERIES = {**load_queries("api"), **TRANSITIONS}  # a run's status changes are runplane.runs'
 
 
 class Store:
@@ -246,9 +246,9 @@ async def _database_errors() -> AsyncIterator[None]:
     """Postgres going away (or a pool with no free connection) becomes ServiceUnavailable."""
     try:
         yield
-    except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+    except Contention as exc:
         raise ServiceUnavailable("a concurrent change conflicted with this one; try again") from exc
-    except psycopg.OperationalError as exc:  # includes psycopg_pool.PoolTimeout
+    except ServiceUnavailable as exc:  # clients see no detail of the database
         log.warning("database unavailable: %s", exc)
         raise ServiceUnavailable("the database is unavailable; try again") from exc
 

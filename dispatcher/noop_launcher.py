@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import psycopg
-
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.errors import LaunchError
+from runplane.db import Connection, connect, database_errors
+from runplane.errors import LaunchError, RunplaneError
 from runplane.sql import load_queries
 
 Q = load_queries("dispatcher", "noop.sql")
@@ -26,7 +25,7 @@ class NoopLauncher:
     def __init__(self, database_url: str, cluster: str) -> None:
         self._database_url = database_url
         self._cluster = cluster
-        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._conn: Connection | None = None
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._flushing = False
 
@@ -46,8 +45,9 @@ class NoopLauncher:
                 batch, self._pending = self._pending, {}
                 try:
                     conn = await self._connection()
-                    await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
-                except psycopg.Error as exc:
+                    with database_errors():
+                        await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
+                except RunplaneError as exc:
                     await self.close()
                     for future in batch.values():
                         future.set_exception(LaunchError(f"noop launch failed: {exc}", retryable=True))
@@ -57,15 +57,13 @@ class NoopLauncher:
         finally:
             self._flushing = False
 
-    async def _connection(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    async def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._database_url, autocommit=True, options="-c synchronous_commit=off"
-            )
+            self._conn = await connect(self._database_url, options="-c synchronous_commit=off")
         return self._conn
 
     async def close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
+            with contextlib.suppress(RunplaneError), database_errors():
                 await self._conn.close()
             self._conn = None

@@ -23,23 +23,6 @@ UNION ALL
   ORDER BY priority DESC, queued_at, id
   LIMIT %(limit)s)
 
--- name: start_runs
--- Compare-and-set queued → starting: a run another dispatcher already took is left alone.
-UPDATE runs r
-   SET status = 2,
-       dispatched_at = clock_timestamp(),
-       waiting_reason = '',
-       not_before = NULL,
-       launch_attempts = r.launch_attempts + 1,
-       schema_name = v.schema_name,
-       cluster = %(cluster)s
-  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
- WHERE r.id = v.id AND r.status = 1
-RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
-          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
-          (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
-            WHERE j.id = r.job_id) AS dbt_version
-
 -- name: set_waiting_reasons
 UPDATE runs r
    SET waiting_reason = v.reason

@@ -18,8 +18,6 @@ import socket
 import time
 from dataclasses import dataclass
 
-import psycopg
-import psycopg.errors
 from google.protobuf.message import Message
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
@@ -31,12 +29,13 @@ from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
 from runplane.bus import AmqpBus, Bus, Delivery, Topology
 from runplane.db import Connection, open_pool
-from runplane.errors import LaunchError, ServiceUnavailable
+from runplane.errors import Contention, LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
 from runplane.runs.finish import Outcome, finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
+from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop, spawn
@@ -142,9 +141,9 @@ class Dispatcher:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 return await self._plan_and_start(conn, account_id)
-        except psycopg.errors.LockNotAvailable:
+        except Contention:
             log.info("account row busy; pickup dropped", extra={"account_id": account_id})
-        except psycopg.OperationalError as exc:
+        except ServiceUnavailable as exc:
             # The transaction was ended under us (idle timeout after a stall, or Postgres went away).
             log.warning("dispatch pass aborted", extra={"account_id": account_id, "error": str(exc)})
         return [], set()
@@ -204,7 +203,7 @@ class Dispatcher:
         if not plan.start:
             return [], pickups
         cur = await conn.execute(
-            Q["start_runs"],
+            TRANSITIONS["start_runs"],
             {
                 "ids": [run.run_id for run in plan.start],
                 "schemas": [plan.schemas[run.run_id] for run in plan.start],
@@ -242,7 +241,7 @@ class Dispatcher:
                         "clusters": [result.cluster for _, result in launched],
                     },
                 )
-        except psycopg.OperationalError as exc:
+        except ServiceUnavailable as exc:
             log.warning("pod names not recorded", extra={"error": str(exc)})
 
     async def _launch(self, run: Started) -> LaunchResult | None:
@@ -291,7 +290,7 @@ async def announce(
             try:
                 async with pool.connection() as conn:
                     await conn.execute(Q["dispatcher_seen"], {**params, "dispatched": dispatcher.dispatched})
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 log.warning("dispatcher row not updated", extra={"error": str(exc)})
             if await sleep_or_stop(stop, ANNOUNCE_INTERVAL):
                 break
@@ -299,7 +298,7 @@ async def announce(
         try:
             async with pool.connection() as conn:
                 await conn.execute(Q["dispatcher_gone"], {"dispatcher_id": name})
-        except psycopg.OperationalError:
+        except ServiceUnavailable:
             pass  # the scheduler loop forgets silent dispatchers
 
 
@@ -326,15 +325,19 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         started = time.monotonic()
         name = f"{socket.gethostname()}:{os.getpid()}"
         async with asyncio.TaskGroup() as group:
-            spawn(group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop))
+            spawn(
+                group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop), eternal=True, stop=stop
+            )
             watcher = companion(settings, pool, stop)
             if watcher is not None:
-                spawn(group, f"dispatcher:{launcher.name}:watch", watcher)
+                spawn(group, f"dispatcher:{launcher.name}:watch", watcher, eternal=True, stop=stop)
             for index in range(concurrency):
                 spawn(
                     group,
                     f"dispatcher:consume:{index}",
                     bus.consume(queue, dispatcher.on_pickup, prefetch=prefetch, stop=stop),
+                    eternal=True,
+                    stop=stop,
                 )
         log.info("dispatcher stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
     finally:

@@ -32,7 +32,7 @@ from runplane.db import Connection, connect
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.stamps import LogicalClock, Stamp
-from runplane.supervise import sleep_or_stop, spawn
+from runplane.supervise import sleep_or_stop, spawn, wait_any
 from runplane.types import JOB_TYPE_TO_PROTO, JobType
 from runplane.v1 import bus_pb2
 
@@ -102,15 +102,17 @@ class Leader:
             await listen_conn.execute("LISTEN runplane_jobs")
             await listen_conn.execute("LISTEN runplane_accounts")
             async with asyncio.TaskGroup() as group:
-                spawn(group, "orchestrator:listen", self._listen(listen_conn, stop))
+                spawn(group, "orchestrator:listen", self._listen(listen_conn, stop), eternal=True, stop=stop)
                 spawn(
                     group,
                     "orchestrator:inbox",
                     self.bus.consume(self.topology.orchestrator, self.on_message, prefetch=64, stop=stop),
+                    eternal=True,
+                    stop=stop,
                 )
-                spawn(group, "orchestrator:sync", self._sync_loop(stop))
-                spawn(group, "orchestrator:reconcile", self._reconcile_loop(stop))
-                spawn(group, "orchestrator:liveness", self._liveness_loop(stop))
+                spawn(group, "orchestrator:sync", self._sync_loop(stop), eternal=True, stop=stop)
+                spawn(group, "orchestrator:reconcile", self._reconcile_loop(stop), eternal=True, stop=stop)
+                spawn(group, "orchestrator:liveness", self._liveness_loop(stop), eternal=True, stop=stop)
         finally:
             await listen_conn.close()
 
@@ -147,15 +149,7 @@ class Leader:
 
     async def _sync_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            changed = asyncio.ensure_future(self._changed.wait())
-            full = asyncio.ensure_future(self._full_sync.wait())
-            stopped = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({changed, full, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in (changed, full, stopped):
-                    waiter.cancel()
-            if stop.is_set():
+            if await wait_any(stop, self._changed, self._full_sync):
                 return
             if self._full_sync.is_set():
                 self._full_sync.clear()

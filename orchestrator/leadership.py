@@ -11,9 +11,7 @@ import asyncio
 import logging
 from typing import SupportsInt, cast
 
-import psycopg
-
-from runplane.db import Connection, connect
+from runplane.db import Connection, connect, database_errors
 from runplane.errors import RunplaneError, ServiceUnavailable
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
@@ -40,11 +38,12 @@ async def acquire(database_url: str, stop: asyncio.Event) -> Connection | None:
         try:
             if conn is None or conn.closed:
                 conn = await connect(database_url)
-            cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LEADER_LOCK_KEY,))
-            row = await cur.fetchone()
+            with database_errors():
+                cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LEADER_LOCK_KEY,))
+                row = await cur.fetchone()
             if row is not None and row["locked"]:
                 return conn
-        except (psycopg.OperationalError, ServiceUnavailable) as exc:
+        except ServiceUnavailable as exc:
             log.warning("leader lock not reachable", extra={"error": str(exc)})
             if conn is not None:
                 await conn.close()
@@ -70,6 +69,7 @@ async def watch(conn: Connection, stop: asyncio.Event) -> None:
     """Raise ``LeadershipLost`` as soon as the lock's connection stops answering."""
     while not await sleep_or_stop(stop, WATCH_SECONDS):
         try:
-            await asyncio.wait_for(conn.execute("SELECT 1"), timeout=5 * WATCH_SECONDS)
-        except (psycopg.Error, TimeoutError) as exc:
+            with database_errors():
+                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=5 * WATCH_SECONDS)
+        except (RunplaneError, TimeoutError) as exc:
             raise LeadershipLost(f"the leader lock's connection failed: {exc!r}") from exc

@@ -35,8 +35,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             try:
                 leader = Leader(settings, pool, bus, term, leader_id)
                 async with asyncio.TaskGroup() as group:
-                    spawn(group, "orchestrator:leadership", leadership.watch(conn, stop))
-                    spawn(group, "orchestrator:leader", leader.run(stop))
+                    spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)
+                    spawn(group, "orchestrator:leader", leader.run(stop), eternal=True, stop=stop)
             finally:
                 await bus.close()
         finally:

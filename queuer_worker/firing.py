@@ -15,12 +15,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
 from runplane.db import Connection
-from runplane.sql import load_queries
+from runplane.runs.transitions import TRANSITIONS
 from runplane.types import schedule_idempotency_key
 
 log = logging.getLogger(__name__)
 
-QUERIES = load_queries("queuer_worker")
 
 SUPERSEDED_MESSAGE = (
     "Cancelled: superseded by a newer scheduled run of this job that was queued while this one was still "
@@ -68,12 +67,14 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
         return TickResult(0, 0, frozenset())
     superseded = 0
     async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-        await cur.execute(QUERIES["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys})
+        await cur.execute(
+            TRANSITIONS["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
+        )
         rows = await cur.fetchall()
         if rows:
             await cur.execute("SET LOCAL enable_nestloop = off")
             await cur.execute(
-                QUERIES["cancel_superseded"],
+                TRANSITIONS["cancel_superseded"],
                 {
                     "job_ids": [row["job_id"] for row in rows],
                     "fire_ts": [row["fire_ts"] for row in rows],

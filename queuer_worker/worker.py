@@ -27,7 +27,7 @@ from runplane.errors import ServiceUnavailable
 from runplane.runs.pickups import send_pickups
 from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
-from runplane.supervise import sleep_or_stop, spawn
+from runplane.supervise import sleep_or_stop, spawn, wait_any
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,15 @@ class QueuerWorker:
         async with asyncio.TaskGroup() as group:
             # prefetch 1 on the shared queue: Assigns spread one message at a time over the workers.
             spawn(
-                group, "queuer:assign", self.bus.consume(self.topology.assign, self.on_message, prefetch=1, stop=stop)
+                group,
+                "queuer:assign",
+                self.bus.consume(self.topology.assign, self.on_message, prefetch=1, stop=stop),
+                eternal=True,
+                stop=stop,
             )
-            spawn(group, "queuer:own-queue", self._consume_own(stop))
-            spawn(group, "queuer:heartbeat", self._heartbeat(stop))
-            spawn(group, "queuer:fire", self._fire_loop(stop))
+            spawn(group, "queuer:own-queue", self._consume_own(stop), eternal=True, stop=stop)
+            spawn(group, "queuer:heartbeat", self._heartbeat(stop), eternal=True, stop=stop)
+            spawn(group, "queuer:fire", self._fire_loop(stop), eternal=True, stop=stop)
 
     # -- messages ---------------------------------------------------------------------------------
 
@@ -221,13 +225,7 @@ class QueuerWorker:
     @staticmethod
     async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
         """Sleep up to ``seconds``, or until ``event`` or ``stop`` is set."""
-        wake = asyncio.ensure_future(event.wait())
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({wake, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            wake.cancel()
-            stopped.cancel()
+        await wait_any(stop, event, timeout=seconds)
 
     async def _queue(self, tick: PreparedTick) -> None:
         for attempt in range(1, _INSERT_ATTEMPTS + 1):

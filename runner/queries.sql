@@ -1,20 +1,5 @@
 -- The runner: claim, lease, steps, logs, artifacts.
 
--- name: claim_run
--- Compare-and-set starting → running: a duplicate runner finds nothing and leaves.
-UPDATE runs r
-   SET status = 3,
-       started_at = clock_timestamp(),
-       lease_owner = %(owner)s,
-       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
-       heartbeat_at = clock_timestamp(),
-       waiting_reason = ''
-  FROM jobs j, accounts a
- WHERE r.id = %(run_id)s AND r.status = 2 AND j.id = r.job_id AND a.id = r.account_id
-RETURNING r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
-          r.pull_request_number, r.cancel_requested_at, r.scheduled_at, r.dispatched_at, r.started_at, j.steps, j.environment, j.threads,
-          j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
-
 -- name: heartbeat
 UPDATE runs
    SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),

@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from runplane.db import Connection
 from runplane.secrets import mask
 from runplane.sql import load_queries
+from runplane.supervise import wait_any
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +82,10 @@ class RunLogs:
     async def run(self, stop: asyncio.Event) -> None:
         """Flush every interval (sooner when the buffer fills) until ``stop``, then once more."""
         while not stop.is_set():
-            full: asyncio.Future[bool] = asyncio.ensure_future(self._full.wait())
-            try:
-                if await sleep_or_stop_or(stop, full, self._flush_interval):
-                    break
-            finally:
-                full.cancel()
+            if await wait_any(stop, self._full, timeout=self._flush_interval):
+                break
             await self.flush()
         await self.flush()
-
-
-async def sleep_or_stop_or(stop: asyncio.Event, other: asyncio.Future[bool], seconds: float) -> bool:
-    """Wait for ``seconds``, ``stop`` or ``other``; True when ``stop`` was set."""
-    stop_wait: asyncio.Future[bool] = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({stop_wait, other}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop_wait.cancel()
-    return stop.is_set()
 
 
 def _merge(batch: list[tuple[int, str]]) -> list[tuple[int, str]]:

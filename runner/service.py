@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,9 +46,11 @@ from runplane.errors import RunplaneError, ServiceUnavailable
 from runplane.runs.finish import MEMORY_LIMIT_ERROR, Outcome, end_run
 from runplane.runs.pickups import hint_pickups
 from runplane.runs.retries import FailureKind, RetryPolicy
+from runplane.runs.transitions import TRANSITIONS
 from runplane.secrets import box_from_settings, mask
 from runplane.settings import Settings
 from runplane.sql import load_queries
+from runplane.supervise import wait_any
 from runplane.types import RunStatus
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Runner:
     async def claim(self) -> ClaimedRun | None:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                Q["claim_run"],
+                TRANSITIONS["claim_run"],
                 {"run_id": self._run_id, "owner": self._owner, "lease_seconds": self._settings.runner.lease_seconds},
             )
             row = await cur.fetchone()
@@ -351,9 +352,7 @@ class Runner:
         lease = self._settings.runner.lease_seconds
         last_renewal = time.monotonic()
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=min(CANCEL_POLL_INTERVAL, interval))
-            if stop.is_set():
+            if await wait_any(stop, timeout=min(CANCEL_POLL_INTERVAL, interval)):
                 return
             renew = time.monotonic() - last_renewal >= interval
             try:
@@ -361,7 +360,7 @@ class Runner:
                     params = {"run_id": self._run_id, "owner": self._owner, "lease_seconds": lease}
                     cur = await conn.execute(Q["heartbeat"] if renew else Q["poll_run"], params)
                     row = await cur.fetchone()
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 # Postgres away: keep working while the lease may still be ours.
                 if time.monotonic() - last_renewal > lease:
                     log.error("lease expired without a renewal; stopping", extra={"run_id": self._run_id})
@@ -399,7 +398,7 @@ class Runner:
                     lease_owner=self._owner,
                 )
                 break
-            except psycopg.OperationalError as exc:
+            except ServiceUnavailable as exc:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("outcome not written yet; retrying", extra={"run_id": self._run_id, "error": str(exc)})

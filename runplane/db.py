@@ -1,27 +1,62 @@
-"""Postgres access: connection pools and the error boundary.
+"""Postgres access: connection pools, and the one place psycopg errors become runplane's.
 
-psycopg errors that mean "the database is not there" become ``ServiceUnavailable``.
+Every psycopg error raised while a pooled connection is in use (:class:`Pool` wraps
+``pool.connection()``), or inside :func:`database_errors`, becomes a :class:`runplane.errors.RunplaneError`:
+
+- the database not there, the connection lost, no pooled connection in time: ``ServiceUnavailable``;
+- a lock not available, a deadlock, a serialization failure: ``Contention`` (a ``ServiceUnavailable``:
+  nothing changed, try again);
+- anything else Postgres refused: ``DatabaseError``.
+
+Services catch these, never ``psycopg.*``; the original error is the new one's ``__cause__``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
+import psycopg.errors
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.errors import ServiceUnavailable
+from runplane.errors import Contention, DatabaseError, ServiceUnavailable
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
+
+_CONTENTION = (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+@contextlib.contextmanager
+def database_errors() -> Iterator[None]:
+    """Turn what psycopg raises inside the block into runplane's errors (see the module's docstring)."""
+    try:
+        yield
+    except _CONTENTION as exc:
+        raise Contention(f"a concurrent transaction was in the way: {exc}") from exc
+    except psycopg.OperationalError as exc:  # includes psycopg_pool.PoolTimeout
+        raise ServiceUnavailable(f"database unavailable: {exc}") from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class Pool(AsyncConnectionPool[Connection]):
+    """A connection pool whose connections raise runplane's errors, not psycopg's."""
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[Connection]:
+        with database_errors():
+            async with super().connection(timeout) as conn:
+                yield conn
 
 
 async def open_pool(
     database_url: str, *, min_size: int = 1, max_size: int = 10, name: str = "runplane"
 ) -> AsyncConnectionPool[Connection]:
     """Open a pool whose connections return rows as dicts; fails fast when Postgres is down."""
-    pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+    pool = Pool(
         database_url,
         min_size=min_size,
         max_size=max_size,
@@ -39,10 +74,11 @@ async def open_pool(
     return pool
 
 
-async def connect(database_url: str, *, autocommit: bool = True) -> Connection:
-    """A single connection outside any pool (leadership locks, LISTEN)."""
+async def connect(database_url: str, *, autocommit: bool = True, options: str = "") -> Connection:
+    """A single connection outside any pool (leadership locks, LISTEN); use it inside :func:`database_errors`."""
     try:
-        return await psycopg.AsyncConnection.connect(database_url, autocommit=autocommit, row_factory=dict_row)
+        conninfo = make_conninfo(database_url, options=options) if options else database_url
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=autocommit, row_factory=dict_row)
     except psycopg.OperationalError as exc:
         raise ServiceUnavailable(f"cannot reach Postgres at {redact(database_url)}: {exc}") from exc
 

@@ -35,6 +35,15 @@ class ServiceUnavailable(RunplaneError):
     """An outside system (Postgres, Redis, RabbitMQ, Kubernetes) did not answer."""
 
 
+class Contention(ServiceUnavailable):
+    """Postgres answered, but a concurrent transaction was in the way (a lock not available within the
+    lock timeout, a deadlock, a serialization failure). Nothing was changed; trying again may succeed."""
+
+
+class DatabaseError(RunplaneError):
+    """Postgres refused a statement for another reason (a constraint, a bug in a query)."""
+
+
 class LaunchError(RunplaneError):
     """A launcher could not start a runner. ``retryable`` says whether trying again may help."""
 

@@ -1,8 +1,10 @@
-"""Running a service: named, supervised tasks and a bounded drain on SIGTERM.
+"""Running a service: named, supervised tasks, waiting on events, and a bounded drain on SIGTERM.
 
 Every background task runs in one ``asyncio.TaskGroup``: a task that dies unexpectedly cancels the
-others and the process exits non-zero. SIGTERM/SIGINT set the stop event; the service has
-``drain_seconds`` to finish before its tasks are cancelled.
+others and the process exits non-zero; so does a loop spawned ``eternal`` that returns before the
+stop event is set (a loop that quietly ends would leave the process running without it).
+SIGTERM/SIGINT set the stop event; the service has ``drain_seconds`` to finish before its tasks are
+cancelled. :func:`wait_any` is the one way to wait for the stop event, other events, or a timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from runplane.errors import RunplaneError
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +34,8 @@ async def run_until_stopped(name: str, service: Service, *, drain_seconds: float
     stop = asyncio.Event()
     install_signal_handlers(stop)
     task = asyncio.create_task(service(stop), name=name)
-    stop_wait = asyncio.create_task(stop.wait(), name=f"{name}:signals")
-    done, _ = await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        stop_wait.cancel()
+    await wait_any(stop, task)
+    if task.done():
         task.result()  # re-raise a crash
         return
     log.info("stopping", extra={"service": name, "drain_seconds": drain_seconds})
@@ -43,12 +45,31 @@ async def run_until_stopped(name: str, service: Service, *, drain_seconds: float
         log.warning("drain timed out; cancelling", extra={"service": name})
 
 
-def spawn(group: asyncio.TaskGroup, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    """A named task in ``group``; its failure stops the whole group (and the process)."""
+class TaskEnded(RunplaneError):
+    """A background task meant to run until the stop event returned before it was set."""
+
+
+def spawn(
+    group: asyncio.TaskGroup,
+    name: str,
+    coro: Coroutine[Any, Any, None],
+    *,
+    eternal: bool = False,
+    stop: asyncio.Event | None = None,
+) -> asyncio.Task[None]:
+    """A named task in ``group``; its failure stops the whole group (and the process).
+
+    ``eternal``: the task is a loop that runs until ``stop`` is set; returning earlier is a failure
+    too (:class:`TaskEnded`).
+    """
+    if eternal and stop is None:
+        raise ValueError(f"eternal task {name!r} needs the stop event it runs until")
 
     async def guarded() -> None:
         try:
             await coro
+            if eternal and stop is not None and not stop.is_set():
+                raise TaskEnded(f"background task {name} returned before the service was stopped")
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -58,10 +79,28 @@ def spawn(group: asyncio.TaskGroup, name: str, coro: Coroutine[Any, Any, None]) 
     return group.create_task(guarded(), name=name)
 
 
+async def wait_any(
+    stop: asyncio.Event, *events: asyncio.Event | asyncio.Future[Any], timeout: float | None = None
+) -> bool:
+    """Wait until ``stop`` or one of ``events`` is set (a future: done), or ``timeout`` seconds pass.
+
+    True when ``stop`` is set. Futures passed in are left as they are; the waiters made here are
+    cancelled before returning.
+    """
+    if stop.is_set() or any(event.is_set() if isinstance(event, asyncio.Event) else event.done() for event in events):
+        return stop.is_set()
+    own = [asyncio.ensure_future(event.wait()) for event in (stop, *events) if isinstance(event, asyncio.Event)]
+    waiters = {*own, *(event for event in events if not isinstance(event, asyncio.Event))}
+    try:
+        await asyncio.wait(
+            waiters, timeout=None if timeout is None else max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for waiter in own:
+            waiter.cancel()
+    return stop.is_set()
+
+
 async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
     """Sleep up to ``seconds``; True when stop was set meanwhile."""
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
-    except TimeoutError:
-        return False
-    return True
+    return await wait_any(stop, timeout=seconds)

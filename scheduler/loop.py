@@ -1,8 +1,6 @@
-"""The scheduler loop: every interval, a Pickup per account with due queued runs, and the reaper.
+"""The scheduler loop: every interval, a Pickup per account with due queued runs, the reaper
+(``reaper.py``), gauges, and the run-lifecycle metrics (``metrics.py``).
 
-Reaping: a run ``starting`` longer than the start timeout never got a runner, so it is relaunched
-(queued again with backoff) or, with its launch budget spent, ended in error; a run ``running``
-whose lease expired lost its runner and ends in error "runner lost" (retried when the job allows).
 Everything here is a hint or a compare-and-set, so several loops may run at once without harm.
 """
 
@@ -11,28 +9,23 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from runplane import instruments
 from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
-from runplane.runs.finish import RUNNER_LOST, Outcome, end_run
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
-from runplane.runs.relaunch import launch_failed
-from runplane.runs.retries import FailureKind, RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
-from runplane.types import RunStatus
 from scheduler.metrics import observe_runs
+from scheduler.reaper import reap_lost, reap_starting
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("scheduler")
 
-REAP_BATCH = 500
 FORGET_DISPATCHER_AFTER = 60.0
 
 
@@ -49,8 +42,8 @@ class SchedulerLoop:
     async def run_once(self) -> dict[str, int]:
         """One pass: pickups, then reaping. Returns what it did, for logs and tests."""
         pickups = await self.send_pickups()
-        relaunched, stuck_failed = await self.reap_starting()
-        lost = await self.reap_lost()
+        relaunched, stuck_failed = await reap_starting(self._pool, self._bus, self._settings)
+        lost = await reap_lost(self._pool, self._bus, self._settings)
         await self.observe()
         observed = await observe_runs(self._pool)
         return {
@@ -77,49 +70,6 @@ class SchedulerLoop:
             instruments.slots_in_use.set(int(gauges["slots_in_use"]))  # type: ignore[call-overload]
             instruments.oldest_queued_age.set(float(gauges["oldest_queued_age"]))  # type: ignore[arg-type]
 
-    async def reap_starting(self) -> tuple[int, int]:
-        timeout = self._settings.scheduler.start_timeout
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["stuck_starting"], {"start_timeout": timeout, "limit": REAP_BATCH})
-            stuck = await cur.fetchall()
-        relaunched = failed = 0
-        for row in stuck:
-            attempts = int(row["launch_attempts"])  # type: ignore[call-overload]
-            log.warning("run stuck in starting", extra={"run_id": row["id"], "launch_attempts": attempts})
-            await launch_failed(
-                self._pool,
-                self._bus,
-                self._settings,
-                run_id=int(row["id"]),  # type: ignore[call-overload]
-                launch_attempts=attempts,
-                message=f"no runner claimed the run within {timeout:g} s",
-            )
-            if attempts < self._settings.scheduler.launch_attempts:
-                relaunched += 1
-            else:
-                failed += 1
-        return relaunched, failed
-
-    async def reap_lost(self) -> int:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["lost_running"], {"limit": REAP_BATCH})
-            lost = await cur.fetchall()
-        policy = RetryPolicy.from_settings(self._settings.runner)
-        ended = 0
-        for row in lost:
-            finished = await end_run(
-                self._pool,
-                self._bus,
-                self._settings.bus_prefix,
-                int(row["id"]),  # type: ignore[call-overload]
-                Outcome.error(RUNNER_LOST, FailureKind.INFRASTRUCTURE),
-                policy=policy,
-                from_statuses=(RunStatus.RUNNING,),
-                require_lease_expired=True,  # a heartbeat that just arrived wins
-            )
-            ended += finished is not None
-        return ended
-
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """``runplane scheduler``: a pass every ``settings.scheduler.interval`` until ``stop`` is set."""
@@ -138,7 +88,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 failures = 0
                 if done["relaunched"] or done["start_failed"] or done["lost"]:
                     log.info("reaped", extra=done)
-            except (ServiceUnavailable, psycopg.OperationalError) as exc:
+            except ServiceUnavailable as exc:
                 # Postgres or RabbitMQ away: keep trying every interval; the pass is idempotent.
                 failures += 1
                 if failures == 1 or failures % 30 == 0:

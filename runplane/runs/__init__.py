@@ -12,5 +12,7 @@
 - ``retries.py``: whether a failed run gets a new run, and the one backoff formula;
 - ``relaunch.py``: the same run back to queued after a failed launch, or ended once the budget is spent;
 - ``pickups.py``: the one place Pickups are built and sent, and the marks that hold back repeats;
-- ``transitions.sql``: the SQL of these transitions, one named statement each.
+- ``transitions.sql`` (loaded by ``transitions.py``): every status transition of a run, one named
+  statement each, for every part that moves a run: queuing, starting, claiming, cancelling, ending,
+  requeuing.
 """

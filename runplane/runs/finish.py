@@ -31,12 +31,12 @@ from runplane.bus import Bus, Topology
 from runplane.db import Connection
 from runplane.runs.pickups import hint_pickups
 from runplane.runs.retries import FailureKind, RetryPolicy, queue_retry
-from runplane.sql import load_queries
+from runplane.runs.transitions import TRANSITIONS
 from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("runplane.runs", "transitions.sql")
+Q = TRANSITIONS
 
 DEACTIVATE_AFTER_FAILURES = 100
 MEMORY_LIMIT_ERROR = "memory limit error"

@@ -21,13 +21,13 @@ from runplane.bus import Bus
 from runplane.db import Connection
 from runplane.runs.finish import Outcome, end_run, finish_run
 from runplane.runs.retries import FailureKind, RetryPolicy, backoff
+from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import Settings
-from runplane.sql import load_queries
 from runplane.types import RunStatus
 
 log = logging.getLogger(__name__)
 
-Q = load_queries("runplane.runs", "transitions.sql")
+Q = TRANSITIONS
 
 
 def relaunch_delay(settings: Settings, launch_attempts: int, retry_after: float | None = None) -> float:

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import psycopg.types.json
 
 from runplane.db import Connection
+from runplane.runs.transitions import TRANSITIONS
 from runplane.settings import RunnerSettings
-from runplane.sql import load_queries
 from runplane.types import RunId, retry_idempotency_key
 
-Q = load_queries("runplane.runs", "transitions.sql")
+Q = TRANSITIONS
 
 
 def backoff(base: float, attempt: int, *, cap: float = math.inf) -> float:

@@ -1,4 +1,89 @@
--- A run's status transitions (runplane/runs/). Every statement runs inside one transaction.
+-- Every status transition of a run, one named statement each (runplane/runs/transitions.py loads
+-- them for every part). Statuses: queued 1, starting 2, running 3, success 10, error 20, cancelled 30.
+-- Each change of status is a compare-and-set on the status it leaves.
+
+-- Queuing: a new run (status queued).
+
+-- name: insert_run
+INSERT INTO runs (
+    account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
+    pull_request_number, schema_name, trace_parent, scheduled_at, queued_at
+) VALUES (
+    %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
+    %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, now(), now()
+)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *
+
+-- name: queue_runs
+-- One statement per tick: insert the due cron runs. Postgres is re-checked: deleted or deactivated
+-- jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
+INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
+SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
+FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[], %(keys)s::text[]) AS d (job_id, fire_ts, key)
+JOIN jobs j ON j.id = d.job_id
+WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
+          extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag
+
+-- queued → starting → running.
+
+-- name: start_runs
+-- Compare-and-set queued → starting: a run another dispatcher already took is left alone.
+UPDATE runs r
+   SET status = 2,
+       dispatched_at = clock_timestamp(),
+       waiting_reason = '',
+       not_before = NULL,
+       launch_attempts = r.launch_attempts + 1,
+       schema_name = v.schema_name,
+       cluster = %(cluster)s
+  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[]) AS v(id, schema_name)
+ WHERE r.id = v.id AND r.status = 1
+RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
+          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
+          (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
+            WHERE j.id = r.job_id) AS dbt_version
+
+-- name: claim_run
+-- Compare-and-set starting → running: a duplicate runner finds nothing and leaves.
+UPDATE runs r
+   SET status = 3,
+       started_at = clock_timestamp(),
+       lease_owner = %(owner)s,
+       lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = clock_timestamp(),
+       waiting_reason = ''
+  FROM jobs j, accounts a
+ WHERE r.id = %(run_id)s AND r.status = 2 AND j.id = r.job_id AND a.id = r.account_id
+RETURNING r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
+          r.pull_request_number, r.cancel_requested_at, r.scheduled_at, r.dispatched_at, r.started_at, j.steps, j.environment, j.threads,
+          j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
+
+-- Cancelling queued runs.
+
+-- name: cancel_queued_run
+-- Compare-and-set: only a run still queued is cancelled here; a dispatcher may have taken it.
+UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s,
+    cancel_requested_at = COALESCE(cancel_requested_at, now())
+WHERE id = %(run_id)s AND account_id = %(account_id)s AND status = 1
+RETURNING *
+
+-- name: cancel_queued_runs_of_job
+UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s
+WHERE job_id = %(job_id)s AND status = 1
+
+-- name: cancel_superseded
+-- Same transaction, right after: older cron runs of the jobs just queued that are still queued are
+-- over-scheduled. Runs of other triggers are never touched. (Run with nested loops off: on a table
+-- whose statistics lag a burst, a nested loop would rescan the index once per queued run.)
+UPDATE runs r
+SET status = 30, finished_at = now(), status_message = %(message)s
+FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
+WHERE r.job_id = d.job_id AND r.status = 1 AND r.trigger = 'schedule' AND r.scheduled_at < to_timestamp(d.fire_ts)
+
+-- Ending a run (finish.py, retries.py), relaunching it (relaunch.py).
 
 -- name: finish_run
 -- Compare-and-set from a non-terminal status; with a lease owner, only that runner may end it;
@@ -40,9 +125,6 @@ UPDATE jobs
  WHERE jobs.id = %(job_id)s
 RETURNING d.reaches AS deactivated_now, jobs.deactivated_at, jobs.deleted_at, jobs.retry_max_attempts,
           jobs.retry_on_step_failure
-
--- name: job_retry_policy
-SELECT deactivated_at, deleted_at, retry_max_attempts, retry_on_step_failure FROM jobs WHERE id = %(job_id)s
 
 -- name: mark_retries_exhausted
 UPDATE runs SET retries_exhausted = true, status_message = %(message)s WHERE id = %(run_id)s

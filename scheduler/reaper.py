@@ -1,0 +1,80 @@
+"""The reaper: what happens to a run whose runner never came, or died.
+
+- A run ``starting`` longer than ``settings.scheduler.start_timeout`` never got a runner: it is
+  relaunched (queued again after a backoff) or, with its launch budget spent, ended in error
+  (``runplane/runs/relaunch.py``).
+- A run ``running`` whose lease expired lost its runner (the runner stopped heartbeating: killed,
+  out of memory, its node gone): it ends in error "runner lost" (``runplane/runs/finish.py``), and
+  the job's retry budget decides whether a new run follows (``runplane/runs/retries.py``). A
+  heartbeat that arrives first wins: the end is a compare-and-set on the expired lease.
+
+In Kubernetes the Pod watcher sees a runner's Pod die sooner (``dispatcher/kubernetes/watch.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from psycopg_pool import AsyncConnectionPool
+
+from runplane.bus import Bus
+from runplane.db import Connection
+from runplane.runs.finish import RUNNER_LOST, Outcome, end_run
+from runplane.runs.relaunch import launch_failed
+from runplane.runs.retries import FailureKind, RetryPolicy
+from runplane.settings import Settings
+from runplane.sql import load_queries
+from runplane.types import RunStatus
+
+log = logging.getLogger(__name__)
+
+Q = load_queries("scheduler")
+
+REAP_BATCH = 500
+
+
+async def reap_starting(pool: AsyncConnectionPool[Connection], bus: Bus, settings: Settings) -> tuple[int, int]:
+    """Runs starting longer than the start timeout: relaunched, or ended once the launch budget is spent."""
+    timeout = settings.scheduler.start_timeout
+    async with pool.connection() as conn:
+        cur = await conn.execute(Q["stuck_starting"], {"start_timeout": timeout, "limit": REAP_BATCH})
+        stuck = await cur.fetchall()
+    relaunched = failed = 0
+    for row in stuck:
+        attempts = int(row["launch_attempts"])  # type: ignore[call-overload]
+        log.warning("run stuck in starting", extra={"run_id": row["id"], "launch_attempts": attempts})
+        await launch_failed(
+            pool,
+            bus,
+            settings,
+            run_id=int(row["id"]),  # type: ignore[call-overload]
+            launch_attempts=attempts,
+            message=f"no runner claimed the run within {timeout:g} s",
+        )
+        if attempts < settings.scheduler.launch_attempts:
+            relaunched += 1
+        else:
+            failed += 1
+    return relaunched, failed
+
+
+async def reap_lost(pool: AsyncConnectionPool[Connection], bus: Bus, settings: Settings) -> int:
+    """Running runs whose lease expired lost their runner: they end in error "runner lost"."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(Q["lost_running"], {"limit": REAP_BATCH})
+        lost = await cur.fetchall()
+    policy = RetryPolicy.from_settings(settings.runner)
+    ended = 0
+    for row in lost:
+        finished = await end_run(
+            pool,
+            bus,
+            settings.bus_prefix,
+            int(row["id"]),  # type: ignore[call-overload]
+            Outcome.error(RUNNER_LOST, FailureKind.INFRASTRUCTURE),
+            policy=policy,
+            from_statuses=(RunStatus.RUNNING,),
+            require_lease_expired=True,  # a heartbeat that just arrived wins
+        )
+        ended += finished is not None
+    return ended
