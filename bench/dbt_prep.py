@@ -139,9 +139,11 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
         "runs": runs,
         "packages": packages,
         "first_run_clone": first,
+        "samples": samples,
         **{
             part: {
                 "p50": round(statistics.median(s[part] for s in samples), 4),
+                "p90": round(percentile([s[part] for s in samples], 0.90), 4),
                 "p99": round(percentile([s[part] for s in samples], 0.99), 4),
                 "max": round(max(s[part] for s in samples), 4),
             }
