@@ -24,6 +24,7 @@ from runner.service import run as run_runner
 from runplane.secrets import generate_key
 from runplane.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.records import make_starting
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "jaffle_shop"
@@ -153,16 +154,14 @@ async def run_job(
 ) -> runs_pb2.Run:
     """Trigger a run, execute it with the real runner, and read it back."""
     run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job_id, **request))
-    start_run(db, run.id)
-    assert await run_runner(settings, run.id) == 0
+    token = start_run(db, run.id)
+    assert await run_runner(settings, run.id, token) == 0
     return await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
 
 
-def start_run(db: psycopg.Connection[Any], run_id: int) -> None:
-    """What a dispatcher does before it launches the runner."""
-    db.execute(
-        "UPDATE runs SET status = 2, dispatched_at = clock_timestamp(), launch_attempts = 1 WHERE id = %s", (run_id,)
-    )
+def start_run(db: psycopg.Connection[Any], run_id: int) -> str:
+    """What a dispatcher does before it launches the runner; the run's token."""
+    return make_starting(db, run_id)
 
 
 async def run_log(client: Client, run_id: int) -> str:

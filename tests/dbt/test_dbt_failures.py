@@ -59,8 +59,8 @@ async def test_cancel_interrupts_dbt_which_cancels_its_query(
     env = await environment(client, database_url, str(repo))
     job = await dbt_job(client, env.id, ["dbt run --select slow_model", "echo never"])
     run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
-    start_run(db, run.id)
-    runner = asyncio.create_task(run_runner(dbt_settings, run.id))
+    token = start_run(db, run.id)
+    runner = asyncio.create_task(run_runner(dbt_settings, run.id, token))
     try:
         deadline = time.monotonic() + 120
         while sleeping_queries(db) == 0:

@@ -178,7 +178,7 @@ async def test_artifacts_are_kept_per_step_and_a_file_over_the_limit_is_skipped_
     write = "mkdir -p target && printf '{\"step\": %s}' > target/run_results.json"
     steps = [write % 1, write % 2 + " && head -c 2000 /dev/zero | tr '\\0' x > target/manifest.json"]
     run_id = queue_run(db, create_job(db, account, steps=steps))
-    make_starting(db, run_id)
+    starting(db, run_id)
     assert await run(settings, run_id) == 0
     kept = rows(db, "SELECT path, step_index, content FROM artifacts WHERE run_id = %s ORDER BY 1, 2", (run_id,))
     assert [(a["path"], a["step_index"], bytes(a["content"])) for a in kept] == [
