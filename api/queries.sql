@@ -49,7 +49,10 @@ RETURNING *;
 SELECT * FROM jobs WHERE account_id = %(account_id)s AND create_key = %(create_key)s;
 
 -- name: get_job
-SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+-- With the project and dbt version of the job's environment (NULL without one).
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
 
 -- name: get_job_for_update
 SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
@@ -130,7 +133,13 @@ RETURNING *;
 SELECT * FROM runs WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: get_run
-SELECT * FROM runs WHERE id = %(run_id)s AND account_id = %(account_id)s;
+-- With the environment, project and dbt version of the run's job (NULL without one).
+SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
+LEFT JOIN LATERAL (
+    SELECT e.id AS environment_id, e.project_id, e.dbt_version
+      FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+) env ON true
+WHERE id = %(run_id)s AND account_id = %(account_id)s;
 
 -- name: run_steps
 SELECT * FROM run_steps WHERE run_id = ANY(%(run_ids)s::bigint[]) ORDER BY run_id, step_index;
@@ -214,7 +223,11 @@ WHERE account_id = %(account_id)s
   AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]));
 
 -- name: list_runs_by_offset
-SELECT * FROM runs
+SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
+LEFT JOIN LATERAL (
+    SELECT e.id AS environment_id, e.project_id, e.dbt_version
+      FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+) env ON true
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
   AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
@@ -236,7 +249,9 @@ LIMIT %(limit)s;
 SELECT count(*) AS total FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL;
 
 -- name: list_jobs_by_offset
-SELECT * FROM jobs
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs
 WHERE account_id = %(account_id)s AND deleted_at IS NULL
 ORDER BY
     CASE WHEN %(order_by)s = 'name' THEN name END ASC,
@@ -260,6 +275,7 @@ WHERE run_id = ANY(%(run_ids)s::bigint[])
 GROUP BY run_id, step_index;
 
 -- name: list_artifacts_of_step
-SELECT path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
+-- Each path once: the step's file, or without a step the last step's (as get_artifact serves it).
+SELECT DISTINCT ON (path) path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
 WHERE run_id = %(run_id)s AND (%(step_index)s::integer IS NULL OR step_index = %(step_index)s)
-ORDER BY path;
+ORDER BY path, step_index DESC;
