@@ -11,7 +11,7 @@ stored sha256 by every statement. A token of another run is PERMISSION_DENIED; a
 ``FOR SHARE`` for the length of their transaction, so a reaper that takes the lease waits for a
 write in flight and every write after it finds the lease gone. Calls are idempotent, so a runner
 retries through a short outage: a log chunk by its seq, a step by its state, an artifact by its
-path, a claim by its lease id, an outcome already written by the same lease.
+step and path, a claim by its lease id, an outcome already written by the same lease.
 """
 
 from __future__ import annotations
