@@ -14,6 +14,7 @@ from typing import Any
 
 from runplane.db import Connection
 from runplane.dbt_context import DbtContext, context_from_row, to_proto
+from runplane.dbt_context import run_override as override
 from runplane.secrets import SecretBox, SecretKeyError
 from runplane.sql import load_queries
 from runplane.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
@@ -29,13 +30,6 @@ async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str
     if row is None:
         return None
     return context_from_row(row, decrypt)
-
-
-def override(overrides: dict[str, Any], name: str) -> Any:
-    """A run override by its proto field name (stored snake_case or camelCase)."""
-    head, *rest = name.split("_")
-    camel = head + "".join(part.title() for part in rest)
-    return overrides.get(name) or overrides.get(camel)
 
 
 def build_run_spec(
