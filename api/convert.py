@@ -8,7 +8,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from runplane.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
-from runplane.v1 import jobs_pb2, runs_pb2
+from runplane.v1 import jobs_pb2, projects_pb2, runs_pb2
 
 Row = dict[str, Any]
 
@@ -50,6 +50,8 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
             missed_run_grace_seconds=row["missed_run_grace_seconds"],
             priority=row["priority"],
             secret_names=sorted(row["secret_environment"]),
+            environment_id=row["environment_id"] or 0,
+            schema=row["schema_name"],
         ),
         active=row["deactivated_at"] is None,
         deactivation_reason=row["deactivation_reason"],
@@ -81,6 +83,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
             schema=overrides.get("schema", ""),
             timeout_seconds=overrides.get("timeout_seconds", 0),
             pull_request_number=overrides.get("pull_request_number", 0),
+            target_name=overrides.get("target_name", ""),
         ),
         waiting_reason=row["waiting_reason"],
         status_message=row["status_message"],
@@ -94,6 +97,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
         started_at=timestamp(row["started_at"]),
         finished_at=timestamp(row["finished_at"]),
         retries_exhausted=row["retries_exhausted"],
+        git_sha=row["git_sha"],
         steps=[
             runs_pb2.RunStep(
                 index=s["step_index"],
@@ -102,6 +106,8 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
                 exit_code=s["exit_code"] or 0,
                 started_at=timestamp(s["started_at"]),
                 finished_at=timestamp(s["finished_at"]),
+                skipped=s["skipped"],
+                end_reason=s["end_reason"],
             )
             for s in steps
         ],
@@ -120,4 +126,39 @@ def artifact(row: Row) -> runs_pb2.Artifact:
         step_index=row["step_index"],
         size_bytes=row["size_bytes"],
         created_at=timestamp(row["created_at"]),
+    )
+
+
+def project(row: Row) -> projects_pb2.Project:
+    return projects_pb2.Project(
+        id=row["id"],
+        account_id=row["account_id"],
+        name=row["name"],
+        repository_url=row["repository_url"],
+        subdirectory=row["subdirectory"],
+        git_credential_kind={"none": 0, "token": 1, "ssh_key": 2}[row["git_credential_kind"]],  # type: ignore[arg-type]
+        git_credential_set=bool(row["git_credential"]),
+        created_at=timestamp(row["created_at"]),
+        updated_at=timestamp(row["updated_at"]),
+    )
+
+
+def environment(row: Row) -> projects_pb2.Environment:
+    return projects_pb2.Environment(
+        id=row["id"],
+        account_id=row["account_id"],
+        project_id=row["project_id"],
+        name=row["name"],
+        environment_type={"deployment": 1, "development": 2}[row["environment_type"]],  # type: ignore[arg-type]
+        dbt_version=row["dbt_version"],
+        git_branch=row["git_branch"],
+        adapter_type=row["adapter_type"],
+        connection_fields=row["connection"],
+        secret_fields_set=sorted(row["connection_secrets"]),
+        target_name=row["target_name"],
+        schema=row["schema_name"],
+        threads=row["threads"],
+        variables=row["variables"],
+        created_at=timestamp(row["created_at"]),
+        updated_at=timestamp(row["updated_at"]),
     )

@@ -36,6 +36,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         spec = job_spec(request)
         key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
         async with self._store.transaction() as conn:
+            await self._check_environment(conn, account_id, spec)
             await self._check_completion_triggers(conn, account_id, None, spec)
             row, created = await self._store.insert_job(conn, account_id, spec, create_key=key)
             if not created:
@@ -76,6 +77,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     f"job {job_id} is at version {current['version']}, not {request.expected_version}: "
                     "read it again and reapply the change"
                 )
+            await self._check_environment(conn, account_id, spec)
             await self._check_completion_triggers(conn, account_id, job_id, spec)
             row = await self._store.update_job(conn, account_id, job_id, spec)
             await self._store.replace_completion_triggers(conn, job_id, spec)
@@ -104,6 +106,13 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     async def _job(self, conn: Connection, row: Row) -> jobs_pb2.Job:
         triggers = await self._store.completion_triggers(conn, [row["id"]])
         return convert.job(row, triggers[row["id"]])
+
+    async def _check_environment(self, conn: Connection, account_id: AccountId, spec: JobSpec) -> None:
+        if (
+            spec.environment_id is not None
+            and await self._store.get_environment(conn, account_id, spec.environment_id) is None
+        ):
+            raise InvalidArgument("settings.environment_id", f"environment {spec.environment_id} not found")
 
     async def _check_completion_triggers(
         self, conn: Connection, account_id: AccountId, job_id: JobId | None, spec: JobSpec

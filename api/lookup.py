@@ -5,7 +5,7 @@ from __future__ import annotations
 from api.store import Row, Store
 from api.validation import positive_id, text
 from runplane.db import Connection
-from runplane.errors import NotFound
+from runplane.errors import InvalidArgument, NotFound
 from runplane.types import AccountId, RunId
 
 MAX_ARTIFACT_PATH = 1024
@@ -35,8 +35,10 @@ async def run_artifact(
     """The artifact at ``path`` of the run (written by step ``step_index`` when given), with its content."""
     path = text(path, "path", max_length=MAX_ARTIFACT_PATH, required=True)
     run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
-    row = await store.get_artifact(conn, run, path)
-    if row is None or (step_index is not None and row["step_index"] != step_index):
+    if step_index is not None and step_index < 0:
+        raise InvalidArgument("step_index", "must be a step index (0 is the first step), or unset for the last")
+    row = await store.get_artifact(conn, run, path, step_index)
+    if row is None:
         where = "" if step_index is None else f" from step {step_index + 1}"
         raise NotFound(f"run {run} has no artifact {path!r}{where}")
     return row

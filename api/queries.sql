@@ -35,12 +35,12 @@ RETURNING id, account_id;
 INSERT INTO jobs (
     account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
-    missed_run_grace_seconds, priority, secret_environment, create_key
+    missed_run_grace_seconds, priority, secret_environment, create_key, environment_id, schema_name
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
-    %(create_key)s
+    %(create_key)s, %(environment_id)s, %(schema_name)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -49,7 +49,10 @@ RETURNING *;
 SELECT * FROM jobs WHERE account_id = %(account_id)s AND create_key = %(create_key)s;
 
 -- name: get_job
-SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+-- With the project and dbt version of the job's environment (NULL without one).
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
 
 -- name: get_job_for_update
 SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
@@ -99,7 +102,7 @@ UPDATE jobs SET
     timeout_seconds = %(timeout_seconds)s, target_name = %(target_name)s, environment = %(environment)s,
     git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,
     retry_on_step_failure = %(retry_on_step_failure)s, missed_run_grace_seconds = %(missed_run_grace_seconds)s,
-    priority = %(priority)s,
+    priority = %(priority)s, environment_id = %(environment_id)s, schema_name = %(schema_name)s,
     -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
     secret_environment = (secret_environment - %(unset_secrets)s::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
@@ -130,7 +133,13 @@ RETURNING *;
 SELECT * FROM runs WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: get_run
-SELECT * FROM runs WHERE id = %(run_id)s AND account_id = %(account_id)s;
+-- With the environment, project and dbt version of the run's job (NULL without one).
+SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
+LEFT JOIN LATERAL (
+    SELECT e.id AS environment_id, e.project_id, e.dbt_version
+      FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+) env ON true
+WHERE id = %(run_id)s AND account_id = %(account_id)s;
 
 -- name: run_steps
 SELECT * FROM run_steps WHERE run_id = ANY(%(run_ids)s::bigint[]) ORDER BY run_id, step_index;
@@ -163,11 +172,43 @@ LIMIT %(limit)s;
 -- name: list_artifacts
 SELECT path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
 WHERE run_id = %(run_id)s
-ORDER BY path;
+ORDER BY path, step_index;
 
 -- name: get_artifact
+-- Without a step: the last step that wrote the file.
 SELECT path, step_index, octet_length(content) AS size_bytes, created_at, content FROM artifacts
-WHERE run_id = %(run_id)s AND path = %(path)s;
+WHERE run_id = %(run_id)s AND path = %(path)s AND (%(step_index)s::int IS NULL OR step_index = %(step_index)s)
+ORDER BY step_index DESC
+LIMIT 1;
+
+-- Projects and environments
+
+-- name: insert_project
+INSERT INTO projects (account_id, name, repository_url, subdirectory, git_credential_kind, git_credential)
+VALUES (%(account_id)s, %(name)s, %(repository_url)s, %(subdirectory)s, %(git_credential_kind)s, %(git_credential)s)
+RETURNING *;
+
+-- name: get_project
+SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s;
+
+-- name: list_projects
+SELECT * FROM projects WHERE account_id = %(account_id)s ORDER BY id;
+
+-- name: insert_environment
+INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch, adapter_type,
+                          connection, connection_secrets, target_name, schema_name, threads, variables)
+VALUES (%(account_id)s, %(project_id)s, %(name)s, %(environment_type)s, %(dbt_version)s, %(git_branch)s,
+        %(adapter_type)s, %(connection)s, %(connection_secrets)s, %(target_name)s, %(schema_name)s, %(threads)s,
+        %(variables)s)
+RETURNING *;
+
+-- name: get_environment
+SELECT * FROM environments WHERE id = %(environment_id)s AND account_id = %(account_id)s;
+
+-- name: list_environments
+SELECT * FROM environments
+WHERE account_id = %(account_id)s AND (%(project_id)s::bigint IS NULL OR project_id = %(project_id)s)
+ORDER BY id;
 
 -- The REST API (dbt Cloud's v2 shape): offset paging, a total count and a choice of order.
 -- order_by is one of the names the REST layer allows; a leading '-' means descending.
@@ -182,7 +223,11 @@ WHERE account_id = %(account_id)s
   AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]));
 
 -- name: list_runs_by_offset
-SELECT * FROM runs
+SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
+LEFT JOIN LATERAL (
+    SELECT e.id AS environment_id, e.project_id, e.dbt_version
+      FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+) env ON true
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
   AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
@@ -204,7 +249,9 @@ LIMIT %(limit)s;
 SELECT count(*) AS total FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL;
 
 -- name: list_jobs_by_offset
-SELECT * FROM jobs
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs
 WHERE account_id = %(account_id)s AND deleted_at IS NULL
 ORDER BY
     CASE WHEN %(order_by)s = 'name' THEN name END ASC,
@@ -228,6 +275,7 @@ WHERE run_id = ANY(%(run_ids)s::bigint[])
 GROUP BY run_id, step_index;
 
 -- name: list_artifacts_of_step
-SELECT path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
+-- Each path once: the step's file, or without a step the last step's (as get_artifact serves it).
+SELECT DISTINCT ON (path) path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
 WHERE run_id = %(run_id)s AND (%(step_index)s::integer IS NULL OR step_index = %(step_index)s)
-ORDER BY path;
+ORDER BY path, step_index DESC;

@@ -53,15 +53,35 @@ UPDATE run_steps s SET status = 3, started_at = clock_timestamp()
 RETURNING s.step_index
 
 -- name: step_finished
-UPDATE run_steps SET status = %(status)s, exit_code = %(exit_code)s, finished_at = clock_timestamp()
+UPDATE run_steps SET status = %(status)s, exit_code = %(exit_code)s, end_reason = %(end_reason)s,
+                     finished_at = clock_timestamp()
  WHERE run_id = %(run_id)s AND step_index = %(step_index)s AND status = 3
 RETURNING step_index
 
 -- name: steps_skipped
-UPDATE run_steps SET status = 30 WHERE run_id = %(run_id)s AND step_index >= %(from_index)s AND started_at IS NULL
+-- Never started: an earlier step failed, preparing the run failed, or the run was cancelled.
+UPDATE run_steps SET skipped = true WHERE run_id = %(run_id)s AND step_index >= %(from_index)s AND started_at IS NULL
 
 -- name: upsert_artifact
 INSERT INTO artifacts (run_id, path, step_index, content)
 VALUES (%(run_id)s, %(path)s, %(step_index)s, %(content)s)
-ON CONFLICT (run_id, path) DO UPDATE
-   SET step_index = EXCLUDED.step_index, content = EXCLUDED.content, created_at = now()
+ON CONFLICT (run_id, path, step_index) DO UPDATE SET content = EXCLUDED.content, created_at = now()
+
+-- name: record_git_sha
+UPDATE runs SET git_sha = %(git_sha)s WHERE id = %(run_id)s
+
+-- What a run of a job with an environment needs to run dbt (runplane/dbt_context.py).
+-- name: dbt_context
+SELECT r.id AS run_id, r.job_id, r.account_id, r.job_type, r.trigger, r.cause, r.overrides,
+       r.schema_name AS run_schema, r.pull_request_number,
+       j.schema_name AS job_schema, j.target_name AS job_target_name, j.threads AS job_threads,
+       j.git_branch AS job_git_branch,
+       e.id AS environment_id, e.environment_type, e.dbt_version, e.git_branch AS environment_git_branch,
+       e.adapter_type, e.connection, e.connection_secrets, e.target_name AS environment_target_name,
+       e.schema_name AS environment_schema, e.threads AS environment_threads, e.variables,
+       p.id AS project_id, p.repository_url, p.subdirectory, p.git_credential_kind, p.git_credential
+  FROM runs r
+  JOIN jobs j ON j.id = r.job_id
+  JOIN environments e ON e.id = j.environment_id
+  JOIN projects p ON p.id = e.project_id
+ WHERE r.id = %(run_id)s

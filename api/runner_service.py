@@ -11,13 +11,14 @@ stored sha256 by every statement. A token of another run is PERMISSION_DENIED; a
 ``FOR SHARE`` for the length of their transaction, so a reaper that takes the lease waits for a
 write in flight and every write after it finds the lease gone. Calls are idempotent, so a runner
 retries through a short outage: a log chunk by its seq, a step by its state, an artifact by its
-path, a claim by its lease id, an outcome already written by the same lease.
+step and path, a claim by its lease id, an outcome already written by the same lease.
 """
 
 from __future__ import annotations
 
 import logging
 import posixpath
+import re
 from typing import Any
 
 import grpc
@@ -25,7 +26,7 @@ import grpc
 from api.auth import bearer_token
 from api.errors import status_boundary
 from api.pickup_publisher import PickupPublisher
-from api.run_spec import build_run_spec
+from api.run_spec import build_run_spec, decrypter, load_dbt_context
 from api.store import Store
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, PermissionDenied
@@ -49,6 +50,8 @@ MAX_CHUNK_CHARS = 1024 * 1024
 MAX_LOG_CALL_CHARS = 8 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 MAX_ARTIFACT_PATH = 1024
+MAX_END_REASON = 200
+_GIT_SHA = re.compile(r"[0-9a-f]{7,64}")
 FINISHED_STEP_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
 _FAILURE_KINDS = {
     runner_pb2.FAILURE_KIND_STEP: FailureKind.STEP,
@@ -83,12 +86,14 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                 if row is None:  # not ours: say why (a retried claim of our own lease finds its row above)
                     await _refuse(conn, request.run_id, token, lease_id, claiming=True)
                 assert row is not None
+                dbt = await load_dbt_context(conn, request.run_id, decrypter(self._box))
                 spec = build_run_spec(
                     row,
                     lease_id=lease_id,
                     lease_seconds=self._runner.lease_seconds,
                     heartbeat_interval=self._runner.heartbeat_interval,
                     box=self._box,
+                    dbt=dbt,
                 )
                 if claimed:
                     await conn.execute(Q["create_steps"], {"run_id": request.run_id, "commands": list(spec.steps)})
@@ -181,8 +186,10 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                     case runner_pb2.STEP_STATE_FINISHED:
                         status = _finished_status(request.status)
                         exit_code = request.exit_code if request.HasField("exit_code") else None
+                        end_reason = request.end_reason[:MAX_END_REASON]
                         cur = await conn.execute(
-                            Q["step_finished"], {**step, "status": int(status), "exit_code": exit_code}
+                            Q["step_finished"],
+                            {**step, "status": int(status), "exit_code": exit_code, "end_reason": end_reason},
                         )
                         if await cur.fetchone() is None:
                             current = await _step(conn, run_id, index)
@@ -215,6 +222,19 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                     },
                 )
             return runner_pb2.UploadArtifactResponse()
+        raise AssertionError("unreachable: the boundary aborts")
+
+    async def RecordGitSha(
+        self, request: runner_pb2.RecordGitShaRequest, context: Context
+    ) -> runner_pb2.RecordGitShaResponse:
+        async with status_boundary(context, "RecordGitSha"):
+            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
+            if not _GIT_SHA.fullmatch(request.git_sha):
+                raise InvalidArgument("git_sha", "7 to 64 lowercase hex digits")
+            async with self._store.transaction() as conn:
+                await _lock_lease(conn, request.run_id, token, lease_id)
+                await conn.execute(Q["record_git_sha"], {"run_id": request.run_id, "git_sha": request.git_sha})
+            return runner_pb2.RecordGitShaResponse()
         raise AssertionError("unreachable: the boundary aborts")
 
     async def Finish(self, request: runner_pb2.FinishRequest, context: Context) -> runner_pb2.FinishResponse:

@@ -130,7 +130,10 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
 
     async def GetArtifact(self, request: runs_pb2.GetArtifactRequest, context: Context) -> runs_pb2.ArtifactContent:
         async with self._store.connection() as conn:
-            row = await run_artifact(self._store, conn, current_account(), request.run_id, request.path)
+            step_index = request.step_index if request.HasField("step_index") else None
+            row = await run_artifact(
+                self._store, conn, current_account(), request.run_id, request.path, step_index=step_index
+            )
         return runs_pb2.ArtifactContent(artifact=convert.artifact(row), content=bytes(row["content"]))
 
     async def _run(self, conn: Connection, row: Row) -> runs_pb2.Run:

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from api.auth import AuthInterceptor
 from api.jobs import JobService
 from api.pickup_publisher import PickupPublisher
+from api.projects import ProjectService
 from api.rest.app import create_app
 from api.rest.server import RestServer, start_rest
 from api.runner_service import RunnerService
@@ -32,12 +33,21 @@ from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
 from runplane.secrets import SecretBox, box_from_settings
 from runplane.settings import Settings
-from runplane.v1 import jobs_pb2, jobs_pb2_grpc, runner_pb2_grpc, runs_pb2, runs_pb2_grpc
+from runplane.v1 import (
+    jobs_pb2,
+    jobs_pb2_grpc,
+    projects_pb2,
+    projects_pb2_grpc,
+    runner_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    projects_pb2.DESCRIPTOR.services_by_name["ProjectService"].full_name,
     runs_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
 )
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # artifacts travel whole
@@ -113,6 +123,7 @@ async def start_server(
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobService(store, max_page_size=settings.api.max_page_size), server
         )
+        projects_pb2_grpc.add_ProjectServiceServicer_to_server(ProjectService(store, settings), server)
         runs_pb2_grpc.add_RunServiceServicer_to_server(
             RunService(
                 store,

@@ -14,6 +14,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.scopes import TokenGrant
 from api.validation import JobSpec
 from runplane.db import Connection, transaction
@@ -112,6 +113,8 @@ class Store:
             "retry_on_step_failure": spec.retry_on_step_failure,
             "missed_run_grace_seconds": spec.missed_run_grace_seconds,
             "priority": spec.priority,
+            "environment_id": spec.environment_id,
+            "schema_name": spec.schema,
             "set_secrets": Jsonb(self._sealed(spec.secrets)),
             "unset_secrets": spec.unset_secrets,
         }
@@ -250,8 +253,59 @@ class Store:
     async def list_artifacts(self, conn: Connection, run_id: RunId) -> list[Row]:
         return await _all(conn, "list_artifacts", run_id=run_id)
 
-    async def get_artifact(self, conn: Connection, run_id: RunId, path: str) -> Row | None:
-        return await _one(conn, "get_artifact", run_id=run_id, path=path)
+    async def get_artifact(self, conn: Connection, run_id: RunId, path: str, step_index: int | None) -> Row | None:
+        return await _one(conn, "get_artifact", run_id=run_id, path=path, step_index=step_index)
+
+    # projects and environments (secret fields arrive encrypted)
+
+    async def insert_project(self, conn: Connection, account_id: AccountId, spec: ProjectSpec, credential: str) -> Row:
+        row = await _one(
+            conn,
+            "insert_project",
+            account_id=account_id,
+            name=spec.name,
+            repository_url=spec.repository_url,
+            subdirectory=spec.subdirectory,
+            git_credential_kind=spec.credential_kind,
+            git_credential=credential,
+        )
+        assert row is not None
+        return row
+
+    async def get_project(self, conn: Connection, account_id: AccountId, project_id: int) -> Row | None:
+        return await _one(conn, "get_project", account_id=account_id, project_id=project_id)
+
+    async def list_projects(self, conn: Connection, account_id: AccountId) -> list[Row]:
+        return await _all(conn, "list_projects", account_id=account_id)
+
+    async def insert_environment(
+        self, conn: Connection, account_id: AccountId, spec: EnvironmentSpec, secrets: dict[str, str]
+    ) -> Row:
+        row = await _one(
+            conn,
+            "insert_environment",
+            account_id=account_id,
+            project_id=spec.project_id,
+            name=spec.name,
+            environment_type=spec.environment_type,
+            dbt_version=spec.dbt_version,
+            git_branch=spec.git_branch,
+            adapter_type=spec.adapter_type,
+            connection=Jsonb(spec.connection),
+            connection_secrets=Jsonb(secrets),
+            target_name=spec.target_name,
+            schema_name=spec.schema,
+            threads=spec.threads,
+            variables=Jsonb(spec.variables),
+        )
+        assert row is not None
+        return row
+
+    async def get_environment(self, conn: Connection, account_id: AccountId, environment_id: int) -> Row | None:
+        return await _one(conn, "get_environment", account_id=account_id, environment_id=environment_id)
+
+    async def list_environments(self, conn: Connection, account_id: AccountId, project_id: int | None) -> list[Row]:
+        return await _all(conn, "list_environments", account_id=account_id, project_id=project_id)
 
     # the REST API's offset pages (dbt Cloud's v2 shape)
 

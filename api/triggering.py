@@ -98,7 +98,8 @@ def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None
     job_type = JobType(job["job_type"])
     pull_request = spec.overrides.pull_request_number
     schema = spec.overrides.schema or ""
-    if not schema and job_type is JobType.CI and pull_request:
+    if job_type is JobType.CI and pull_request:
+        # A CI run builds in its pull request's schema, whatever it asks: never in production's.
         schema = ci_schema(job["id"], pull_request)
     return {
         "account_id": job["account_id"],

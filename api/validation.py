@@ -48,6 +48,7 @@ _RESERVED_ENV_PREFIX = "RUNPLANE_"
 _GIT_BRANCH = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_./+@-]{0,254}")
 _GIT_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_SCHEMA_RULE = "a SQL identifier of at most 63 characters"
 _TARGET = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 _DBT_VERSION = re.compile(r"[A-Za-z0-9_.+-]{1,40}")
 
@@ -111,6 +112,8 @@ class JobSpec:
     retry_on_step_failure: bool = False
     missed_run_grace_seconds: int = DEFAULT_GRACE_SECONDS
     priority: int = 0
+    environment_id: int | None = None  # None: plain commands
+    schema: str = ""  # empty: the environment's
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
@@ -186,14 +189,18 @@ def _terminal_statuses(values: list[int], name: str) -> tuple[RunStatus, ...]:
 
 
 def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
+    if settings.environment_id < 0:
+        raise InvalidArgument("settings.environment_id", "must be an environment id, or 0 for none")
     grace = settings.missed_run_grace_seconds
     if grace == -1:
         grace = DEFAULT_GRACE_SECONDS
     return replace(
         spec,
-        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS) or DEFAULT_THREADS,
+        # 0 on a job with an environment means the environment's default.
+        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS)
+        or (0 if settings.environment_id else DEFAULT_THREADS),
         timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
-        target_name=_match(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
+        target_name=matching(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
         environment=plain(checked := environment(dict(settings.environment), "settings.environment")),
         secrets={k: v for k, v in checked.items() if is_secret_name(k) and v},
         unset_secrets=sorted(k for k, v in checked.items() if is_secret_name(k) and not v),
@@ -202,6 +209,10 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         retry_on_step_failure=settings.retry_on_step_failure,
         missed_run_grace_seconds=bounded(grace, "settings.missed_run_grace_seconds", 0, MAX_GRACE_SECONDS),
         priority=bounded(settings.priority, "settings.priority", -MAX_PRIORITY, MAX_PRIORITY),
+        environment_id=positive_id(settings.environment_id, "settings.environment_id")
+        if settings.environment_id
+        else None,
+        schema=matching(settings.schema, "settings.schema", _SCHEMA, "a SQL identifier of at most 63 characters"),
     )
 
 
@@ -228,7 +239,7 @@ def git_branch(value: str, name: str) -> str:
     return value
 
 
-def _match(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
+def matching(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
     if value and not pattern.fullmatch(value):
         raise InvalidArgument(name, f"{value[:80]!r} is not valid ({allowed})")
     return value
@@ -290,6 +301,7 @@ def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
             schema=overrides.schema or None,
             timeout_seconds=overrides.timeout_seconds or None,
             pull_request_number=overrides.pull_request_number or None,
+            target_name=overrides.target_name or None,
         ),
         lambda name: f"overrides.{name}",
     )
@@ -305,9 +317,9 @@ def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -
         steps=maybe(raw.steps, _steps, "steps"),
         threads=maybe(raw.threads, lambda v, n: bounded(v, n, 1, MAX_THREADS), "threads"),
         git_branch=maybe(raw.git_branch, git_branch, "git_branch"),
-        git_sha=maybe(raw.git_sha, lambda v, n: _match(v, n, _GIT_SHA, "7 to 64 hex digits"), "git_sha"),
+        git_sha=maybe(raw.git_sha, lambda v, n: matching(v, n, _GIT_SHA, "7 to 64 hex digits"), "git_sha"),
         schema=maybe(
-            raw.schema, lambda v, n: _match(v, n, _SCHEMA, "a SQL identifier of at most 63 characters"), "schema"
+            raw.schema, lambda v, n: matching(v, n, _SCHEMA, "a SQL identifier of at most 63 characters"), "schema"
         ),
         timeout_seconds=maybe(
             raw.timeout_seconds, lambda v, n: bounded(v, n, 0, MAX_TIMEOUT_SECONDS), "timeout_seconds"
@@ -315,9 +327,11 @@ def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -
         pull_request_number=maybe(
             raw.pull_request_number, lambda v, n: bounded(v, n, 1, 2**31 - 1), "pull_request_number"
         ),
-        target_name=maybe(raw.target_name, lambda v, n: _match(v, n, _TARGET, "letters, digits, _ . -"), "target_name"),
+        target_name=maybe(
+            raw.target_name, lambda v, n: matching(v, n, _TARGET, "letters, digits, _ . -"), "target_name"
+        ),
         dbt_version=maybe(
-            raw.dbt_version, lambda v, n: _match(v, n, _DBT_VERSION, "a version like 1.8"), "dbt_version"
+            raw.dbt_version, lambda v, n: matching(v, n, _DBT_VERSION, "a version like 1.8"), "dbt_version"
         ),
         generate_docs=raw.generate_docs,
         pull_request_provider=raw.pull_request_provider,

@@ -24,6 +24,7 @@ class LaunchRequest:
     memory_mb: int  # the account's memory limit per run
     timeout_seconds: int  # 0: none
     token: str = field(default="", repr=False)  # the run's token: the runner's only credential
+    dbt_version: str = ""  # the environment's dbt version: picks the runner image; empty for plain commands
 
 
 @dataclass(frozen=True)

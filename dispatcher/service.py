@@ -61,6 +61,7 @@ class Started:
     timeout_seconds: int
     trace_parent: str = ""
     token: str = field(default="", repr=False)
+    dbt_version: str = ""  # the environment's; empty for plain commands
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class StartedRow:
     overrides: object
     trace_parent: str | None
     timeout_seconds: int | None
+    dbt_version: str | None
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -259,6 +261,7 @@ class Dispatcher:
                 timeout_seconds=_timeout(r.overrides, r.timeout_seconds or 0),
                 trace_parent=r.trace_parent or "",
                 token=tokens[RunId(r.id)],
+                dbt_version=r.dbt_version or "",
             )
             for r in rows_started
         ]
@@ -291,6 +294,7 @@ class Dispatcher:
             memory_mb=run.memory_mb,
             timeout_seconds=run.timeout_seconds,
             token=run.token,
+            dbt_version=run.dbt_version,
         )
         attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         try:

@@ -133,8 +133,13 @@ class RunnerApi:
     async def step_started(self, index: int) -> None:
         await self._set_step(runner_pb2.SetStepStatusRequest(step_index=index, state=runner_pb2.STEP_STATE_STARTED))
 
-    async def step_finished(self, index: int, status: int, exit_code: int | None) -> None:
-        request = runner_pb2.SetStepStatusRequest(step_index=index, state=runner_pb2.STEP_STATE_FINISHED, status=status)  # type: ignore[arg-type]
+    async def step_finished(self, index: int, status: int, exit_code: int | None, end_reason: str = "") -> None:
+        request = runner_pb2.SetStepStatusRequest(
+            step_index=index,
+            state=runner_pb2.STEP_STATE_FINISHED,
+            status=status,  # type: ignore[arg-type]
+            end_reason=end_reason,
+        )
         if exit_code is not None:
             request.exit_code = exit_code
         await self._set_step(request)
@@ -151,6 +156,16 @@ class RunnerApi:
         await self._call(
             "UploadArtifact",
             lambda: self._stub.UploadArtifact(request, metadata=self._metadata, timeout=60.0, wait_for_ready=True),
+        )
+
+    async def record_git_sha(self, git_sha: str) -> None:
+        """The commit the run checked out, shown on the run."""
+        request = runner_pb2.RecordGitShaRequest(run_id=self.run_id, lease_id=self.lease_id, git_sha=git_sha)
+        await self._call(
+            "RecordGitSha",
+            lambda: self._stub.RecordGitSha(
+                request, metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            ),
         )
 
     async def finish(self, outcome: Outcome) -> None:

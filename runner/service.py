@@ -10,15 +10,19 @@ goes through :mod:`runner.control_plane`.
 2. While it works, a lease task renews the lease every heartbeat interval and polls for a cancel
    request in between; if the lease was taken away (the reaper declared the runner lost), the
    steps are killed and the runner leaves without writing anything.
-3. Steps run in order in a per-run working directory with an environment built from an allow-list
-   (the run's variables, PATH, HOME, locale, the run's identity), their output streamed into log
-   chunks and ``target/*.json`` uploaded as artifacts after each one, secrets masked in both.
-4. The outcome is written under the lease; the server frees the slot and tells dispatchers.
+3. A job with an environment is prepared first (``runner.prepare``: checkout at the run's commit,
+   a profile for this run, ``dbt deps``); a failing preparation ends the run as error.
+4. Steps run in order (in the project's directory, or a per-run working directory for plain
+   commands), their output streamed into log chunks with secrets masked, and dbt's artifacts
+   stored per step after each one (``runner.artifacts``).
+   Every step sees an environment built from an allow-list; secrets are masked in logs and artifacts.
+5. The outcome is written under the lease; the server frees the slot and tells dispatchers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,10 +35,15 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from runner.artifacts import ArtifactCollector, dbt_output_directories
+from runner.checkout import RepositoryCache
 from runner.control_plane import LeaseLost, RunnerApi, RunSpec
+from runner.dbt_env import is_dbt_step
+from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
+from runplane.dbt_context import DbtContext, from_proto
 from runplane.secrets import MASK
 from runplane.settings import RunnerSettings, Settings
 from runplane.supervise import wait_any
@@ -43,7 +52,6 @@ from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
 
-ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
 CANCEL_POLL_INTERVAL = 0.5
 # What a step inherits from the runner's own environment; everything else comes from the run.
 INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ")
@@ -89,7 +97,7 @@ class Runner:
         self._settings = settings
         self._api = api
         self._control = StepControl()
-        self._stored: dict[Path, tuple[int, int]] = {}  # artifact -> (mtime_ns, size) when stored
+        self._masked: list[str] = []
 
     async def execute(self, spec: RunSpec) -> Outcome | None:
         """Run the steps; the outcome to write, or None when the lease was lost."""
@@ -104,7 +112,9 @@ class Runner:
 
     async def _execute(self, spec: RunSpec) -> Outcome | None:
         self._control.cancel_requested = spec.cancel_requested
-        logs = RunLogs(self._api.append_logs, secrets=spec.masked_values)
+        self._masked = list(spec.masked_values)
+        logs = RunLogs(self._api.append_logs, secrets=self._masked)
+        context = from_proto(spec.dbt) if spec.HasField("dbt") else None
         stop = asyncio.Event()
         work_dir, temporary = self._work_dir(spec.run_id)
         try:
@@ -112,7 +122,7 @@ class Runner:
                 group.create_task(self._keep_lease(spec, stop), name=f"runner:{spec.run_id}:lease")
                 group.create_task(self._ship_logs(logs, stop), name=f"runner:{spec.run_id}:logs")
                 try:
-                    outcome = await self._steps(spec, logs, str(work_dir))
+                    outcome = await self._steps(spec, logs, work_dir, context)
                 finally:
                     stop.set()
         finally:
@@ -127,46 +137,104 @@ class Runner:
             return path, False
         return Path(tempfile.mkdtemp(prefix=f"runplane-run-{run_id}-")), True
 
-    async def _steps(self, spec: RunSpec, logs: RunLogs, work_dir: str) -> Outcome | None:
-        env = step_environment(spec)
+    async def _steps(self, spec: RunSpec, logs: RunLogs, work_dir: Path, context: DbtContext | None) -> Outcome | None:
         deadline = time.monotonic() + spec.timeout_seconds if spec.timeout_seconds > 0 else None
         limits = Limits(
             deadline=deadline,
             memory_bytes=spec.memory_mb * 1024 * 1024,
             cancel_grace=self._settings.runner.cancel_grace,
+            interrupt_grace=self._settings.runner.interrupt_grace,
         )
-        for index, command in enumerate(spec.steps):
-            if self._control.abandoned:
-                return None
-            if self._control.cancel_requested:
-                await self._api.steps_skipped(index)
-                return Outcome.cancelled("cancelled by request")
-            await self._api.step_started(index)
-            with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
-                result = await run_step(
-                    command,
-                    cwd=work_dir,
-                    env=env,
-                    on_output=lambda data, index=index: logs.write(index, data),  # type: ignore[misc]
-                    control=self._control,
-                    limits=limits,
+        env = step_environment(spec)
+        cwd = work_dir
+        collector = ArtifactCollector(work_dir / "target")
+        async with contextlib.AsyncExitStack() as stack:
+            if context is not None:
+                try:
+                    prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits))
+                except PrepareError as exc:
+                    await self._api.steps_skipped(0)
+                    if self._control.abandoned:
+                        return None
+                    if self._control.cancel_requested:
+                        return Outcome.cancelled("cancelled by request")
+                    logs.write(0, f"runplane: {exc}\n".encode())
+                    return Outcome.error(str(exc), FailureKind.STEP)
+                # The job's variables (secret ones decrypted) over the environment's.
+                env = {**prepared.env, **spec.environment}
+                cwd, collector = prepared.project, prepared.collector
+            for index, command in enumerate(spec.steps):
+                if self._control.abandoned:
+                    return None
+                if self._control.cancel_requested:
+                    await self._api.steps_skipped(index)
+                    return Outcome.cancelled("cancelled by request")
+                if context is not None and is_dbt_step(command):
+                    collector.watch(*dbt_output_directories(command, cwd, env))
+                outcome, ended = await self._step(
+                    spec, logs=logs, index=index, command=command, cwd=cwd, env=env, limits=limits
                 )
-            logs.end_step(index)
-            if result.end is StepEnd.ABANDONED:
-                return None
-            await self._store_artifacts(spec, index, Path(work_dir))
-            step_status = (
-                RunStatus.SUCCESS if result.end is StepEnd.EXITED and result.exit_code == 0 else RunStatus.ERROR
-            )
-            if result.end is StepEnd.CANCELLED:
-                step_status = RunStatus.CANCELLED
-            await self._api.step_finished(index, int(step_status), result.exit_code)
-            outcome = self._step_outcome(result.end, result.exit_code, index, command, spec.timeout_seconds)
-            if outcome is not None:
-                if index + 1 < len(spec.steps):
-                    await self._api.steps_skipped(index + 1)
-                return outcome
+                if ended:
+                    if outcome is not None:
+                        await self._store_artifacts(index, collector, logs)
+                    return outcome
+                await self._store_artifacts(index, collector, logs)
         return Outcome.success()
+
+    def _prepared(
+        self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits
+    ) -> contextlib.AbstractAsyncContextManager[PreparedRun]:
+        cache_root = self._settings.runner.repository_cache or str(Path.home() / ".cache" / "runplane" / "repositories")
+
+        return prepared_run(
+            context,
+            cache=RepositoryCache(Path(cache_root)),
+            work_dir=work_dir,
+            dbt_versions=self._settings.runner.dbt_versions,
+            on_checkout=self._api.record_git_sha,
+            say=lambda line: logs.write(0, f"runplane: {line}\n".encode()),
+            on_output=lambda data: logs.write(0, data),
+            control=self._control,
+            limits=limits,
+        )
+
+    async def _step(
+        self,
+        spec: RunSpec,
+        *,
+        logs: RunLogs,
+        index: int,
+        command: str,
+        cwd: Path,
+        env: dict[str, str],
+        limits: Limits,
+    ) -> tuple[Outcome | None, bool]:
+        """Run one step; (outcome, True) when the run ends with it (outcome None: the lease was lost)."""
+        await self._api.step_started(index)
+        with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
+            result = await run_step(
+                command,
+                cwd=str(cwd),
+                env=env,
+                on_output=lambda data: logs.write(index, data),
+                control=self._control,
+                limits=limits,
+            )
+        if result.end is StepEnd.ABANDONED:
+            return None, True
+        if result.end_reason:
+            logs.write(index, f"\nrunplane: step {index + 1} ended: {result.end_reason}\n".encode())
+        logs.end_step(index)
+        step_status = RunStatus.SUCCESS if result.end is StepEnd.EXITED and result.exit_code == 0 else RunStatus.ERROR
+        if result.end is StepEnd.CANCELLED:
+            step_status = RunStatus.CANCELLED
+        await self._api.step_finished(index, int(step_status), result.exit_code, result.end_reason)
+        outcome = self._step_outcome(result.end, result.exit_code, index, command, spec.timeout_seconds)
+        if outcome is not None:
+            if index + 1 < len(spec.steps):
+                await self._api.steps_skipped(index + 1)
+            return outcome, True
+        return None, False
 
     @staticmethod
     def _step_outcome(end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int) -> Outcome | None:
@@ -184,22 +252,21 @@ class Runner:
             case StepEnd.ABANDONED:
                 return None
 
-    async def _store_artifacts(self, spec: RunSpec, step_index: int, work_dir: Path) -> None:
-        """Upload new or changed ``target/*.json`` files, tagged with the step that wrote them, masked."""
-        for path in sorted((work_dir / "target").glob("*.json")):
+    async def _store_artifacts(self, step_index: int, collector: ArtifactCollector, logs: RunLogs) -> None:
+        """Upload what the step wrote or changed, tagged with the step, masked; say so for what is too large."""
+        scan = collector.scan()
+        for found in scan.too_large:
+            logs.write(
+                step_index,
+                f"runplane: {found.name} not kept: {found.size} bytes is over the "
+                f"{scan.limit_shown()} limit of an artifact\n".encode(),
+            )
+        for found in scan.changed:
             try:
-                stat = path.stat()
-                if self._stored.get(path) == (stat.st_mtime_ns, stat.st_size):
-                    continue  # unchanged since an earlier step stored it
-                if stat.st_size > ARTIFACT_MAX_BYTES:
-                    log.warning("artifact too large; not stored", extra={"run_id": spec.run_id, "path": str(path)})
-                    continue
-                content = path.read_bytes()
+                content = found.path.read_bytes()
             except OSError:
                 continue
-            content = mask_bytes(content, list(spec.masked_values))
-            await self._api.upload_artifact(step_index, str(path.relative_to(work_dir)), content)
-            self._stored[path] = (stat.st_mtime_ns, stat.st_size)
+            await self._api.upload_artifact(step_index, found.name, mask_bytes(content, self._masked))
 
     async def _ship_logs(self, logs: RunLogs, stop: asyncio.Event) -> None:
         try:

@@ -2,10 +2,12 @@
 runner dies the group dies with it (see ``_GUARD``).
 
 While the step runs, its output goes to a callback as it comes, and every ``sample_interval`` the
-watcher checks, in this order: cancellation requested (SIGTERM to the group, SIGKILL after the
-grace period), the run's deadline (the same), and the resident memory of the whole process tree
-against the limit (SIGKILL at once, as the kernel's OOM killer would). Whatever the end, nothing of
-the group is left running.
+watcher checks, in this order: cancellation requested, the run's deadline, and the resident memory
+of the whole process tree against the limit (SIGKILL at once, as the kernel's OOM killer would).
+Cancel and timeout stop the group in three stages: SIGINT (dbt cancels its open warehouse queries
+and writes its artifacts), SIGTERM after ``interrupt_grace`` seconds, SIGKILL after a further
+``cancel_grace``. Whatever the end, nothing of the group is left running, and the result says which
+signal ended it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class StepEnd(enum.Enum):
 class StepResult:
     end: StepEnd
     exit_code: int | None
+    end_reason: str = ""  # "" when the step ended by itself; else e.g. "SIGINT", "SIGKILL after SIGINT, SIGTERM"
 
 
 @dataclass
@@ -48,7 +51,8 @@ class StepControl:
 class Limits:
     deadline: float | None  # time.monotonic() at which the run times out
     memory_bytes: int | None
-    cancel_grace: float
+    cancel_grace: float  # seconds from SIGTERM to SIGKILL
+    interrupt_grace: float = 10.0  # seconds from SIGINT to SIGTERM
     sample_interval: float = 0.2
 
 
@@ -134,8 +138,9 @@ async def run_step(
 
     reader = asyncio.create_task(pump(), name=f"step:{pgid}:output")
     end = StepEnd.EXITED
+    sent: list[signal.Signals] = []
     try:
-        end = await _watch(process, pgid, control, limits)
+        end = await _watch(process, pgid, control, limits, sent)
         exit_code = await process.wait()
     finally:
         _signal_group(pgid, signal.SIGKILL)  # anything the step left in the background, and the guard
@@ -148,10 +153,23 @@ async def run_step(
             await asyncio.wait_for(reader, timeout=5)
         except TimeoutError:
             reader.cancel()
-    return StepResult(end, exit_code if end is StepEnd.EXITED else None)
+    return StepResult(end, exit_code if end is StepEnd.EXITED else None, _end_reason(exit_code, sent))
 
 
-async def _watch(process: asyncio.subprocess.Process, pgid: int, control: StepControl, limits: Limits) -> StepEnd:
+def _end_reason(exit_code: int, sent: list[signal.Signals]) -> str:
+    """Which signal ended the step, and what was sent before it."""
+    if exit_code < 0:
+        killed_by = signal.Signals(-exit_code).name
+        before = [s.name for s in sent if s.name != killed_by]
+        return f"{killed_by} after {', '.join(before)}" if before else killed_by
+    if sent:
+        return f"exited with code {exit_code} after {', '.join(s.name for s in sent)}"
+    return ""
+
+
+async def _watch(
+    process: asyncio.subprocess.Process, pgid: int, control: StepControl, limits: Limits, sent: list[signal.Signals]
+) -> StepEnd:
     waiter = asyncio.ensure_future(process.wait())
     try:
         while True:
@@ -159,15 +177,17 @@ async def _watch(process: asyncio.subprocess.Process, pgid: int, control: StepCo
             if done:
                 return StepEnd.EXITED
             if control.abandoned:
+                sent.append(signal.SIGKILL)
                 _signal_group(pgid, signal.SIGKILL)
                 return StepEnd.ABANDONED
             if control.cancel_requested:
-                await _terminate(waiter, pgid, limits.cancel_grace)
+                await _stop(waiter, pgid, limits, sent)
                 return StepEnd.CANCELLED
             if limits.deadline is not None and time.monotonic() >= limits.deadline:
-                await _terminate(waiter, pgid, limits.cancel_grace)
+                await _stop(waiter, pgid, limits, sent)
                 return StepEnd.TIMED_OUT
             if limits.memory_bytes is not None and tree_rss(process.pid) > limits.memory_bytes:
+                sent.append(signal.SIGKILL)
                 _signal_group(pgid, signal.SIGKILL)
                 return StepEnd.MEMORY_LIMIT
     finally:
@@ -175,9 +195,17 @@ async def _watch(process: asyncio.subprocess.Process, pgid: int, control: StepCo
             waiter.cancel()
 
 
-async def _terminate(waiter: asyncio.Future[int], pgid: int, grace: float) -> None:
-    """SIGTERM to the group; SIGKILL if the step is still there after ``grace`` seconds."""
-    _signal_group(pgid, signal.SIGTERM)
-    done, _ = await asyncio.wait({waiter}, timeout=grace)
-    if not done:
-        _signal_group(pgid, signal.SIGKILL)
+async def _stop(waiter: asyncio.Future[int], pgid: int, limits: Limits, sent: list[signal.Signals]) -> None:
+    """SIGINT to the group, then SIGTERM and SIGKILL each after its grace period if still there."""
+    for sig, grace in (
+        (signal.SIGINT, limits.interrupt_grace),
+        (signal.SIGTERM, limits.cancel_grace),
+        (signal.SIGKILL, 0.0),
+    ):
+        sent.append(sig)
+        _signal_group(pgid, sig)
+        if sig is signal.SIGKILL:
+            return
+        done, _ = await asyncio.wait({waiter}, timeout=grace)
+        if done:
+            return

@@ -82,6 +82,10 @@ class KubernetesSettings(BaseModel):
     namespace: str = Field("runplane-runs", description="Namespace the run Pods are created in.")
     image: str = Field("ghcr.io/runplane/runplane-runner:0.1.0", description="Runner image (dbt installed).")
     image_pull_policy: str = Field("IfNotPresent", description="Always, IfNotPresent or Never.")
+    dbt_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Runner image per dbt version (JSON); an environment's dbt_version picks one, else `image`.",
+    )
     service_account: str = Field("", description="Service account of run Pods; empty: the namespace default.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels run Pods require.")
     tolerations: list[dict[str, Any]] = Field(
@@ -123,7 +127,18 @@ class RunnerSettings(BaseModel):
     )
     lease_seconds: float = Field(30.0, description="A runner silent this long is lost.")
     heartbeat_interval: float = Field(5.0, description="Seconds between lease renewals.")
-    cancel_grace: float = Field(10.0, description="Seconds between SIGTERM and SIGKILL.")
+    interrupt_grace: float = Field(
+        10.0, description="Cancel/timeout: seconds between SIGINT (dbt cancels its queries) and SIGTERM."
+    )
+    cancel_grace: float = Field(10.0, description="Cancel/timeout: seconds between SIGTERM and SIGKILL.")
+    repository_cache: str = Field(
+        "", description="Where this host keeps clones of projects' repositories; empty: ~/.cache/runplane/repositories."
+    )
+    dbt_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Installed dbt versions on this host: version -> directory holding its dbt executable "
+        '(JSON, e.g. {"1.10": "/opt/dbt-1.10/bin"}). An environment\'s dbt_version picks one.',
+    )
     work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
     local_uid: int = Field(
         -1,

@@ -51,7 +51,8 @@ class KubernetesLauncher:
             request,
             self._k8s,
             cluster=self._cluster,
-            cancel_grace=self._settings.runner.cancel_grace,
+            # The Pod's grace covers the runner's own stop of a step: SIGINT, then SIGTERM, then SIGKILL.
+            cancel_grace=self._settings.runner.interrupt_grace + self._settings.runner.cancel_grace,
             runner_api_address=self._settings.runner.api_address,
         )
 

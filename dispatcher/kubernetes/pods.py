@@ -81,7 +81,7 @@ def build_pod(
     labels = _labels(request, cluster)
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": settings.image,
+        "image": settings.dbt_images.get(request.dbt_version, settings.image),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["runplane", "runner", "--run-id", str(request.run_id), "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"],
         "env": [

@@ -87,6 +87,11 @@ async def finish_run(
         run = await cur.fetchone()
         if run is None:
             return None
+        # Steps end with their run: one still running (its runner lost) ends as the run did, with the
+        # reason; one never started is skipped. A runner that ended its steps itself leaves none.
+        await conn.execute(
+            Q["end_unfinished_steps"], {"run_id": run_id, "status": int(outcome.status), "reason": outcome.message}
+        )
         job_id = JobId(int(run["job_id"]))  # type: ignore[call-overload]
         account_id = AccountId(int(run["account_id"]))  # type: ignore[call-overload]
         pickups = {account_id}  # a slot may have freed

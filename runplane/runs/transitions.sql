@@ -46,7 +46,9 @@ UPDATE runs r
   FROM unnest(%(ids)s::bigint[], %(schemas)s::text[], %(token_hashes)s::bytea[]) AS v(id, schema_name, token_hash)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
-          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds
+          (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
+          (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
+            WHERE j.id = r.job_id) AS dbt_version
 
 -- name: claim_run
 -- Compare-and-set starting → running for the holder of the run's token (through the runner API);
@@ -129,6 +131,14 @@ UPDATE runs
    AND (NOT %(require_lease_expired)s OR lease_expires_at < clock_timestamp())
 RETURNING id, account_id, job_id, job_type, trigger, cause, attempt, priority, takes_slot, overrides,
           pull_request_number, schema_name
+
+-- name: end_unfinished_steps
+UPDATE run_steps
+   SET status = CASE WHEN started_at IS NULL THEN status ELSE %(status)s END,
+       skipped = started_at IS NULL,
+       end_reason = CASE WHEN started_at IS NULL THEN end_reason ELSE %(reason)s END,
+       finished_at = CASE WHEN started_at IS NULL THEN NULL ELSE clock_timestamp() END
+ WHERE run_id = %(run_id)s AND finished_at IS NULL AND NOT skipped
 
 -- name: reset_failures
 UPDATE jobs SET consecutive_failures = 0 WHERE id = %(job_id)s AND consecutive_failures <> 0

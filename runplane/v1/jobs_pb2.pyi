@@ -141,8 +141,10 @@ class JobSettings(_message.Message):
     MISSED_RUN_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     SECRET_NAMES_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
-    """exposed to steps as RUNPLANE_THREADS; 0 means 4"""
+    """dbt threads; 0: the environment's default (4 without one)"""
     timeout_seconds: _builtins.int
     """0 means no timeout"""
     target_name: _builtins.str
@@ -155,6 +157,10 @@ class JobSettings(_message.Message):
     """-1 means the default (300); 0 means skip missed fires"""
     priority: _builtins.int
     """higher dispatches first"""
+    environment_id: _builtins.int
+    """0: none (steps are plain commands); else dbt steps run in it"""
+    schema: _builtins.str
+    """empty: the environment's default schema"""
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """extra environment for every step"""
@@ -179,10 +185,12 @@ class JobSettings(_message.Message):
         missed_run_grace_seconds: _builtins.int = ...,
         priority: _builtins.int = ...,
         secret_names: _abc.Iterable[_builtins.str] | None = ...,
+        environment_id: _builtins.int = ...,
+        schema: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_id", b"environment_id", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

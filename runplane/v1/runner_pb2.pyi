@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from runplane.v1 import common_pb2 as _common_pb2
+from runplane.v1 import projects_pb2 as _projects_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -132,6 +133,7 @@ class RunSpec(_message.Message):
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     JOB_TYPE_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
+    DBT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -163,6 +165,12 @@ class RunSpec(_message.Message):
     def masked_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Values to replace with ***** in logs and artifacts: every secret this run can see."""
 
+    @_builtins.property
+    def dbt(self) -> _projects_pb2.DbtContext:
+        """Set for a job with an environment: the project, the connection and dbt's settings, its
+        secrets (connection password, git credential) decrypted for this run and in masked_values.
+        """
+
     def __init__(
         self,
         *,
@@ -187,10 +195,11 @@ class RunSpec(_message.Message):
         heartbeat_interval: _builtins.float = ...,
         job_type: _common_pb2.JobType.ValueType = ...,
         trigger: _common_pb2.Trigger.ValueType = ...,
+        dbt: _projects_pb2.DbtContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dbt", b"dbt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -319,6 +328,7 @@ class SetStepStatusRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     lease_id: _builtins.str
     step_index: _builtins.int
@@ -326,6 +336,8 @@ class SetStepStatusRequest(_message.Message):
     status: _common_pb2.RunStatus.ValueType
     """FINISHED: success, error or cancelled"""
     exit_code: _builtins.int
+    end_reason: _builtins.str
+    """FINISHED: how it ended when not by its own exit, e.g. "interrupted (SIGINT)" """
     def __init__(
         self,
         *,
@@ -335,10 +347,11 @@ class SetStepStatusRequest(_message.Message):
         state: Global___StepState.ValueType = ...,
         status: _common_pb2.RunStatus.ValueType = ...,
         exit_code: _builtins.int | None = ...,
+        end_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "lease_id", b"lease_id", "run_id", b"run_id", "state", b"state", "status", b"status", "step_index", b"step_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "end_reason", b"end_reason", "exit_code", b"exit_code", "lease_id", b"lease_id", "run_id", b"run_id", "state", b"state", "status", b"status", "step_index", b"step_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -407,6 +420,47 @@ class UploadArtifactResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UploadArtifactResponse: _TypeAlias = UploadArtifactResponse  # noqa: Y015
+
+@_typing.final
+class RecordGitShaRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    GIT_SHA_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    lease_id: _builtins.str
+    git_sha: _builtins.str
+    """7 to 64 hex digits"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        git_sha: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_sha", b"git_sha", "lease_id", b"lease_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordGitShaRequest: _TypeAlias = RecordGitShaRequest  # noqa: Y015
+
+@_typing.final
+class RecordGitShaResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordGitShaResponse: _TypeAlias = RecordGitShaResponse  # noqa: Y015
 
 @_typing.final
 class FinishRequest(_message.Message):

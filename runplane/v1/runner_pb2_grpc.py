@@ -72,6 +72,11 @@ class RunnerServiceStub:
                 request_serializer=runplane_dot_v1_dot_runner__pb2.UploadArtifactRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_runner__pb2.UploadArtifactResponse.FromString,
                 _registered_method=True)
+        self.RecordGitSha = channel.unary_unary(
+                '/runplane.v1.RunnerService/RecordGitSha',
+                request_serializer=runplane_dot_v1_dot_runner__pb2.RecordGitShaRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runner__pb2.RecordGitShaResponse.FromString,
+                _registered_method=True)
         self.Finish = channel.unary_unary(
                 '/runplane.v1.RunnerService/Finish',
                 request_serializer=runplane_dot_v1_dot_runner__pb2.FinishRequest.SerializeToString,
@@ -129,6 +134,13 @@ class RunnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordGitSha(self, request, context):
+        """The commit the run checked out (a job with an environment); shown on the run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Finish(self, request, context):
         """The outcome; the lease and the token end with it.
         """
@@ -168,6 +180,11 @@ def add_RunnerServiceServicer_to_server(servicer, server):
                     servicer.UploadArtifact,
                     request_deserializer=runplane_dot_v1_dot_runner__pb2.UploadArtifactRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_runner__pb2.UploadArtifactResponse.SerializeToString,
+            ),
+            'RecordGitSha': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordGitSha,
+                    request_deserializer=runplane_dot_v1_dot_runner__pb2.RecordGitShaRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runner__pb2.RecordGitShaResponse.SerializeToString,
             ),
             'Finish': grpc.unary_unary_rpc_method_handler(
                     servicer.Finish,
@@ -345,6 +362,33 @@ class RunnerService:
             '/runplane.v1.RunnerService/UploadArtifact',
             runplane_dot_v1_dot_runner__pb2.UploadArtifactRequest.SerializeToString,
             runplane_dot_v1_dot_runner__pb2.UploadArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordGitSha(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunnerService/RecordGitSha',
+            runplane_dot_v1_dot_runner__pb2.RecordGitShaRequest.SerializeToString,
+            runplane_dot_v1_dot_runner__pb2.RecordGitShaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,8 @@ class RunnerServiceStub:
     AppendLogs: _grpc.UnaryUnaryMultiCallable[_runner_pb2.AppendLogsRequest, _runner_pb2.AppendLogsResponse]
     SetStepStatus: _grpc.UnaryUnaryMultiCallable[_runner_pb2.SetStepStatusRequest, _runner_pb2.SetStepStatusResponse]
     UploadArtifact: _grpc.UnaryUnaryMultiCallable[_runner_pb2.UploadArtifactRequest, _runner_pb2.UploadArtifactResponse]
+    RecordGitSha: _grpc.UnaryUnaryMultiCallable[_runner_pb2.RecordGitShaRequest, _runner_pb2.RecordGitShaResponse]
+    """The commit the run checked out (a job with an environment); shown on the run."""
     Finish: _grpc.UnaryUnaryMultiCallable[_runner_pb2.FinishRequest, _runner_pb2.FinishResponse]
     """The outcome; the lease and the token end with it."""
 
@@ -75,6 +77,8 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
     AppendLogs: _aio.UnaryUnaryMultiCallable[_runner_pb2.AppendLogsRequest, _runner_pb2.AppendLogsResponse]  # type: ignore[assignment]
     SetStepStatus: _aio.UnaryUnaryMultiCallable[_runner_pb2.SetStepStatusRequest, _runner_pb2.SetStepStatusResponse]  # type: ignore[assignment]
     UploadArtifact: _aio.UnaryUnaryMultiCallable[_runner_pb2.UploadArtifactRequest, _runner_pb2.UploadArtifactResponse]  # type: ignore[assignment]
+    RecordGitSha: _aio.UnaryUnaryMultiCallable[_runner_pb2.RecordGitShaRequest, _runner_pb2.RecordGitShaResponse]  # type: ignore[assignment]
+    """The commit the run checked out (a job with an environment); shown on the run."""
     Finish: _aio.UnaryUnaryMultiCallable[_runner_pb2.FinishRequest, _runner_pb2.FinishResponse]  # type: ignore[assignment]
     """The outcome; the lease and the token end with it."""
 
@@ -133,6 +137,14 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _runner_pb2.UploadArtifactRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runner_pb2.UploadArtifactResponse, _abc.Awaitable[_runner_pb2.UploadArtifactResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RecordGitSha(
+        self,
+        request: _runner_pb2.RecordGitShaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runner_pb2.RecordGitShaResponse, _abc.Awaitable[_runner_pb2.RecordGitShaResponse]]:
+        """The commit the run checked out (a job with an environment); shown on the run."""
 
     @_abc_1.abstractmethod
     def Finish(

@@ -33,12 +33,14 @@ class RunOverrides(_message.Message):
     SCHEMA_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
+    TARGET_NAME_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     git_branch: _builtins.str
     git_sha: _builtins.str
     schema: _builtins.str
     timeout_seconds: _builtins.int
     pull_request_number: _builtins.int
+    target_name: _builtins.str
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -51,10 +53,11 @@ class RunOverrides(_message.Message):
         schema: _builtins.str = ...,
         timeout_seconds: _builtins.int = ...,
         pull_request_number: _builtins.int = ...,
+        target_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -88,6 +91,7 @@ class Run(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     RETRIES_EXHAUSTED_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
+    GIT_SHA_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -107,6 +111,8 @@ class Run(_message.Message):
     pod_name: _builtins.str
     cluster: _builtins.str
     retries_exhausted: _builtins.bool
+    git_sha: _builtins.str
+    """the commit the run checked out (empty until it did)"""
     @_builtins.property
     def overrides(self) -> Global___RunOverrides: ...
     @_builtins.property
@@ -148,10 +154,11 @@ class Run(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         retries_exhausted: _builtins.bool = ...,
         steps: _abc.Iterable[Global___RunStep] | None = ...,
+        git_sha: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "overrides", b"overrides", "queued_at", b"queued_at", "scheduled_at", b"scheduled_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "git_sha", b"git_sha", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -167,10 +174,16 @@ class RunStep(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     command: _builtins.str
     status: _common_pb2.RunStatus.ValueType
     exit_code: _builtins.int
+    skipped: _builtins.bool
+    """never started: an earlier step failed or the run was cancelled"""
+    end_reason: _builtins.str
+    """how it ended when not by itself: "SIGINT", "SIGKILL", "runner lost", …"""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -184,10 +197,12 @@ class RunStep(_message.Message):
         exit_code: _builtins.int = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        skipped: _builtins.bool = ...,
+        end_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "end_reason", b"end_reason", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "skipped", b"skipped", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -456,19 +471,25 @@ class GetArtifactRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     path: _builtins.str
+    step_index: _builtins.int
+    """unset: the last step that wrote the file"""
     def __init__(
         self,
         *,
         run_id: _builtins.int = ...,
         path: _builtins.str = ...,
+        step_index: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_step_index", b"_step_index", "step_index", b"step_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step_index", b"_step_index", "path", b"path", "run_id", b"run_id", "step_index", b"step_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__step_index: _TypeAlias = _typing.Literal["step_index"]  # noqa: Y015
+    _WhichOneofArgType__step_index: _TypeAlias = _typing.Literal["_step_index", b"_step_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_index) -> _WhichOneofReturnType__step_index | None: ...
 
 Global___GetArtifactRequest: _TypeAlias = GetArtifactRequest  # noqa: Y015
 

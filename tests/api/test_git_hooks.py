@@ -115,7 +115,7 @@ async def test_github_pull_requests_start_ci_and_merge_runs(
     )
     row = await cur.fetchone()
     assert row is not None
-    assert row[:4] == (ci, "ci", 2, f"runplane_pr_{ci}_2")
+    assert row[:4] == (ci, "ci", 2, f"dbt_cloud_pr_{ci}_2")
     assert row[4]["git_sha"] == HEAD_SHA and row[4]["git_branch"] == "changes"
     # GitHub redelivers: the same run, nothing new
     again = await http.post(url, **_github(secret, GITHUB_OPENED))

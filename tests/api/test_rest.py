@@ -245,6 +245,47 @@ async def test_artifacts_listed_and_read_by_step(rest: Rest, adb: AsyncDb) -> No
     assert wrong_step.status_code == 404
 
 
+async def test_a_file_every_step_wrote_is_listed_once_and_read_per_step(rest: Rest, adb: AsyncDb) -> None:
+    job_id = await rest.create_job(adb, steps=["dbt build", "dbt docs generate"])
+    run_id = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json={})).json()["data"]["id"]
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 0, %s),"
+        " (%s, 'target/run_results.json', 1, %s)",
+        (run_id, b'{"step": 1}', run_id, b'{"step": 2}'),
+    )
+    assert (await rest.http.get(f"{rest.base}/runs/{run_id}/artifacts/")).json()["data"] == ["run_results.json"]
+    path = f"{rest.base}/runs/{run_id}/artifacts/run_results.json"
+    assert (await rest.http.get(path)).json() == {"step": 2}  # without a step: the last one's
+    assert (await rest.http.get(path, params={"step": 1})).json() == {"step": 1}
+
+
+async def test_a_job_and_its_runs_name_their_environment_and_project(rest: Rest, adb: AsyncDb) -> None:
+    project_id = await scalar(
+        adb,
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
+        rest.account_id,
+    )
+    environment_id = await scalar(
+        adb,
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics') RETURNING id",
+        rest.account_id,
+        project_id,
+    )
+    job_id = await rest.create_job(adb, environment_id=environment_id)
+    plain_id = await rest.create_job(adb, name="plain")
+    job = (await rest.http.get(f"{rest.base}/jobs/{job_id}/")).json()["data"]
+    assert (job["environment_id"], job["project_id"], job["dbt_version"]) == (environment_id, project_id, "1.10")
+    plain = (await rest.http.get(f"{rest.base}/jobs/{plain_id}/")).json()["data"]
+    assert (plain["environment_id"], plain["project_id"]) == (None, None)
+    run_id = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json={})).json()["data"]["id"]
+    await adb.execute("UPDATE runs SET git_sha = 'abc1234' WHERE id = %s", (run_id,))
+    run = (await rest.http.get(f"{rest.base}/runs/{run_id}/")).json()["data"]
+    assert (run["environment_id"], run["project_id"], run["git_sha"]) == (environment_id, project_id, "abc1234")
+    listed = (await rest.http.get(f"{rest.base}/runs/", params={"job_definition_id": job_id})).json()["data"]
+    assert [(r["id"], r["project_id"]) for r in listed] == [(run_id, project_id)]
+
+
 async def test_jobs_and_accounts(rest: Rest, other_rest: Rest, adb: AsyncDb) -> None:
     job_ids = [await rest.create_job(adb, name=n, cron="0 2 * * *") for n in ("b-job", "a-job", "c-job")]
     await other_rest.create_job(adb, name="theirs")

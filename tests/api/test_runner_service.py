@@ -15,11 +15,14 @@ from typing import Any
 
 import grpc
 import pytest
+from psycopg.types.json import Jsonb
 
 from api.server import RunningApi
 from runplane.run_tokens import new_run_token
+from runplane.secrets import SecretBox
 from runplane.types import RunStatus
 from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
+from tests.conftest import TEST_SECRET_KEYS
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus")
@@ -218,6 +221,65 @@ async def test_retries_are_idempotent_and_steps_go_in_order(db: Conn, channel: g
     with pytest.raises(grpc.aio.AioRpcError) as refused:  # the same step finished otherwise
         await stub.SetStepStatus(step(0, runner_pb2.STEP_STATE_FINISHED, status=10, exit_code=0), metadata=md)
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    steps = rows(db, "SELECT step_index, status, exit_code FROM run_steps WHERE run_id = %s ORDER BY 1", (rid,))
-    assert [(s["step_index"], s["status"], s["exit_code"]) for s in steps] == [(0, 20, 3), (1, 30, None), (2, 30, None)]
+    query = "SELECT step_index, status, exit_code, skipped FROM run_steps WHERE run_id = %s ORDER BY 1"
+    # Skipped steps keep their queued status and say they never started.
+    assert [(s["step_index"], s["status"], s["exit_code"], s["skipped"]) for s in rows(db, query, (rid,))] == [
+        (0, 20, 3, False),
+        (1, 1, None, True),
+        (2, 1, None, True),
+    ]
     assert [r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (rid,))] == ["hello\n"]
+
+
+def give_environment(db: Conn, run_id: int, *, password: str, git_token: str) -> None:
+    """A project and environment for the run's job, their secrets stored encrypted as the API stores them."""
+    box = SecretBox.from_keys(TEST_SECRET_KEYS)
+    account_id, job_id = run_row(db, run_id)["account_id"], run_row(db, run_id)["job_id"]
+    project = db.execute(
+        "INSERT INTO projects (account_id, name, repository_url, git_credential_kind, git_credential)"
+        " VALUES (%s, 'shop', 'https://git.example.com/shop.git', 'token', %s) RETURNING id",
+        (account_id, box.encrypt(git_token)),
+    ).fetchone()
+    assert project is not None
+    environment = db.execute(
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " connection, connection_secrets, schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres',"
+        " %s, %s, 'analytics') RETURNING id",
+        (account_id, project[0], Jsonb({"host": "db.example.com"}), Jsonb({"password": box.encrypt(password)})),
+    ).fetchone()
+    assert environment is not None
+    db.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment[0], job_id))
+
+
+async def test_claim_carries_the_dbt_context_its_secrets_decrypted_and_masked(
+    db: Conn, channel: grpc.aio.Channel
+) -> None:
+    run_id, token = starting_run(db, ["dbt build"], secrets={"DBT_ENV_SECRET_X": "job-secret"})
+    give_environment(db, run_id, password="pw-warehouse", git_token="ghp-token")
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)  # type: ignore[arg-type]
+    md = (("authorization", f"Bearer {token}"),)
+    spec = await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=md)
+
+    assert spec.HasField("dbt")
+    assert dict(spec.dbt.connection) == {"host": "db.example.com"}
+    assert dict(spec.dbt.connection_secrets) == {"password": "pw-warehouse"}
+    assert spec.dbt.git_credential == "ghp-token" and spec.dbt.schema == "analytics"
+    assert sorted(spec.masked_values) == ["ghp-token", "job-secret", "pw-warehouse"]
+    stored = str(rows(db, "SELECT * FROM environments")) + str(rows(db, "SELECT * FROM projects"))
+    assert "pw-warehouse" not in stored and "ghp-token" not in stored
+
+
+async def test_the_checked_out_commit_is_recorded_under_the_lease_only(db: Conn, channel: grpc.aio.Channel) -> None:
+    runner = await claimed(db, channel)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    record = runner_pb2.RecordGitShaRequest(run_id=runner.run_id, lease_id=LEASE, git_sha=sha)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await runner.stub.RecordGitSha(record, metadata=runner.md(new_run_token()))
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as invalid:
+        bad = runner_pb2.RecordGitShaRequest(run_id=runner.run_id, lease_id=LEASE, git_sha="main; rm -rf /")
+        await runner.stub.RecordGitSha(bad, metadata=runner.md())
+    assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert run_row(db, runner.run_id)["git_sha"] == ""
+    await runner.stub.RecordGitSha(record, metadata=runner.md())
+    assert run_row(db, runner.run_id)["git_sha"] == sha

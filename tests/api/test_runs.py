@@ -58,7 +58,7 @@ async def test_ci_runs_take_no_slot_and_build_in_their_pull_requests_schema(clie
         )
     )
     assert run.trigger == common_pb2.TRIGGER_CI and run.job_type == common_pb2.JOB_TYPE_CI
-    assert run.schema == f"runplane_pr_{job.id}_42"
+    assert run.schema == f"dbt_cloud_pr_{job.id}_42"
     assert run.overrides.pull_request_number == 42 and run.overrides.git_sha == "0123abcd"
     assert await scalar(adb, "SELECT takes_slot FROM runs WHERE id = %s", run.id) is False
     assert await scalar(adb, "SELECT pull_request_number FROM runs WHERE id = %s", run.id) == 42
@@ -69,7 +69,8 @@ async def test_ci_runs_take_no_slot_and_build_in_their_pull_requests_schema(clie
             overrides=runs_pb2.RunOverrides(pull_request_number=43, schema="custom_schema"),
         )
     )
-    assert named.schema == "custom_schema"
+    # A CI run cannot be pointed at another schema (production's, say): it keeps its pull request's.
+    assert named.schema == f"dbt_cloud_pr_{job.id}_43"
 
 
 async def test_triggers_must_fit_the_job_type(client: Client, adb: AsyncDb) -> None:

@@ -92,7 +92,7 @@ async def test_ci_runs_start_together_outside_the_slots_each_in_its_own_schema(
     runs = [queue_run(db, ci_job, trigger="ci", pull_request_number=pr) for pr in range(101, 106)]
     assert await pickup(settings, locks, HoldingLauncher(), account) == runs
     schemas = [run_row(db, r)["schema_name"] for r in runs]
-    assert schemas == [f"runplane_pr_{ci_job}_{pr}" for pr in range(101, 106)]
+    assert schemas == [f"dbt_cloud_pr_{ci_job}_{pr}" for pr in range(101, 106)]
     assert run_row(db, busy)["status"] == RunStatus.RUNNING
 
 

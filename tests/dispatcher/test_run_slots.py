@@ -40,8 +40,8 @@ def test_ci_runs_take_no_slot_run_concurrently_in_their_own_schema() -> None:
     plan = plan_dispatch(1, [ActiveRun(JobId(1), True)], [queued(9, 1), *runs])
     assert [r.run_id for r in plan.start] == [1, 2, 3, 4, 5]
     assert plan.waiting == {9: WaitingReason.JOB_ALREADY_RUNNING}
-    assert [plan.schemas[RunId(i)] for i in range(1, 6)] == [f"runplane_pr_5_{100 + i}" for i in range(1, 6)]
-    assert ci_schema(5, None, 42) == "runplane_pr_5_run_42"
+    assert [plan.schemas[RunId(i)] for i in range(1, 6)] == [f"dbt_cloud_pr_5_{100 + i}" for i in range(1, 6)]
+    assert ci_schema(5, None, 42) == "dbt_cloud_pr_5_run_42"
 
 
 def test_of_several_queued_merge_runs_only_the_newest_runs() -> None:

@@ -89,11 +89,11 @@ async def test_failing_step_skips_the_rest(db: Conn, settings: Settings) -> None
     assert await run(settings, run_id) == 0
     row = run_row(db, run_id)
     assert (row["status"], row["status_message"]) == (RunStatus.ERROR, "step 2 failed with exit code 3: exit 3")
-    steps = rows(db, "SELECT step_index, status, exit_code, started_at FROM run_steps WHERE run_id = %s", (run_id,))
-    assert sorted((s["step_index"], s["status"], s["exit_code"]) for s in steps) == [
-        (0, 10, 0),
-        (1, 20, 3),
-        (2, 30, None),
+    steps = rows(db, "SELECT step_index, status, exit_code, skipped FROM run_steps WHERE run_id = %s", (run_id,))
+    assert sorted((s["step_index"], s["status"], s["exit_code"], s["skipped"]) for s in steps) == [
+        (0, 10, 0, False),
+        (1, 20, 3, False),
+        (2, 1, None, True),  # skipped: never started, not cancelled
     ]
     assert not any(
         "never" in r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,))
@@ -111,7 +111,10 @@ async def test_overridden_steps_and_timeout(db: Conn, settings: Settings) -> Non
     row = run_row(db, run_id)
     assert (row["status"], row["status_message"]) == (RunStatus.ERROR, "timed out after 1 s")
     text = "".join(r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,)))
-    assert text == "overridden\n"
+    # The timeout interrupts first, as dbt needs: sleep dies of the SIGINT, and the step says so.
+    assert text == "overridden\n\nrunplane: step 2 ended: SIGINT\n"
+    steps = rows(db, "SELECT end_reason FROM run_steps WHERE run_id = %s ORDER BY step_index", (run_id,))
+    assert [s["end_reason"] for s in steps] == ["", "SIGINT"]
 
 
 async def test_memory_limit_error(db: Conn, settings: Settings) -> None:
@@ -127,6 +130,9 @@ async def test_memory_limit_error(db: Conn, settings: Settings) -> None:
 
 
 async def test_cancel_a_running_run(db: Conn, settings: Settings, tmp_path: Path) -> None:
+    # The background sleep ignores SIGINT (as sh makes background jobs do): SIGTERM after the grace.
+    runner_settings = settings.runner.model_copy(update={"interrupt_grace": 1.0, "cancel_grace": 1.0})
+    settings = settings.model_copy(update={"runner": runner_settings})
     pid_file = tmp_path / "pid"
     account = create_account(db)
     run_id = queue_run(db, create_job(db, account, steps=[f"echo $$ > {pid_file}; sleep 60 & wait", "echo never"]))
@@ -144,6 +150,11 @@ async def test_cancel_a_running_run(db: Conn, settings: Settings, tmp_path: Path
             runner.cancel()
     row = run_row(db, run_id)
     assert row["status"] == RunStatus.CANCELLED
+    steps = rows(
+        db, "SELECT status, skipped, end_reason FROM run_steps WHERE run_id = %s ORDER BY step_index", (run_id,)
+    )
+    assert (steps[0]["status"], steps[1]["skipped"]) == (RunStatus.CANCELLED, True)
+    assert "SIGINT" in steps[0]["end_reason"]
     assert live_in_group(step_pid) == []  # the whole group, the background sleep included, is gone
 
 
@@ -157,3 +168,22 @@ def live_in_group(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.NoSuchProcess):
             continue
     return live
+
+
+async def test_artifacts_are_kept_per_step_and_a_file_over_the_limit_is_skipped_with_a_line_in_the_log(
+    db: Conn, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("runner.artifacts.ARTIFACT_MAX_BYTES", 1000)
+    account = create_account(db)
+    write = "mkdir -p target && printf '{\"step\": %s}' > target/run_results.json"
+    steps = [write % 1, write % 2 + " && head -c 2000 /dev/zero | tr '\\0' x > target/manifest.json"]
+    run_id = queue_run(db, create_job(db, account, steps=steps))
+    starting(db, run_id)
+    assert await run(settings, run_id) == 0
+    kept = rows(db, "SELECT path, step_index, content FROM artifacts WHERE run_id = %s ORDER BY 1, 2", (run_id,))
+    assert [(a["path"], a["step_index"], bytes(a["content"])) for a in kept] == [
+        ("target/run_results.json", 0, b'{"step": 1}'),
+        ("target/run_results.json", 1, b'{"step": 2}'),
+    ]
+    text = "".join(r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,)))
+    assert "runplane: target/manifest.json not kept: 2000 bytes is over the 1000 bytes limit of an artifact" in text

@@ -162,6 +162,9 @@ def test_kill_9_a_runner_the_run_fails_runner_lost_and_is_retried(db: Conn, serv
     lost = run_row(db, run_id)
     assert lost["status_message"] == "runner lost"
     assert lost["finished_at"].timestamp() - killed_at < 10
+    step_row = rows(db, "SELECT status, end_reason, finished_at FROM run_steps WHERE run_id = %s", (run_id,))[0]
+    assert (step_row["status"], step_row["end_reason"]) == (RunStatus.ERROR, "runner lost")
+    assert step_row["finished_at"] is not None
     retry = wait_for(
         lambda: rows(db, "SELECT * FROM runs WHERE parent_run_id = %s AND status = 10", (run_id,)),
         timeout=60,

@@ -88,7 +88,7 @@ def test_deploy_runs_are_serial_and_ci_runs_concurrent_outside_the_slots(db: Con
         r["id"]: "".join(c["text"] for c in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (r["id"],)))
         for r in concurrent
     }
-    assert outputs == {r: f"schema=runplane_pr_{ci}_{pr}\n" for r, pr in zip(cis, range(201, 206), strict=True)}
+    assert outputs == {r: f"schema=dbt_cloud_pr_{ci}_{pr}\n" for r, pr in zip(cis, range(201, 206), strict=True)}
     # CI runs ran while a deploy run held the only slot.
     assert any(
         c["started_at"] < d["finished_at"] and d["started_at"] < c["finished_at"] for c in concurrent for d in serial

@@ -176,3 +176,12 @@ def test_pod_view_keeps_reason_and_finish_time() -> None:
     done = view_pod(_pod("Succeeded", terminated={"exitCode": 0, "finishedAt": "2026-01-01T00:00:05Z"}))
     assert done.finished_at is not None and done.finished_at.timestamp() == 1767225605
     assert view_pod({"metadata": {"name": "x", "labels": {"runplane.dev/run-id": "nope"}}}).run_id is None
+
+
+def test_the_environments_dbt_version_picks_the_runner_image() -> None:
+    settings = KubernetesSettings(
+        image="runner:default", dbt_images={"1.9": "runner:dbt-1.9", "1.10": "runner:dbt-1.10"}
+    )
+    for version, image in [("1.9", "runner:dbt-1.9"), ("1.10", "runner:dbt-1.10"), ("", "runner:default")]:
+        pod = _build(settings, LaunchRequest(**{**REQUEST.__dict__, "dbt_version": version}))
+        assert pod["spec"]["containers"][0]["image"] == image

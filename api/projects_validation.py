@@ -1,0 +1,145 @@
+"""Checking projects and environments before anything is written.
+
+Each check raises ``InvalidArgument`` naming the offending field; what passes becomes a plain spec
+with its secrets still in clear text, which only the service encrypts before the store sees it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+from api.validation import MAX_NAME, MAX_THREADS, environment, git_branch, matching, positive_id, text
+from runplane.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
+from runplane.errors import InvalidArgument
+from runplane.v1 import projects_pb2
+
+MAX_URL = 2048
+MAX_CREDENTIAL = 16 * 1024
+MAX_SUBDIRECTORY = 1024
+MAX_DBT_VERSION = 128
+MAX_FIELD_VALUE = 1024
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_TARGET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_DBT_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,127}")
+_SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+")
+
+CREDENTIAL_KINDS = {
+    projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED: "none",
+    projects_pb2.GIT_CREDENTIAL_KIND_TOKEN: "token",
+    projects_pb2.GIT_CREDENTIAL_KIND_SSH_KEY: "ssh_key",
+}
+ENVIRONMENT_TYPES = {
+    projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT: "deployment",
+    projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT: "development",
+}
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    name: str
+    repository_url: str
+    subdirectory: str
+    credential_kind: str
+    credential: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    project_id: int
+    name: str
+    environment_type: str
+    dbt_version: str
+    git_branch: str
+    adapter_type: str
+    connection: dict[str, str]
+    connection_secrets: dict[str, str] = field(repr=False)
+    target_name: str
+    schema: str
+    threads: int
+    variables: dict[str, str]
+
+
+def repository_url(value: str, name: str) -> str:
+    """https://, ssh://, git@host:path, file:// or an absolute local path; nothing git reads as an option."""
+    value = text(value.strip(), name, max_length=MAX_URL, required=True)
+    if value.startswith("-"):
+        raise InvalidArgument(name, "must not start with '-'")
+    if value.startswith("/") or _SCP_LIKE.fullmatch(value):
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in {"https", "http", "ssh", "git", "file"}:
+        raise InvalidArgument(name, "must be an https://, ssh://, git@host:path, file:// URL or an absolute local path")
+    if parts.scheme != "file" and not parts.hostname:
+        raise InvalidArgument(name, "names no host")
+    if parts.password:
+        raise InvalidArgument(name, "must not hold a password or token: send it as git_credential")
+    return value
+
+
+def project_spec(request: projects_pb2.CreateProjectRequest) -> ProjectSpec:
+    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
+    url = repository_url(request.repository_url, "repository_url")
+    subdirectory = text(request.subdirectory.strip().strip("/"), "subdirectory", max_length=MAX_SUBDIRECTORY)
+    if subdirectory and (PurePosixPath(subdirectory).is_absolute() or ".." in PurePosixPath(subdirectory).parts):
+        raise InvalidArgument("subdirectory", "must be a relative path inside the repository")
+    kind = CREDENTIAL_KINDS.get(request.git_credential_kind)
+    if kind is None:
+        raise InvalidArgument("git_credential_kind", "must be unspecified (none), token or ssh_key")
+    credential = text(request.git_credential, "git_credential", max_length=MAX_CREDENTIAL, single_line=False)
+    if kind == "none" and credential:
+        raise InvalidArgument("git_credential", "is set but git_credential_kind is not: say token or ssh_key")
+    if kind != "none" and not credential.strip():
+        raise InvalidArgument("git_credential", f"must be set for git_credential_kind {kind}")
+    if kind == "token" and not url.startswith(("https://", "http://")):
+        raise InvalidArgument("git_credential_kind", "a token works with https:// repositories only")
+    if kind == "ssh_key" and "BEGIN" not in credential:
+        raise InvalidArgument("git_credential", "must be a private key in OpenSSH or PEM format")
+    return ProjectSpec(name, url, subdirectory, kind, credential)
+
+
+def environment_spec(request: projects_pb2.CreateEnvironmentRequest) -> EnvironmentSpec:
+    project_id = positive_id(request.project_id, "project_id")
+    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
+    environment_type = ENVIRONMENT_TYPES.get(request.environment_type)
+    if environment_type is None:
+        raise InvalidArgument("environment_type", "must be deployment or development")
+    dbt_version = text(request.dbt_version.strip(), "dbt_version", max_length=MAX_DBT_VERSION, required=True)
+    matching(dbt_version, "dbt_version", _DBT_VERSION, "a version or image tag: letters, digits, _ . : @ / + -")
+    if not request.HasField("connection"):
+        raise InvalidArgument("connection", "is required")
+    connection = request.connection
+    adapter_type = connection.adapter_type.strip()
+    fields = {k: text(v, f"connection.fields[{k}]", max_length=MAX_FIELD_VALUE) for k, v in connection.fields.items()}
+    secrets = {
+        k: text(v, f"connection.secret_fields[{k}]", max_length=MAX_CREDENTIAL, single_line=False)
+        for k, v in connection.secret_fields.items()
+    }
+    try:
+        typed_profile_fields(adapter_type, fields)
+        check_secret_fields(adapter_type, secrets)
+    except ConnectionFieldError as exc:
+        raise InvalidArgument(f"connection.{exc.field}", exc.reason) from exc
+    schema = text(request.schema.strip(), "schema", max_length=63, required=True)
+    matching(schema, "schema", _SCHEMA, "a SQL identifier of at most 63 characters")
+    target_name = request.target_name.strip() or "default"
+    matching(target_name, "target_name", _TARGET, "letters, digits, _ . -")
+    threads = request.threads or 4
+    if not 1 <= threads <= MAX_THREADS:
+        raise InvalidArgument("threads", f"must be between 1 and {MAX_THREADS} (got {request.threads})")
+    return EnvironmentSpec(
+        project_id=project_id,
+        name=name,
+        environment_type=environment_type,
+        dbt_version=dbt_version,
+        git_branch=git_branch(request.git_branch.strip(), "git_branch"),
+        adapter_type=adapter_type,
+        connection=fields,
+        connection_secrets={k: v for k, v in secrets.items() if v},
+        target_name=target_name,
+        schema=schema,
+        threads=threads,
+        variables=environment(dict(request.variables), "variables"),
+    )

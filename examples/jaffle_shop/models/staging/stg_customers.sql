@@ -1,0 +1,2 @@
+select id as customer_id, first_name, last_name
+from {{ ref('raw_customers') }}

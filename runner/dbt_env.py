@@ -1,0 +1,86 @@
+"""The environment of a step in a run with a dbt environment, and finding the dbt to use.
+
+Built from an allow-list (nothing of the runner's own environment leaks into customer code): the
+environment's variables, dbt Cloud's run variables (none of them empty), the profile's secret
+variables, and a PATH that starts with the environment's dbt. ``dbt …`` steps and plain commands
+get the same environment and run in the project's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from runplane.dbt_context import DbtContext
+from runplane.errors import RunplaneError
+
+# Taken from the runner's environment when set; everything else a step sees is set here.
+ALLOWED_FROM_HOST = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+class DbtNotInstalled(RunplaneError):
+    """The environment's dbt version is not installed where the run executes."""
+
+
+def dbt_bin_directory(version: str, installed: Mapping[str, str]) -> Path:
+    """The directory holding the ``dbt`` executable of ``version`` (the runner's ``dbt_versions``)."""
+    directory = installed.get(version)
+    if directory is None:
+        known = ", ".join(sorted(installed)) or "none"
+        raise DbtNotInstalled(f"dbt version {version!r} is not installed on this runner (installed: {known})")
+    path = Path(directory)
+    if not (path / "dbt").is_file():
+        raise DbtNotInstalled(f"dbt version {version!r}: no dbt executable in {path}")
+    return path
+
+
+def is_dbt_step(command: str) -> bool:
+    """Whether a step runs dbt: its first word is ``dbt``."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return bool(words) and words[0] == "dbt"
+
+
+def dbt_cloud_variables(context: DbtContext, *, sha: str, branch: str) -> dict[str, str]:
+    """dbt Cloud's run variables, as dbt Cloud names them; a variable without a value is left out."""
+    values = {
+        "DBT_CLOUD_RUN_ID": str(context.run_id),
+        "DBT_CLOUD_JOB_ID": str(context.job_id),
+        "DBT_CLOUD_ACCOUNT_ID": str(context.account_id),
+        "DBT_CLOUD_PROJECT_ID": str(context.project_id),
+        "DBT_CLOUD_ENVIRONMENT_ID": str(context.environment_id),
+        "DBT_CLOUD_ENVIRONMENT_TYPE": context.environment_type,
+        "DBT_CLOUD_RUN_REASON": context.cause,
+        "DBT_CLOUD_RUN_REASON_CATEGORY": context.run_reason_category(),
+        "DBT_CLOUD_GIT_SHA": sha,
+        "DBT_CLOUD_GIT_BRANCH": branch,
+        "DBT_CLOUD_PR_ID": str(context.pull_request_number or ""),
+        "DBT_CLOUD_INVOCATION_CONTEXT": context.invocation_context(),
+    }
+    return {name: value for name, value in values.items() if value}
+
+
+def step_environment(
+    context: DbtContext,
+    *,
+    dbt_bin: Path,
+    profiles_dir: Path,
+    profile_environment: Mapping[str, str],
+    sha: str,
+    branch: str,
+) -> dict[str, str]:
+    env = {name: os.environ[name] for name in ALLOWED_FROM_HOST if name in os.environ}
+    env.update(context.variables)
+    env.update(profile_environment)
+    env.update(dbt_cloud_variables(context, sha=sha, branch=branch))
+    env["PATH"] = os.pathsep.join([str(dbt_bin), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    env["DBT_PROFILES_DIR"] = str(profiles_dir)
+    # dbt's own knobs that the run decides: no anonymous usage pings from customers' runs, colour off
+    # (logs are stored, not shown on a terminal).
+    env.setdefault("DBT_SEND_ANONYMOUS_USAGE_STATS", "false")
+    env.setdefault("DBT_USE_COLORS", "false")
+    return env

@@ -1,0 +1,169 @@
+"""Real dbt runs: the example project as a git repository, the API in-process, the runner in-process.
+
+dbt comes from ``.venv-dbt`` (``make .venv-dbt``); the warehouse is the test's own database on the
+local Postgres, so every test builds into schemas nobody else sees.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import SecretStr
+
+from api.admin import create_account
+from api.client import channel
+from api.server import RunningApi, start_server
+from runner.service import run as run_runner
+from runplane.secrets import generate_key
+from runplane.settings import Settings
+from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.records import make_starting
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "jaffle_shop"
+DBT_BIN = ROOT / ".venv-dbt" / "bin"
+DBT_VERSION = "1.10"
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def make_repository(path: Path, source: Path = EXAMPLE) -> Path:
+    """``source`` committed on branch main of a new repository at ``path``."""
+    shutil.copytree(source, path)
+    git(path, "init", "--quiet", "--initial-branch=main")
+    git(path, "add", "-A")
+    commit(path, "the example project")
+    return path
+
+
+def commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=Test", "-c", "user.email=test@example.com", "commit", "--quiet", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="session")
+def dbt_bin() -> Path:
+    if not (DBT_BIN / "dbt").is_file():
+        pytest.fail(f"dbt is not installed in {DBT_BIN}: run `make .venv-dbt`")
+    return DBT_BIN
+
+
+@pytest.fixture
+def dbt_settings(settings: Settings, dbt_bin: Path, tmp_path: Path) -> Settings:
+    runner = settings.runner.model_copy(
+        update={
+            "dbt_versions": {DBT_VERSION: str(dbt_bin)},
+            "repository_cache": str(tmp_path / "repository-cache"),
+            "interrupt_grace": 20.0,
+            "cancel_grace": 5.0,
+            "heartbeat_interval": 1.0,
+        }
+    )
+    return settings.model_copy(update={"runner": runner, "secret_keys": SecretStr(generate_key())})
+
+
+@dataclass
+class Client:
+    account_id: int
+    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    runs: runs_pb2_grpc.RunServiceAsyncStub
+    projects: projects_pb2_grpc.ProjectServiceAsyncStub
+
+
+@pytest.fixture
+async def api(dbt_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    running = await start_server(dbt_settings, port=0)
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+
+
+@pytest.fixture
+async def client(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Client]:
+    account_id, token = await create_account(dbt_settings, name="jaffle", run_slots=4, memory_mb=4096)
+    async with channel(f"127.0.0.1:{api.port}", token) as chan:
+        yield Client(
+            account_id,
+            jobs_pb2_grpc.JobServiceStub(chan),
+            runs_pb2_grpc.RunServiceStub(chan),
+            projects_pb2_grpc.ProjectServiceStub(chan),
+        )
+
+
+def warehouse(database_url: str, **changes: str) -> projects_pb2.Connection:
+    """The test's own database as the warehouse (the local server trusts its clients)."""
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    fields = {
+        "host": str(info.get("host", "127.0.0.1")),
+        "port": str(info.get("port", "5432")),
+        "user": str(info.get("user", "postgres")),
+        "dbname": str(info["dbname"]),
+    }
+    fields.update(changes)
+    return projects_pb2.Connection(adapter_type="postgres", fields=fields, secret_fields={"password": "pw-s3cret-xyz"})
+
+
+async def environment(
+    client: Client, database_url: str, repository: str, *, subdirectory: str = "", **fields: Any
+) -> projects_pb2.Environment:
+    project = await client.projects.CreateProject(
+        projects_pb2.CreateProjectRequest(name="jaffle", repository_url=repository, subdirectory=subdirectory)
+    )
+    request = projects_pb2.CreateEnvironmentRequest(
+        project_id=project.id,
+        name="production",
+        environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+        dbt_version=DBT_VERSION,
+        git_branch="main",
+        connection=fields.pop("connection", None) or warehouse(database_url),
+        target_name="prod",
+        schema="analytics",
+        threads=4,
+    )
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return await client.projects.CreateEnvironment(request)
+
+
+async def dbt_job(client: Client, environment_id: int, steps: list[str], **settings: Any) -> jobs_pb2.Job:
+    job_type = settings.pop("job_type", common_pb2.JOB_TYPE_DEPLOY)
+    return await client.jobs.CreateJob(
+        jobs_pb2.CreateJobRequest(
+            name=f"job {len(steps)}",
+            job_type=job_type,
+            steps=steps,
+            settings=jobs_pb2.JobSettings(environment_id=environment_id, **settings),
+        )
+    )
+
+
+async def run_job(
+    client: Client, settings: Settings, db: psycopg.Connection[Any], job_id: int, **request: Any
+) -> runs_pb2.Run:
+    """Trigger a run, execute it with the real runner, and read it back."""
+    run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job_id, **request))
+    token = start_run(db, run.id)
+    assert await run_runner(settings, run.id, token) == 0
+    return await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
+
+
+def start_run(db: psycopg.Connection[Any], run_id: int) -> str:
+    """What a dispatcher does before it launches the runner; the run's token."""
+    return make_starting(db, run_id)
+
+
+async def run_log(client: Client, run_id: int) -> str:
+    chunks = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id))
+    return "".join([chunk.text async for chunk in chunks])

@@ -1,0 +1,110 @@
+"""dbt stopped and failing: cancel during a long model, and a warehouse that refuses the connection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pytest
+
+from runner.service import run as run_runner
+from runplane.settings import Settings
+from runplane.v1 import common_pb2, runs_pb2
+from tests.dbt.conftest import (
+    Client,
+    commit,
+    dbt_job,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+    start_run,
+    warehouse,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(300), pytest.mark.usefixtures("_cleanup_bus")]
+
+Db = psycopg.Connection[Any]
+
+
+def sleeping_queries(db: Db) -> int:
+    row = db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%%pg_sleep(120)%%'"
+        " AND pid <> pg_backend_pid()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def dbt_processes(marker: str) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if marker in " ".join(process.info["cmdline"] or []):
+            found.append(process.pid)
+    return found
+
+
+async def test_cancel_interrupts_dbt_which_cancels_its_query(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    (repo / "models" / "slow_model.sql").write_text(
+        "{{ config(materialized='table') }}\nselect 1 as slept from pg_sleep(120)\n"
+    )
+    commit(repo, "a slow model")
+    env = await environment(client, database_url, str(repo))
+    job = await dbt_job(client, env.id, ["dbt run --select slow_model", "echo never"])
+    run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
+    token = start_run(db, run.id)
+    runner = asyncio.create_task(run_runner(dbt_settings, run.id, token))
+    try:
+        deadline = time.monotonic() + 120
+        while sleeping_queries(db) == 0:
+            if runner.done() or time.monotonic() > deadline:
+                raise AssertionError(f"the model's query never started: {await run_log(client, run.id)}")
+            await asyncio.sleep(0.2)
+        db.execute("UPDATE runs SET cancel_requested_at = now() WHERE id = %s", (run.id,))
+        assert await asyncio.wait_for(runner, timeout=60) == 0
+    finally:
+        if not runner.done():
+            runner.cancel()
+
+    done = await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
+    assert done.status == common_pb2.RUN_STATUS_CANCELLED
+    first, second = done.steps
+    assert first.status == common_pb2.RUN_STATUS_CANCELLED and second.skipped
+    # SIGINT was the first signal, and dbt ended of it within the grace period: no SIGTERM was needed.
+    assert first.end_reason.startswith(("exited with code", "SIGINT")) and first.end_reason.endswith("SIGINT")
+    dbt_log = (
+        await client.runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path="logs/dbt.log", step_index=0))
+    ).content.decode()
+    assert "CANCEL query model.jaffle_shop.slow_model" in dbt_log, dbt_log[-3000:]
+    assert sleeping_queries(db) == 0  # dbt cancelled its query in the warehouse
+    assert dbt_processes("--select slow_model") == []
+
+
+async def test_a_warehouse_that_refuses_the_connection_fails_the_run_with_secrets_masked(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    env = await environment(client, database_url, str(repo), connection=warehouse(database_url, user="no_such_role"))
+    job = await dbt_job(client, env.id, ["dbt run --select stg_customers"])
+    run = await run_job(client, dbt_settings, db, job.id)
+    log = await run_log(client, run.id)
+    assert run.status == common_pb2.RUN_STATUS_ERROR
+    assert run.status_message == "step 1 failed with exit code 2: dbt run --select stg_customers"
+    assert 'role "no_such_role" does not exist' in log
+    listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))
+    contents = [
+        (
+            await client.runs.GetArtifact(
+                runs_pb2.GetArtifactRequest(run_id=run.id, path=a.path, step_index=a.step_index)
+            )
+        ).content
+        for a in listed.artifacts
+    ]
+    assert "pw-s3cret-xyz" not in log and not any(b"pw-s3cret-xyz" in c for c in contents)
