@@ -60,16 +60,16 @@ def api(services: Services, settings: Settings, tmp_path: Path) -> Iterator[Api]
     cert.private_key_pem.write_to_path(str(key_file))
     ca.cert_pem.write_to_path(str(ca_file))
     rest_port = free_port()
-    services.start("scheduler")
-    services.start("dispatcher")
+    # The API first, with its TLS or webhook settings: a dispatcher started first would bring its own.
     services.start(
         "api",
         "api",
-        RUNPLANE_API__PORT=str(free_port()),
         RUNPLANE_API__REST_PORT=str(rest_port),
         RUNPLANE_API__TLS_CERTFILE=str(cert_file),
         RUNPLANE_API__TLS_KEYFILE=str(key_file),
     )
+    services.start("scheduler")
+    services.start("dispatcher")
     import asyncio
 
     account_id, token = asyncio.run(create_account(settings, name="acme", run_slots=4, memory_mb=1024))

@@ -69,18 +69,18 @@ class Receiver:
 @pytest.fixture
 def rest(services: Services, settings: Settings) -> Iterator[tuple[httpx.Client, int]]:
     port = free_port()
-    services.start("scheduler")
-    services.start("dispatcher")
+    # The API first, with its TLS or webhook settings: a dispatcher started first would bring its own.
     services.start(
         "api",
         "api",
-        RUNPLANE_API__PORT=str(free_port()),
         RUNPLANE_API__REST_PORT=str(port),
         RUNPLANE_SECRET_KEYS=generate_key(),
         RUNPLANE_WEBHOOKS__POLL_INTERVAL="0.1",
         RUNPLANE_WEBHOOKS__BACKOFF_BASE="0.3",
         RUNPLANE_WEBHOOKS__BACKOFF_CAP="1.5",
     )
+    services.start("scheduler")
+    services.start("dispatcher")
     account_id, token = asyncio.run(create_account(settings, name="acme", run_slots=4, memory_mb=512))
     with httpx.Client(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Token {token}"}, timeout=30
