@@ -22,8 +22,17 @@ pytestmark = pytest.mark.slow
 EXPECTED = ["api", "orchestrator", "queuer-worker", "queuer-worker", "scheduler", "dispatcher", "dispatcher"]
 
 
-def _service_children(up: psutil.Process) -> list[psutil.Process]:
-    return [p for p in up.children() if "runplane" in " ".join(p.cmdline())]
+def _services(up: psutil.Process) -> list[tuple[int, str]]:
+    """(pid, service) of the live service processes of ``runplane up``; a killed one is a zombie until
+    it is reaped, and is left out."""
+    found = []
+    for child in up.children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "runplane" in " ".join(cmdline := child.cmdline()):
+                found.append((child.pid, cmdline[-1]))
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 def _wait_for(condition: object, timeout: float, what: str) -> None:
@@ -65,8 +74,8 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
     proc = _start(up_env)
     up = psutil.Process(proc.pid)
     try:
-        _wait_for(lambda: len(_service_children(up)) == len(EXPECTED), 60, "every service process")
-        commands = sorted(c.cmdline()[-1] for c in _service_children(up))
+        _wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, "every service process")
+        commands = sorted(name for _, name in _services(up))
         assert commands == sorted(EXPECTED)
         _wait_for(lambda: _serving(int(up_env["RUNPLANE_API__PORT"])), 60, "the API to serve")
         pids = {p.pid for p in up.children(recursive=True)}
@@ -93,17 +102,17 @@ def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: di
     proc = _start(up_env)
     up = psutil.Process(proc.pid)
     try:
-        _wait_for(lambda: len(_service_children(up)) == len(EXPECTED), 60, "every service process")
-        others = {p.pid for p in _service_children(up) if p.cmdline()[-1] != "scheduler"}
-        victim = next(p for p in _service_children(up) if p.cmdline()[-1] == "scheduler")
-        os.kill(victim.pid, signal.SIGKILL)
+        _wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, "every service process")
+        others = {pid for pid, name in _services(up) if name != "scheduler"}
+        victim = next(pid for pid, name in _services(up) if name == "scheduler")
+        os.kill(victim, signal.SIGKILL)
         _wait_for(
-            lambda: any(p.cmdline()[-1] == "scheduler" and p.pid != victim.pid for p in _service_children(up)),
+            lambda: any(name == "scheduler" and pid != victim for pid, name in _services(up)),
             30,
             "a new scheduler process",
         )
         assert proc.poll() is None
-        assert others <= {p.pid for p in _service_children(up)}, "another service was stopped"
+        assert others <= {pid for pid, _ in _services(up)}, "another service was stopped"
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0, output

@@ -27,9 +27,11 @@ import urllib3
 
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+from dispatcher.kubernetes.pods import build_token_secret
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.db import open_pool
+from runplane.run_tokens import new_run_token
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
@@ -76,7 +78,10 @@ class Runs:
                 return ""
             raise
 
-    def create(self, pod: dict[str, Any]) -> None:
+    def create(self, pod: dict[str, Any], request: LaunchRequest) -> None:
+        """Create a (changed) launcher Pod with the token Secret it mounts, as the launcher would."""
+        secret = build_token_secret(request, self.settings.kubernetes, cluster=self.settings.dispatcher.cluster)
+        self.kube.post(f"/api/v1/namespaces/{self.namespace}/secrets", secret)
         self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod)
 
     def new_run(self, status: RunStatus, memory_mb: int = 256) -> RunId:
@@ -100,7 +105,9 @@ class Runs:
         return RunId(int(str(run_id)))
 
     def request(self, run_id: RunId, memory_mb: int = 256) -> LaunchRequest:
-        return LaunchRequest(run_id, JobId(1), AccountId(1), attempt=1, memory_mb=memory_mb, timeout_seconds=0)
+        return LaunchRequest(
+            run_id, JobId(1), AccountId(1), attempt=1, memory_mb=memory_mb, timeout_seconds=0, token=new_run_token()
+        )
 
     def record(self, run_id: RunId, pod_name: str) -> None:
         self.db.execute("UPDATE runs SET cluster = 'east', pod_name = %s WHERE id = %s", (pod_name, run_id))
@@ -200,7 +207,7 @@ async def test_memory_limit_is_enforced_by_the_kernel_and_ends_the_run(runs: Run
     pod = runs.launcher.pod_for(request)
     hog = "import time; blocks = [bytearray(16 << 20) for _ in range(32)]; time.sleep(60)"
     pod["spec"]["containers"][0]["command"] = ["python3", "-c", hog]
-    runs.create(pod)
+    runs.create(pod, request)
     runs.record(run_id, pod["metadata"]["name"])
     await _until(lambda: runs.status(run_id)[0] == RunStatus.ERROR, 120, "the run to end")
     assert runs.status(run_id)[1] == "memory limit error"
@@ -219,11 +226,12 @@ async def test_a_cancelled_run_has_its_pod_deleted_gracefully(runs: Runs, pod_ev
     """The watcher deletes the Pod of a run that is no longer live; the container gets SIGTERM and its
     grace period to exit, then the Pod is gone."""
     run_id = runs.new_run(RunStatus.RUNNING)
-    pod = runs.launcher.pod_for(runs.request(run_id))
+    request = runs.request(run_id)
+    pod = runs.launcher.pod_for(request)
     name = pod["metadata"]["name"]
     script = "trap 'echo got SIGTERM; exit 3' TERM; echo ready; while true; do sleep 0.1; done"
     pod["spec"]["containers"][0]["command"] = ["sh", "-c", script]
-    runs.create(pod)
+    runs.create(pod, request)
     runs.record(run_id, name)
     await _until(lambda: "ready" in runs.log(name), 120, "the container to run")
     runs.db.execute("UPDATE runs SET status = 30, finished_at = now() WHERE id = %s", (run_id,))  # cancelled
