@@ -3,7 +3,6 @@
 A fresh ``runplane runner`` process spends most of a second (and as much CPU) importing before it
 can claim its run; at ten runs a second that alone saturates a small machine. The local launcher
 therefore keeps one of these per dispatcher: it imports everything once and says ``ready``; then
-for every line ``<run_id>`` on stdin it forks a child that executes :func:`runner.service.run` in
 for every line ``<run_id> <token>`` on stdin it forks a child that executes :func:`runner.service.run`
 in its own session, and answers ``<run_id> <pid>`` on stdout. EOF on stdin (its dispatcher went
 away) ends the server; the children carry on, each holding its own lease.
