@@ -163,6 +163,10 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         child.start()
         print(f"started {child.name} (pid {child.process.pid if child.process else '?'})", flush=True)
     print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
+    if settings.api.rest_port >= 0:
+        scheme = "https" if settings.api.tls_certfile else "http"
+        rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
+        print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
     for port_line in (f"  metrics of {n}: http://127.0.0.1:{p}/metrics" for n, p in metrics_ports(children).items()):
         print(port_line, flush=True)
     for line in banner:
