@@ -78,7 +78,8 @@ async def test_cancel_interrupts_dbt_which_cancels_its_query(
     first, second = done.steps
     assert first.status == common_pb2.RUN_STATUS_CANCELLED and second.skipped
     # SIGINT was the first signal, and dbt ended of it within the grace period: no SIGTERM was needed.
-    assert first.end_reason.startswith(("exited with code", "SIGINT")) and first.end_reason.endswith("SIGINT")
+    ended = first.end_reason
+    assert ended.startswith(("exited with code", "SIGINT")) and ended.endswith("SIGINT"), ended
     dbt_log = (
         await client.runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path="logs/dbt.log", step_index=0))
     ).content.decode()

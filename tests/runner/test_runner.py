@@ -107,7 +107,7 @@ async def test_overridden_steps_and_timeout(db: Conn, settings: Settings) -> Non
     starting(db, run_id)
     started = time.monotonic()
     assert await run(settings, run_id) == 0
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 25  # the 30 s step did not run to its end
     row = run_row(db, run_id)
     assert (row["status"], row["status_message"]) == (RunStatus.ERROR, "timed out after 1 s")
     text = "".join(r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,)))
