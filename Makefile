@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s
+.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s test-packages
 
 # dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
@@ -12,11 +12,14 @@ DBT_VENV := .venv-dbt
 DBT_VERSION := 1.10
 DBT_PACKAGES := 'dbt-core~=1.10.0' 'dbt-postgres~=1.9.0'
 DBT_STAMP := $(DBT_VENV)/.installed-$(DBT_VERSION)
+# dbt runs as each run's own uid: its Python must be one every user can execute. The system's
+# (Debian's) when there is one; a Python under a private home (pyenv in /root) is not.
+DBT_PYTHON ?= $(shell test -x /usr/bin/python3 && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3 || echo $(PYTHON))
 # What the runner reads to find the dbt of an environment's dbt_version.
 export RUNPLANE_RUNNER__DBT_VERSIONS := {"$(DBT_VERSION)": "$(CURDIR)/$(DBT_VENV)/bin"}
 
 $(DBT_STAMP):
-	@test -x $(DBT_VENV)/bin/python || $(PYTHON) -m venv $(DBT_VENV)
+	@test -x $(DBT_VENV)/bin/python || $(DBT_PYTHON) -m venv $(DBT_VENV)
 	$(DBT_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(DBT_VENV)/bin/python -m pip install --quiet $(DBT_PACKAGES)
 	@rm -f $(DBT_VENV)/.installed-* && touch $@
@@ -54,8 +57,20 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 k8s:
 	deploy/k8s-local/build.sh
 
-test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s
-	$(BIN)/pytest -q
+# Debian's chromium (the web pages in a real browser) and prometheus (promtool, for the alert rules).
+test-packages:
+	deploy/test-packages.sh
+
+# The fault suite (its own private servers) runs beside the rest; its output is kept in a file and
+# printed after the rest's, and either one failing fails the target.
+FAULTS_LOG := $(VENV)/test-faults.log
+test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
+	@$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
+	$(BIN)/pytest -q -m 'not faults'; rest=$$?; \
+	wait $$faults; faulted=$$?; \
+	echo; echo "== fault suite (pytest -m faults) =="; cat $(FAULTS_LOG); \
+	echo "== pytest -m 'not faults': exit $$rest; pytest -m faults: exit $$faulted"; \
+	test $$rest -eq 0 -a $$faulted -eq 0
 
 # The fault suite alone (also part of `make test`): private Postgres, Redis and RabbitMQ servers
 # stopped, restarted and frozen under a running system.

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 MAX_RUN_SLOTS = 10_000
 MAX_MEMORY_MB = 1024 * 1024
+MAX_DEACTIVATE_AFTER_FAILURES = 1_000_000
+MAX_AGE_DAYS = 3650
 
 DEMO_RUN_SLOTS = 2
 DEMO_MEMORY_MB = 1024
@@ -96,6 +98,45 @@ async def create_token(
             )
     finally:
         await pool.close()
+
+
+async def update_account_settings(
+    settings: Settings,
+    *,
+    account_id: int,
+    deactivate_after_failures: int | None = None,
+    pull_request_schema_max_age_days: int | None = None,
+    run_retention_days: int | None = None,
+) -> dict[str, object]:
+    """Change an account's settings (None keeps a setting); the account's settings as they are now."""
+    if deactivate_after_failures is not None:
+        bounded(deactivate_after_failures, "deactivate_after_failures", 0, MAX_DEACTIVATE_AFTER_FAILURES)
+    if pull_request_schema_max_age_days is not None:
+        bounded(pull_request_schema_max_age_days, "pull_request_schema_max_age_days", 0, MAX_AGE_DAYS)
+    if run_retention_days is not None:
+        bounded(run_retention_days, "run_retention_days", 0, MAX_AGE_DAYS)
+    pool = await open_pool(settings.database_url, max_size=1, name="admin")
+    try:
+        store = Store(pool)
+        async with store.transaction() as conn:
+            row = await store.update_account_settings(
+                conn,
+                AccountId(account_id),
+                deactivate_after_failures=deactivate_after_failures,
+                pull_request_schema_max_age_days=pull_request_schema_max_age_days,
+                run_retention_days=run_retention_days,
+            )
+    finally:
+        await pool.close()
+    if row is None:
+        raise NotFound(f"account {account_id} not found")
+    log.info("account settings changed", extra={"account_id": account_id})
+    return {
+        "account_id": row["id"],
+        "deactivate_after_failures": row["deactivate_after_failures"],
+        "pull_request_schema_max_age_days": row["pull_request_schema_max_age_days"],
+        "run_retention_days": row["run_retention_days"],
+    }
 
 
 async def revoke_token(settings: Settings, *, token_id: int | None = None, token: str | None = None) -> int:

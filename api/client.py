@@ -121,7 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     update = sub.add_parser("update-job", help="replace a job's definition")
     update.add_argument("job_id", type=int)
     _job_options(update, create=False)
-    for name, text in (("get-job", "show a job"), ("delete-job", "delete a job")):
+    for name, text in (
+        ("get-job", "show a job"),
+        ("delete-job", "delete a job"),
+        ("pause-job", "pause a job: nothing automatic queues it; run now still does"),
+        ("unpause-job", "unpause a job"),
+    ):
         sub.add_parser(name, help=text).add_argument("job_id", type=int)
     sub.add_parser("list-jobs", help="list jobs")
     project = sub.add_parser("create-project", help="add a dbt project (a git repository)")
@@ -165,6 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     list_runs.add_argument("--status", type=int, action="append", default=[], help="a status code; repeat")
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id", type=int)
+    rerun = sub.add_parser("rerun", help="rerun a failed run from its failed step")
+    rerun.add_argument("run_id", type=int)
+    rerun.add_argument("--follow", action="store_true", help="print the logs until the run ends")
+    close = sub.add_parser("close-pull-request", help="drop a closed pull request's schemas (by runs)")
+    close.add_argument("pull_request", type=int)
+    close.add_argument("--job", type=int, default=0, help="only this ci job (default: every one)")
     logs = sub.add_parser("logs", help="print a run's logs")
     logs.add_argument("run_id", type=int)
     logs.add_argument("--follow", action="store_true", help="until the run ends")
@@ -271,6 +282,10 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 _show(args, listed, list(listed.jobs))
             case "delete-job":
                 _show(args, await jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=args.job_id)), [])
+            case "pause-job":
+                _show(args, await jobs.PauseJob(jobs_pb2.PauseJobRequest(job_id=args.job_id)))
+            case "unpause-job":
+                _show(args, await jobs.UnpauseJob(jobs_pb2.UnpauseJobRequest(job_id=args.job_id)))
             case "trigger":
                 overrides = runs_pb2.RunOverrides(
                     steps=args.step, threads=args.threads, schema=args.schema, git_branch=args.git_branch,
@@ -293,6 +308,16 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 _show(args, listed_runs, list(listed_runs.runs))
             case "cancel":
                 _show(args, await runs.CancelRun(runs_pb2.CancelRunRequest(run_id=args.run_id)))
+            case "rerun":
+                rerun = await runs.RerunRun(runs_pb2.RerunRunRequest(run_id=args.run_id))
+                if not args.follow:
+                    _show(args, rerun)
+                    return 0
+                return await _follow(args, runs, rerun.id)
+            case "close-pull-request":
+                request = runs_pb2.ClosePullRequestRequest(pull_request_number=args.pull_request, job_id=args.job)
+                closed = await runs.ClosePullRequest(request)
+                _show(args, closed, list(closed.drop_runs))
             case "logs":
                 if args.follow:
                     return await _follow(args, runs, args.run_id)

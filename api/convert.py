@@ -21,6 +21,9 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     return ts
 
 
+COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+
+
 def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
     triggers = jobs_pb2.JobTriggers(
         on_completion=[
@@ -29,6 +32,7 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
         ],
         on_pull_request=row["on_pull_request"],
         on_merge=row["on_merge"],
+        completion_mode=COMPLETION_MODES[row["completion_mode"]],
     )
     if row["cron"] is not None:
         triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=row["cron"], timezone=row["timezone"]))
@@ -52,6 +56,11 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
             secret_names=sorted(row["secret_environment"]),
             environment_id=row["environment_id"] or 0,
             schema=row["schema_name"],
+            generate_docs=row["generate_docs"],
+            run_source_freshness=row["run_source_freshness"],
+            defer_to_job_id=row["defer_to_job_id"] or 0,
+            defer_to_environment_id=row["defer_to_environment_id"] or 0,
+            run_only_modified=row["run_only_modified"],
         ),
         active=row["deactivated_at"] is None,
         deactivation_reason=row["deactivation_reason"],
@@ -59,6 +68,8 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
         version=row["version"],
         created_at=timestamp(row["created_at"]),
         updated_at=timestamp(row["updated_at"]),
+        paused=row["paused_at"] is not None,
+        paused_at=timestamp(row["paused_at"]),
     )
 
 
@@ -84,6 +95,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
             timeout_seconds=overrides.get("timeout_seconds", 0),
             pull_request_number=overrides.get("pull_request_number", 0),
             target_name=overrides.get("target_name", ""),
+            generate_docs=overrides.get("generate_docs"),
         ),
         waiting_reason=row["waiting_reason"],
         status_message=row["status_message"],
@@ -98,6 +110,8 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
         finished_at=timestamp(row["finished_at"]),
         retries_exhausted=row["retries_exhausted"],
         git_sha=row["git_sha"],
+        job_paused=row["job_paused"],
+        deferring_run_id=row["deferring_run_id"] or 0,
         steps=[
             runs_pb2.RunStep(
                 index=s["step_index"],
@@ -108,6 +122,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
                 finished_at=timestamp(s["finished_at"]),
                 skipped=s["skipped"],
                 end_reason=s["end_reason"],
+                optional=s["optional"],
             )
             for s in steps
         ],

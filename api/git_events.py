@@ -2,12 +2,15 @@
 
 A hook belongs to one account and one repository and has its own secret: GitHub signs the body
 (``X-Hub-Signature-256: sha256=<hmac>``), GitLab sends the secret itself (``X-Gitlab-Token``).
-A request that fails the check is Unauthenticated and changes nothing.
+A request that fails the check is Unauthenticated and changes nothing. An event starts the jobs
+whose project uses the event's repository (and jobs of plain commands, which have no project);
+a job whose project is another repository is never started by it.
 
 - opened / synchronize / reopened (GitLab: open / reopen / update with new commits): a CI run of
   each CI job that runs on pull requests, at the head SHA, in the pull request's schema;
 - merged: a run of each merge job at the merge commit;
-- closed without merging: nothing yet (dropping the pull request's schema is for later).
+- closed, merged or not (GitLab: close / merge): the pull request's schemas are dropped
+  (:mod:`api.pull_requests`: a drop run for each CI job that built one) and its CI runs stopped.
 
 Each run's idempotency key names the hook, pull request, SHA and job, so a redelivered event
 starts nothing twice.
@@ -22,8 +25,10 @@ import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from api.pickup_publisher import PickupPublisher
+from api.pull_requests import close_pull_request
 from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides, text
@@ -42,7 +47,7 @@ REQUEST_NAMES = {"github": "pull request", "gitlab": "merge request"}
 class GitEvent:
     """What runplane reads of a pull/merge request event."""
 
-    kind: str  # "ci", "merge" or "" (nothing to run)
+    kind: str  # "ci", "merge", "close" or "" (nothing to run)
     repository: str
     number: int
     sha: str
@@ -61,6 +66,8 @@ def github_event(event_name: str, payload: dict[str, Any]) -> GitEvent:
     if action == "closed" and pr.get("merged"):
         sha = pr.get("merge_commit_sha") or pr["head"]["sha"]
         return GitEvent("merge", repository, int(payload["number"]), sha, pr["base"]["ref"], "merged")
+    if action == "closed":
+        return GitEvent("close", repository, int(payload["number"]), "", "", action)
     return GitEvent("", repository, int(payload["number"]), "", "", action)
 
 
@@ -77,6 +84,8 @@ def gitlab_event(event_name: str, payload: dict[str, Any]) -> GitEvent:
     if action == "merge":
         sha = mr.get("merge_commit_sha") or mr["last_commit"]["id"]
         return GitEvent("merge", repository, number, sha, mr["target_branch"], action)
+    if action == "close":
+        return GitEvent("close", repository, number, "", "", action)
     return GitEvent("", repository, number, "", "", action)
 
 
@@ -133,13 +142,24 @@ class GitHooks:
             log.info("git event ignored", extra={"account_id": hook["account_id"], "action": event.action})
             return []
         account_id = AccountId(hook["account_id"])
-        async with self._store.connection() as conn:
-            cur = await conn.execute(
-                Q["jobs_for_git_event"], {"account_id": account_id, "kind": event.kind, "job_ids": hook["job_ids"]}
-            )
-            rows: list[Row] = await cur.fetchall()
-            job_ids = [int(r["id"]) for r in rows]
         run_ids = []
+        if event.kind in ("close", "merge"):  # merged is closed too: the pull request's schemas go
+            ci_jobs = await self._jobs_of_repository("ci_jobs_for_closed_pull_request", account_id, hook, event)
+            if ci_jobs:  # none of this repository: nothing of another's is dropped
+                why = f"{provider} {REQUEST_NAMES[provider]} #{event.number} {event.action}"
+                drops = await close_pull_request(
+                    self._store,
+                    self._pickups,
+                    account_id,
+                    event.number,
+                    job_ids=ci_jobs,
+                    why=why,
+                    require_jobs=False,
+                )
+                run_ids += [int(row["id"]) for row in drops]
+            if event.kind == "close":
+                return run_ids
+        job_ids = await self._jobs_of_repository("jobs_for_git_event", account_id, hook, event)
         for job_id in job_ids:
             overrides = checked_overrides(
                 RunOverridesSpec(
@@ -161,6 +181,20 @@ class GitHooks:
             run_ids.append(int(row["id"]))
         return run_ids
 
+    async def _jobs_of_repository(self, query: str, account_id: AccountId, hook: Row, event: GitEvent) -> list[int]:
+        """The hook's jobs that ``query`` finds whose project is the event's repository, and its jobs of
+        plain commands (they have no project)."""
+        async with self._store.connection() as conn:
+            cur = await conn.execute(
+                Q[query], {"account_id": account_id, "kind": event.kind, "job_ids": hook["job_ids"]}
+            )
+            rows: list[Row] = await cur.fetchall()
+        return [
+            int(r["id"])
+            for r in rows
+            if r["repository_url"] is None or is_repository(str(r["repository_url"]), event.repository)
+        ]
+
     async def _hook(self, provider: str, hook_id: int) -> Row:
         if provider not in PROVIDERS:
             raise NotFound(f"no {provider[:20]} webhooks")
@@ -170,6 +204,35 @@ class GitHooks:
         if row is None:
             raise Unauthenticated("the webhook's signature or token does not match")  # unknown hooks look alike
         return row
+
+
+def repository_path(url: str) -> str:
+    """A git URL as the ``owner/name`` path the providers name repositories by, lower case.
+
+    ``https://github.com/Owner/Name.git``, ``git@github.com:Owner/Name.git`` and
+    ``ssh://git@github.com/Owner/Name`` are all ``owner/name``; GitLab's subgroups stay in the path.
+    """
+    url = url.strip()
+    if "://" in url:
+        path = urlsplit(url).path
+    elif ":" in url.split("/", 1)[0]:  # scp-like: git@host:owner/name.git
+        path = url.split(":", 1)[1]
+    else:
+        path = url
+    path = path.strip("/")
+    return path.removesuffix(".git").lower()
+
+
+def is_repository(url: str, name: str) -> bool:
+    """Whether the git ``url`` is the provider's repository ``name`` (``owner/name``).
+
+    A hosted URL names it exactly; a local repository (``file://`` or a path: a mirror or a clone on
+    this machine) does when its path ends with it, as ``/srv/git/owner/name.git`` does.
+    """
+    path, wanted = repository_path(url), name.strip("/").lower()
+    if url.startswith(("file://", "/")):
+        return path == wanted or path.endswith("/" + wanted)
+    return path == wanted
 
 
 def _authentic(provider: str, secret: str, headers: dict[str, str], body: bytes) -> bool:

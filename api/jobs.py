@@ -13,6 +13,7 @@ import grpc
 from api import convert, paging
 from api.auth import current_account
 from api.lookup import existing_job
+from api.pausing import set_paused
 from api.store import Row, Store
 from api.validation import MAX_IDEMPOTENCY_KEY, JobSpec, job_spec, positive_id, text
 from runplane import instruments
@@ -37,6 +38,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
         async with self._store.transaction() as conn:
             await self._check_environment(conn, account_id, spec)
+            await self._check_deferral(conn, account_id, None, spec)
             await self._check_completion_triggers(conn, account_id, None, spec)
             row, created = await self._store.insert_job(conn, account_id, spec, create_key=key)
             if not created:
@@ -78,6 +80,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                     "read it again and reapply the change"
                 )
             await self._check_environment(conn, account_id, spec)
+            await self._check_deferral(conn, account_id, job_id, spec)
             await self._check_completion_triggers(conn, account_id, job_id, spec)
             row = await self._store.update_job(conn, account_id, job_id, spec)
             await self._store.replace_completion_triggers(conn, job_id, spec)
@@ -100,6 +103,17 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             instruments.cancellations.add(cancelled, {"reason": "job_deleted"})
         return jobs_pb2.DeleteJobResponse()
 
+    async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.Job:
+        return await self._set_paused(request.job_id, paused=True)
+
+    async def UnpauseJob(self, request: jobs_pb2.UnpauseJobRequest, context: Context) -> jobs_pb2.Job:
+        return await self._set_paused(request.job_id, paused=False)
+
+    async def _set_paused(self, job_id: int, *, paused: bool) -> jobs_pb2.Job:
+        row = await set_paused(self._store, current_account(), job_id, paused=paused)
+        async with self._store.connection() as conn:
+            return await self._job(conn, row)
+
     async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Row:
         return await existing_job(self._store, conn, account_id, job_id, for_update=for_update)
 
@@ -113,6 +127,25 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             and await self._store.get_environment(conn, account_id, spec.environment_id) is None
         ):
             raise InvalidArgument("settings.environment_id", f"environment {spec.environment_id} not found")
+
+    async def _check_deferral(
+        self, conn: Connection, account_id: AccountId, job_id: JobId | None, spec: JobSpec
+    ) -> None:
+        """A job defers to another live job of the account, or to one of its environments; a dbt job."""
+        deferred = spec.defer_to_job_id or spec.defer_to_environment_id
+        if deferred and spec.environment_id is None:
+            raise InvalidArgument("settings.environment_id", "a job that defers runs dbt: give it an environment")
+        if spec.defer_to_job_id is not None:
+            if spec.defer_to_job_id == job_id:
+                raise InvalidArgument("settings.defer_to_job_id", "a job cannot defer to itself")
+            if not await self._store.live_job_ids(conn, account_id, [spec.defer_to_job_id]):
+                raise InvalidArgument("settings.defer_to_job_id", f"job {spec.defer_to_job_id} not found")
+        if spec.defer_to_environment_id is not None and (
+            await self._store.get_environment(conn, account_id, spec.defer_to_environment_id) is None
+        ):
+            raise InvalidArgument(
+                "settings.defer_to_environment_id", f"environment {spec.defer_to_environment_id} not found"
+            )
 
     async def _check_completion_triggers(
         self, conn: Connection, account_id: AccountId, job_id: JobId | None, spec: JobSpec

@@ -16,6 +16,7 @@ from api.auth import current_account
 from api.projects_validation import environment_spec, project_spec
 from api.store import Store
 from api.validation import positive_id
+from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.secrets import SecretBox, SecretKeyError, box_from_settings
 from runplane.settings import Settings
@@ -100,3 +101,79 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         async with self._store.connection() as conn:
             rows = await self._store.list_environments(conn, account_id, request.project_id or None)
         return projects_pb2.ListEnvironmentsResponse(environments=[convert.environment(r) for r in rows])
+
+    async def UpdateProject(self, request: projects_pb2.UpdateProjectRequest, context: Context) -> projects_pb2.Project:
+        account_id = current_account()
+        project_id = positive_id(request.project_id, "project_id")
+        async with self._store.transaction() as conn:
+            current = await self._store.get_project(conn, account_id, project_id, for_update=True)
+            if current is None:
+                raise NotFound(f"project {project_id} not found")
+            spec = project_spec(request, stored_kind=str(current["git_credential_kind"]))
+            if spec.credential_kind == "none":
+                credential: str | None = ""
+            elif spec.credential:
+                credential = self._box().encrypt(spec.credential)
+            else:
+                credential = None  # the stored one, of the same kind
+            row = await self._store.update_project(conn, account_id, project_id, spec, credential)
+        assert row is not None
+        log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
+        return convert.project(row)
+
+    async def DeleteProject(
+        self, request: projects_pb2.DeleteProjectRequest, context: Context
+    ) -> projects_pb2.DeleteProjectResponse:
+        account_id = current_account()
+        project_id = positive_id(request.project_id, "project_id")
+        async with self._store.transaction() as conn:
+            if await self._store.get_project(conn, account_id, project_id, for_update=True) is None:
+                raise NotFound(f"project {project_id} not found")
+            environment_ids = await self._store.environment_ids_of_project(conn, project_id)
+            await self._refuse_while_used(conn, environment_ids, f"project {project_id}")
+            await self._store.delete_project(conn, account_id, project_id)
+        log.info("project deleted", extra={"account_id": account_id, "project_id": project_id})
+        return projects_pb2.DeleteProjectResponse()
+
+    async def UpdateEnvironment(
+        self, request: projects_pb2.UpdateEnvironmentRequest, context: Context
+    ) -> projects_pb2.Environment:
+        account_id = current_account()
+        environment_id = positive_id(request.environment_id, "environment_id")
+        async with self._store.transaction() as conn:
+            current = await self._store.get_environment(conn, account_id, environment_id, for_update=True)
+            if current is None:
+                raise NotFound(f"environment {environment_id} not found")
+            spec = environment_spec(request, project_id=int(current["project_id"]))
+            stored: dict[str, str] = dict(current["connection_secrets"])
+            for name in request.clear_secret_fields:
+                if name not in stored:
+                    raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")
+                del stored[name]
+            secrets = {
+                **stored,
+                **{name: self._box().encrypt(value) for name, value in spec.connection_secrets.items()},
+            }
+            row = await self._store.update_environment(conn, account_id, environment_id, spec, secrets)
+        assert row is not None
+        log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
+        return convert.environment(row)
+
+    async def DeleteEnvironment(
+        self, request: projects_pb2.DeleteEnvironmentRequest, context: Context
+    ) -> projects_pb2.DeleteEnvironmentResponse:
+        account_id = current_account()
+        environment_id = positive_id(request.environment_id, "environment_id")
+        async with self._store.transaction() as conn:
+            if await self._store.get_environment(conn, account_id, environment_id, for_update=True) is None:
+                raise NotFound(f"environment {environment_id} not found")
+            await self._refuse_while_used(conn, [environment_id], f"environment {environment_id}")
+            await self._store.delete_environment(conn, account_id, environment_id)
+        log.info("environment deleted", extra={"account_id": account_id, "environment_id": environment_id})
+        return projects_pb2.DeleteEnvironmentResponse()
+
+    async def _refuse_while_used(self, conn: Connection, environment_ids: list[int], what: str) -> None:
+        jobs = await self._store.live_jobs_of_environments(conn, environment_ids) if environment_ids else []
+        if jobs:
+            named = ", ".join(str(j) for j in jobs)
+            raise FailedPrecondition(f"{what} is used by jobs {named}: delete them or move them to another environment")

@@ -79,7 +79,14 @@ def repository_url(value: str, name: str) -> str:
     return value
 
 
-def project_spec(request: projects_pb2.CreateProjectRequest) -> ProjectSpec:
+def project_spec(
+    request: projects_pb2.CreateProjectRequest | projects_pb2.UpdateProjectRequest, *, stored_kind: str | None = None
+) -> ProjectSpec:
+    """The project a create (or, with the ``stored_kind`` of its credential, an update) asks for.
+
+    On an update an empty credential of the stored kind keeps the stored credential: the spec's
+    ``credential`` is then empty and the caller keeps what is stored.
+    """
     name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
     url = repository_url(request.repository_url, "repository_url")
     subdirectory = text(request.subdirectory.strip().strip("/"), "subdirectory", max_length=MAX_SUBDIRECTORY)
@@ -91,17 +98,22 @@ def project_spec(request: projects_pb2.CreateProjectRequest) -> ProjectSpec:
     credential = text(request.git_credential, "git_credential", max_length=MAX_CREDENTIAL, single_line=False)
     if kind == "none" and credential:
         raise InvalidArgument("git_credential", "is set but git_credential_kind is not: say token or ssh_key")
-    if kind != "none" and not credential.strip():
+    keeps = stored_kind == kind and not credential
+    if kind != "none" and not credential.strip() and not keeps:
         raise InvalidArgument("git_credential", f"must be set for git_credential_kind {kind}")
     if kind == "token" and not url.startswith(("https://", "http://")):
         raise InvalidArgument("git_credential_kind", "a token works with https:// repositories only")
-    if kind == "ssh_key" and "BEGIN" not in credential:
+    if kind == "ssh_key" and not keeps and "BEGIN" not in credential:
         raise InvalidArgument("git_credential", "must be a private key in OpenSSH or PEM format")
     return ProjectSpec(name, url, subdirectory, kind, credential)
 
 
-def environment_spec(request: projects_pb2.CreateEnvironmentRequest) -> EnvironmentSpec:
-    project_id = positive_id(request.project_id, "project_id")
+def environment_spec(
+    request: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest, *, project_id: int = 0
+) -> EnvironmentSpec:
+    """The environment a create asks for, or an update of one in ``project_id``."""
+    if isinstance(request, projects_pb2.CreateEnvironmentRequest):
+        project_id = positive_id(request.project_id, "project_id")
     name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
     environment_type = ENVIRONMENT_TYPES.get(request.environment_type)
     if environment_type is None:

@@ -35,12 +35,15 @@ RETURNING id, account_id;
 INSERT INTO jobs (
     account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
-    missed_run_grace_seconds, priority, secret_environment, create_key, environment_id, schema_name
+    missed_run_grace_seconds, priority, secret_environment, create_key, environment_id, schema_name,
+    generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
+    completion_mode
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
-    %(create_key)s, %(environment_id)s, %(schema_name)s
+    %(create_key)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
+    %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -94,6 +97,15 @@ DELETE FROM job_completion_triggers WHERE job_id = %(job_id)s;
 INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses)
 VALUES (%(job_id)s, %(upstream_job_id)s, %(statuses)s::smallint[]);
 
+-- name: baseline_completion_consumed
+-- Only upstream runs after a trigger is saved count toward a fan-in set; a trigger kept by a save
+-- keeps what it counted.
+INSERT INTO completion_consumed (job_id, upstream_job_id, last_run_id)
+SELECT t.job_id, t.upstream_job_id, coalesce((SELECT max(r.id) FROM runs r WHERE r.job_id = t.upstream_job_id), 0)
+  FROM job_completion_triggers t
+ WHERE t.job_id = %(job_id)s
+ON CONFLICT (job_id, upstream_job_id) DO NOTHING;
+
 -- name: update_job
 -- Saving a job replaces its definition and reactivates it.
 UPDATE jobs SET
@@ -103,6 +115,9 @@ UPDATE jobs SET
     git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,
     retry_on_step_failure = %(retry_on_step_failure)s, missed_run_grace_seconds = %(missed_run_grace_seconds)s,
     priority = %(priority)s, environment_id = %(environment_id)s, schema_name = %(schema_name)s,
+    generate_docs = %(generate_docs)s, run_source_freshness = %(run_source_freshness)s,
+    defer_to_job_id = %(defer_to_job_id)s, defer_to_environment_id = %(defer_to_environment_id)s,
+    run_only_modified = %(run_only_modified)s, completion_mode = %(completion_mode)s,
     -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
     secret_environment = (secret_environment - %(unset_secrets)s::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
@@ -122,6 +137,14 @@ WITH dropped AS (
 )
 UPDATE jobs SET version = version + 1, updated_at = now()
 WHERE id IN (SELECT job_id FROM dropped) AND deleted_at IS NULL;
+
+-- name: set_job_paused
+-- Only a change of state writes: the version bump tells the orchestrator to stop (or resume) the
+-- schedule, as a deactivation does. No row: the job is missing or already in that state.
+UPDATE jobs SET paused_at = CASE WHEN %(paused)s THEN now() END, version = version + 1, updated_at = now()
+WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+  AND (paused_at IS NOT NULL) <> %(paused)s
+RETURNING id;
 
 -- name: reactivate_job
 UPDATE jobs SET deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
@@ -189,10 +212,41 @@ VALUES (%(account_id)s, %(name)s, %(repository_url)s, %(subdirectory)s, %(git_cr
 RETURNING *;
 
 -- name: get_project
-SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s;
+SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: get_project_for_update
+SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: update_project
+-- A NULL credential keeps the stored one.
+UPDATE projects
+   SET name = %(name)s, repository_url = %(repository_url)s, subdirectory = %(subdirectory)s,
+       git_credential_kind = %(git_credential_kind)s, git_credential = coalesce(%(git_credential)s, git_credential),
+       updated_at = now()
+ WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: delete_project
+WITH project AS (
+    UPDATE projects SET deleted_at = now(), git_credential = ''
+     WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+    RETURNING id
+)
+UPDATE environments e SET deleted_at = now(), connection_secrets = '{}'::jsonb
+  FROM project WHERE e.project_id = project.id AND e.deleted_at IS NULL
+RETURNING e.id;
+
+-- name: live_jobs_of_environments
+-- The live jobs that use any of these environments (what stops their deletion).
+SELECT j.id FROM jobs j
+ WHERE j.environment_id = ANY(%(environment_ids)s::bigint[]) AND j.deleted_at IS NULL
+ ORDER BY j.id LIMIT 10;
+
+-- name: environment_ids_of_project
+SELECT id FROM environments WHERE project_id = %(project_id)s AND deleted_at IS NULL;
 
 -- name: list_projects
-SELECT * FROM projects WHERE account_id = %(account_id)s ORDER BY id;
+SELECT * FROM projects WHERE account_id = %(account_id)s AND deleted_at IS NULL ORDER BY id;
 
 -- name: insert_environment
 INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch, adapter_type,
@@ -203,18 +257,50 @@ VALUES (%(account_id)s, %(project_id)s, %(name)s, %(environment_type)s, %(dbt_ve
 RETURNING *;
 
 -- name: get_environment
-SELECT * FROM environments WHERE id = %(environment_id)s AND account_id = %(account_id)s;
+SELECT * FROM environments WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: get_environment_for_update
+SELECT * FROM environments
+ WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
+
+-- name: update_environment
+UPDATE environments
+   SET name = %(name)s, environment_type = %(environment_type)s, dbt_version = %(dbt_version)s,
+       git_branch = %(git_branch)s, adapter_type = %(adapter_type)s, connection = %(connection)s,
+       connection_secrets = %(connection_secrets)s, target_name = %(target_name)s, schema_name = %(schema_name)s,
+       threads = %(threads)s, variables = %(variables)s, updated_at = now()
+ WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: delete_environment
+UPDATE environments SET deleted_at = now(), connection_secrets = '{}'::jsonb
+ WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING id;
 
 -- name: list_environments
 SELECT * FROM environments
 WHERE account_id = %(account_id)s AND (%(project_id)s::bigint IS NULL OR project_id = %(project_id)s)
+  AND deleted_at IS NULL
 ORDER BY id;
 
 -- The REST API (dbt Cloud's v2 shape): offset paging, a total count and a choice of order.
 -- order_by is one of the names the REST layer allows; a leading '-' means descending.
 
 -- name: get_account
-SELECT id, name, run_slots, created_at, updated_at FROM accounts WHERE id = %(account_id)s;
+SELECT id, name, run_slots, deactivate_after_failures, pull_request_schema_max_age_days, created_at, updated_at
+  FROM accounts WHERE id = %(account_id)s;
+
+-- name: update_account_settings
+-- A setting given as NULL keeps its value.
+UPDATE accounts
+   SET deactivate_after_failures = COALESCE(%(deactivate_after_failures)s, deactivate_after_failures),
+       pull_request_schema_max_age_days = COALESCE(%(pull_request_schema_max_age_days)s,
+                                                   pull_request_schema_max_age_days),
+       run_retention_days = COALESCE(%(run_retention_days)s, run_retention_days),
+       updated_at = now()
+ WHERE id = %(account_id)s
+RETURNING id, name, run_slots, deactivate_after_failures, pull_request_schema_max_age_days, run_retention_days,
+          created_at, updated_at;
 
 -- name: count_runs
 SELECT count(*) AS total FROM runs
@@ -279,3 +365,45 @@ GROUP BY run_id, step_index;
 SELECT DISTINCT ON (path) path, step_index, octet_length(content) AS size_bytes, created_at FROM artifacts
 WHERE run_id = %(run_id)s AND (%(step_index)s::integer IS NULL OR step_index = %(step_index)s)
 ORDER BY path, step_index DESC;
+
+-- The web pages: keyset pages of 50 by (queued_at, id), newest first, over the indexes of
+-- migration 0008; the on-time view over a window of queued_at.
+
+-- name: runs_page
+SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attempt, r.waiting_reason,
+       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at
+  FROM runs r JOIN jobs j ON j.id = r.job_id
+ WHERE r.account_id = %(account_id)s
+   AND (%(job_id)s::bigint IS NULL OR r.job_id = %(job_id)s)
+   AND (%(status)s::smallint IS NULL OR r.status = %(status)s)
+   AND (%(trigger)s::text IS NULL OR r.trigger = %(trigger)s)
+   AND (%(since)s::timestamptz IS NULL OR r.queued_at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR r.queued_at < %(until)s)
+   AND (%(after_queued_at)s::timestamptz IS NULL OR (r.queued_at, r.id) < (%(after_queued_at)s, %(after_id)s))
+ ORDER BY r.queued_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: on_time_split
+-- Runs queued in the window that started: the on-time split of run delay and its percentiles.
+SELECT count(*) AS started,
+       count(*) FILTER (WHERE started_at - scheduled_at <= interval '25 seconds') AS within_25s,
+       count(*) FILTER (WHERE started_at - scheduled_at > interval '25 seconds'
+                          AND started_at - scheduled_at <= interval '60 seconds') AS within_60s,
+       count(*) FILTER (WHERE started_at - scheduled_at > interval '60 seconds') AS late,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)) AS delay_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)) AS delay_p99,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - dispatched_at)) AS prep_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - dispatched_at)) AS prep_p99
+  FROM runs
+ WHERE account_id = %(account_id)s AND queued_at >= %(since)s AND started_at IS NOT NULL;
+
+-- name: waiting_now
+-- The account's queued runs by why they wait (empty: due, not looked at yet).
+SELECT waiting_reason, count(*) AS runs, min(queued_at) AS oldest_queued_at
+  FROM runs
+ WHERE account_id = %(account_id)s AND status = 1
+ GROUP BY waiting_reason
+ ORDER BY waiting_reason;
+
+-- name: job_names
+SELECT id, name FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL ORDER BY name, id LIMIT 500;

@@ -9,6 +9,7 @@ and masked the same way.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,14 @@ from runplane.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
 from runplane.v1 import runner_pb2
 
 Q = load_queries("api", "runner_queries.sql")
+
+SOURCE_FRESHNESS_STEP = "dbt source freshness"
+GENERATE_DOCS_STEP = "dbt docs generate"
+DEFER_STATE_DIR = ".runplane/defer-state"
+DEFER_MANIFEST = f"{DEFER_STATE_DIR}/manifest.json"
+# dbt commands that take --defer --state, and those of them that take a node selection.
+DEFERRABLE = {"build", "run", "test", "seed", "snapshot", "compile", "clone", "show", "ls", "list"}
+SELECTING = DEFERRABLE - {"show"}
 
 
 async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str], str]) -> DbtContext | None:
@@ -44,7 +53,7 @@ def build_run_spec(
     """The spec of a claimed run. ``box`` may be None only when the job has no secret. ``dbt``: the
     run's context when its job has an environment, secrets already decrypted."""
     overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
-    steps = override(overrides, "steps") or row["steps"]
+    steps, optional = job_steps(row, overrides, dbt)
     environment = {str(k): str(v) for k, v in (row["environment"] or {}).items()}
     secrets = decrypt_secret_environment(row["secret_environment"] or {}, box)
     environment.update(secrets)
@@ -53,7 +62,7 @@ def build_run_spec(
         run_id=int(row["id"]),
         account_id=int(row["account_id"]),
         job_id=int(row["job_id"]),
-        steps=[str(step) for step in steps],
+        steps=steps,
         environment=environment,
         masked_values=sorted(masked),
         threads=int(override(overrides, "threads") or row["threads"]),
@@ -71,10 +80,51 @@ def build_run_spec(
         heartbeat_interval=heartbeat_interval,
         job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
         trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
+        optional_steps=optional,
+        state_files=[runner_pb2.StateFile(**f) for f in overrides.get("state_files") or []],
     )
     if dbt is not None:
         spec.dbt.CopyFrom(to_proto(dbt))
     return spec
+
+
+def job_steps(row: dict[str, Any], overrides: dict[str, Any], dbt: DbtContext | None) -> tuple[list[str], list[int]]:
+    """The run's steps with the job options around them, and the indexes of the optional ones.
+
+    A dbt job's "run source freshness" adds ``dbt source freshness`` first and "generate docs" (the
+    run's ``generate_docs`` override, else the job's) adds ``dbt docs generate`` last; neither one's
+    failure fails the run. A schema drop run gets neither.
+    """
+    steps = [str(step) for step in override(overrides, "steps") or row["steps"]]
+    if dbt is None or dbt.drop_schema:
+        return steps, []
+    if overrides.get("defer"):
+        steps = [deferred_step(step, only_modified=bool(row["run_only_modified"])) for step in steps]
+    optional: list[int] = []
+    if row["run_source_freshness"] and not overrides.get("resume"):
+        steps.insert(0, SOURCE_FRESHNESS_STEP)
+        optional.append(0)
+    docs = overrides.get("generate_docs")
+    if docs if docs is not None else row["generate_docs"]:
+        steps.append(GENERATE_DOCS_STEP)
+        optional.append(len(steps) - 1)
+    return steps, optional
+
+
+def deferred_step(command: str, *, only_modified: bool) -> str:
+    """A dbt step with ``--defer --state`` (and, for Slim CI, ``--select state:modified+`` when it
+    selects nothing itself); any other step as it is."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    if len(words) < 2 or words[0] != "dbt" or words[1] not in DEFERRABLE or "--state" in words:
+        return command
+    extra = ["--defer", "--state", DEFER_STATE_DIR]
+    selects = {"-s", "--select", "-m", "--models", "--selector"} & set(words)
+    if only_modified and words[1] in SELECTING and not selects:
+        extra += ["--select", "state:modified+"]
+    return shlex.join([*words, *extra])
 
 
 def decrypter(box: SecretBox | None) -> Callable[[str], str]:

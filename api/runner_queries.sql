@@ -4,13 +4,14 @@
 -- What the runner is told: the run with its job and account, for the holder of the lease.
 SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
        r.pull_request_number, r.cancel_requested_at, j.steps, j.environment, j.secret_environment, j.threads,
-       j.timeout_seconds, j.target_name, j.git_branch, a.memory_mb
+       j.timeout_seconds, j.target_name, j.git_branch, j.generate_docs, j.run_source_freshness, j.run_only_modified,
+       a.memory_mb
   FROM runs r JOIN jobs j ON j.id = r.job_id JOIN accounts a ON a.id = r.account_id
  WHERE r.id = %(run_id)s AND r.status = 3 AND r.lease_owner = %(lease_id)s AND r.runner_token_hash = %(token_hash)s
 
 -- name: create_steps
-INSERT INTO run_steps (run_id, step_index, command)
-SELECT %(run_id)s, i - 1, c FROM unnest(%(commands)s::text[]) WITH ORDINALITY AS s(c, i)
+INSERT INTO run_steps (run_id, step_index, command, optional)
+SELECT %(run_id)s, i - 1, c, (i - 1) = ANY(%(optional)s::int[]) FROM unnest(%(commands)s::text[]) WITH ORDINALITY AS s(c, i)
 ON CONFLICT (run_id, step_index) DO NOTHING
 
 -- name: run_access
@@ -67,6 +68,41 @@ INSERT INTO artifacts (run_id, path, step_index, content)
 VALUES (%(run_id)s, %(path)s, %(step_index)s, %(content)s)
 ON CONFLICT (run_id, path, step_index) DO UPDATE SET content = EXCLUDED.content, created_at = now()
 
+-- name: record_deferral
+-- At the first claim of a run whose job defers: the run it starts from (the latest successful run
+-- with a manifest.json of the job it defers to, or of a deploy job of the environment it defers
+-- to), recorded on the run, and that manifest added to the run's state files.
+UPDATE runs r
+   SET deferring_run_id = d.id,
+       overrides = jsonb_set(
+           r.overrides || '{"defer": true}'::jsonb, '{state_files}',
+           coalesce(r.overrides -> 'state_files', '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+               'source_run_id', d.id, 'step_index', d.step_index, 'path', 'target/manifest.json', 'dest', %(dest)s::text)))
+  FROM jobs j
+  CROSS JOIN LATERAL (
+      SELECT s.id, m.step_index
+        FROM runs s
+        JOIN jobs sj ON sj.id = s.job_id
+        CROSS JOIN LATERAL (SELECT max(a.step_index) AS step_index FROM artifacts a
+                             WHERE a.run_id = s.id AND a.path = 'target/manifest.json') AS m
+       WHERE s.account_id = j.account_id AND s.status = 10 AND m.step_index IS NOT NULL
+         AND (s.job_id = j.defer_to_job_id OR (sj.environment_id = j.defer_to_environment_id AND sj.job_type = 'deploy'))
+       ORDER BY s.id DESC
+       LIMIT 1
+  ) AS d
+ WHERE r.id = %(run_id)s AND j.id = r.job_id AND r.deferring_run_id IS NULL
+   AND (j.defer_to_job_id IS NOT NULL OR j.defer_to_environment_id IS NOT NULL)
+
+-- name: state_file
+-- The run's state file at index (overrides.state_files, written by the control plane), read from
+-- the artifacts of its source run, which must belong to the same account.
+SELECT a.content
+  FROM runs r
+ CROSS JOIN LATERAL (SELECT r.overrides -> 'state_files' -> %(index)s::int AS f) AS s
+  JOIN runs src ON src.id = (s.f ->> 'source_run_id')::bigint AND src.account_id = r.account_id
+  JOIN artifacts a ON a.run_id = src.id AND a.path = s.f ->> 'path' AND a.step_index = (s.f ->> 'step_index')::int
+ WHERE r.id = %(run_id)s
+
 -- name: record_git_sha
 UPDATE runs SET git_sha = %(git_sha)s WHERE id = %(run_id)s
 
@@ -85,3 +121,27 @@ SELECT r.id AS run_id, r.job_id, r.account_id, r.job_type, r.trigger, r.cause, r
   JOIN environments e ON e.id = j.environment_id
   JOIN projects p ON p.id = e.project_id
  WHERE r.id = %(run_id)s
+
+-- Warm pool Pods (WaitForRun): the Pod's own token names its row until a run is handed to it.
+
+-- name: pool_runner_waiting
+-- The row of an unspent pool token, and the run a dispatcher gave it (if one did).
+SELECT name, run_id FROM pool_runners WHERE token_hash = %(token_hash)s AND handed_at IS NULL
+
+-- name: pool_runner_seen
+-- Its heartbeat: a Pod that stops calling is replaced (and no run is given to it meanwhile).
+UPDATE pool_runners SET seen_at = clock_timestamp() WHERE name = %(name)s AND handed_at IS NULL
+
+-- name: hand_run_to_pool_runner
+-- The Pod's token is spent, and the run's new token replaces the one its dispatcher issued, while
+-- the run is still starting in the launch it was given for: a run relaunched elsewhere meanwhile
+-- is not taken. The Pod's token is spent either way (one run per Pod).
+WITH spent AS (
+    UPDATE pool_runners SET handed_at = clock_timestamp()
+     WHERE name = %(name)s AND handed_at IS NULL
+    RETURNING run_id, run_attempt
+)
+UPDATE runs r SET runner_token_hash = %(run_token_hash)s
+  FROM spent
+ WHERE r.id = spent.run_id AND r.launch_attempts = spent.run_attempt AND r.status = 2
+RETURNING r.id

@@ -16,9 +16,12 @@ step and path, a claim by its lease id, an outcome already written by the same l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import posixpath
 import re
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -26,11 +29,11 @@ import grpc
 from api.auth import bearer_token
 from api.errors import status_boundary
 from api.pickup_publisher import PickupPublisher
-from api.run_spec import build_run_spec, decrypter, load_dbt_context
+from api.run_spec import DEFER_MANIFEST, build_run_spec, decrypter, load_dbt_context
 from api.store import Store
-from runplane.db import Connection
-from runplane.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from runplane.run_tokens import run_token_hash
+from runplane.db import Connection, fetch_one
+from runplane.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from runplane.run_tokens import new_run_token, run_token_hash
 from runplane.runs.finish import finish_run
 from runplane.runs.retries import RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
@@ -51,6 +54,8 @@ MAX_LOG_CALL_CHARS = 8 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 MAX_ARTIFACT_PATH = 1024
 MAX_END_REASON = 200
+NO_RUN = 0  # run ids start at 1
+MAX_POOL_WAIT = 60.0  # seconds one WaitForRun may be held open
 _GIT_SHA = re.compile(r"[0-9a-f]{7,64}")
 FINISHED_STEP_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
 _FAILURE_KINDS = {
@@ -61,6 +66,14 @@ _FAILURE_KINDS = {
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+@dataclass(frozen=True)
+class PoolRunner:
+    """A warm pool Pod as its own token finds it, and the run a dispatcher gave it (if any)."""
+
+    name: str
+    run_id: int | None
+
+
 class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     def __init__(self, store: Store, pickups: PickupPublisher, runner: RunnerSettings, box: SecretBox | None) -> None:
         self._store = store
@@ -68,6 +81,19 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
         self._runner = runner
         self._box = box
         self._policy = RetryPolicy.from_settings(runner)
+
+    async def warm_up(self) -> None:
+        """Run the claim's statements once, on a run id that never exists, before the port opens: a
+        pooled connection's first use of a statement (catalog lookups, planning) then falls on no
+        run's claim. It changes nothing."""
+        params = {"run_id": NO_RUN, "token_hash": b"", "lease_id": "warm-up"}
+        async with self._store.transaction() as conn:
+            await conn.execute(TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds})
+            await conn.execute(Q["record_deferral"], {"run_id": NO_RUN, "dest": DEFER_MANIFEST})
+            await conn.execute(Q["claimed_run"], params)
+            await load_dbt_context(conn, NO_RUN, decrypter(self._box))
+            await conn.execute(Q["lock_lease"], params)
+            await conn.execute(Q["run_access"], {"run_id": NO_RUN, "token_hash": b""})
 
     # --- claim and lease
 
@@ -81,6 +107,8 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                     TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds}
                 )
                 claimed = await cur.fetchone() is not None
+                if claimed:
+                    await conn.execute(Q["record_deferral"], {"run_id": request.run_id, "dest": DEFER_MANIFEST})
                 cur = await conn.execute(Q["claimed_run"], params)
                 row = await cur.fetchone()
                 if row is None:  # not ours: say why (a retried claim of our own lease finds its row above)
@@ -96,7 +124,10 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                     dbt=dbt,
                 )
                 if claimed:
-                    await conn.execute(Q["create_steps"], {"run_id": request.run_id, "commands": list(spec.steps)})
+                    await conn.execute(
+                        Q["create_steps"],
+                        {"run_id": request.run_id, "commands": list(spec.steps), "optional": list(spec.optional_steps)},
+                    )
             log.info(
                 "run claimed",
                 extra={
@@ -224,6 +255,21 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             return runner_pb2.UploadArtifactResponse()
         raise AssertionError("unreachable: the boundary aborts")
 
+    async def FetchStateFile(
+        self, request: runner_pb2.FetchStateFileRequest, context: Context
+    ) -> runner_pb2.FetchStateFileResponse:
+        async with status_boundary(context, "FetchStateFile"):
+            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
+            async with self._store.transaction() as conn:
+                await _lock_lease(conn, request.run_id, token, lease_id)
+                # Only a file the run was given (its row says which), of a run of the same account.
+                cur = await conn.execute(Q["state_file"], {"run_id": request.run_id, "index": request.index})
+                row = await cur.fetchone()
+            if row is None:
+                raise NotFound(f"run {request.run_id} has no state file {request.index} (or its source run is gone)")
+            return runner_pb2.FetchStateFileResponse(content=bytes(row["content"]))  # type: ignore[call-overload]
+        raise AssertionError("unreachable: the boundary aborts")
+
     async def RecordGitSha(
         self, request: runner_pb2.RecordGitShaRequest, context: Context
     ) -> runner_pb2.RecordGitShaResponse:
@@ -262,6 +308,45 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
                 await self._pickups.publish(account_id)  # a hint: the scheduler loop resends
             return runner_pb2.FinishResponse(retry_run_id=finished.retry_run_id or 0)
         raise AssertionError("unreachable: the boundary aborts")
+
+    # --- warm pool Pods
+
+    async def WaitForRun(
+        self, request: runner_pb2.WaitForRunRequest, context: Context
+    ) -> runner_pb2.WaitForRunResponse:
+        """Hold a pool Pod's call until a dispatcher gives it a run, then hand over the run's new token.
+
+        The Pod's heartbeat is written when the call comes in and every ``pool_seen_interval`` while
+        it waits; in between the call only reads (a few waiting Pods cost a few reads a second).
+        """
+        async with status_boundary(context, "WaitForRun"):
+            token = _token_hash(context)
+            deadline = time.monotonic() + min(max(request.wait_seconds, 0.0), MAX_POOL_WAIT)
+            seen_at = 0.0
+            while True:
+                async with self._store.connection() as conn:
+                    row = await fetch_one(conn, Q["pool_runner_waiting"], {"token_hash": token}, PoolRunner)
+                    if row is None:
+                        raise PermissionDenied("this token is not a waiting pool Pod's")
+                    if row.run_id is not None:
+                        return await self._hand_over(conn, row.name, row.run_id)
+                    if time.monotonic() - seen_at >= self._runner.pool_seen_interval:
+                        await conn.execute(Q["pool_runner_seen"], {"name": row.name})
+                        seen_at = time.monotonic()
+                if time.monotonic() >= deadline:
+                    return runner_pb2.WaitForRunResponse()
+                await asyncio.sleep(min(self._runner.pool_poll_interval, max(0.0, deadline - time.monotonic())))
+        raise AssertionError("unreachable: the boundary aborts")
+
+    async def _hand_over(self, conn: Connection, name: str, run_id: int) -> runner_pb2.WaitForRunResponse:
+        run_token = new_run_token()
+        cur = await conn.execute(
+            Q["hand_run_to_pool_runner"], {"name": name, "run_token_hash": run_token_hash(run_token)}
+        )
+        if await cur.fetchone() is None:  # cancelled or relaunched before the Pod asked: the Pod leaves
+            raise FailedPrecondition(f"run {run_id} is no longer starting for pool Pod {name}")
+        log.info("run handed to a pool pod", extra={"run_id": run_id, "pod": name})
+        return runner_pb2.WaitForRunResponse(run_id=run_id, token=run_token)
 
 
 def _token_hash(context: Context) -> bytes:

@@ -13,6 +13,8 @@ from api.auth import current_account
 from api.cancelling import cancel_run
 from api.lookup import existing_run, run_artifact
 from api.pickup_publisher import PickupPublisher
+from api.pull_requests import close_pull_request
+from api.rerunning import rerun_from_failure
 from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import run_statuses, trigger_spec
@@ -47,6 +49,28 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
     async def TriggerRun(self, request: runs_pb2.TriggerRunRequest, context: Context) -> runs_pb2.Run:
         row, steps = await trigger_run(self._store, self._pickups, current_account(), trigger_spec(request))
         return convert.run(row, steps)
+
+    async def ClosePullRequest(
+        self, request: runs_pb2.ClosePullRequestRequest, context: Context
+    ) -> runs_pb2.ClosePullRequestResponse:
+        account_id = current_account()
+        if request.job_id < 0:
+            raise InvalidArgument("job_id", "must be a job id, or 0 for every ci job")
+        number = request.pull_request_number
+        rows = await close_pull_request(
+            self._store,
+            self._pickups,
+            account_id,
+            number,
+            job_ids=[request.job_id] if request.job_id else [],
+            why=f"pull request #{number} was closed",
+        )
+        return runs_pb2.ClosePullRequestResponse(drop_runs=[convert.run(row, []) for row in rows])
+
+    async def RerunRun(self, request: runs_pb2.RerunRunRequest, context: Context) -> runs_pb2.Run:
+        row = await rerun_from_failure(self._store, self._pickups, current_account(), request.run_id)
+        async with self._store.connection() as conn:
+            return await self._run(conn, row)
 
     async def GetRun(self, request: runs_pb2.GetRunRequest, context: Context) -> runs_pb2.Run:
         account_id = current_account()

@@ -28,6 +28,7 @@ from api.runner_service import RunnerService
 from api.runs import RunService
 from api.store import Store
 from api.webhook_deliveries import WebhookDeliverer
+from api.webhook_targets import TargetPolicy
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
@@ -151,9 +152,9 @@ async def start_server(
                 ("grpc.so_reuseport", 0),
             ],
         )
-        runner_pb2_grpc.add_RunnerServiceServicer_to_server(
-            RunnerService(store, pickups, settings.runner, box), runner_server
-        )
+        runner_service = RunnerService(store, pickups, settings.runner, box)
+        await runner_service.warm_up()
+        runner_pb2_grpc.add_RunnerServiceServicer_to_server(runner_service, runner_server)
         runner_address = f"{settings.api.host}:{settings.api.runner_port if runner_port is None else runner_port}"
         runner_bound = runner_server.add_insecure_port(runner_address)
         if runner_bound == 0:
@@ -163,7 +164,15 @@ async def start_server(
         rest = None
         if rest_port >= 0:
             try:
-                rest = await start_rest(create_app(store, pickups, box), settings.api, rest_port)
+                app = create_app(
+                    store,
+                    pickups,
+                    box,
+                    targets=TargetPolicy(settings.webhooks.allowed_networks),
+                    log_poll_interval=settings.api.log_poll_interval,
+                    draining=draining,
+                )
+                rest = await start_rest(app, settings.api, rest_port)
             except BaseException:
                 await asyncio.gather(server.stop(0), runner_server.stop(0))
                 raise

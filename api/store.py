@@ -115,6 +115,12 @@ class Store:
             "priority": spec.priority,
             "environment_id": spec.environment_id,
             "schema_name": spec.schema,
+            "generate_docs": spec.generate_docs,
+            "run_source_freshness": spec.run_source_freshness,
+            "defer_to_job_id": spec.defer_to_job_id,
+            "defer_to_environment_id": spec.defer_to_environment_id,
+            "run_only_modified": spec.run_only_modified,
+            "completion_mode": spec.completion_mode,
             "set_secrets": Jsonb(self._sealed(spec.secrets)),
             "unset_secrets": spec.unset_secrets,
         }
@@ -177,6 +183,7 @@ class Store:
                 upstream_job_id=trigger.upstream_job_id,
                 statuses=[int(s) for s in trigger.statuses],
             )
+        await _execute(conn, "baseline_completion_consumed", job_id=job_id)
 
     async def update_job(self, conn: Connection, account_id: AccountId, job_id: JobId, spec: JobSpec) -> Row:
         row = await _one(conn, "update_job", account_id=account_id, job_id=job_id, **self._job_params(spec))
@@ -191,6 +198,10 @@ class Store:
 
     async def cancel_queued_runs_of_job(self, conn: Connection, job_id: int, message: str) -> int:
         return await _execute(conn, "cancel_queued_runs_of_job", job_id=job_id, message=message)
+
+    async def set_job_paused(self, conn: Connection, account_id: AccountId, job_id: JobId, paused: bool) -> bool:
+        """True when this call paused (or unpaused) the job; False when missing or already so."""
+        return await _one(conn, "set_job_paused", account_id=account_id, job_id=job_id, paused=paused) is not None
 
     async def reactivate_job(self, conn: Connection, job_id: JobId) -> Row | None:
         return await _one(conn, "reactivate_job", job_id=job_id)
@@ -272,8 +283,38 @@ class Store:
         assert row is not None
         return row
 
-    async def get_project(self, conn: Connection, account_id: AccountId, project_id: int) -> Row | None:
-        return await _one(conn, "get_project", account_id=account_id, project_id=project_id)
+    async def get_project(
+        self, conn: Connection, account_id: AccountId, project_id: int, *, for_update: bool = False
+    ) -> Row | None:
+        query = "get_project_for_update" if for_update else "get_project"
+        return await _one(conn, query, account_id=account_id, project_id=project_id)
+
+    async def update_project(
+        self, conn: Connection, account_id: AccountId, project_id: int, spec: ProjectSpec, credential: str | None
+    ) -> Row | None:
+        """The project changed; a ``credential`` of None keeps the stored one."""
+        return await _one(
+            conn,
+            "update_project",
+            account_id=account_id,
+            project_id=project_id,
+            name=spec.name,
+            repository_url=spec.repository_url,
+            subdirectory=spec.subdirectory,
+            git_credential_kind=spec.credential_kind,
+            git_credential=credential,
+        )
+
+    async def delete_project(self, conn: Connection, account_id: AccountId, project_id: int) -> None:
+        """Mark the project and its environments deleted and forget their secrets."""
+        await _execute(conn, "delete_project", account_id=account_id, project_id=project_id)
+
+    async def environment_ids_of_project(self, conn: Connection, project_id: int) -> list[int]:
+        return [int(r["id"]) for r in await _all(conn, "environment_ids_of_project", project_id=project_id)]
+
+    async def live_jobs_of_environments(self, conn: Connection, environment_ids: list[int]) -> list[int]:
+        """Up to ten live jobs that use any of ``environment_ids``."""
+        return [int(r["id"]) for r in await _all(conn, "live_jobs_of_environments", environment_ids=environment_ids)]
 
     async def list_projects(self, conn: Connection, account_id: AccountId) -> list[Row]:
         return await _all(conn, "list_projects", account_id=account_id)
@@ -286,28 +327,58 @@ class Store:
             "insert_environment",
             account_id=account_id,
             project_id=spec.project_id,
-            name=spec.name,
-            environment_type=spec.environment_type,
-            dbt_version=spec.dbt_version,
-            git_branch=spec.git_branch,
-            adapter_type=spec.adapter_type,
-            connection=Jsonb(spec.connection),
-            connection_secrets=Jsonb(secrets),
-            target_name=spec.target_name,
-            schema_name=spec.schema,
-            threads=spec.threads,
-            variables=Jsonb(spec.variables),
+            **_environment_fields(spec, secrets),
         )
         assert row is not None
         return row
 
-    async def get_environment(self, conn: Connection, account_id: AccountId, environment_id: int) -> Row | None:
-        return await _one(conn, "get_environment", account_id=account_id, environment_id=environment_id)
+    async def get_environment(
+        self, conn: Connection, account_id: AccountId, environment_id: int, *, for_update: bool = False
+    ) -> Row | None:
+        query = "get_environment_for_update" if for_update else "get_environment"
+        return await _one(conn, query, account_id=account_id, environment_id=environment_id)
+
+    async def update_environment(
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        environment_id: int,
+        spec: EnvironmentSpec,
+        secrets: dict[str, str],
+    ) -> Row | None:
+        return await _one(
+            conn,
+            "update_environment",
+            account_id=account_id,
+            environment_id=environment_id,
+            **_environment_fields(spec, secrets),
+        )
+
+    async def delete_environment(self, conn: Connection, account_id: AccountId, environment_id: int) -> bool:
+        return await _one(conn, "delete_environment", account_id=account_id, environment_id=environment_id) is not None
 
     async def list_environments(self, conn: Connection, account_id: AccountId, project_id: int | None) -> list[Row]:
         return await _all(conn, "list_environments", account_id=account_id, project_id=project_id)
 
     # the REST API's offset pages (dbt Cloud's v2 shape)
+
+    async def update_account_settings(
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        *,
+        deactivate_after_failures: int | None,
+        pull_request_schema_max_age_days: int | None,
+        run_retention_days: int | None = None,
+    ) -> Row | None:
+        return await _one(
+            conn,
+            "update_account_settings",
+            account_id=account_id,
+            deactivate_after_failures=deactivate_after_failures,
+            pull_request_schema_max_age_days=pull_request_schema_max_age_days,
+            run_retention_days=run_retention_days,
+        )
 
     async def get_account(self, conn: Connection, account_id: AccountId) -> Row | None:
         return await _one(conn, "get_account", account_id=account_id)
@@ -350,6 +421,37 @@ class Store:
     async def artifacts_of_step(self, conn: Connection, run_id: RunId, step_index: int | None) -> list[Row]:
         return await _all(conn, "list_artifacts_of_step", run_id=run_id, step_index=step_index)
 
+    # the web pages
+
+    async def runs_page(
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        *,
+        filters: dict[str, Any],
+        after: tuple[Any, int] | None,
+        limit: int,
+    ) -> list[Row]:
+        """One keyset page of the account's runs, newest first; ``after`` is the last row's (queued_at, id).
+
+        Not prepared: each call's own plan uses the one index its filters need.
+        """
+        after_queued_at, after_id = after if after is not None else (None, None)
+        params = {"account_id": account_id, **filters, "after_queued_at": after_queued_at, "after_id": after_id}
+        cur = await conn.execute(QUERIES["runs_page"], {**params, "limit": limit}, prepare=False)
+        return await cur.fetchall()
+
+    async def on_time_split(self, conn: Connection, account_id: AccountId, since: Any) -> Row:
+        row = await _one(conn, "on_time_split", account_id=account_id, since=since)
+        assert row is not None, "an aggregate always answers"
+        return row
+
+    async def waiting_now(self, conn: Connection, account_id: AccountId) -> list[Row]:
+        return await _all(conn, "waiting_now", account_id=account_id)
+
+    async def job_names(self, conn: Connection, account_id: AccountId) -> list[Row]:
+        return await _all(conn, "job_names", account_id=account_id)
+
 
 @contextlib.asynccontextmanager
 async def _database_errors() -> AsyncIterator[None]:
@@ -361,6 +463,23 @@ async def _database_errors() -> AsyncIterator[None]:
     except ServiceUnavailable as exc:  # clients see no detail of the database
         log.warning("database unavailable: %s", exc)
         raise ServiceUnavailable("the database is unavailable; try again") from exc
+
+
+def _environment_fields(spec: EnvironmentSpec, secrets: dict[str, str]) -> dict[str, object]:
+    """An environment's columns as the insert and the update write them (``secrets`` encrypted)."""
+    return {
+        "name": spec.name,
+        "environment_type": spec.environment_type,
+        "dbt_version": spec.dbt_version,
+        "git_branch": spec.git_branch,
+        "adapter_type": spec.adapter_type,
+        "connection": Jsonb(spec.connection),
+        "connection_secrets": Jsonb(secrets),
+        "target_name": spec.target_name,
+        "schema_name": spec.schema,
+        "threads": spec.threads,
+        "variables": Jsonb(spec.variables),
+    }
 
 
 async def _one(conn: Connection, query: str, **params: Any) -> Row | None:

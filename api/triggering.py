@@ -11,10 +11,11 @@ import uuid
 
 from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
-from api.validation import TriggerSpec
+from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides
 from runplane import tracing
 from runplane.db import Connection
 from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.runs.pull_requests import record_pull_request_schema, supersede_older_ci_runs, superseded_message
 from runplane.types import AccountId, JobId, JobType, Trigger, ci_schema, takes_run_slot
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ async def trigger_run(
             existing = await store.run_by_idempotency_key(conn, key)
             assert existing is not None
             return await _replayed(store, conn, existing, spec)
+        if row["job_type"] == JobType.CI.value and row["pull_request_number"]:
+            await _take_over_pull_request(conn, job, row)
         steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
     log.info(
         "run queued",
@@ -62,6 +65,13 @@ async def trigger_run(
     )
     await pickups.publish(account_id)  # counted where it is sent
     return row, steps
+
+
+def rerun_spec(job_id: int, source: Row | None, trigger: Trigger) -> TriggerSpec:
+    """A rerun of ``job_id``: with the overrides of the run it reruns (``source``), or the job as saved."""
+    raw = RunOverridesSpec(**(source["overrides"] if source else {}))
+    cause = f"Rerun of run {source['id']}" if source else "Rerun"
+    return TriggerSpec(JobId(job_id), trigger, cause, None, checked_overrides(raw, lambda name: name))
 
 
 async def _replayed(store: Store, conn: Connection, existing: Row, spec: TriggerSpec) -> tuple[Row, list[Row]]:
@@ -94,6 +104,28 @@ async def _check_trigger(store: Store, conn: Connection, job: Row, spec: Trigger
     )
 
 
+async def _take_over_pull_request(conn: Connection, job: Row, run: Row) -> None:
+    """A new CI run supersedes its pull request's older ones and keeps the schema in use."""
+    number = int(run["pull_request_number"])
+    sha = str((run["overrides"] or {}).get("git_sha") or "")
+    await supersede_older_ci_runs(
+        conn,
+        job_id=run["job_id"],
+        pull_request_number=number,
+        run_id=run["id"],
+        message=superseded_message(run["id"], number, sha),
+    )
+    if job["environment_id"] is not None:  # plain commands build no schema
+        await record_pull_request_schema(
+            conn,
+            account_id=run["account_id"],
+            job_id=run["job_id"],
+            pull_request_number=number,
+            schema=run["schema_name"],
+            run_id=run["id"],
+        )
+
+
 def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None) -> dict[str, object]:
     job_type = JobType(job["job_type"])
     pull_request = spec.overrides.pull_request_number
@@ -115,4 +147,7 @@ def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None
         "schema_name": schema,
         "trace_parent": tracing.current_traceparent(),
         "parent_run_id": parent_run_id,
+        # Run now and API triggers still run a paused job; the run says it was paused.
+        "job_paused": job["paused_at"] is not None,
+        "run_at": spec.run_at,
     }

@@ -10,7 +10,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from runplane.cron import validate_cron, validate_fires, validate_timezone
 from runplane.errors import InvalidArgument
@@ -55,6 +56,8 @@ _DBT_VERSION = re.compile(r"[A-Za-z0-9_.+-]{1,40}")
 T = TypeVar("T")
 
 # Which client triggers may start runs of which job types; the rest are internal.
+MAX_RUN_AT_PAST = timedelta(minutes=1)  # a clock a little behind the server's is "now"
+MAX_RUN_AT_AHEAD = timedelta(days=366)
 CLIENT_TRIGGERS = frozenset({Trigger.API, Trigger.MANUAL, Trigger.CI, Trigger.MERGE})
 
 
@@ -99,6 +102,7 @@ class JobSpec:
     cron: str | None = None
     timezone: str = "UTC"
     on_completion: list[CompletionTriggerSpec] = field(default_factory=list)
+    completion_mode: str = "any"  # all: fan-in
     on_pull_request: bool = False
     on_merge: bool = False
     threads: int = DEFAULT_THREADS
@@ -114,6 +118,11 @@ class JobSpec:
     priority: int = 0
     environment_id: int | None = None  # None: plain commands
     schema: str = ""  # empty: the environment's
+    generate_docs: bool = False
+    run_source_freshness: bool = False
+    defer_to_job_id: int | None = None
+    defer_to_environment_id: int | None = None
+    run_only_modified: bool = False
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
@@ -171,9 +180,18 @@ def _with_triggers(spec: JobSpec, triggers: jobs_pb2.JobTriggers) -> JobSpec:
         cron=cron,
         timezone=timezone,
         on_completion=completion,
+        completion_mode=_completion_mode(triggers.completion_mode),
         on_pull_request=triggers.on_pull_request,
         on_merge=triggers.on_merge,
     )
+
+
+def _completion_mode(value: int) -> str:
+    if value in (jobs_pb2.COMPLETION_MODE_UNSPECIFIED, jobs_pb2.COMPLETION_MODE_ANY):
+        return "any"
+    if value == jobs_pb2.COMPLETION_MODE_ALL:
+        return "all"
+    raise InvalidArgument("triggers.completion_mode", "must be any or all")
 
 
 def _terminal_statuses(values: list[int], name: str) -> tuple[RunStatus, ...]:
@@ -213,7 +231,26 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         if settings.environment_id
         else None,
         schema=matching(settings.schema, "settings.schema", _SCHEMA, "a SQL identifier of at most 63 characters"),
+        generate_docs=settings.generate_docs,
+        run_source_freshness=settings.run_source_freshness,
+        **_deferral(settings),
     )
+
+
+def _deferral(settings: jobs_pb2.JobSettings) -> dict[str, Any]:
+    if settings.defer_to_job_id and settings.defer_to_environment_id:
+        raise InvalidArgument("settings.defer_to_job_id", "defer to a job or to an environment, not both")
+    if settings.run_only_modified and not (settings.defer_to_job_id or settings.defer_to_environment_id):
+        raise InvalidArgument("settings.run_only_modified", "needs a job or an environment to defer to")
+    return {
+        "defer_to_job_id": positive_id(settings.defer_to_job_id, "settings.defer_to_job_id")
+        if settings.defer_to_job_id
+        else None,
+        "defer_to_environment_id": positive_id(settings.defer_to_environment_id, "settings.defer_to_environment_id")
+        if settings.defer_to_environment_id
+        else None,
+        "run_only_modified": settings.run_only_modified,
+    }
 
 
 def environment(env: dict[str, str], name: str) -> dict[str, str]:
@@ -249,8 +286,9 @@ def matching(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> s
 class RunOverridesSpec:
     """Validated per-run overrides; only what the client set.
 
-    ``dbt_version`` and ``generate_docs`` are recorded on the run as the client asked; runs apply
-    them once environments carry a dbt version.
+    ``dbt_version`` runs the run with that dbt (an installed dbt on one machine, a runner image in
+    Kubernetes) instead of its environment's; ``generate_docs`` replaces the job's option for this
+    run (a job with an environment only).
     """
 
     steps: list[str] | None = None
@@ -264,6 +302,10 @@ class RunOverridesSpec:
     dbt_version: str | None = None
     generate_docs: bool | None = None
     pull_request_provider: str | None = None  # github, gitlab or azure: which id the client gave
+    # Set by runplane, never by a client: a rerun from failure (no source freshness first) and the
+    # earlier runs' artifacts its steps start from (api/rerunning.py).
+    resume: bool | None = None
+    state_files: list[dict[str, object]] | None = None
 
     def as_json(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -276,6 +318,7 @@ class TriggerSpec:
     cause: str
     client_key: str | None
     overrides: RunOverridesSpec
+    run_at: datetime | None = None  # None: now
 
 
 def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
@@ -287,7 +330,18 @@ def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
     cause = text(request.cause, "cause", max_length=MAX_CAUSE)
     key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
     overrides = run_overrides(request.overrides) if request.HasField("overrides") else RunOverridesSpec()
-    return TriggerSpec(job_id, trigger, cause, key, overrides)
+    run_at = later_time(request.run_at.ToDatetime(UTC), "run_at") if request.HasField("run_at") else None
+    return TriggerSpec(job_id, trigger, cause, key, overrides, run_at)
+
+
+def later_time(value: datetime, name: str) -> datetime | None:
+    """A time to run at: None when it is now or at most a minute ago; a later one up to a year ahead."""
+    now = datetime.now(UTC)
+    if value < now - MAX_RUN_AT_PAST:
+        raise InvalidArgument(name, f"{value.isoformat()} is in the past")
+    if value > now + MAX_RUN_AT_AHEAD:
+        raise InvalidArgument(name, f"at most {MAX_RUN_AT_AHEAD.days} days ahead")
+    return value if value > now else None
 
 
 def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
@@ -302,6 +356,7 @@ def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
             timeout_seconds=overrides.timeout_seconds or None,
             pull_request_number=overrides.pull_request_number or None,
             target_name=overrides.target_name or None,
+            generate_docs=overrides.generate_docs if overrides.HasField("generate_docs") else None,
         ),
         lambda name: f"overrides.{name}",
     )

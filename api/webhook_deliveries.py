@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 from psycopg_pool import AsyncConnectionPool
 
+from api.webhook_targets import TargetPolicy, TargetRefused
+from runplane import instruments
 from runplane.db import Connection
 from runplane.secrets import SecretBox
 from runplane.settings import WebhookSettings
@@ -53,6 +55,7 @@ class WebhookDeliverer:
         self._pool = pool
         self._box = box
         self._settings = settings
+        self._targets = TargetPolicy(settings.allowed_networks)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; a pass that found work is followed at once by another."""
@@ -88,10 +91,15 @@ class WebhookDeliverer:
         status_code: int | None = None
         error = ""
         try:
-            response = await http.post(event["client_url"], content=body, headers=headers)
+            target = await self._targets.resolve(event["client_url"])
+            headers["Host"] = target.host_header
+            extensions = {"sni_hostname": target.server_name} if target.server_name else {}
+            response = await http.post(target.url, content=body, headers=headers, extensions=extensions)
             status_code = response.status_code
             if not response.is_success:
                 error = f"HTTP {status_code}"
+        except TargetRefused as exc:
+            error = f"refused: {exc}"[:500]
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
         latency_ms = (time.perf_counter() - started) * 1000
@@ -109,6 +117,7 @@ class WebhookDeliverer:
                     "retry_after": backoff(self._settings, event["attempts"]),
                 },
             )
+        instruments.webhook_attempts.add(1, {"result": "delivered" if delivered else "failed"})
         extra = {"event_id": event["event_id"], "attempt": event["attempts"], "status_code": status_code}
         if delivered:
             log.debug("webhook delivered", extra=extra)

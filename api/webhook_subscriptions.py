@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from api.store import Row, Store
 from api.validation import text
+from api.webhook_targets import TargetPolicy
 from runplane.db import Connection
 from runplane.errors import InvalidArgument, NotFound
 from runplane.secrets import SecretBox
@@ -58,12 +59,14 @@ def subscription_spec(
 
 
 class Subscriptions:
-    def __init__(self, store: Store, box: SecretBox | None) -> None:
+    def __init__(self, store: Store, box: SecretBox | None, targets: TargetPolicy) -> None:
         self._store = store
         self._box = box
+        self._targets = targets
 
     async def create(self, account_id: AccountId, spec: SubscriptionSpec) -> tuple[Row, str]:
         """The new subscription and its HMAC secret (in clear, this once)."""
+        self._targets.check_url(spec.client_url)
         secret = secrets.token_hex(32)
         async with self._store.transaction() as conn:
             await self._check_jobs(conn, account_id, spec)
@@ -88,6 +91,7 @@ class Subscriptions:
             return await self._existing(conn, account_id, subscription_id)
 
     async def update(self, account_id: AccountId, subscription_id: str, spec: SubscriptionSpec) -> Row:
+        self._targets.check_url(spec.client_url)
         async with self._store.transaction() as conn:
             await self._check_jobs(conn, account_id, spec)
             row = await _one(conn, "update_subscription", id=subscription_id, account_id=account_id, **spec.__dict__)

@@ -67,10 +67,26 @@ RETURNING *;
 -- name: get_git_webhook
 SELECT * FROM git_webhooks WHERE id = %(id)s AND provider = %(provider)s;
 
+-- name: ci_jobs_for_closed_pull_request
+-- The account's CI jobs (of this hook's list, when it has one) whose schemas a closed pull request
+-- leaves behind: any CI job, paused or not, triggered by the hook or over the API.
+SELECT j.id, p.repository_url
+  FROM jobs j
+  LEFT JOIN environments e ON e.id = j.environment_id
+  LEFT JOIN projects p ON p.id = e.project_id
+ WHERE j.account_id = %(account_id)s AND j.deleted_at IS NULL AND j.job_type = 'ci'
+   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR j.id = ANY(%(job_ids)s::bigint[]))
+ ORDER BY j.id;
+
 -- name: jobs_for_git_event
--- The account's live jobs that a pull request (ci) or a merge (merge) of this hook starts.
-SELECT id FROM jobs
- WHERE account_id = %(account_id)s AND deleted_at IS NULL AND deactivated_at IS NULL
-   AND ((%(kind)s = 'ci' AND job_type = 'ci' AND on_pull_request) OR (%(kind)s = 'merge' AND job_type = 'merge' AND on_merge))
-   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR id = ANY(%(job_ids)s::bigint[]))
- ORDER BY id;
+-- The account's live jobs that a pull request (ci) or a merge (merge) of this hook may start (not
+-- paused), with the repository of their project (NULL for a job of plain commands, which has none).
+SELECT j.id, p.repository_url
+  FROM jobs j
+  LEFT JOIN environments e ON e.id = j.environment_id
+  LEFT JOIN projects p ON p.id = e.project_id
+ WHERE j.account_id = %(account_id)s AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL
+   AND ((%(kind)s = 'ci' AND j.job_type = 'ci' AND j.on_pull_request)
+        OR (%(kind)s = 'merge' AND j.job_type = 'merge' AND j.on_merge))
+   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR j.id = ANY(%(job_ids)s::bigint[]))
+ ORDER BY j.id;

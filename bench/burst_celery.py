@@ -134,7 +134,7 @@ def _wait_worker_ready(queue: str, key: str, client: redis.Redis, log: Path) -> 
 def _lags(client: redis.Redis, key: str, due: float) -> list[float]:
     lags: list[float] = []
     for entry in client.lrange(key, 0, -1):
-        index, started = entry.decode().split()
+        index, started = (entry.decode() if isinstance(entry, bytes) else entry).split()
         if int(index) >= 0:
             lags.append(float(started) - due)
     return lags

@@ -66,7 +66,7 @@ app.conf.beat_schedule = _schedule()
 _redis: redis.Redis | None = None
 
 
-@app.task(name="bench.celery_app.record_start")
+@app.task(name="bench.celery_app.record_start")  # type: ignore[untyped-decorator]  # celery has no types
 def record_start(i: int) -> None:
     """Record when job ``i`` started (the first thing it does)."""
     started = time.time()

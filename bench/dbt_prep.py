@@ -28,6 +28,7 @@ import psycopg
 
 from bench.sandbox import REPO_ROOT, temporary_database, wait_until
 from bench.services import RunplaneServices
+from tests.support.ports import free_port
 
 EXAMPLE = REPO_ROOT / "examples" / "jaffle_shop"
 DBT_BIN = REPO_ROOT / ".venv-dbt" / "bin"
@@ -117,9 +118,11 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
         raise SystemExit(f"dbt is not installed in {DBT_BIN}: run `make .venv-dbt`")
     with temporary_database() as url, tempfile.TemporaryDirectory(prefix="rp-bench-dbt-") as tmp:
         work = Path(tmp)
+        work.chmod(0o755)  # the project is cloned by each run's own uid (a root dispatcher's default)
         (work / "logs").mkdir()
         repo = repository(work / "jaffle", packages)
         dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+        api_port, runner_port, rest_port = free_port(), free_port(), free_port()
         with psycopg.connect(url, autocommit=True) as conn:
             job_id = arrange(conn, repo, dbname)
             with RunplaneServices(
@@ -127,9 +130,14 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
                 work / "logs",
                 RUNPLANE_DISPATCHER__LAUNCHER="local",
                 RUNPLANE_RUNNER__DBT_VERSIONS=json.dumps({"bench": str(DBT_BIN)}),
-                RUNPLANE_RUNNER__REPOSITORY_CACHE=str(work / "cache"),
                 RUNPLANE_RUNNER__WORK_DIR="",
+                # Runners reach the control plane through the runner API only: an API on free ports.
+                RUNPLANE_API__PORT=str(api_port),
+                RUNPLANE_API__RUNNER_PORT=str(runner_port),
+                RUNPLANE_API__REST_PORT=str(rest_port),
+                RUNPLANE_RUNNER__API_ADDRESS=f"127.0.0.1:{runner_port}",
             ) as services:
+                services.start("api", "api")
                 services.start("scheduler", "scheduler")
                 services.start("dispatcher", "dispatcher")
                 first = one_run(conn, job_id, services)  # clones into the host's cache

@@ -21,44 +21,27 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
 import psycopg
-import redis
 
+from bench.sandbox import delete_prefixed_keys, temporary_database
 from runplane.bus import AmqpBus, Topology
-from runplane.migrate import migrate
+from runplane.runs.pickups import pickup
 from runplane.settings import Settings
-from runplane.v1 import bus_pb2
+from tests.support.ports import free_port
 
 TARGET_RUNS_PER_SECOND = 2000
 TARGET_PREP_P99_SECONDS = 1.0
-
-
-@contextlib.contextmanager
-def temporary_database(base: Settings) -> Iterator[str]:
-    name = f"rp_bench_dispatch_{uuid.uuid4().hex[:8]}"
-    admin = psycopg.conninfo.make_conninfo(base.database_url, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(base.database_url, dbname=name)
-    try:
-        migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name))
-            )
 
 
 class Processes:
@@ -110,19 +93,13 @@ def _env(base: Settings, database_url: str, prefix: str, launcher: str) -> dict[
         RUNPLANE_DRAIN_SECONDS="10",
     )
     # Runners reach the control plane through the runner API only: an API process on free ports.
-    api_port, runner_port = _free_port(), _free_port()
+    api_port, runner_port = free_port(), free_port()
     env.update(
         RUNPLANE_API__PORT=str(api_port),
         RUNPLANE_API__RUNNER_PORT=str(runner_port),
         RUNPLANE_RUNNER__API_ADDRESS=f"127.0.0.1:{runner_port}",
     )
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cleanup_prefix(base: Settings, prefix: str) -> None:
@@ -134,13 +111,7 @@ def _cleanup_prefix(base: Settings, prefix: str) -> None:
             await bus.close()
 
     asyncio.run(delete_queue())
-    client = redis.Redis.from_url(base.redis_url)
-    try:
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_prefixed_keys(prefix)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -168,13 +139,24 @@ def _seed(conn: psycopg.Connection[Any], accounts: int, runs_per_account: int, r
     return accounts * runs_per_account
 
 
+def wait_until_started(conn: psycopg.Connection[Any], timeout: float) -> bool:
+    """Poll until every run has started (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT count(*) FROM runs WHERE started_at IS NULL").fetchone()
+        if row is not None and row[0] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def throughput(
     *, accounts: int = 1000, runs_per_account: int = 10, run_slots: int = 10, dispatchers: int = 2, timeout: float = 300
 ) -> dict[str, Any]:
     """Queued → running with the noop launcher; runs per second through dispatch."""
     base = Settings()
     prefix = f"bdt{uuid.uuid4().hex[:10]}"
-    with temporary_database(base) as url, tempfile.TemporaryDirectory() as logs:
+    with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
         with psycopg.connect(url, autocommit=True) as conn:
             total = _seed(conn, accounts, runs_per_account, run_slots)
             conn.execute("ANALYZE")
@@ -183,13 +165,8 @@ def throughput(
             for i in range(dispatchers):
                 processes.start("dispatcher", f"dispatcher-{i}")
             processes.start("scheduler", "scheduler")
-            deadline = time.monotonic() + timeout
             with psycopg.connect(url, autocommit=True) as conn:
-                while time.monotonic() < deadline:
-                    row = conn.execute("SELECT count(*) FROM runs WHERE started_at IS NULL").fetchone()
-                    if row is not None and row[0] == 0:
-                        break
-                    time.sleep(0.1)
+                wait_until_started(conn, timeout)
                 row = conn.execute(
                     """SELECT count(started_at), extract(epoch FROM max(started_at) - min(dispatched_at)),
                               count(*) FILTER (WHERE launch_attempts > 1)
@@ -217,7 +194,7 @@ def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, 
     base = Settings()
     prefix = f"bdp{uuid.uuid4().hex[:10]}"
     total = int(rate * seconds)
-    with temporary_database(base) as url, tempfile.TemporaryDirectory() as logs:
+    with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO accounts (name, run_slots) SELECT 'bench ' || i, 1000 FROM generate_series(1, %s) AS i",
@@ -236,6 +213,7 @@ def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, 
                 processes.start("dispatcher", f"dispatcher-{i}")
             processes.start("scheduler", "scheduler")
             _wait_for_dispatchers(url, dispatchers)
+            _wait_for_runner_api(processes.env["RUNPLANE_RUNNER__API_ADDRESS"])
             asyncio.run(_queue_steadily(base, url, prefix, job_ids, rate))
             deadline = time.monotonic() + 120
             with psycopg.connect(url, autocommit=True) as conn:
@@ -279,6 +257,17 @@ def _wait_for_dispatchers(url: str, count: int, timeout: float = 60) -> None:
     raise RuntimeError("dispatchers did not become ready")
 
 
+def _wait_for_runner_api(address: str, timeout: float = 60) -> None:
+    """Measure the steady state: runners claim through the API process, so wait until it listens."""
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError as exc:
+        raise RuntimeError(f"the runner API at {address} did not become ready") from exc
+    finally:
+        channel.close()
+
+
 async def _queue_steadily(base: Settings, url: str, prefix: str, job_ids: list[int], rate: float) -> None:
     """One run every 1/rate seconds, each followed by a Pickup (as a queuer worker does)."""
     bus = await AmqpBus.connect(base.amqp_url)
@@ -295,7 +284,7 @@ async def _queue_steadily(base: Settings, url: str, prefix: str, job_ids: list[i
             )
             row = await cur.fetchone()
             assert row is not None
-            await bus.publish(Topology(prefix).pickup, bus_pb2.Pickup(account_id=int(row[0])))
+            await bus.publish(Topology(prefix).pickup, pickup([int(row[0])]))
     finally:
         await conn.close()
         await bus.close()

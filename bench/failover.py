@@ -143,7 +143,7 @@ def _start_workers(services: RunplaneServices, conn: psycopg.Connection[tuple[ob
 
 def _claimed(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     row = conn.execute("SELECT count(*) FROM job_ownership WHERE state = 'claimed'").fetchone()
-    return int(row[0]) if row else 0
+    return int(str(row[0])) if row else 0
 
 
 def _next_minute(t: float) -> int:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -212,12 +212,17 @@ def main(argv: list[str]) -> int:
                 -1
             ]
             figures.update(asyncio.run(cold_pods(plane, image, args.pods)))
+    write_figures("kubernetes.json", figures)
+    return 0
+
+
+def write_figures(file_name: str, figures: Mapping[str, object]) -> None:
+    """Print ``figures`` as a table and write them to ``bench/results/<file_name>``."""
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kubernetes.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (RESULTS / file_name).write_text(json.dumps(figures, indent=2) + "\n")
     width = max(len(k) for k in figures)
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ from api.admin import create_account
 from bench.sandbox import temporary_database, wait_until
 from bench.services import RunplaneServices
 from runplane.settings import Settings
+from tests.support.ports import free_port
 
 POLL_INTERVAL = 5.0  # seconds between polls of one waiting Airflow task (DbtCloudRunJobOperator's check_interval)
 
@@ -114,12 +114,6 @@ def main() -> None:
     print("| figure | value |\n| --- | --- |")
     for key, value in result.items():
         print(f"| {key} | {value} |")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _answers(port: int) -> bool:

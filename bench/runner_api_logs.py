@@ -23,18 +23,12 @@ from typing import Any
 
 import psycopg
 
-from bench.dispatch_throughput import temporary_database
+from bench.sandbox import temporary_database
 from runner.control_plane import RunnerApi
 from runplane.run_tokens import new_run_token, run_token_hash
-from runplane.settings import Settings
+from tests.support.ports import free_port
 
 LINE = "x" * 79 + "\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _starting_runs(url: str, count: int) -> list[tuple[int, str]]:
@@ -95,15 +89,14 @@ async def _measure(address: str, runs: list[tuple[int, str]], seconds: float, li
 
 
 def run(run_counts: list[int], seconds: float, lines_per_call: int) -> list[dict[str, Any]]:
-    base = Settings()
     out = []
     for count in run_counts:
-        with temporary_database(base) as url, tempfile.TemporaryDirectory() as logs:
-            runner_port = _free_port()
+        with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
+            runner_port = free_port()
             env = {
                 **os.environ,
                 "RUNPLANE_DATABASE_URL": url,
-                "RUNPLANE_API__PORT": str(_free_port()),
+                "RUNPLANE_API__PORT": str(free_port()),
                 "RUNPLANE_API__RUNNER_PORT": str(runner_port),
                 "RUNPLANE_LOG_LEVEL": "WARNING",
             }

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
+import redis
 from psycopg import sql
 
 from runplane.migrate import migrate
@@ -116,3 +117,14 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def delete_prefixed_keys(prefix: str) -> None:
+    """Delete a run's Redis keys (every service names its keys ``<prefix>:...``)."""
+    client = redis.Redis.from_url(Settings().redis_url)
+    try:
+        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

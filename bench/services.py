@@ -11,10 +11,9 @@ import subprocess
 from pathlib import Path
 
 import psycopg
-import redis
 
 from bench.records import Unavailable
-from bench.sandbox import child_env, kill_hard, log_tail, start, stop, unique_name
+from bench.sandbox import child_env, delete_prefixed_keys, kill_hard, log_tail, start, stop, unique_name
 from runplane.bus import AmqpBus, Topology
 from runplane.settings import Settings
 
@@ -82,13 +81,7 @@ class RunplaneServices:
         with contextlib.suppress(psycopg.Error), psycopg.connect(self.database_url, autocommit=True) as conn:
             worker_ids = [row[0] for row in conn.execute("SELECT worker_id FROM queuer_workers")]
         asyncio.run(_delete_queues(self.prefix, worker_ids))
-        client = redis.Redis.from_url(Settings().redis_url)
-        try:
-            keys = list(client.scan_iter(f"{self.prefix}:*", count=1000))
-            if keys:
-                client.delete(*keys)
-        finally:
-            client.close()
+        delete_prefixed_keys(self.prefix)
 
 
 async def _delete_queues(prefix: str, worker_ids: list[str]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from psycopg_pool import AsyncConnectionPool
@@ -9,12 +11,14 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.noop_launcher import NoopLauncher
+from runplane import supervise
 from runplane.db import Connection
 from runplane.errors import InvalidArgument
 from runplane.settings import Settings
 
 if TYPE_CHECKING:  # imported when chosen: the Kubernetes client is heavy
     from dispatcher.kubernetes.gate import ClusterGate
+    from dispatcher.kubernetes.pool import WarmPools
     from dispatcher.kubernetes.watch import PodWatcher
 
 
@@ -29,21 +33,48 @@ def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> 
             # Imported only when chosen: the Kubernetes client is heavy.
             from dispatcher.kubernetes.launcher import KubernetesLauncher
 
-            return KubernetesLauncher(settings)
+            if not settings.kubernetes.warm_pools:
+                return KubernetesLauncher(settings)
+            from dispatcher.kubernetes.pool import PooledLauncher
+
+            return PooledLauncher(settings, pool, KubernetesLauncher(settings))
     raise InvalidArgument("dispatcher.launcher", f"unknown launcher {name!r}: local, noop or kubernetes")
 
 
-def companion(settings: Settings, pool: AsyncConnectionPool[Connection]) -> PodWatcher | None:
-    """The background work a launcher needs beside the dispatcher: the Pod watcher for Kubernetes."""
+@dataclass
+class KubernetesCompanion:
+    """Beside a Kubernetes dispatcher: the Pod watcher, and the warm pools when it keeps any."""
+
+    watcher: PodWatcher
+    pools: WarmPools | None = None
+
+    def active_count(self) -> int:
+        return self.watcher.active_count()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            supervise.spawn(group, "pod-watcher", self.watcher.run(stop))
+            if self.pools is not None:
+                supervise.spawn(group, "warm-pools", self.pools.run(stop))
+
+
+def companion(settings: Settings, pool: AsyncConnectionPool[Connection]) -> KubernetesCompanion | None:
+    """The background work a launcher needs beside the dispatcher: for Kubernetes, the Pod watcher and
+    the warm pools."""
     if settings.dispatcher.launcher != "kubernetes":
         return None
     from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
     from dispatcher.kubernetes.watch import PodWatcher
 
-    return PodWatcher(settings, PostgresPodOutcomes(pool, settings))
+    watcher = PodWatcher(settings, PostgresPodOutcomes(pool, settings))
+    if not settings.kubernetes.warm_pools:
+        return KubernetesCompanion(watcher)
+    from dispatcher.kubernetes.pool import WarmPools
+
+    return KubernetesCompanion(watcher, WarmPools(settings, pool))
 
 
-def intake_gate(settings: Settings, watcher: PodWatcher | None) -> ClusterGate | None:
+def intake_gate(settings: Settings, watcher: KubernetesCompanion | None) -> ClusterGate | None:
     """What decides whether this dispatcher takes pickups: for Kubernetes, its cluster's health and room."""
     if settings.dispatcher.launcher != "kubernetes":
         return None

@@ -19,8 +19,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.errors import LaunchError
@@ -53,6 +55,21 @@ def runner_environment(settings: Settings, environ: Mapping[str, str] | None = N
     }
     env["RUNPLANE_RUNNER__API_ADDRESS"] = settings.runner.api_address
     return env
+
+
+def closed_to_others(path: Path) -> Path | None:
+    """The first of ``path`` (symlinks followed) and its directories that other users cannot read
+    or enter, or None."""
+    target = path.resolve()
+    for part in [*reversed(target.parents), target]:
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return part
+        needed = stat.S_IXOTH if part.is_dir() else stat.S_IROTH
+        if not mode & needed:
+            return part
+    return None
 
 
 class ForkServer:
@@ -134,6 +151,22 @@ class LocalLauncher:
     name = "local"
 
     def __init__(self, settings: Settings) -> None:
+        if settings.runner.local_uid < 0 or os.geteuid() != 0:
+            log.warning(
+                "runners keep this dispatcher's user: a step can signal that user's processes and read its "
+                "files; the control plane's environments are kept from it (not dumpable), but only a root "
+                "dispatcher gives each run a uid of its own (runner.local_uid)",
+                extra={"uid": os.geteuid(), "local_uid": settings.runner.local_uid},
+            )
+        else:
+            for path in [sys.executable, *settings.runner.dbt_versions.values()]:
+                if (closed := closed_to_others(Path(path))) is not None:
+                    log.warning(
+                        "runs get uids of their own, but %s is closed to other users: what needs it (the "
+                        "runner's Python, dbt) fails in a run; install it where every user can read it",
+                        closed,
+                        extra={"path": path},
+                    )
         self._cluster = settings.dispatcher.cluster
         self._env = runner_environment(settings)
         self._fork_server = ForkServer(self._env) if settings.dispatcher.local_fork_server else None

@@ -3,13 +3,15 @@
 Launches of one dispatch pass arrive together; the first caller writes every pending run in one
 statement (the others wait for it), so the database sees one round trip per batch, not per run.
 It writes on its own connection, without waiting for durability: a benchmark measures dispatch,
-not the noop launcher's commits.
+not the noop launcher's commits. As the end of a real run does, the end of its runs tells
+dispatchers that their accounts have free slots again (``on_ended``: a Pickup).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.db import Connection, connect, database_errors
@@ -28,6 +30,8 @@ class NoopLauncher:
         self._conn: Connection | None = None
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._flushing = False
+        # Told the accounts whose runs it ended (the dispatcher sends them a Pickup).
+        self.on_ended: Callable[[list[int]], Awaitable[None]] | None = None
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -46,7 +50,8 @@ class NoopLauncher:
                 try:
                     conn = await self._connection()
                     with database_errors():
-                        await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
+                        cur = await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
+                        ended = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
                 except RunplaneError as exc:
                     await self.close()
                     for future in batch.values():
@@ -54,6 +59,8 @@ class NoopLauncher:
                     continue
                 for future in batch.values():
                     future.set_result(None)
+                if ended and self.on_ended is not None:
+                    await self.on_ended(ended)
         finally:
             self._flushing = False
 

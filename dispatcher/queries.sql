@@ -1,27 +1,34 @@
 -- Dispatchers.
 
 -- name: pass_timeouts
--- For this transaction only: how long the pass may wait for the account row, and sit idle in it.
+-- For this transaction only: how long the pass may wait for the account rows, and sit idle in it.
 SELECT set_config('lock_timeout', %(ms)s, true), set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 
--- name: lock_account
-SELECT id, run_slots, memory_mb FROM accounts WHERE id = %(account_id)s FOR UPDATE
+-- name: lock_accounts
+-- In id order, so two passes over overlapping accounts wait for each other instead of deadlocking.
+-- NO KEY UPDATE: runs may still be inserted for these accounts meanwhile (their foreign key takes
+-- KEY SHARE); they are seen by a later pass.
+SELECT id, run_slots, memory_mb FROM accounts WHERE id = ANY(%(account_ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
 
 -- name: account_runs
--- Everything one pass decides on, in one round trip: the account's starting/running runs (active)
--- and its first due queued runs in dispatch order (queued).
-SELECT true AS active, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+-- Everything one pass decides on, in one round trip: the accounts' starting/running runs (active)
+-- and each account's first due queued runs in dispatch order (queued).
+SELECT true AS active, account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number,
+       schema_name
   FROM runs
- WHERE account_id = %(account_id)s AND status IN (2, 3)
+ WHERE account_id = ANY(%(account_ids)s::bigint[]) AND status IN (2, 3)
 UNION ALL
-(SELECT false, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
-   FROM runs
-  WHERE account_id = %(account_id)s
-    AND status = 1
-    AND scheduled_at <= clock_timestamp()
-    AND (not_before IS NULL OR not_before <= clock_timestamp())
-  ORDER BY priority DESC, queued_at, id
-  LIMIT %(limit)s)
+SELECT false, q.*
+  FROM unnest(%(account_ids)s::bigint[]) AS a(id)
+ CROSS JOIN LATERAL (
+       SELECT account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+         FROM runs
+        WHERE account_id = a.id
+          AND status = 1
+          AND scheduled_at <= clock_timestamp()
+          AND (not_before IS NULL OR not_before <= clock_timestamp())
+        ORDER BY priority DESC, queued_at, id
+        LIMIT %(limit)s) AS q
 
 -- name: set_waiting_reasons
 UPDATE runs r

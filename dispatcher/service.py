@@ -1,12 +1,17 @@
-"""Dispatchers: turn a Pickup into started runs, within the account's run slots.
+"""Dispatchers: turn Pickups into started runs, within each account's run slots.
 
-For each Pickup: take the account's Redis lock (dropped when another dispatcher has it), then in one
-Postgres transaction with the account row locked ``FOR UPDATE``: count occupied slots, walk the due
-queued runs in order, decide each (``run_slots.plan_dispatch``), record why runs wait, cancel
-superseded merge runs, and move the chosen runs queued → starting with a compare-and-set. Commit,
-release the lock, then launch. The lock only saves work; the row lock and the compare-and-set make
-a stale or duplicate dispatcher harmless, and the transaction's idle timeout (the lock's TTL) ends
-the transaction of a dispatcher that stalls holding the row, so it can change nothing when it wakes.
+A consumer takes the Pickups waiting for it (up to its prefetch, gathering for at most
+``dispatcher.batch_wait``) and dispatches the accounts they name in passes of at most
+``dispatcher.batch_accounts``. A pass takes the accounts' Redis locks in one round trip (an account
+whose lock another dispatcher holds is skipped and handed back to that holder, ``runplane.locks``),
+then in one Postgres transaction locks the account rows ``FOR NO KEY UPDATE`` in id order, reads
+every account's starting/running runs and due queued runs in one query, decides each account
+(``run_slots.plan_dispatch``), records why runs wait, cancels superseded merge runs, and moves the
+chosen runs queued → starting with one compare-and-set. Commit, release the locks, then launch,
+at most ``dispatcher.launch_concurrency`` at once. The lock only saves work; the row locks and the
+compare-and-set make a stale or duplicate dispatcher harmless, and the transaction's idle timeout
+(the lock's TTL) ends the transaction of a dispatcher that stalls holding rows, so it can change
+nothing when it wakes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import logging
 import os
 import socket
 import time
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -27,15 +34,16 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launcher_choice import companion, intake_gate, make_launcher
 from dispatcher.local_launcher import LocalLauncher
-from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
+from dispatcher.noop_launcher import NoopLauncher
+from dispatcher.run_slots import ActiveRun, DispatchPlan, QueuedRun, plan_dispatch
 from runplane import instruments, tracing
-from runplane.bus import AmqpBus, Bus, Delivery, Topology
-from runplane.db import Connection, fetch_all, fetch_one, open_pool
+from runplane.bus import AmqpBus, Bus, Topology
+from runplane.db import Connection, fetch_all, open_pool
 from runplane.errors import Contention, LaunchError, ServiceUnavailable
 from runplane.locks import AccountLocks, RedisAccountLocks
 from runplane.run_tokens import new_run_token, run_token_hash
 from runplane.runs.finish import finish_run
-from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms
+from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms, pickup_accounts
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
@@ -51,7 +59,7 @@ _tracer = trace.get_tracer(__name__)
 Q = load_queries("dispatcher")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Started:
     run_id: RunId
     job_id: JobId
@@ -64,18 +72,19 @@ class Started:
     dbt_version: str = ""  # the environment's; empty for plain commands
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AccountRow:
     id: int
     run_slots: int
     memory_mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AccountRunRow:
     """A run of ``account_runs``: starting/running (``active``) or due and queued."""
 
     active: bool
+    account_id: int
     id: int
     job_id: int
     job_type: str
@@ -86,7 +95,7 @@ class AccountRunRow:
     schema_name: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StartedRow:
     id: int
     job_id: int
@@ -95,6 +104,24 @@ class StartedRow:
     trace_parent: str | None
     timeout_seconds: int | None
     dbt_version: str | None
+
+
+def _plan(account: AccountRow, rows: list[AccountRunRow]) -> DispatchPlan:
+    """The account's plan from its rows: active runs, and queued runs in dispatch order."""
+    active = [ActiveRun(JobId(r.job_id), r.takes_slot) for r in rows if r.active]
+    queued = [
+        QueuedRun(
+            run_id=RunId(r.id),
+            job_id=JobId(r.job_id),
+            job_type=JobType(r.job_type),
+            takes_slot=r.takes_slot,
+            queued_at=r.queued_at,
+            pull_request_number=r.pull_request_number,
+            schema_name=r.schema_name,
+        )
+        for r in sorted((r for r in rows if not r.active), key=lambda r: (-r.priority, r.queued_at, r.id))
+    ]
+    return plan_dispatch(account.run_slots, active, queued)
 
 
 def _timeout(overrides: object, job_timeout: int) -> int:
@@ -127,137 +154,138 @@ class Dispatcher:
         self._launcher = launcher
         self._pending = pending
         self._policy = RetryPolicy.from_settings(settings.runner)
+        self._launch_concurrency = max(1, settings.dispatcher.launch_concurrency)
+        self._launches = asyncio.Semaphore(self._launch_concurrency)
+        # A span per launch costs more than the launch itself when nobody records it.
+        self._tracing = tracing.recording()
         self._redis_failures = 0
         self.dispatched = 0  # runs this process moved to starting
 
-    async def on_pickup(self, message: Message, _delivery: Delivery) -> None:
-        if not isinstance(message, bus_pb2.Pickup):
-            log.error("unexpected message on the pickup queue", extra={"message_type": type(message).__name__})
-            return
+    async def on_pickups(self, messages: list[Message]) -> None:
+        """Dispatch every account the messages name, in passes of at most ``batch_accounts``."""
+        accounts: set[AccountId] = set()
+        for message in messages:
+            if not isinstance(message, bus_pb2.Pickup):
+                log.error("unexpected message on the pickup queue", extra={"message_type": type(message).__name__})
+                continue
+            accounts.update(AccountId(account_id) for account_id in pickup_accounts(message))
+        ordered = sorted(accounts)
         if self._pending is not None:
-            await self._pending.clear(message.account_id)  # changes from here on get a Pickup of their own
-        await self.pickup(AccountId(message.account_id))
+            await self._pending.clear(ordered)  # changes from here on get a Pickup of their own
+        size = max(1, self._settings.dispatcher.batch_accounts)
+        for start in range(0, len(ordered), size):
+            await self.dispatch(ordered[start : start + size])
 
-    async def pickup(self, account_id: AccountId) -> list[Started]:
-        """One dispatch pass over the account; returns the runs it launched."""
+    async def dispatch(self, account_ids: Sequence[AccountId]) -> list[Started]:
+        """One dispatch pass over the accounts; returns the runs it launched."""
+        accounts = sorted(set(account_ids))
+        if not accounts:
+            return []
         try:
-            lock = await self._locks.acquire(account_id)
+            held = await self._locks.acquire(accounts)
         except ServiceUnavailable as exc:
             await self._redis_unavailable(exc)
             return []
         self._redis_failures = 0
-        instruments.lock_attempts.add(1, {"result": "held" if lock is None else "acquired"})
-        if lock is None:
-            instruments.pickups_dropped.add(1)
-            return []  # another dispatcher works this account right now
+        instruments.lock_attempts.add(len(held.accounts), {"result": "acquired"})
+        if held.skipped:
+            # Their holder sends them a Pickup again when it releases (``runplane.locks``).
+            instruments.lock_attempts.add(len(held.skipped), {"result": "held"})
+            instruments.pickups_dropped.add(len(held.skipped))
         started: list[Started] = []
-        other_accounts: set[AccountId] = set()
+        resend: set[AccountId] = set()
         try:
-            started, other_accounts = await self._dispatch(account_id)
+            if held.accounts:
+                started, resend = await self._dispatch([AccountId(a) for a in held.accounts])
         finally:
             try:
-                await lock.release()
+                resend.update(AccountId(a) for a in await held.release())
             except ServiceUnavailable as exc:
-                log.warning("lock not released; it will expire", extra={"account_id": account_id, "error": str(exc)})
-        log.debug("dispatch pass done", extra={"account_id": account_id, "started": len(started)})
-        await hint_pickups(
-            self._bus, Topology(self._settings.bus_prefix), other_accounts - {account_id}, source="outcome"
-        )
+                log.warning(
+                    "locks not released; they will expire", extra={"accounts": len(held.accounts), "error": str(exc)}
+                )
+        log.debug("dispatch pass done", extra={"accounts": len(held.accounts), "started": len(started)})
+        await hint_pickups(self._bus, Topology(self._settings.bus_prefix), resend, source="outcome")
         if started:
             self.dispatched += len(started)
             await self._launch_all(started)
         return started
 
     async def _redis_unavailable(self, exc: ServiceUnavailable) -> None:
-        """Redis is down: drop the pickup (the scheduler loop resends) and slow down, never crash."""
+        """Redis is down: drop the pickups (the scheduler loop resends) and slow down, never crash."""
         self._redis_failures += 1
         if self._redis_failures == 1 or self._redis_failures % 50 == 0:
             log.warning("redis unavailable; dispatching paused", extra={"error": str(exc)})
         await asyncio.sleep(min(1.0, 0.05 * self._redis_failures))
 
-    async def _dispatch(self, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
+    async def _dispatch(self, accounts: list[AccountId]) -> tuple[list[Started], set[AccountId]]:
+        """The pass's transaction; the runs it started and the accounts that need a Pickup again."""
         try:
             async with self._pool.connection() as conn, conn.transaction():
-                return await self._plan_and_start(conn, account_id)
+                return await self._plan_and_start(conn, accounts)
         except Contention:
-            log.info("account row busy; pickup dropped", extra={"account_id": account_id})
+            # An account row stayed locked past the lock timeout: the whole pass changed nothing.
+            log.info("account rows busy; pickups sent again", extra={"accounts": len(accounts)})
+            return [], set(accounts)
         except ServiceUnavailable as exc:
             # The transaction was ended under us (idle timeout after a stall, or Postgres went away).
-            log.warning("dispatch pass aborted", extra={"account_id": account_id, "error": str(exc)})
+            log.warning("dispatch pass aborted", extra={"accounts": len(accounts), "error": str(exc)})
         return [], set()
 
-    async def _plan_and_start(self, conn: Connection, account_id: AccountId) -> tuple[list[Started], set[AccountId]]:
-        # A dispatcher that stalls inside the pass loses the transaction (and the row lock) once
-        # its Redis lock has expired; one that waits for the row that long gives up.
+    async def _plan_and_start(
+        self, conn: Connection, account_ids: list[AccountId]
+    ) -> tuple[list[Started], set[AccountId]]:
+        # A dispatcher that stalls inside the pass loses the transaction (and the row locks) once
+        # its Redis locks have expired; one that waits for a row that long gives up.
         await conn.execute(Q["pass_timeouts"], {"ms": str(self._settings.dispatcher.lock_ttl_ms)})
-        account = await fetch_one(conn, Q["lock_account"], {"account_id": account_id}, AccountRow)
-        if account is None:
+        accounts = await fetch_all(conn, Q["lock_accounts"], {"account_ids": account_ids}, AccountRow)
+        if not accounts:
             return [], set()
-        # Read after the row lock is granted: each statement sees what was committed before it began.
+        # Read after the row locks are granted: each statement sees what was committed before it began.
         rows = await fetch_all(
             conn,
             Q["account_runs"],
-            {"account_id": account_id, "limit": self._settings.dispatcher.batch_size},
+            {"account_ids": [account.id for account in accounts], "limit": self._settings.dispatcher.batch_size},
             AccountRunRow,
         )
-        active = [ActiveRun(JobId(r.job_id), r.takes_slot) for r in rows if r.active]
-        queued = [
-            QueuedRun(
-                run_id=RunId(r.id),
-                job_id=JobId(r.job_id),
-                job_type=JobType(r.job_type),
-                takes_slot=r.takes_slot,
-                queued_at=r.queued_at,
-                pull_request_number=r.pull_request_number,
-                schema_name=r.schema_name,
-            )
-            for r in sorted((r for r in rows if not r.active), key=lambda r: (-r.priority, r.queued_at, r.id))
-        ]
-        if not queued:
-            return [], set()
-        plan = plan_dispatch(account.run_slots, active, queued)
+        runs_of: dict[int, list[AccountRunRow]] = defaultdict(list)
+        for row in rows:
+            runs_of[row.account_id].append(row)
+        plans = [(account, _plan(account, runs_of[account.id])) for account in accounts if runs_of.get(account.id)]
         pickups: set[AccountId] = set()
-        for run in plan.superseded:
-            finished = await finish_run(
-                conn,
-                run.run_id,
-                Outcome.cancelled(
-                    f"superseded by a newer merge run of job {run.job_id}: of several queued merge runs only the "
-                    "newest runs; nothing to do"
-                ),
-                policy=self._policy,
-                from_statuses=(RunStatus.QUEUED,),
-            )
-            if finished is not None:
-                instruments.cancellations.add(1, {"reason": "superseded_merge"})
-                pickups |= finished.pickup_accounts
-        if plan.waiting:
+        for _, plan in plans:
+            for run in plan.superseded:
+                pickups |= await self._supersede(conn, run)
+        waiting = {run_id: reason for _, plan in plans for run_id, reason in plan.waiting.items()}
+        if waiting:
             await conn.execute(
                 Q["set_waiting_reasons"],
-                {"ids": list(plan.waiting), "reasons": [str(reason) for reason in plan.waiting.values()]},
+                {"ids": list(waiting), "reasons": [str(reason) for reason in waiting.values()]},
             )
-        if not plan.start:
+        starts = [(account, run, plan.schemas[run.run_id]) for account, plan in plans for run in plan.start]
+        if not starts:
             return [], pickups
-        tokens = {run.run_id: new_run_token() for run in plan.start}
+        tokens = {run.run_id: new_run_token() for _, run, _ in starts}
         rows_started = await fetch_all(
             conn,
             TRANSITIONS["start_runs"],
             {
-                "ids": [run.run_id for run in plan.start],
-                "schemas": [plan.schemas[run.run_id] for run in plan.start],
-                "token_hashes": [run_token_hash(tokens[run.run_id]) for run in plan.start],
+                "ids": [run.run_id for _, run, _ in starts],
+                "schemas": [schema for _, _, schema in starts],
+                "token_hashes": [run_token_hash(tokens[run.run_id]) for _, run, _ in starts],
                 "cluster": self._settings.dispatcher.cluster,
                 "dispatcher_id": self.dispatcher_id,
             },
             StartedRow,
         )
+        account_of = {run.run_id: account for account, run, _ in starts}
         started = [
             Started(
                 run_id=RunId(r.id),
                 job_id=JobId(r.job_id),
-                account_id=account_id,
+                account_id=AccountId(account_of[RunId(r.id)].id),
                 launch_attempts=r.launch_attempts,
-                memory_mb=account.memory_mb,
+                memory_mb=account_of[RunId(r.id)].memory_mb,
                 timeout_seconds=_timeout(r.overrides, r.timeout_seconds or 0),
                 trace_parent=r.trace_parent or "",
                 token=tokens[RunId(r.id)],
@@ -267,8 +295,34 @@ class Dispatcher:
         ]
         return started, pickups
 
+    async def _supersede(self, conn: Connection, run: QueuedRun) -> set[AccountId]:
+        finished = await finish_run(
+            conn,
+            run.run_id,
+            Outcome.cancelled(
+                f"superseded by a newer merge run of job {run.job_id}: of several queued merge runs only the "
+                "newest runs; nothing to do"
+            ),
+            policy=self._policy,
+            from_statuses=(RunStatus.QUEUED,),
+        )
+        if finished is None:
+            return set()
+        instruments.cancellations.add(1, {"reason": "superseded_merge"})
+        return {AccountId(a) for a in finished.pickup_accounts}
+
     async def _launch_all(self, started: list[Started]) -> None:
-        results = await asyncio.gather(*(self._launch(run) for run in started))
+        # A few workers, each holding one of the process's launch permits, take the runs in turn: a
+        # task and a semaphore wait per run cost more than a noop or warm-pool launch itself.
+        results: list[LaunchResult | None] = [None] * len(started)
+        turns = iter(range(len(started)))
+
+        async def worker() -> None:
+            async with self._launches:
+                for index in turns:
+                    results[index] = await self._launch(started[index])
+
+        await asyncio.gather(*(worker() for _ in range(min(len(started), self._launch_concurrency))))
         launched = [(run, result) for run, result in zip(started, results, strict=True) if result and result.pod_name]
         if not launched:
             return
@@ -296,9 +350,11 @@ class Dispatcher:
             token=run.token,
             dbt_version=run.dbt_version,
         )
-        attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
         try:
+            if not self._tracing:
+                return await self._launcher.launch(request)
             # The run's own trace (from whatever queued it), not the Pickup's: a Pickup names an account.
+            attributes = {"run_id": run.run_id, "job_id": run.job_id, "account_id": run.account_id}
             with _tracer.start_as_current_span(
                 "dispatch", context=tracing.extract(run.trace_parent), attributes=attributes
             ):
@@ -360,6 +416,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         bus = await AmqpBus.connect(settings.amqp_url)
         if isinstance(launcher, LocalLauncher):
             await launcher.start()
+        if isinstance(launcher, NoopLauncher):
+            launcher.on_ended = functools.partial(hint_pickups, bus, Topology(settings.bus_prefix), source="outcome")
         name = f"{socket.gethostname()}:{os.getpid()}"
         dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name)
         queue = Topology(settings.bus_prefix).pickup
@@ -376,7 +434,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             gate = intake_gate(settings, watcher)
             if gate is not None:
                 spawn(group, f"dispatcher:{launcher.name}:gate", gate.run(stop), eternal=True, stop=stop)
-            consume = functools.partial(bus.consume, queue, dispatcher.on_pickup, prefetch=prefetch)
+            consume = functools.partial(
+                bus.consume_batches,
+                queue,
+                dispatcher.on_pickups,
+                prefetch=prefetch,
+                max_messages=prefetch,
+                max_wait=settings.dispatcher.batch_wait,
+            )
             for index in range(concurrency):
                 # With a gate, consuming pauses while the cluster cannot take runs (other clusters do).
                 task = consume(stop=stop) if gate is None else gate.consume_while_open(consume, stop)

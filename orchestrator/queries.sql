@@ -20,7 +20,7 @@ UPDATE queuer_workers SET state = 'dead' WHERE worker_id = %(worker_id)s;
 -- name: job_states
 -- What the leader needs to decide about some jobs: whether they should be scheduled and who has them.
 SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
-       j.priority, (j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
+       j.priority, (j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
        o.job_id IS NOT NULL AS owned, o.worker_id, o.state, o.version AS sent_version
 FROM jobs j LEFT JOIN job_ownership o ON o.job_id = j.id
 WHERE j.id = ANY(%(job_ids)s)
@@ -39,7 +39,7 @@ WITH new AS (
            j.priority
     FROM unnest(%(job_ids)s::bigint[]) AS b (id)
     CROSS JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = b.id LIMIT 1) AS j
-    WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+    WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM job_ownership o WHERE o.job_id = j.id)
 ), recorded AS (
     INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)
@@ -54,8 +54,10 @@ SELECT new.* FROM new WHERE new.job_id = ANY (ARRAY(SELECT job_id FROM recorded)
 -- The full reconcile: every job whose ownership does not match what it should be.
 SELECT coalesce(j.id, o.job_id) AS job_id
 FROM jobs j FULL JOIN job_ownership o ON o.job_id = j.id
-WHERE (o.job_id IS NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL)
-   OR (o.job_id IS NOT NULL AND (j.id IS NULL OR j.deleted_at IS NOT NULL OR j.deactivated_at IS NOT NULL OR j.cron IS NULL))
+WHERE (o.job_id IS NULL AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL
+        AND j.cron IS NOT NULL)
+   OR (o.job_id IS NOT NULL AND (j.id IS NULL OR j.deleted_at IS NOT NULL OR j.deactivated_at IS NOT NULL
+                                 OR j.paused_at IS NOT NULL OR j.cron IS NULL))
    OR (o.state = 'claimed' AND o.version <> j.version)
 ORDER BY 1;
 
@@ -70,6 +72,13 @@ SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace
 FROM job_ownership o JOIN jobs j ON j.id = o.job_id
 WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s
   AND (NOT %(claimed)s OR o.state = 'claimed');
+
+-- name: pending_definitions
+-- Jobs whose Assign is still pending for one worker (NULL: on the shared queue), to assign again.
+SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type, j.priority,
+       o.fires_after
+FROM job_ownership o JOIN jobs j ON j.id = o.job_id
+WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s AND o.state = 'pending';
 
 -- name: upsert_pending
 -- Record an Assign: pending until the worker answers Claimed. A job that had an owner keeps its
@@ -113,9 +122,6 @@ SELECT DISTINCT worker_id FROM job_ownership WHERE worker_id IS NOT NULL;
 -- name: stale_pending
 SELECT job_id, worker_id, term, clock FROM job_ownership
 WHERE state = 'pending' AND assigned_at < now() - make_interval(secs => %(timeout)s);
-
--- name: touch_pending
-UPDATE job_ownership SET assigned_at = now() WHERE job_id = ANY(%(job_ids)s);
 
 -- name: pending_count
 SELECT count(*) AS n FROM job_ownership WHERE state = 'pending';

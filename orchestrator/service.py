@@ -19,16 +19,17 @@ from runplane.db import close_pool, open_pool
 from runplane.outages import Backoff, is_transient
 from runplane.settings import Settings
 from runplane.supervise import sleep_or_stop, spawn
+from runplane.wall_clock import SYSTEM_CLOCK, WallClock
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings, stop: asyncio.Event) -> None:
+async def serve(settings: Settings, stop: asyncio.Event, *, wall_clock: WallClock = SYSTEM_CLOCK) -> None:
     leader_id = f"{socket.gethostname()}-{os.getpid()}"
     backoff = Backoff(first=1.0, cap=10.0)
     while not stop.is_set():
         try:
-            await _lead_once(settings, leader_id, stop)
+            await _lead_once(settings, leader_id, stop, wall_clock)
             backoff.reset()
         except Exception as exc:
             if not _lost(exc):
@@ -46,7 +47,7 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, leadership.LeadershipLost) or is_transient(exc)
 
 
-async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event) -> None:
+async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event, wall_clock: WallClock) -> None:
     """Stand by, then lead until stopped or until leading fails."""
     conn = await leadership.acquire(settings.database_url, stop)
     if conn is None:
@@ -58,7 +59,7 @@ async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event) ->
         try:
             bus = await AmqpBus.connect(settings.amqp_url)
             try:
-                leader = Leader(settings, pool, bus, term, leader_id)
+                leader = Leader(settings, pool, bus, term, leader_id, wall_clock=wall_clock)
                 async with asyncio.TaskGroup() as group:
                     spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)
                     spawn(group, "orchestrator:leader", leader.run(stop), eternal=True, stop=stop)

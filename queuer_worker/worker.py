@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
@@ -31,6 +30,7 @@ from runplane.settings import Settings
 from runplane.stamps import Stamp, StampGate
 from runplane.supervise import sleep_or_stop, spawn, wait_any
 from runplane.v1 import bus_pb2
+from runplane.wall_clock import SYSTEM_CLOCK, WallClock
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class QueuerWorker:
         pool: AsyncConnectionPool[Connection],
         worker_id: str,
         *,
-        clock: Callable[[], float] = time.time,
+        wall_clock: WallClock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
         self.bus = bus
@@ -62,7 +62,7 @@ class QueuerWorker:
         self.topology = Topology(settings.bus_prefix)
         self.heap = CronHeap()
         self.gate = StampGate()
-        self._clock = clock
+        self.wall_clock = wall_clock
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
         self._registering_beats = _REGISTERING_BEATS
@@ -106,7 +106,7 @@ class QueuerWorker:
         if not self.gate.observe_term(stamp.term):
             metrics.messages_applied.add(1, {"kind": "assign", "applied": False})
             return
-        now = self._clock()
+        now = self.wall_clock.now()
         taken: list[int] = []
         never: list[Definition] = []
         for assignment in message.jobs:
@@ -143,10 +143,10 @@ class QueuerWorker:
             return
         try:
             if job.job_id in self.heap:
-                self.heap.update(_definition(job), now=self._clock())
+                self.heap.update(_definition(job), now=self.wall_clock.now())
             else:
                 # The orchestrator believes this worker owns the job: hold it.
-                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self._clock())
+                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self.wall_clock.now())
         except NeverFires:
             self.heap.remove(job.job_id)
             await self._deactivate_never_fires([_definition(job)])
@@ -213,7 +213,7 @@ class QueuerWorker:
             if await sleep_or_stop(stop, _MIN_BEAT_GAP):
                 return
             self._held_changed.clear()
-            await self._sleep_on(self._held_changed, stop, interval - _MIN_BEAT_GAP)
+            await wait_any(stop, self._held_changed, timeout=interval - _MIN_BEAT_GAP)
 
     # -- firing -----------------------------------------------------------------------------------
 
@@ -221,18 +221,18 @@ class QueuerWorker:
         while not stop.is_set():
             self._wake.clear()
             head = self.heap.next_due()
-            now = self._clock()
+            now = self.wall_clock.now()
             if head is None or head - now > _PREPARE_AHEAD:
                 wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now - _PREPARE_AHEAD)
-                await self._sleep_on(self._wake, stop, wait)
+                await self.wall_clock.sleep(wait, stop, self._wake)
                 continue
             # Just before the fire: take what is due then and build the statement's parameters, so
             # at the fire second only the INSERT is left to do.
             due = self.heap.pop_due(max(head, now))  # late: everything due so far, in one statement
             tick = prepare(due)
-            if head > self._clock():
+            if head > self.wall_clock.now():
                 # Messages are still applied meanwhile; what they changed is checked below.
-                await self._sleep_on(asyncio.Event(), stop, head - self._clock())
+                await self.wall_clock.sleep(head - self.wall_clock.now(), stop)
                 if stop.is_set():
                     return
             still_due = self.heap.still_due(due)
@@ -248,11 +248,6 @@ class QueuerWorker:
                 except Exception:
                     # Off the heap already; the orchestrator's reconcile hands it back if it still counts.
                     log.exception("recording a schedule that never fires failed")
-
-    @staticmethod
-    async def _sleep_on(event: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
-        """Sleep up to ``seconds``, or until ``event`` or ``stop`` is set."""
-        await wait_any(stop, event, timeout=seconds)
 
     async def _queue(self, tick: PreparedTick, stop: asyncio.Event) -> None:
         """Queue the tick's runs; while Postgres is down, keep trying (bounded backoff) until it is back.

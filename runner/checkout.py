@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from runplane.errors import RunplaneError
 from runplane.secrets import mask
@@ -188,8 +189,36 @@ def _git_auth(repo: Repository) -> Iterator[dict[str, str]]:
             }
         finally:
             os.unlink(key_path)
+    elif config := local_trust(repo.url):
+        fd, config_path = tempfile.mkstemp(prefix="runplane-gitconfig-")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(config)
+            yield {"GIT_CONFIG_GLOBAL": config_path}
+        finally:
+            os.unlink(config_path)
     else:
         yield {}
+
+
+def local_trust(url: str) -> str:
+    """Git configuration that lets a run read a local repository (``file://`` or a path) of another
+    user; empty for any other repository.
+
+    A run executes as a uid of its own, and git refuses a repository another user owns ("dubious
+    ownership") unless ``safe.directory`` names it in a configuration git trusts: the global one
+    (the command line's does not reach the ``upload-pack`` a clone runs).
+    """
+    path = urlsplit(url).path if url.startswith("file://") else url if url.startswith("/") else ""
+    path = path.rstrip("/")
+    if not path or "\n" in path:
+        return ""
+    quoted = [_config_value(d) for d in (path, f"{path}/.git")]
+    return "[safe]\n" + "".join(f"\tdirectory = {value}\n" for value in quoted)
+
+
+def _config_value(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @contextlib.asynccontextmanager

@@ -50,21 +50,41 @@ class LeaseLost(RunplaneError):
     """The run is no longer ours to write: its lease moved on, it ended, or the token is not for it."""
 
 
-class RunnerApi:
-    """A connection to the runner API for one run, holding its token and, after the claim, its lease."""
+def runner_channel(address: str, *, connect: bool = False) -> grpc.aio.Channel:
+    """A channel to the runner API; with ``connect``, its connection is started now (without waiting),
+    so a runner made ahead of its run finds it open when the run comes."""
+    channel = grpc.aio.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # Reconnect soon after an outage: the default backoff grows to minutes, past any lease.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ],
+    )
+    if connect:
+        channel.get_state(try_to_connect=True)
+    return channel
 
-    def __init__(self, address: str, token: str, run_id: int, *, claim_window: float = 30.0) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                # Reconnect soon after an outage: the default backoff grows to minutes, past any lease.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
-        )
+
+class RunnerApi:
+    """A connection to the runner API for one run, holding its token and, after the claim, its lease.
+
+    ``channel``: one already open (a spare runner's, see ``runner.fork_server``); it is closed with this.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        run_id: int,
+        *,
+        claim_window: float = 30.0,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self._channel = channel if channel is not None else runner_channel(address)
         self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.run_id = run_id
@@ -158,6 +178,15 @@ class RunnerApi:
             lambda: self._stub.UploadArtifact(request, metadata=self._metadata, timeout=60.0, wait_for_ready=True),
         )
 
+    async def fetch_state_file(self, index: int) -> bytes:
+        """The content of ``RunSpec.state_files[index]``."""
+        request = runner_pb2.FetchStateFileRequest(run_id=self.run_id, lease_id=self.lease_id, index=index)
+        response = await self._call(
+            "FetchStateFile",
+            lambda: self._stub.FetchStateFile(request, metadata=self._metadata, timeout=60.0, wait_for_ready=True),
+        )
+        return response.content
+
     async def record_git_sha(self, git_sha: str) -> None:
         """The commit the run checked out, shown on the run."""
         request = runner_pb2.RecordGitShaRequest(run_id=self.run_id, lease_id=self.lease_id, git_sha=git_sha)
@@ -218,6 +247,43 @@ class RunnerApi:
                 )
             await asyncio.sleep(delay)
             delay = min(RETRY_CAP, delay * 2)
+
+
+async def wait_for_run(address: str, pool_token: str, *, wait_seconds: float) -> tuple[int, str] | None:
+    """A warm pool Pod's wait: ``(run_id, run token)`` once a run is handed to it; None when its pool
+    token is refused (spent, or its Pod replaced) or the run it was given went elsewhere.
+
+    Waits through an outage of the runner API (the pool replaces a Pod it does not hear from).
+    """
+    channel = grpc.aio.insecure_channel(
+        address,
+        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
+    )
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
+    metadata = (("authorization", f"Bearer {pool_token}"),)
+    delay = RETRY_FIRST
+    try:
+        while True:
+            try:
+                answer = await stub.WaitForRun(
+                    runner_pb2.WaitForRunRequest(wait_seconds=wait_seconds),
+                    metadata=metadata,
+                    timeout=wait_seconds + CALL_TIMEOUT,
+                    wait_for_ready=True,
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _LOST:
+                    log.info("no run for this pool pod: %s", exc.details())
+                    return None
+                log.warning("WaitForRun failed; retrying", extra={"code": exc.code().name, "delay": delay})
+                await asyncio.sleep(delay)
+                delay = min(RETRY_CAP, delay * 2)
+                continue
+            delay = RETRY_FIRST
+            if answer.run_id:
+                return answer.run_id, answer.token
+    finally:
+        await channel.close(None)
 
 
 class RunnerApiError(RunplaneError):

@@ -3,13 +3,19 @@
 A fresh ``runplane runner`` process spends most of a second (and as much CPU) importing before it
 can claim its run; at ten runs a second that alone saturates a small machine. The local launcher
 therefore keeps one of these per dispatcher: it imports everything once and says ``ready``; then
-for every line ``<run_id> <token>`` on stdin it forks a child that executes :func:`runner.service.run`
-in its own session, and answers ``<run_id> <pid>`` on stdout. EOF on stdin (its dispatcher went
+for every line ``<run_id> <token>`` on stdin a child executes :func:`runner.service.run` in its own
+session, and the server answers ``<run_id> <pid>`` on stdout. EOF on stdin (its dispatcher went
 away) ends the server; the children carry on, each holding its own lease.
 
+The child is forked ahead of its run (a *spare*): it has set up its process and opened its channel
+to the runner API (gRPC's start in a fresh child and the connection cost about as much as the rest
+of the prep time together), and waits on a pipe of its own. A run's line goes down that pipe; the
+spare switches to the run's uid and claims it at once, and the server forks the next spare.
+
 Started as ``python -m runner.fork_server`` with the runner's allow-listed environment (no
-control-plane credential); the tokens arrive only through the pipe. The server keeps no token: a
-child drops the others' (there are none: each line is read, forked and forgotten).
+control-plane credential); the tokens arrive only through the pipe. The server keeps no token: it
+reads each line into one buffer, passes it on and wipes it before it forks the next spare, so a
+spare holds no other run's token.
 """
 
 from __future__ import annotations
@@ -19,10 +25,23 @@ import contextlib
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
-from runner.service import become_run_user, run
+from runner.control_plane import runner_channel
+from runner.run_user import become_run_user
+from runner.service import run
 from runplane import logs
 from runplane.settings import Settings
+
+MAX_LINE = 4096  # far above ``<run_id> <token>``; a longer line is refused whole
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A forked child waiting for its run on the read end of ``pipe``."""
+
+    pid: int
+    pipe: int  # the write end, ours
 
 
 def _reap(_signum: int = 0, _frame: object = None) -> None:
@@ -34,8 +53,19 @@ def _reap(_signum: int = 0, _frame: object = None) -> None:
                 return
 
 
-def _child(settings: Settings, run_id: int, token: str) -> None:
-    """In the forked child: become an ordinary runner process, then exit with the run's code."""
+def _fork_spare(settings: Settings) -> Spare:
+    read_end, write_end = os.pipe()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_end)
+        _spare(settings, read_end)
+    os.close(read_end)
+    return Spare(pid, write_end)
+
+
+def _spare(settings: Settings, assignment: int) -> None:
+    """In the forked child: become an ordinary runner process, wait for a run, then exit with its code."""
     code = 1
     try:
         os.setsid()
@@ -46,18 +76,104 @@ def _child(settings: Settings, run_id: int, token: str) -> None:
         os.dup2(devnull, 0)
         os.dup2(2, 1)  # stdout is the launcher's pipe: the run must never write into it
         os.close(devnull)
-        become_run_user(settings.runner, run_id)
         from runplane.tracing import setup_tracing, shutdown_tracing
 
-        setup_tracing("runner", settings.otlp_endpoint)
+        setup_tracing("runner", settings.otlp_endpoint)  # imports first: the run's uid may not read them
         try:
-            code = asyncio.run(run(settings, run_id, token))
+            code = asyncio.run(_wait_and_run(settings, assignment))
         finally:
             shutdown_tracing()
     except BaseException as exc:  # the child must never return into the server's loop
-        print(f"runner for run {run_id} failed: {exc!r}", file=sys.stderr, flush=True)
+        print(f"runner fork server child failed: {exc!r}", file=sys.stderr, flush=True)
     finally:
         os._exit(code)
+
+
+async def _wait_and_run(settings: Settings, assignment: int) -> int:
+    """Connect to the runner API, wait for ``<run_id> <token>`` on ``assignment``, then run it as the
+    run's user. EOF (the server ended) leaves without a run."""
+    channel = runner_channel(settings.runner.api_address, connect=True)
+    try:
+        line = await _read_line(assignment)
+    except BaseException:
+        await channel.close(None)
+        raise
+    run_id, token = _parse(line)
+    if run_id <= 0:
+        await channel.close(None)
+        return 0
+    become_run_user(settings.runner, run_id)  # the connection stays open across the switch
+    return await run(settings, run_id, token, channel=channel)
+
+
+async def _read_line(fd: int) -> bytes:
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    try:
+        return await reader.readline()
+    finally:
+        transport.close()
+
+
+def _parse(line: bytes | bytearray) -> tuple[int, str]:
+    """``(run_id, token)`` of a line ``<run_id> <token>``; run_id 0 when it is not one."""
+    head, _, token = bytes(line).strip().partition(b" ")
+    try:
+        run_id = int(head)
+    except ValueError:
+        return 0, ""
+    token = token.strip()
+    if run_id <= 0 or not token:
+        return 0, ""
+    return run_id, token.decode("ascii", errors="replace")
+
+
+def _read_request(buffer: bytearray) -> int:
+    """Read one line from stdin into ``buffer`` byte by byte (nothing read ahead: the next run's line
+    stays in the pipe); its length, 0 at EOF, -1 when it is longer than the buffer."""
+    length = 0
+    with memoryview(buffer) as view:
+        while length < len(buffer):
+            if os.readv(0, [view[length : length + 1]]) == 0:
+                return length
+            length += 1
+            if buffer[length - 1] == ord("\n"):
+                return length
+    while os.read(0, 1) not in (b"\n", b""):  # drop the rest of an overlong line
+        pass
+    return -1
+
+
+def _run_id(line: memoryview) -> int:
+    """The run id of a line ``<run_id> <token>``, 0 when it is not one; the token is not copied."""
+    space = bytes(line[:32]).find(b" ")
+    if space <= 0 or not any(byte > ord(" ") for byte in line[space + 1 :]):
+        return 0
+    try:
+        return max(0, int(bytes(line[:space])))
+    except ValueError:
+        return 0
+
+
+def _hand_over(settings: Settings, spare: Spare, line: memoryview) -> int:
+    """Give the run's line to the spare (or, if it died, to a child forked for it); the pid that runs it, 0 if none."""
+    if _give(spare, line):
+        return spare.pid
+    fresh = _fork_spare(settings)  # the spare is gone (killed): fork one for this run
+    return fresh.pid if _give(fresh, line) else 0
+
+
+def _give(child: Spare, line: memoryview) -> bool:
+    try:
+        os.write(child.pipe, line)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(child.pipe)
 
 
 def main() -> int:
@@ -66,28 +182,33 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the dispatcher; EOF stops us
     answers = sys.stdout
-    answers.write("ready\n")  # everything is imported: forks from here on are fast
+    spare: Spare | None = _fork_spare(settings)
+    answers.write("ready\n")  # everything is imported and a runner waits: a run starts at once
     answers.flush()
-    for line in sys.stdin:
-        text = line.strip()
-        if not text:
-            continue
-        head, _, token = text.partition(" ")
-        try:
-            run_id = int(head)
-        except ValueError:
-            run_id = 0
-        if run_id <= 0 or not token.strip():
-            print("fork server: expected '<run_id> <token>'", file=sys.stderr, flush=True)  # never echo a token
-            answers.write(f"{head if run_id > 0 else 0} 0\n")
+    buffer = bytearray(MAX_LINE)
+    try:
+        while (length := _read_request(buffer)) != 0:
+            with memoryview(buffer) as view:
+                line = view[: max(length, 0)]
+                run_id = _run_id(line)
+                if run_id <= 0:
+                    print("fork server: expected '<run_id> <token>'", file=sys.stderr, flush=True)  # never echo a token
+                    answers.write("0 0\n")
+                else:
+                    if spare is None:
+                        spare = _fork_spare(settings)
+                    pid = _hand_over(settings, spare, line)
+                    spare = None
+                    answers.write(f"{run_id} {pid}\n")
+                line.release()
+            buffer[:] = bytes(MAX_LINE)  # the token is gone before the next spare is forked
             answers.flush()
-            continue
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(settings, run_id, token.strip())
-        answers.write(f"{run_id} {pid}\n")
-        answers.flush()
+            if spare is None:
+                spare = _fork_spare(settings)
+    finally:
+        if spare is not None:
+            with contextlib.suppress(OSError):
+                os.close(spare.pipe)  # EOF: the spare leaves
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.checkout import CheckoutError, Repository, RepositoryCache
 from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, step_environment
+from runner.macros import add_drop_schema_macro
 from runner.profile import ProjectError, project_directory, write_profile
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane.dbt_context import DbtContext
@@ -81,6 +82,8 @@ async def prepared_run(
         try:
             project = project_directory(checkout.path, context.subdirectory)
             profile = write_profile(context, project, profile_dir)
+            if context.drop_schema:
+                add_drop_schema_macro(project)
         except ProjectError as exc:
             raise PrepareError(mask(str(exc), secrets)) from exc
         env = step_environment(

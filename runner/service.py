@@ -17,6 +17,9 @@ goes through :mod:`runner.control_plane`.
    stored per step after each one (``runner.artifacts``).
    Every step sees an environment built from an allow-list; secrets are masked in logs and artifacts.
 5. The outcome is written under the lease; the server frees the slot and tells dispatchers.
+
+A warm pool Pod (``runplane runner --pool``) starts with its own pool token instead of a run's and
+waits on the runner API for a run (``wait_and_run``); what follows is the same.
 """
 
 from __future__ import annotations
@@ -33,19 +36,21 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 from opentelemetry import trace
 
 from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.checkout import RepositoryCache
-from runner.control_plane import LeaseLost, RunnerApi, RunSpec
+from runner.control_plane import LeaseLost, RunnerApi, RunnerApiError, RunSpec, wait_for_run
 from runner.dbt_env import is_dbt_step
 from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
+from runner.state_files import StateFileError, place_state_file
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane import tracing
 from runplane.dbt_context import DbtContext, from_proto
 from runplane.secrets import MASK
-from runplane.settings import RunnerSettings, Settings
+from runplane.settings import Settings
 from runplane.supervise import wait_any
 from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
 
@@ -163,6 +168,15 @@ class Runner:
                 # The job's variables (secret ones decrypted) over the environment's.
                 env = {**prepared.env, **spec.environment}
                 cwd, collector = prepared.project, prepared.collector
+            for index, state_file in enumerate(spec.state_files):
+                try:
+                    place_state_file(cwd, state_file.dest, await self._api.fetch_state_file(index))
+                except (StateFileError, RunnerApiError) as exc:
+                    await self._api.steps_skipped(0)
+                    message = f"state file {state_file.path} of run {state_file.source_run_id}: {exc}"
+                    logs.write(0, f"runplane: {message}\n".encode())
+                    return Outcome.error(message, FailureKind.STEP)
+                logs.write(0, f"runplane: {state_file.dest} from run {state_file.source_run_id}\n".encode())
             for index, command in enumerate(spec.steps):
                 if self._control.abandoned:
                     return None
@@ -224,12 +238,18 @@ class Runner:
             return None, True
         if result.end_reason:
             logs.write(index, f"\nrunplane: step {index + 1} ended: {result.end_reason}\n".encode())
+        # "generate docs" and "source freshness": reported, not fatal (a cancel or timeout still is).
+        optional_failure = result.end is StepEnd.EXITED and result.exit_code != 0 and index in spec.optional_steps
+        if optional_failure:
+            logs.write(index, f"runplane: step {index + 1} failed; it is optional, the run goes on\n".encode())
         logs.end_step(index)
         step_status = RunStatus.SUCCESS if result.end is StepEnd.EXITED and result.exit_code == 0 else RunStatus.ERROR
         if result.end is StepEnd.CANCELLED:
             step_status = RunStatus.CANCELLED
         await self._api.step_finished(index, int(step_status), result.exit_code, result.end_reason)
         outcome = self._step_outcome(result.end, result.exit_code, index, command, spec.timeout_seconds)
+        if outcome is not None and optional_failure:
+            return None, False
         if outcome is not None:
             if index + 1 < len(spec.steps):
                 await self._api.steps_skipped(index + 1)
@@ -295,34 +315,16 @@ class Runner:
                 self._control.cancel_requested = True
 
 
-def run_uid(runner: RunnerSettings, run_id: int) -> int:
-    """The uid a run's runner and steps use (``-1``: the launcher's own)."""
-    if runner.local_uid < 0:
-        return -1
-    return runner.local_uid + run_id % runner.local_uid_count
-
-
-def become_run_user(runner: RunnerSettings, run_id: int) -> None:
-    """Switch to the run's uid (only as root). After the switch the kernel marks this process
-    non-dumpable, so even its own steps cannot read its memory, environment or open files; the
-    control plane's processes (root) and other runs (other uids) are out of reach."""
-    uid = run_uid(runner, run_id)
-    if uid < 0 or os.geteuid() != 0:
-        return
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-
-
 def read_token(source: str) -> str:
     """The run token from a file, or from stdin when ``source`` is ``-`` (its first line)."""
     token = sys.stdin.readline() if source == "-" else Path(source).read_text(encoding="utf-8")
     return token.strip()
 
 
-async def run(settings: Settings, run_id: int, token: str) -> int:
-    """Execute run ``run_id`` with its token; 0 when an outcome was written or the run was not ours."""
-    api = RunnerApi(settings.runner.api_address, token, run_id)
+async def run(settings: Settings, run_id: int, token: str, *, channel: grpc.aio.Channel | None = None) -> int:
+    """Execute run ``run_id`` with its token; 0 when an outcome was written or the run was not ours.
+    ``channel``: a runner API channel opened ahead of the run (it is closed at the end)."""
+    api = RunnerApi(settings.runner.api_address, token, run_id, channel=channel)
     try:
         spec = await api.claim()
         if spec is None:
@@ -340,3 +342,16 @@ async def run(settings: Settings, run_id: int, token: str) -> int:
         return 0
     finally:
         await api.close()
+
+
+async def wait_and_run(settings: Settings, pool_token: str) -> int:
+    """A warm pool Pod: everything is imported and started; wait on the runner API for a run, then
+    execute it exactly as :func:`run` does. One run per Pod: it exits after, and the pool refills."""
+    assignment = await wait_for_run(
+        settings.runner.api_address, pool_token, wait_seconds=settings.runner.pool_wait_seconds
+    )
+    if assignment is None:
+        return 0
+    run_id, token = assignment
+    log.info("run handed to this pool pod", extra={"run_id": run_id})
+    return await run(settings, run_id, token)

@@ -52,6 +52,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 }
 
 Handler = Callable[[Message, "Delivery"], Awaitable[None]]
+# Takes the messages of one batch together; the batch is acked (or handed back) as a whole.
+BatchHandler = Callable[[list[Message]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,19 @@ class Topology:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}.worker.{worker_id}"
+
+
+_Handle = Callable[[list[aio_pika.abc.AbstractIncomingMessage]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Intake:
+    """How a consumer takes messages: at most ``prefetch`` unacked, and up to ``max_messages`` handled
+    together, gathered for at most ``max_wait`` seconds after the first."""
+
+    prefetch: int
+    max_messages: int = 1
+    max_wait: float = 0.0
 
 
 class _ConsumerLost(Exception):
@@ -209,10 +224,39 @@ class AmqpBus:
         iterator fails (the broker restarted) is started again on a new channel, after a bounded
         backoff; the queue is declared again on the way.
         """
+
+        async def handle(batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
+            await self._handle(queue, batch[0], handler)
+
+        await self._consume(queue, handle, _Intake(prefetch), stop)
+
+    async def consume_batches(
+        self,
+        queue: str,
+        handler: BatchHandler,
+        *,
+        prefetch: int,
+        max_messages: int,
+        max_wait: float,
+        stop: asyncio.Event,
+    ) -> None:
+        """As :meth:`consume`, but ``handler`` takes up to ``max_messages`` messages at once: those
+        that arrive within ``max_wait`` seconds of the first (at once when they are already waiting).
+
+        The batch is acked after the handler returns. A handler that finds a dependency down hands
+        the whole batch back; any other failure counts a delivery of each message (as :meth:`consume`).
+        """
+
+        async def handle(batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
+            await self._handle_batch(queue, batch, handler)
+
+        await self._consume(queue, handle, _Intake(prefetch, max(1, max_messages), max_wait), stop)
+
+    async def _consume(self, queue: str, handle: _Handle, intake: _Intake, stop: asyncio.Event) -> None:
         backoff = Backoff(first=0.5, cap=10.0)
         while not stop.is_set():
             try:
-                await self._consume_once(queue, handler, prefetch, stop, backoff)
+                await self._consume_once(queue, handle, intake, stop, backoff)
             except Exception as exc:
                 if not (is_transient(exc) or isinstance(exc, _ConsumerLost | aiormq.exceptions.AMQPError)):
                     raise
@@ -224,33 +268,51 @@ class AmqpBus:
                 await _sleep_or_stop(stop, pause)
 
     async def _consume_once(
-        self, queue: str, handler: Handler, prefetch: int, stop: asyncio.Event, backoff: Backoff
+        self, queue: str, handle: _Handle, intake: _Intake, stop: asyncio.Event, backoff: Backoff
     ) -> None:
         try:
             channel = await asyncio.wait_for(self._connection.channel(), _BROKER_TIMEOUT)
         except RuntimeError as exc:  # "Connection was not opened": the robust connection is reconnecting
             raise ServiceUnavailable(f"no channel for {queue}: {exc}") from exc
         try:
-            await channel.set_qos(prefetch_count=prefetch)
+            await channel.set_qos(prefetch_count=intake.prefetch)
             amqp_queue = await channel.declare_queue(queue, durable=True)
             async with amqp_queue.iterator() as messages:
                 stop_wait = asyncio.ensure_future(stop.wait())
                 next_message: asyncio.Future[aio_pika.abc.AbstractIncomingMessage] | None = None
+
+                async def take(timeout: float | None) -> aio_pika.abc.AbstractIncomingMessage | None:
+                    """The next message; None on stop or when ``timeout`` passes first."""
+                    nonlocal next_message
+                    if next_message is None:
+                        next_message = asyncio.ensure_future(messages.__anext__())
+                    waiting: set[asyncio.Future[Any]] = {next_message, stop_wait}
+                    done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                    if next_message not in done:
+                        return None
+                    try:
+                        incoming = next_message.result()
+                    except StopAsyncIteration as exc:
+                        raise _ConsumerLost(f"the iterator of {queue} ended") from exc
+                    finally:
+                        next_message = None
+                    return incoming
+
                 try:
                     while not stop.is_set():
-                        if next_message is None:
-                            next_message = asyncio.ensure_future(messages.__anext__())
-                        waiting: set[asyncio.Future[Any]] = {next_message, stop_wait}
-                        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                        if stop_wait in done:
+                        first = await take(None)
+                        if first is None:
                             break
-                        try:
-                            incoming = next_message.result()
-                        except StopAsyncIteration as exc:
-                            raise _ConsumerLost(f"the iterator of {queue} ended") from exc
-                        next_message = None
+                        batch = [first]
+                        deadline = asyncio.get_running_loop().time() + intake.max_wait
+                        while len(batch) < intake.max_messages:
+                            # Messages already delivered are taken without waiting; then up to the deadline.
+                            more = await take(max(0.0, deadline - asyncio.get_running_loop().time()))
+                            if more is None:
+                                break
+                            batch.append(more)
                         backoff.reset()
-                        await self._handle(queue, incoming, handler)
+                        await handle(batch)
                 finally:
                     stop_wait.cancel()
                     if next_message is not None and not next_message.done():
@@ -261,6 +323,46 @@ class AmqpBus:
                     aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, TimeoutError
                 ):
                     await asyncio.wait_for(channel.close(), _BROKER_TIMEOUT)
+
+    async def _handle_batch(
+        self, queue: str, batch: list[aio_pika.abc.AbstractIncomingMessage], handler: BatchHandler
+    ) -> None:
+        kept: list[tuple[aio_pika.abc.AbstractIncomingMessage, Message, dict[str, object]]] = []
+        for incoming in batch:
+            try:
+                message = decode(incoming.type, incoming.body)
+            except Exception as exc:
+                await self._dead_letter(queue, incoming, exc)  # poison: no handler will ever read it
+                continue
+            headers: dict[str, object] = dict(incoming.headers or {})
+            if bool(incoming.redelivered) or _deliveries(headers) > 0:
+                instruments.bus_redeliveries.add(1, {"message_type": incoming.type or ""})
+            kept.append((incoming, message, headers))
+        if not kept:
+            return
+        try:
+            with _tracer.start_as_current_span(
+                "consume batch", kind=SpanKind.CONSUMER, attributes={"messaging.batch.message_count": len(kept)}
+            ):
+                await handler([message for _, message, _ in kept])
+        except asyncio.CancelledError:
+            for incoming, _, _ in kept:
+                await self._settle(incoming.nack(requeue=True))
+            raise
+        except Exception as exc:
+            if is_transient(exc):
+                await self._back_off(queue, [incoming for incoming, _, _ in kept], exc)
+                return
+            for incoming, _, headers in kept:
+                failed_before = _deliveries(headers)
+                if failed_before + 1 >= self.max_deliveries:
+                    await self._dead_letter(queue, incoming, exc)
+                else:
+                    await self._retry_later(queue, incoming, headers, failed_before + 1, exc)
+            return
+        self._unavailable.reset()
+        for incoming, _, _ in kept:
+            await self._settle(incoming.ack())
 
     async def _handle(self, queue: str, incoming: aio_pika.abc.AbstractIncomingMessage, handler: Handler) -> None:
         try:
@@ -283,7 +385,7 @@ class AmqpBus:
             raise
         except Exception as exc:
             if is_transient(exc):
-                await self._back_off(queue, incoming, exc)
+                await self._back_off(queue, [incoming], exc)
             elif failed_before + 1 >= self.max_deliveries:
                 await self._dead_letter(queue, incoming, exc)
             else:
@@ -292,15 +394,22 @@ class AmqpBus:
         self._unavailable.reset()
         await self._settle(incoming.ack())
 
-    async def _back_off(self, queue: str, incoming: aio_pika.abc.AbstractIncomingMessage, exc: Exception) -> None:
-        """A dependency is down: hand the message back uncounted, after a pause that grows to a bound."""
+    async def _back_off(self, queue: str, messages: list[aio_pika.abc.AbstractIncomingMessage], exc: Exception) -> None:
+        """A dependency is down: hand the messages back uncounted, after a pause that grows to a bound."""
         pause = self._unavailable.next()
         log.warning(
             "handler found a dependency down; message handed back",
-            extra={"queue": queue, "message_type": incoming.type, "error": _error_text(exc), "pause": pause},
+            extra={
+                "queue": queue,
+                "message_type": messages[0].type,
+                "messages": len(messages),
+                "error": _error_text(exc),
+                "pause": pause,
+            },
         )
         await asyncio.sleep(pause)
-        await self._settle(incoming.nack(requeue=True))
+        for incoming in messages:
+            await self._settle(incoming.nack(requeue=True))
 
     async def _retry_later(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 
 from runplane import logs
 from runplane.errors import RunplaneError
+from runplane.process_privacy import make_undumpable
 from runplane.settings import Settings
 
 Serve = Callable[[Settings, asyncio.Event], Coroutine[Any, Any, None]]
@@ -48,6 +49,7 @@ def _serve(command: str, settings: Settings) -> int:
     from runplane.tracing import setup_tracing, shutdown_tracing
 
     serve = _service(command)
+    make_undumpable()  # steps that share this user must not read this process's environment
     logs.configure(command, fmt=settings.log_format, level=settings.log_level)
     setup_metrics(command, settings.metrics_port)
     setup_tracing(command, settings.otlp_endpoint)
@@ -79,7 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     for name in SERVICES:
         sub.add_parser(name, help=f"run the {name} service")
     runner = sub.add_parser("runner", help="execute one run")
-    runner.add_argument("--run-id", type=int, required=True)
+    which = runner.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", type=int)
+    which.add_argument(
+        "--pool", action="store_true", help="a warm pool Pod: wait on the runner API for a run; the token is the Pod's"
+    )
     runner.add_argument(
         "--token-file", default="-", help="file holding the run's token (a mounted Secret); '-': read it from stdin"
     )
@@ -104,6 +110,26 @@ def _parser() -> argparse.ArgumentParser:
         help="read_only, job_admin or account_admin (default); repeatable",
     )
     token.add_argument("--expires-in-days", type=int, default=None, help="default: never")
+    account_settings = admin.add_parser("set-account", help="change an account's settings; prints them")
+    account_settings.add_argument("--account", type=int, required=True)
+    account_settings.add_argument(
+        "--deactivate-after-failures",
+        type=int,
+        default=None,
+        help="deactivate a job after this many consecutive failed runs (default 100; 0: never)",
+    )
+    account_settings.add_argument(
+        "--pull-request-schema-max-age-days",
+        type=int,
+        default=None,
+        help="drop a pull request's schema this many days after its last CI run (default 14; 0: never)",
+    )
+    account_settings.add_argument(
+        "--run-retention-days",
+        type=int,
+        default=None,
+        help="delete finished runs, their logs and artifacts after this many days (default 0: never)",
+    )
     revoke = admin.add_parser("revoke-token", help="revoke an API token: it fails from the next call on")
     which = revoke.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=int, help="the token's id")
@@ -151,17 +177,21 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
             logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
             setup_tracing("runner", settings.otlp_endpoint)
-            from runner.service import become_run_user, read_token, run
+            from runner.run_user import become_run_user
+            from runner.service import read_token, run, wait_and_run
 
             token = read_token(args.token_file)
-            become_run_user(settings.runner, args.run_id)
             try:
+                if args.pool:
+                    return asyncio.run(wait_and_run(settings, token))
+                become_run_user(settings.runner, args.run_id)
                 return asyncio.run(run(settings, args.run_id, token))
             finally:
                 shutdown_tracing()
         case "up":
             from runplane.up import up
 
+            make_undumpable()
             return up(
                 settings,
                 demo=args.demo,
@@ -181,13 +211,25 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> int:
-    from api.admin import create_account, create_token, revoke_token
+    from api.admin import create_account, create_token, revoke_token, update_account_settings
 
     if args.admin_command == "create-account":
         account_id, token = asyncio.run(
             create_account(settings, name=args.name, run_slots=args.run_slots, memory_mb=args.memory_mb)
         )
         print(json.dumps({"account_id": account_id, "token": token}))
+        return 0
+    if args.admin_command == "set-account":
+        changed = asyncio.run(
+            update_account_settings(
+                settings,
+                account_id=args.account,
+                deactivate_after_failures=args.deactivate_after_failures,
+                pull_request_schema_max_age_days=args.pull_request_schema_max_age_days,
+                run_retention_days=args.run_retention_days,
+            )
+        )
+        print(json.dumps(changed))
         return 0
     if args.admin_command == "revoke-token":
         account_id = asyncio.run(revoke_token(settings, token_id=args.id, token=args.token))

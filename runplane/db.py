@@ -14,13 +14,14 @@ Services catch these, never ``psycopg.*``; the original error is the new one's `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from runplane import readiness
@@ -110,16 +111,31 @@ async def transaction(pool: AsyncConnectionPool[Connection]) -> AsyncIterator[Co
         yield conn
 
 
+def _row_factory(row: type[T]) -> BaseRowFactory[T]:
+    """psycopg's ``class_row``, but positional when the columns are the dataclass's fields in order
+    (a hot query's thousands of rows then skip building a keyword dict each)."""
+    by_name = class_row(row)
+    fields = tuple(field.name for field in dataclasses.fields(row))  # type: ignore[arg-type]
+
+    def factory(cursor: Any) -> RowMaker[T]:
+        description = cursor.description or ()
+        if tuple(column.name for column in description) == fields:
+            return lambda values: row(*values)
+        return by_name(cursor)
+
+    return factory
+
+
 async def fetch_all(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> list[T]:
     """Every row of ``query`` as a ``row`` (a dataclass whose fields are the query's columns)."""
-    async with conn.cursor(row_factory=class_row(row)) as cur:
+    async with conn.cursor(row_factory=_row_factory(row)) as cur:
         await cur.execute(query, params)
         return await cur.fetchall()
 
 
 async def fetch_one(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> T | None:
     """The first row of ``query`` as a ``row``, or None."""
-    async with conn.cursor(row_factory=class_row(row)) as cur:
+    async with conn.cursor(row_factory=_row_factory(row)) as cur:
         await cur.execute(query, params)
         return await cur.fetchone()
 

@@ -25,6 +25,8 @@ from runplane.types import (
 from runplane.v1 import projects_pb2
 
 DEFAULT_THREADS = 4
+# The macro a pull request's schema drop run calls (runplane.runs.pull_requests; runner/macros.py).
+DROP_SCHEMA_MACRO = "runplane_drop_pull_request_schema"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class DbtContext:
     threads: int
     variables: Mapping[str, str]
     pull_request_number: int | None
+    drop_schema: bool = False  # a pull request's schema drop run (runplane.runs.pull_requests)
 
     def secrets(self) -> list[str]:
         """The values to mask wherever the run writes text."""
@@ -132,7 +135,7 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
         git_credential=decrypt(row["git_credential"]) if row["git_credential"] else "",
         git_sha=str(run_override(overrides, "git_sha") or ""),
         git_branch=str(run_override(overrides, "git_branch") or row["job_git_branch"] or row["environment_git_branch"]),
-        dbt_version=str(row["dbt_version"]),
+        dbt_version=str(run_override(overrides, "dbt_version") or row["dbt_version"]),
         adapter_type=str(row["adapter_type"]),
         connection={str(k): str(v) for k, v in dict(row["connection"]).items()},
         connection_secrets={str(k): decrypt(str(v)) for k, v in dict(row["connection_secrets"]).items()},
@@ -145,6 +148,7 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
         ),
         variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
         pull_request_number=int(pull_request) if pull_request else None,
+        drop_schema=job_type is JobType.CI and bool(overrides.get("drop_schema")),
     )
 
 
@@ -175,6 +179,7 @@ def to_proto(context: DbtContext) -> projects_pb2.DbtContext:
         threads=context.threads,
         variables=dict(context.variables),
         pull_request_number=context.pull_request_number or 0,
+        drop_schema=context.drop_schema,
     )
 
 
@@ -204,4 +209,5 @@ def from_proto(message: projects_pb2.DbtContext) -> DbtContext:
         threads=message.threads,
         variables=dict(message.variables),
         pull_request_number=message.pull_request_number or None,
+        drop_schema=message.drop_schema,
     )

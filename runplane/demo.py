@@ -9,8 +9,10 @@ three dbt jobs: a scheduled build, a CI job and a job chained to the build.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -20,13 +22,20 @@ from runplane.settings import Settings
 
 DEMO_ACCOUNT = "demo"
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "examples" / "jaffle_shop"
-DEMO_REPOSITORY = Path("~/.runplane/demo/jaffle_shop").expanduser()
+# Where every user can read it: runs execute as uids of their own (a root dispatcher's default), and
+# a home directory is usually closed to them. One per home, so two demos on one machine stay apart.
+DEMO_REPOSITORY = (
+    Path(tempfile.gettempdir())
+    / f"runplane-demo-{hashlib.sha256(str(Path.home()).encode()).hexdigest()[:10]}"
+    / "jaffle_shop"
+)
 WAREHOUSE_DATABASE = "runplane_demo_warehouse"
 
 
 def demo_repository(source: Path = EXAMPLE_PROJECT, path: Path = DEMO_REPOSITORY) -> str:
     """``source`` committed on ``main`` of a new local repository at ``path``; its URL."""
     shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     shutil.copytree(source, path, ignore=shutil.ignore_patterns("target", "logs", "dbt_packages"))
     identity = ["-c", "user.name=runplane demo", "-c", "user.email=demo@runplane.invalid"]
     for args in (

@@ -100,7 +100,7 @@ cancellations = _counter(
 )
 retries = _counter("runplane.runs.retried", "Retry runs queued (reason)")
 deactivations = _counter("runplane.jobs.deactivated", "Jobs deactivated after failing")
-pickups_published = _counter("runplane.pickups.published", "Pickups sent (source)")
+pickups_published = _counter("runplane.pickups.published", "Accounts named by the Pickups sent (source)")
 pickups_dropped = _counter(
     "runplane.pickups.dropped", "Pickups dropped because another dispatcher held the account lock"
 )
@@ -117,6 +117,9 @@ orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in
 orchestrator_updates = _counter("runplane.orchestrator.updates", "Jobs sent in Update messages")
 orchestrator_revoked = _counter("runplane.orchestrator.revoked", "Jobs sent in Revoke messages")
 workers_declared_dead = _counter("runplane.orchestrator.workers_dead", "Queuer workers declared dead")
+webhook_attempts = _counter(
+    "runplane.webhooks.attempts", "Outgoing webhook delivery attempts (result: delivered, failed)"
+)
 worker_messages = _counter(
     "runplane.worker.messages", "Assign/Update/Revoke messages a worker received (kind, applied)"
 )
@@ -126,6 +129,16 @@ queued_runs = _gauge("runplane.runs.queued_now", "Runs queued right now")
 oldest_queued_age = _gauge("runplane.runs.oldest_queued_age", "Age of the oldest queued run", unit="s")
 running_runs = _gauge("runplane.runs.running_now", "Runs starting or running right now")
 slots_in_use = _gauge("runplane.slots.in_use", "Run slots taken, all accounts")
+stuck_runs = _gauge(
+    "runplane.runs.stuck_now",
+    "Runs starting for longer than the start timeout, or running with an expired lease (the reaper's work)",
+)
+accounts_by_on_time_ratio = _gauge(
+    "runplane.accounts.by_on_time_ratio",
+    "Accounts whose on-time ratio over the last window is at most at_most (0.5, 0.8, 0.9, 0.95, 0.99; 1 counts "
+    "every account with runs in the window). A few series whatever the number of accounts; runplane status names "
+    "the worst ones",
+)
 
 # -- gauges read from a process's own state when scraped (callbacks given by the service) ---------
 OBSERVED_GAUGES: dict[str, tuple[str, str]] = {  # name -> (description, unit)

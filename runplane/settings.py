@@ -33,6 +33,11 @@ class WebhookSettings(BaseModel):
     backoff_base: float = Field(2.0, description="Seconds before the first retry; doubled per failed attempt.")
     backoff_cap: float = Field(300.0, description="Longest wait between two attempts.")
     max_attempts: int = Field(30, description="Attempts before an event is abandoned (kept, visible in the log).")
+    allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDR) webhooks may reach besides public addresses, e.g. an in-house receiver's; "
+        "loopback, private and link-local addresses are refused unless listed here.",
+    )
 
 
 class OrchestratorSettings(BaseModel):
@@ -50,18 +55,49 @@ class QueuerSettings(BaseModel):
 
 class SchedulerSettings(BaseModel):
     interval: float = Field(1.0, description="Seconds between scheduler-loop passes.")
+    sweep_grace: float = Field(
+        5.0,
+        description="Seconds after a queuer queues a cron run in which the sweep leaves it to the queuer's own "
+        "Pickup; a lost one is made up after this.",
+    )
     start_timeout: float = Field(120.0, description="Seconds a run may stay starting.")
     launch_attempts: int = Field(3, description="Launches tried before a run fails.")
     launch_backoff: float = Field(2.0, description="Base seconds of the relaunch backoff.")
+    observe_queued_after: float = Field(
+        10.0,
+        description="Seconds a run waits queued before its queue event (runs queued, trigger lag) is recorded on "
+        "its own; a run that starts or ends sooner has it recorded then, in one write of its row instead of two.",
+    )
+    behind_backlog: int = Field(
+        10_000,
+        description="Due runs waiting for a first dispatch decision above which dispatch counts as behind (at most "
+        "a minute in a row): passes record no run metrics (they come late, never wrong) and leave cron runs to their "
+        "queuers' Pickups.",
+    )
+    on_time_window: float = Field(3600.0, description="Seconds of runs the per-account on-time gauge looks back over.")
+    on_time_interval: float = Field(60.0, description="Seconds between two readings of the per-account on-time gauge.")
+    retention_interval: float = Field(
+        60.0, description="Seconds between passes that delete finished runs older than their account keeps them."
+    )
+    pull_request_sweep_interval: float = Field(
+        300.0, description="Seconds between sweeps that drop pull request schemas older than their account keeps them."
+    )
 
 
 class DispatcherSettings(BaseModel):
     lock_ttl_ms: int = Field(10_000, description="Expiry of an account's Redis lock.")
     batch_size: int = Field(200, description="Queued runs one dispatch pass looks at per account.")
+    batch_accounts: int = Field(
+        500, description="Accounts one dispatch pass takes at most (their locks, one transaction)."
+    )
+    batch_wait: float = Field(
+        0.005, description="Seconds a consumer waits for more pickups after the first before it dispatches them."
+    )
+    launch_concurrency: int = Field(256, description="Launches one dispatcher process runs at once.")
     launcher: str = Field("local", description="local, noop or kubernetes.")
     cluster: str = Field("local", description="Name recorded on each run this dispatcher starts.")
-    prefetch: int = Field(32, description="Unacked pickups a dispatcher takes at once.")
-    concurrency: int = Field(4, description="Accounts one dispatcher process works on at once.")
+    prefetch: int = Field(1000, description="Unacked pickup messages a dispatcher process takes at once.")
+    concurrency: int = Field(2, description="Batches of pickups one dispatcher process works on at once.")
     heartbeat_interval: float = Field(5.0, description="Seconds between a dispatcher's heartbeats (its row).")
     dead_after_beats: int = Field(
         3, description="Missed heartbeats before a dispatcher counts as dead and its starting runs are reclaimed."
@@ -69,6 +105,18 @@ class DispatcherSettings(BaseModel):
     local_fork_server: bool = Field(
         True, description="local launcher: fork runners from a pre-loaded process; false: a fresh process per run."
     )
+
+
+class WarmPoolSettings(BaseModel):
+    """One warm pool: started runner Pods of one kind (image and memory) waiting for a run."""
+
+    name: str = Field(
+        ..., pattern=r"^[a-z0-9]([a-z0-9-]{0,18}[a-z0-9])?$", description="Names its Pods (a DNS label, 1-20)."
+    )
+    dbt_version: str = Field("", description="Picks the image as a run's environment would; empty: `image`.")
+    memory_mb: int = Field(1024, gt=0, description="The memory of its Pods: runs of accounts with this memory fit.")
+    min_size: int = Field(1, ge=0, description="Waiting Pods kept when no run is queued.")
+    max_size: int = Field(4, ge=0, description="Most waiting Pods, however deep the queue.")
 
 
 class KubernetesSettings(BaseModel):
@@ -118,6 +166,23 @@ class KubernetesSettings(BaseModel):
     capacity: int = Field(
         0, description="Active run Pods at which the dispatcher stops taking pickups (others take them); 0: no limit."
     )
+    pod_creates_per_second: float = Field(
+        50.0,
+        description="Pod creates per second this dispatcher sends the cluster's API server at most; 0: no limit.",
+    )
+    warm_pools: list[WarmPoolSettings] = Field(
+        default_factory=list,
+        description="Warm Pod pools (JSON list) this dispatcher keeps and hands runs to; a run no waiting Pod "
+        "fits gets a Pod of its own. Give them to one dispatcher per cluster.",
+    )
+    pool_interval: float = Field(1.0, description="Seconds between looks at the pools (refill, resize, replace).")
+    pool_silent_seconds: float = Field(
+        10.0, description="A waiting pool Pod not heard from for this long gets no run and is replaced."
+    )
+    pool_start_seconds: float = Field(
+        300.0, description="A pool Pod that has not called the runner API this long after its creation is replaced."
+    )
+    pool_creates_per_pass: int = Field(8, ge=1, description="Pool Pods created per look, at most.")
 
 
 class RunnerSettings(BaseModel):
@@ -141,15 +206,27 @@ class RunnerSettings(BaseModel):
     )
     work_dir: str = Field("", description="Where runs execute; empty: a temporary directory.")
     local_uid: int = Field(
-        -1,
+        200_000,
+        ge=-1,
         description="local launcher, started as root: the first uid (and gid) runners switch to, so a step cannot "
-        "read the control plane's processes; -1 keeps the dispatcher's user (one trusted tenant only).",
+        "read the control plane's processes (the default is far above any login user's). -1 keeps the "
+        "dispatcher's user (one trusted tenant only). A dispatcher that is not root cannot switch: its runners "
+        "keep its user, and it warns at start.",
     )
     local_uid_count: int = Field(
-        1,
+        1000,
         ge=1,
-        description="How many uids from local_uid runs take turns on (run id modulo this): concurrent runs of "
-        "different uids cannot read each other's steps.",
+        description="How many uids from local_uid runs lease (the first free one from run id modulo this): no two "
+        "running runs share a uid, and a uid is cleared of its last run's processes and HOME before the next.",
+    )
+    pool_wait_seconds: float = Field(
+        20.0, description="Warm pool Pod: how long one WaitForRun call waits for a run before it is made again."
+    )
+    pool_poll_interval: float = Field(
+        0.1, description="Runner API: how often a waiting pool Pod's call looks for a run given to it."
+    )
+    pool_seen_interval: float = Field(
+        2.0, description="Runner API: how often a waiting pool Pod's heartbeat is written while its call waits."
     )
     retry_backoff_base: float = Field(10.0, description="First retry delay in seconds.")
     retry_backoff_cap: float = Field(600.0, description="Longest retry delay in seconds.")

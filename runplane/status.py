@@ -2,8 +2,8 @@
 
 Queue depth and the oldest queued run, the on-time split (run delay ≤ 25 s, 25–60 s, > 60 s), p50/p99
 of trigger lag, wait time, prep time and run delay over the last minutes, the orchestrator's term,
-workers with their job counts and heartbeat age, dispatchers, why accounts' runs wait, and how many
-bus messages sit in the dead-letter queue.
+workers with their job counts and heartbeat age, dispatchers, why accounts' runs wait, the accounts
+least on time, and how many bus messages sit in the dead-letter queue.
 ``--once --json`` prints the same figures once, for scripts.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from runplane import on_time
 from runplane.bus import Topology, dead_letter_count
 from runplane.db import redact
 from runplane.errors import ServiceUnavailable
@@ -25,6 +26,7 @@ from runplane.settings import Settings
 from runplane.sql import load_queries
 
 QUERIES = load_queries("runplane.sql", "status.sql")
+WORST_ACCOUNTS = 10
 STATUS_NAMES = {1: "queued", 2: "starting", 3: "running", 10: "success", 20: "error", 30: "cancelled"}
 
 
@@ -44,6 +46,9 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         workers = conn.execute(QUERIES["workers"]).fetchall()
         dispatchers = conn.execute(QUERIES["dispatchers"]).fetchall()
         waiting = conn.execute(QUERIES["waiting"]).fetchall()
+        accounts = conn.execute(
+            QUERIES["accounts_on_time"], {**params, "on_time_seconds": on_time.ON_TIME_SECONDS}
+        ).fetchall()
     started = int(delays.get("started") or 0)
 
     def share(n: Any) -> float | None:
@@ -64,8 +69,23 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         "workers": [{k: _plain(v) for k, v in w.items()} for w in workers],
         "dispatchers": [{k: _plain(v) for k, v in d.items()} for d in dispatchers],
         "waiting": [{k: _plain(v) for k, v in w.items()} for w in waiting],
+        "worst_on_time": _worst_on_time(accounts),
         **({"dead_letters": _dead_letters(bus)} if bus is not None else {}),
     }
+
+
+def _worst_on_time(rows: list[dict[str, Any]], count: int = WORST_ACCOUNTS) -> list[dict[str, Any]]:
+    """The ``count`` accounts with the lowest on-time ratio (the fewest runs first among equals)."""
+    out = [
+        {
+            "account_id": r["account_id"],
+            "account_name": r["account_name"],
+            "considered": int(r["considered"]),
+            "on_time_ratio": round(on_time.ratio(int(r["on_time"]), int(r["considered"])), 4),
+        }
+        for r in rows
+    ]
+    return sorted(out, key=lambda a: (a["on_time_ratio"], -a["considered"], a["account_id"]))[:count]
 
 
 def _dead_letters(settings: Settings) -> dict[str, Any]:
@@ -136,7 +156,13 @@ def _render(snap: dict[str, Any]) -> Any:
         waiting.add_column(column)
     for x in snap["waiting"]:
         waiting.add_row(f"{x['account_id']} {x['account_name']}", x["waiting_reason"] or "(due soon)", fmt(x["runs"]))
-    parts: list[Any] = [head, delays, pct, workers, dispatchers, waiting]
+    worst = Table(title="accounts least on time")
+    for column in ("account", "runs", "on time"):
+        worst.add_column(column)
+    for x in snap["worst_on_time"]:
+        ratio = fmt(x["on_time_ratio"] * 100, " %")
+        worst.add_row(f"{x['account_id']} {x['account_name']}", fmt(x["considered"]), ratio)
+    parts: list[Any] = [head, delays, pct, workers, dispatchers, waiting, worst]
     if "dead_letters" in snap:
         dead = Table(title="bus")
         dead.add_column("dead-letter queue")

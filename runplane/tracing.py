@@ -42,6 +42,11 @@ def shutdown_tracing() -> None:
         _provider.shutdown()
 
 
+def recording() -> bool:
+    """Whether this process has a tracer provider that records spans (hot paths skip making spans otherwise)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 def current_traceparent() -> str:
     """The current span's context as a ``traceparent`` string ('' when there is none)."""
     carrier: dict[str, str] = {}

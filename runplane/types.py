@@ -95,11 +95,14 @@ def retry_idempotency_key(parent_run_id: int) -> str:
     return f"retry:{parent_run_id}"
 
 
+CI_SCHEMA_PREFIX = "dbt_cloud_pr_"
+
+
 def ci_schema(job_id: int, pull_request_number: int | None, run_id: int | None = None) -> str:
     """The schema a CI run builds into: one per job and pull request (per run when there is none)."""
     if pull_request_number:
-        return f"dbt_cloud_pr_{job_id}_{pull_request_number}"
-    return f"dbt_cloud_pr_{job_id}_run_{run_id}"
+        return f"{CI_SCHEMA_PREFIX}{job_id}_{pull_request_number}"
+    return f"{CI_SCHEMA_PREFIX}{job_id}_run_{run_id}"
 
 
 # How a run ends. The rules that follow from an outcome live in ``runplane.runs``; these types

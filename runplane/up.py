@@ -167,6 +167,7 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         scheme = "https" if settings.api.tls_certfile else "http"
         rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
         print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
+        print(f"  pages: {rest}/ui/ (sign in with a token)", flush=True)
     for port_line in (f"  metrics of {n}: http://127.0.0.1:{p}/metrics" for n, p in metrics_ports(children).items()):
         print(port_line, flush=True)
     for line in banner:

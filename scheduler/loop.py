@@ -1,5 +1,7 @@
 """The scheduler loop: every interval, a Pickup per account with due queued runs, the reaper
-(``reaper.py``), gauges, and the run-lifecycle metrics (``metrics.py``).
+(``reaper.py``), gauges, and the run-lifecycle metrics (``metrics.py``); every
+``pull_request_sweep_interval``, the sweep of old pull request schemas (``runplane.runs.pull_requests``);
+every ``retention_interval``, the deletion of expired runs (``retention.py``).
 
 Everything here is a hint or a compare-and-set, so several loops may run at once without harm.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -16,17 +19,23 @@ from runplane.bus import AmqpBus, Bus, Topology
 from runplane.db import Connection, open_pool
 from runplane.outages import Backoff, is_transient
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
+from runplane.runs.pull_requests import sweep_pull_request_schemas
 from runplane.settings import Settings
 from runplane.sql import load_queries
 from runplane.supervise import sleep_or_stop
 from scheduler.metrics import observe_runs
+from scheduler.on_time import OnTimeGauge
 from scheduler.reaper import reap_lost, reap_starting
+from scheduler.retention import delete_expired_runs
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("scheduler")
 
 FORGET_DISPATCHER_AFTER = 60.0
+# Seconds in a row dispatch may count as behind (``SchedulerLoop._behind``): run metrics wait and the
+# sweep leaves cron runs to their queuers' Pickups for at most this long.
+BEHIND_MAX = 60.0
 
 
 class SchedulerLoop:
@@ -38,30 +47,80 @@ class SchedulerLoop:
         self._bus = bus
         self._pending = pending
         self._topology = Topology(settings.bus_prefix)
+        self._on_time = OnTimeGauge(pool, settings.scheduler)
+        self._next_sweep = 0.0  # monotonic: the first pass sweeps
+        self._next_retention = 0.0
+        self._behind_since: float | None = None  # monotonic: since when dispatch has been behind
 
     async def run_once(self) -> dict[str, int]:
-        """One pass: pickups, then reaping. Returns what it did, for logs and tests."""
-        pickups = await self.send_pickups()
+        """One pass: gauges, pickups, reaping, metrics. Returns what it did, for logs and tests."""
+        behind = self._behind(await self.observe())
+        pickups = await self.send_pickups(behind=behind)
         relaunched, stuck_failed = await reap_starting(self._pool, self._bus, self._settings)
         lost = await reap_lost(self._pool, self._bus, self._settings)
-        await self.observe()
-        observed = await observe_runs(self._pool)
+        await self._on_time.observe_when_due()
+        # Recording writes each run's row once more: while dispatch is behind, that write would cost
+        # the database as much as starting the run. The rows keep every timestamp: the metrics come
+        # late, never wrong.
+        observed = (
+            0 if behind else await observe_runs(self._pool, queued_after=self._settings.scheduler.observe_queued_after)
+        )
+        schema_drops = await self.sweep()
+        expired = await self.retain()
         return {
             "pickups": pickups, "relaunched": relaunched, "start_failed": stuck_failed, "lost": lost,
-            "observed": observed,
+            "observed": observed, "schema_drops": schema_drops, "runs_deleted": expired,
         }  # fmt: skip
 
-    async def send_pickups(self) -> int:
+    def _behind(self, undecided: int) -> bool:
+        """Whether dispatch counts as behind: more than ``scheduler.behind_backlog`` due runs wait for
+        a first dispatch decision (the top of the hour), for at most ``BEHIND_MAX`` seconds in a row."""
+        if undecided <= self._settings.scheduler.behind_backlog:
+            self._behind_since = None
+            return False
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        return now - self._behind_since < BEHIND_MAX
+
+    async def retain(self) -> int:
+        """Delete bounded batches of expired runs, when the pass is due; how many runs went."""
+        if time.monotonic() < self._next_retention:
+            return 0
+        deleted = await delete_expired_runs(self._pool)
+        self._next_retention = time.monotonic() + self._settings.scheduler.retention_interval
+        return deleted
+
+    async def sweep(self) -> int:
+        """Drop runs for the pull request schemas past their account's age, when the sweep is due."""
+        if time.monotonic() < self._next_sweep:
+            return 0
+        drops = await sweep_pull_request_schemas(self._pool, self._bus, self._settings.bus_prefix)
+        self._next_sweep = time.monotonic() + self._settings.scheduler.pull_request_sweep_interval
+        if drops:
+            log.info("old pull request schemas: drop runs queued", extra={"runs": [d.run_id for d in drops]})
+        return len(drops)
+
+    async def send_pickups(self, *, behind: bool = False) -> int:
+        """A Pickup for every account with due runs whose last Pickup no longer waits.
+
+        While dispatch is behind, the cron runs its queuers queued are left to their Pickups for
+        ``BEHIND_MAX`` rather than ``scheduler.sweep_grace``: those Pickups are most likely still on
+        the bus, and a second Pickup per account would double dispatch's work when it can least
+        afford it. A lost one is made up once dispatch has caught up, or after ``BEHIND_MAX``."""
+        grace = BEHIND_MAX if behind else self._settings.scheduler.sweep_grace
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["accounts_with_due_runs"])
+            cur = await conn.execute(Q["accounts_with_due_runs"], {"grace": grace})
             due = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
         accounts = await self._pending.mark(due)  # not those whose last Pickup still waits
         return await send_pickups(self._bus, self._topology, accounts, source="scheduler")
 
-    async def observe(self) -> None:
-        """Gauges of the whole system, and forgetting dispatchers that stopped announcing themselves."""
+    async def observe(self) -> int:
+        """Gauges of the whole system, and forgetting dispatchers that stopped announcing themselves.
+
+        Returns how many due runs wait for a first dispatch decision."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["run_gauges"])
+            cur = await conn.execute(Q["run_gauges"], {"start_timeout": self._settings.scheduler.start_timeout})
             gauges = await cur.fetchone()
             await conn.execute(Q["forget_silent_dispatchers"], {"silent_seconds": FORGET_DISPATCHER_AFTER})
         if gauges is not None:
@@ -69,6 +128,9 @@ class SchedulerLoop:
             instruments.running_runs.set(int(gauges["running"]))  # type: ignore[call-overload]
             instruments.slots_in_use.set(int(gauges["slots_in_use"]))  # type: ignore[call-overload]
             instruments.oldest_queued_age.set(float(gauges["oldest_queued_age"]))  # type: ignore[arg-type]
+            instruments.stuck_runs.set(int(gauges["stuck"]))  # type: ignore[call-overload]
+            return int(gauges["undecided"])  # type: ignore[call-overload, no-any-return]
+        return 0
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:

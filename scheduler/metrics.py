@@ -3,10 +3,12 @@
 Runs are queued by the API, the queuer workers and the outcome path, and started by runners that
 live for one run and cannot be scraped; so one place records the delays of DESIGN.md from the
 timestamps on the rows, once per run (the ``observed`` flags, claimed with SKIP LOCKED, make several
-scheduler loops share the work without counting a run twice):
+scheduler loops share the work without counting a run twice), and not while dispatch is far behind
+(``SchedulerLoop.run_once``):
 
 - queued: ``runplane.runs.queued`` and trigger lag (queued_at - scheduled_at; a retry scheduled in
-  the future counts 0);
+  the future counts 0), when the run starts or ends, or after it has waited
+  ``scheduler.observe_queued_after`` seconds, whichever comes first;
 - started: ``runplane.runs.started``, wait time, prep time and run delay;
 - finished: ``runplane.runs.finished`` by status, and run duration for runs that started.
 """
@@ -34,12 +36,18 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return max(0.0, (later - earlier).total_seconds())
 
 
-async def observe_runs(pool: AsyncConnectionPool[Connection], *, batch: int = BATCH, max_batches: int = 20) -> int:
-    """Record every run event not recorded yet; returns how many rows were read."""
+async def observe_runs(
+    pool: AsyncConnectionPool[Connection], *, queued_after: float = 0.0, batch: int = BATCH, max_batches: int = 20
+) -> int:
+    """Record every run event not recorded yet; returns how many rows were read.
+
+    The queue event of a run still queued waits until the run has been queued ``queued_after``
+    seconds (``scheduler.observe_queued_after``): most runs start sooner and are then recorded
+    queued and started in one write of their row."""
     seen = 0
     for _ in range(max_batches):
         async with pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(Q["observe_runs"], {"limit": batch})
+            cur = await conn.execute(Q["observe_runs"], {"limit": batch, "queued_after": queued_after})
             rows = await cur.fetchall()
         for row in rows:
             record(row)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -42,6 +44,20 @@ def _drop(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
     conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
 
 
+# The per-test timeout is 20 s (pyproject.toml); a test marked `slow`, or one that may be the first
+# to start a session's Kubernetes cluster, gets this one unless it names its own.
+SLOW_TIMEOUT = 180
+CLUSTER_FIXTURES = {"control_plane", "second_control_plane", "compacting_control_plane", "node"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        if item.get_closest_marker("slow") is not None or CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _services() -> None:
     problems = ensure_services(BASE, say=lambda _: None)
@@ -61,8 +77,43 @@ def template_db() -> Iterator[str]:
         _drop(conn, name)
 
 
+class _Dropper:
+    """Drops the tests' databases on a thread of its own.
+
+    DROP DATABASE takes about a second (Postgres waits for every backend to let go of the files), and
+    the next test need not wait for it. The session ends only once every drop is done, and fails if
+    one failed.
+    """
+
+    def __init__(self) -> None:
+        self.names: queue.Queue[str | None] = queue.Queue()
+        self.failures: list[str] = []
+        self.thread = threading.Thread(target=self._drop_all, name="drop-test-databases", daemon=True)
+        self.thread.start()
+
+    def _drop_all(self) -> None:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            while (name := self.names.get()) is not None:
+                try:
+                    _drop(conn, name)
+                except psycopg.Error as exc:
+                    self.failures.append(f"{name}: {exc}")
+
+    def close(self) -> None:
+        self.names.put(None)
+        self.thread.join()
+        assert not self.failures, f"test databases not dropped: {self.failures}"
+
+
+@pytest.fixture(scope="session")
+def _dropper() -> Iterator[_Dropper]:
+    dropper = _Dropper()
+    yield dropper
+    dropper.close()
+
+
 @pytest.fixture
-def database_url(template_db: str) -> Iterator[str]:
+def database_url(template_db: str, _dropper: _Dropper) -> Iterator[str]:
     """A fresh, migrated database for this test."""
     name = f"rp_t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
@@ -72,8 +123,7 @@ def database_url(template_db: str) -> Iterator[str]:
             )
         )
     yield _db_url(name)
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        _drop(conn, name)
+    _dropper.names.put(name)
 
 
 @pytest.fixture

@@ -8,12 +8,13 @@ the only ones in the OpenAPI document.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -22,15 +23,28 @@ from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
+from api.web import errors, pages
 from api.webhook_subscriptions import Subscriptions
+from api.webhook_targets import TargetPolicy
 from runplane.errors import RunplaneError
 from runplane.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
 
-def create_app(store: Store, pickups: PickupPublisher, box: SecretBox | None = None) -> FastAPI:
-    """The REST app over ``store``; ``box`` encrypts webhook secrets (no webhooks without one)."""
+def create_app(
+    store: Store,
+    pickups: PickupPublisher,
+    box: SecretBox | None = None,
+    *,
+    targets: TargetPolicy | None = None,
+    log_poll_interval: float = 0.5,
+    draining: asyncio.Event | None = None,
+) -> FastAPI:
+    """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
+    (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
+    default). Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set.
+    """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
         version="2",
@@ -39,28 +53,39 @@ def create_app(store: Store, pickups: PickupPublisher, box: SecretBox | None = N
     )
     app.state.store = store
     app.state.pickups = pickups
-    app.state.subscriptions = Subscriptions(store, box)
+    app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
-    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router):
+    app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
+    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse(errors.PREFIX, status_code=307)  # a browser at the bare address gets the pages
+
     @app.exception_handler(RunplaneError)
-    async def runplane_error(request: Request, exc: RunplaneError) -> JSONResponse:
+    async def runplane_error(request: Request, exc: RunplaneError) -> Response:
         code = http_code(exc)
         if code == 503:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
+        if errors.is_page(request):
+            return errors.page(request, code, str(exc), exc)
         return error_response(code, str(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()[:5]
         )
+        if errors.is_page(request):
+            return errors.page(request, 400, problems or "invalid request")
         return error_response(400, problems or "invalid request")
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if errors.is_page(request):
+            return errors.page(request, exc.status_code, str(exc.detail))
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from api.lookup import existing_job
+from api.pausing import set_paused
 from api.rest import params, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
@@ -56,6 +57,19 @@ async def get_job(request: Request, account_id: Account, job_id: JobPath) -> Env
     store = _store(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=shapes.job(row))
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/pause/", summary="Pause a job")
+async def pause_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
+    """Nothing automatic queues a paused job (schedule, completion, Git events, retries); run now still does."""
+    row = await set_paused(_store(request), account_id, job_id, paused=True)
+    return Envelope[shapes.Job](status=success(), data=shapes.job(row))
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/unpause/", summary="Unpause a job")
+async def unpause_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
+    row = await set_paused(_store(request), account_id, job_id, paused=False)
     return Envelope[shapes.Job](status=success(), data=shapes.job(row))
 
 

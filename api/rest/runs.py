@@ -10,11 +10,13 @@ from pydantic import BaseModel, Field
 
 from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
+from api.pull_requests import close_pull_request
+from api.rerunning import rerun_from_failure
 from api.rest import params, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.store import Row, Store
-from api.triggering import trigger_run
+from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
 from runplane.db import Connection
 from runplane.errors import InvalidArgument, NotFound
@@ -141,6 +143,8 @@ def _store(request: Request) -> Store:
 async def _one_run(request: Request, row: Row, include: set[str]) -> Envelope[shapes.Run]:
     store = _store(request)
     async with store.connection() as conn:
+        # Read again with its job's environment, project and dbt version (a row just written has none).
+        row = await store.get_run(conn, AccountId(row["account_id"]), row["id"]) or row
         (run,) = await views(request, store, conn, [row], include)
     return Envelope[shapes.Run](status=success(), data=run)
 
@@ -156,27 +160,53 @@ async def trigger(
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/", summary="Rerun the job's latest run")
 async def rerun(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Run]:
-    """A new run with the overrides of the job's latest run; after an error it records that run as its parent.
-
-    Every step runs again: runplane does not yet resume a run from its failed step.
-    """
+    """After an error, the latest run again from its failed step (as ``.../runs/{id}/retry/``); else a new run."""
     store = _store(request)
     async with store.connection() as conn:
         await existing_job(store, conn, account_id, job_id)
         latest = await store.latest_run_of_job(conn, account_id, job_id)
-    failed = latest is not None and latest["status"] == RunStatus.ERROR
-    raw = RunOverridesSpec(**(latest["overrides"] if failed and latest else {}))
-    spec = TriggerSpec(
-        JobId(job_id),
-        Trigger.API,
-        f"Rerun of run {latest['id']}" if failed and latest else "Rerun",
-        None,
-        checked_overrides(raw, lambda name: name),
-    )
-    row, _ = await trigger_run(
-        store, request.app.state.pickups, account_id, spec, parent_run_id=latest["id"] if failed and latest else None
-    )
+    if latest is not None and latest["status"] == RunStatus.ERROR:
+        row = await rerun_from_failure(store, request.app.state.pickups, account_id, latest["id"])
+    else:
+        row, _ = await trigger_run(store, request.app.state.pickups, account_id, rerun_spec(job_id, None, Trigger.API))
     return await _one_run(request, row, {"trigger", "job"})
+
+
+@router.post("/api/v2/accounts/{account_id}/runs/{run_id}/retry/", summary="Rerun a failed run from its failure")
+async def retry(request: Request, account_id: Account, run_id: RunPath) -> Envelope[shapes.Run]:
+    """A new run that resumes the failed run from its failed step (``dbt retry`` where dbt can)."""
+    row = await rerun_from_failure(_store(request), request.app.state.pickups, account_id, run_id)
+    return await _one_run(request, row, {"trigger", "job"})
+
+
+class ClosePullRequestBody(BaseModel):
+    job_id: int | None = Field(None, ge=1, le=2**63 - 1, description="Only this CI job (default: every one).")
+
+
+@router.post(
+    "/api/v2/accounts/{account_id}/pull-requests/{pull_request_number}/close/",
+    summary="Close a pull request: drop its schemas",
+)
+async def close_pull_request_(
+    request: Request,
+    account_id: Account,
+    pull_request_number: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    body: Annotated[ClosePullRequestBody | None, Body()] = None,
+) -> Envelope[list[shapes.Run]]:
+    """A run per CI job that built a schema for the pull request drops it; its CI runs still in progress stop."""
+    job_id = body.job_id if body is not None else None
+    rows = await close_pull_request(
+        _store(request),
+        request.app.state.pickups,
+        account_id,
+        pull_request_number,
+        job_ids=[] if job_id is None else [job_id],
+        why=f"pull request #{pull_request_number} was closed",
+    )
+    store = _store(request)
+    async with store.connection() as conn:
+        runs = await views(request, store, conn, rows, {"trigger"})
+    return Envelope[list[shapes.Run]](status=success(), data=runs)
 
 
 @router.get("/api/v2/accounts/{account_id}/runs/{run_id}/", summary="Get a run")

@@ -59,6 +59,7 @@ class Account(BaseModel):
     state: int
     plan: str | None
     run_slots: int
+    deactivate_after_failures: int
     created_at: str | None
     updated_at: str | None
 
@@ -111,6 +112,7 @@ class Job(BaseModel):
     schedule: JobSchedule
     state: int
     deactivated: bool
+    paused: bool
     run_failure_count: int
     generate_docs: bool
     run_generate_sources: bool
@@ -171,6 +173,7 @@ class Run(BaseModel):
     status: int
     status_humanized: str
     status_message: str | None
+    job_paused: bool
     dbt_version: str | None
     git_branch: str | None
     git_sha: str | None
@@ -220,6 +223,7 @@ def account(row: Row) -> Account:
         state=ACTIVE,
         plan=None,
         run_slots=row["run_slots"],
+        deactivate_after_failures=row["deactivate_after_failures"],
         created_at=stamp(row["created_at"]),
         updated_at=stamp(row["updated_at"]),
     )
@@ -254,10 +258,11 @@ def job(row: Row) -> Job:
         ),
         state=DELETED if row.get("deleted_at") else ACTIVE,
         deactivated=row["deactivated_at"] is not None,
+        paused=row["paused_at"] is not None,
         run_failure_count=row["consecutive_failures"],
-        generate_docs=False,
-        run_generate_sources=False,
-        deferring_job_definition_id=None,
+        generate_docs=row["generate_docs"],
+        run_generate_sources=row["run_source_freshness"],
+        deferring_job_definition_id=row["defer_to_job_id"],
         created_at=stamp(row["created_at"]),
         updated_at=stamp(row["updated_at"]),
     )
@@ -339,13 +344,14 @@ def run(
         status=status,
         status_humanized=humanized(status),
         status_message=row["status_message"] or None,
+        job_paused=row["job_paused"],
         dbt_version=o.get("dbt_version") or row.get("dbt_version"),
         git_branch=o.get("git_branch"),
         # The commit the run checked out, else the one it asked for.
         git_sha=row.get("git_sha") or o.get("git_sha"),
         owner_thread_id=None,
         executed_by_thread_id=row["pod_name"] or None,
-        deferring_run_id=None,
+        deferring_run_id=row["deferring_run_id"],
         artifacts_saved=terminal,
         artifact_s3_path=None,
         has_docs_generated=False,

@@ -1,8 +1,10 @@
 #!/bin/bash
 # Builds the runner image on a Docker engine from Debian's packages and PyPI only: a Debian bookworm
 # root filesystem (debootstrap, cached by its package list) imported as the base image, then the
-# project's Dockerfiles on top. The result is saved to the cache keyed by the content of its
-# inputs and loaded from there next time.
+# project's Dockerfiles on top. The runner image is saved to the cache keyed by the content of its
+# inputs and loaded from there next time; on a miss (the sources changed) the slow layers (the
+# Python dependencies, dbt) come from a saved earlier build, keyed by pyproject.toml and the
+# Dockerfiles, so only the project's own layers are built again.
 #
 # Usage: DOCKER_HOST=unix:///path/docker.sock deploy/k8s-local/images.sh [TAG]   (prints the runner image)
 #        deploy/k8s-local/images.sh --rootfs                                   (only the root filesystem)
@@ -38,29 +40,69 @@ make_rootfs() {
     log "root filesystem made in $((SECONDS - t0)) s"
 }
 
+# The inputs of the runner image, each file by content: what decides whether a saved image is reused.
 content_key() {
-    (cd "$ROOT" && find pyproject.toml README.md runplane api orchestrator queuer_worker dispatcher runner proto \
-        deploy/docker -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort \
+    (cd "$ROOT" && find .dockerignore pyproject.toml README.md runplane api orchestrator queuer_worker scheduler dispatcher runner \
+        proto deploy/docker -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort \
         | xargs sha256sum; echo "$ROOTFS") | sha256sum | cut -c1-16
+}
+
+# The inputs of the slow layers (the root filesystem, the Python dependencies, dbt): a change to the
+# sources alone keeps this key, so the build reuses those layers.
+layers_key() {
+    (cd "$ROOT" && sha256sum pyproject.toml deploy/docker/Dockerfile deploy/docker/Dockerfile.runner; echo "$ROOTFS") \
+        | sha256sum | cut -c1-16
+}
+
+# Keep the newest $KEEP files matching a pattern (several checkouts share the cache: no one evicts
+# the others' image at once).
+prune() {
+    local keep=$1; shift
+    ls -1t "$@" 2>/dev/null | tail -n +"$((keep + 1))" | xargs -r rm -f
 }
 
 make_rootfs
 [ "${1:-}" = --rootfs ] && { echo "$ROOTFS"; exit 0; }
 
 runner=runplane-runner:$TAG
-saved=$CACHE_ROOT/images/runplane-runner-$TAG-$(content_key).tar
+images=$CACHE_ROOT/images
+saved=$images/runplane-runner-$TAG-$(content_key).tar
+mkdir -p "$images"
 if [ -f "$saved" ]; then
-    docker load -q -i "$saved" >/dev/null
-else
     t0=$SECONDS
-    docker import --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' "$ROOTFS" "$BASE" >/dev/null
-    docker build -q --network host --build-arg "PYTHON_IMAGE=$BASE" -f "$ROOT/deploy/docker/Dockerfile" \
-        -t "runplane:$TAG" "$ROOT" >/dev/null
-    docker build -q --network host --build-arg "BASE=runplane:$TAG" -f "$ROOT/deploy/docker/Dockerfile.runner" \
-        -t "$runner" "$ROOT" >/dev/null
-    log "images built in $((SECONDS - t0)) s"
-    mkdir -p "$CACHE_ROOT/images"
-    rm -f "$CACHE_ROOT"/images/runplane-runner-"$TAG"-*.tar
-    docker save -o "$saved.tmp" "$runner" && mv "$saved.tmp" "$saved"
+    docker load -q -i "$saved" >/dev/null
+    touch "$saved"
+    log "runner image loaded from $saved in $((SECONDS - t0)) s"
+    echo "$runner"
+    exit 0
 fi
+
+# A miss: build, reusing the slow layers of an earlier build. The classic builder takes a loaded
+# image's layers as cache (--cache-from) when its history matches, so the base image is loaded
+# with them rather than imported again (an import is a new image every time).
+t0=$SECONDS
+layers=$images/runplane-build-layers-$(layers_key).tar
+if [ -f "$layers" ]; then
+    docker load -q -i "$layers" >/dev/null
+    touch "$layers"
+fi
+docker image inspect "$BASE" >/dev/null 2>&1 \
+    || docker import --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' "$ROOTFS" "$BASE" >/dev/null
+cache=()
+for image in runplane-build:cache runplane-dbt:cache; do
+    docker image inspect "$image" >/dev/null 2>&1 && cache+=(--cache-from "$image")
+done
+build() { docker build -q --network host --build-arg "PYTHON_IMAGE=$BASE" "${cache[@]}" "$@" "$ROOT" >/dev/null; }
+build -f "$ROOT/deploy/docker/Dockerfile" --target build -t runplane-build:cache
+build -f "$ROOT/deploy/docker/Dockerfile.runner" --target dbt -t runplane-dbt:cache
+cache+=(--cache-from runplane-build:cache --cache-from runplane-dbt:cache)
+build -f "$ROOT/deploy/docker/Dockerfile" -t "runplane:$TAG"
+build -f "$ROOT/deploy/docker/Dockerfile.runner" --build-arg "BASE=runplane:$TAG" -t "$runner"
+log "images built in $((SECONDS - t0)) s"
+if [ ! -f "$layers" ]; then
+    docker save -o "$layers.tmp" "$BASE" runplane-build:cache runplane-dbt:cache && mv "$layers.tmp" "$layers"
+    prune 2 "$images"/runplane-build-layers-*.tar
+fi
+docker save -o "$saved.tmp" "$runner" && mv "$saved.tmp" "$saved"
+prune 4 "$images"/runplane-runner-"$TAG"-*.tar
 echo "$runner"

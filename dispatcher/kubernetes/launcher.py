@@ -1,5 +1,9 @@
 """The ``kubernetes`` launcher: one Pod per launch of a run, created directly (no Job controller).
 
+A dispatcher launches many runs at once; ``kubernetes.pod_creates_per_second`` bounds the launches
+(each a Secret, a Pod and a patch) this launcher sends the API server per second, so a burst at the
+top of the hour queues here instead of drawing 429s from the API server.
+
 The Pod's name is deterministic (run id and launch attempt), so a second create of the same launch
 answers 409 and counts as launched. API errors become ``LaunchError``: 403, 422 (and other
 4xx) fail the run with the API's reason; 429, 5xx and dropped connections are retried here with
@@ -13,6 +17,7 @@ import logging
 from typing import Any
 
 import kubernetes.client
+from aiolimiter import AsyncLimiter
 
 from dispatcher.kubernetes import api as kubernetes_api
 from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
@@ -25,6 +30,15 @@ log = logging.getLogger(__name__)
 
 CONFLICT = 409
 NOT_FOUND = 404
+
+
+def _pod_create_limiter(per_second: float) -> AsyncLimiter | None:
+    """A leaky bucket letting ``per_second`` launches through per second (bursts up to one second's worth)."""
+    if per_second <= 0:
+        return None
+    if per_second >= 1:
+        return AsyncLimiter(per_second, 1.0)
+    return AsyncLimiter(1, 1.0 / per_second)
 
 
 class KubernetesLauncher:
@@ -41,6 +55,9 @@ class KubernetesLauncher:
         self._api_client = kubernetes.client.ApiClient(config)
         self._core = kubernetes.client.CoreV1Api(self._api_client)
         self._policy = CallRetries.from_settings(self._k8s)
+        # Launches run concurrently (``dispatcher.launch_concurrency``); this bounds what reaches the API server.
+        rate = self._k8s.pod_creates_per_second
+        self._pod_creates = _pod_create_limiter(rate)
 
     @property
     def cluster(self) -> str:
@@ -61,6 +78,8 @@ class KubernetesLauncher:
         pod = self.pod_for(request)
         name = pod_name(request.run_id, request.attempt)
         fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
+        if self._pod_creates is not None:
+            await self._pod_creates.acquire()
         try:
             await self._create_token_secret(request)
             created = await kubernetes_api.call(

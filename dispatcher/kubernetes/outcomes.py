@@ -2,7 +2,8 @@
 
 Statements that find a Pod's run live in ``queries.sql``. What happens to the run is the run
 lifecycle's: a Pod that failed before its runner claimed the run is relaunched or ends the run
-(:func:`runplane.runs.relaunch.runner_never_started`); a Pod killed for memory ends it through
+(:func:`runplane.runs.relaunch.runner_never_started`); a Pod killed for memory, or one that failed
+after its runner claimed the run ("runner lost"), ends it through
 :func:`runplane.runs.finish.finish_run` like every other run's end (failure counts, deactivation,
 retries, completion triggers). The scheduler loop's next pass publishes the pickups that follow.
 """
@@ -19,7 +20,7 @@ from runplane.runs.relaunch import runner_never_started
 from runplane.runs.retries import RetryPolicy
 from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunId, RunStatus
+from runplane.types import MEMORY_LIMIT_ERROR, RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 
 QUERIES = load_queries("dispatcher.kubernetes")
 
@@ -55,6 +56,17 @@ class PostgresPodOutcomes:
                 reason=reason,
                 policy=self._policy,
             )
+
+    async def runner_pod_failed(self, run_id: RunId, pod_name: str, reason: str) -> bool:
+        """The Pod the runner lives in failed after the claim: the runner is gone, the run ends
+        "runner lost" now (with the Pod's reason) instead of when its lease runs out."""
+        async with self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(QUERIES["lock_claimed_run_of_pod"], {"run_id": run_id, "pod_name": pod_name})
+            if await cur.fetchone() is None:
+                return False
+            outcome = Outcome.error(f"{RUNNER_LOST}: its pod failed: {reason[:1000]}", FailureKind.INFRASTRUCTURE)
+            statuses = (RunStatus.RUNNING,)
+            return await finish_run(conn, run_id, outcome, policy=self._policy, from_statuses=statuses) is not None
 
     async def _lock(
         self, conn: Connection, run_id: RunId, pod_name: str, statuses: tuple[RunStatus, ...]

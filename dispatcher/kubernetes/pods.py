@@ -43,21 +43,24 @@ def build_token_secret(request: LaunchRequest, settings: KubernetesSettings, *, 
     Named like the Pod; once the Pod exists it becomes the Secret's owner, so deleting the Pod
     deletes the token with it.
     """
+    name = pod_name(request.run_id, request.attempt)
+    return token_secret(name, run_labels(request, cluster), request.token, settings)
+
+
+def token_secret(name: str, labels: dict[str, str], token: str, settings: KubernetesSettings) -> dict[str, Any]:
+    """A Secret named like its Pod, holding the token that Pod mounts at ``/var/run/runplane/token``."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": pod_name(request.run_id, request.attempt),
-            "namespace": settings.namespace,
-            "labels": _labels(request, cluster),
-        },
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
         "type": "Opaque",
         "immutable": True,
-        "stringData": {TOKEN_KEY: request.token},
+        "stringData": {TOKEN_KEY: token},
     }
 
 
-def _labels(request: LaunchRequest, cluster: str) -> dict[str, str]:
+def run_labels(request: LaunchRequest, cluster: str) -> dict[str, str]:
+    """The labels that make a Pod a run's Pod: the watcher reconciles it with that run."""
     return {
         MANAGED_BY: MANAGER,
         "app.kubernetes.io/name": "runplane-runner",
@@ -77,13 +80,39 @@ def build_pod(
     It holds no control-plane credential: the runner knows the runner API's address and reads the
     run's token from the per-launch Secret mounted read-only at ``/var/run/runplane/token``.
     """
-    memory = f"{request.memory_mb}Mi"
-    labels = _labels(request, cluster)
+    pod = runner_pod(
+        pod_name(request.run_id, request.attempt),
+        run_labels(request, cluster),
+        ["--run-id", str(request.run_id)],
+        settings,
+        image=settings.dbt_images.get(request.dbt_version, settings.image),
+        memory_mb=request.memory_mb,
+        cancel_grace=cancel_grace,
+        runner_api_address=runner_api_address,
+    )
+    if request.timeout_seconds > 0:
+        pod["spec"]["activeDeadlineSeconds"] = request.timeout_seconds + settings.deadline_slack_seconds
+    return pod
+
+
+def runner_pod(
+    name: str,
+    labels: dict[str, str],
+    runner_args: list[str],
+    settings: KubernetesSettings,
+    *,
+    image: str,
+    memory_mb: int,
+    cancel_grace: float,
+    runner_api_address: str,
+) -> dict[str, Any]:
+    """A Pod running ``runplane runner <runner_args>`` with the token of the Secret named like it."""
+    memory = f"{memory_mb}Mi"
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": settings.dbt_images.get(request.dbt_version, settings.image),
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["runplane", "runner", "--run-id", str(request.run_id), "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"],
+        "command": ["runplane", "runner", *runner_args, "--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"],
         "env": [
             # The root filesystem is read-only: dbt and the runner write under the work volume.
             {"name": "HOME", "value": WORK_DIR},
@@ -126,15 +155,13 @@ def build_pod(
             {
                 "name": "run-token",
                 "secret": {
-                    "secretName": pod_name(request.run_id, request.attempt),
+                    "secretName": name,
                     "defaultMode": 0o400,
                     "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}],
                 },
             },
         ],
     }
-    if request.timeout_seconds > 0:
-        spec["activeDeadlineSeconds"] = request.timeout_seconds + settings.deadline_slack_seconds
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
     if settings.node_selector:
@@ -146,11 +173,7 @@ def build_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": pod_name(request.run_id, request.attempt),
-            "namespace": settings.namespace,
-            "labels": labels,
-        },
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
         "spec": spec,
     }
 

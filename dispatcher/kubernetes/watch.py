@@ -7,7 +7,9 @@ through ``PodOutcomes`` (Postgres in production, see ``outcomes``):
 
 - OOMKilled → the run ends with "memory limit error";
 - evicted, failed, or stuck before its container started → if the runner never claimed the run,
-  it goes back to the queue within the launch budget (or fails when the budget is spent);
+  it goes back to the queue within the launch budget (or fails when the budget is spent); if it
+  had (the Pod is the one recorded on the running run), the runner is gone: the run ends "runner
+  lost" with the Pod's reason at once, not when its lease runs out;
 - still pending or running but its run is not live any more (cancelled, reaped, finished) → deleted;
 - finished → deleted after ``pod_retention_seconds`` (kept meanwhile for ``kubectl logs``).
 
@@ -51,6 +53,10 @@ class PodOutcomes(Protocol):
 
     async def failed_before_claim(self, run_id: RunId, pod_name: str, reason: str) -> bool:
         """The Pod died while the run was still starting: relaunch within the budget, else error."""
+        ...
+
+    async def runner_pod_failed(self, run_id: RunId, pod_name: str, reason: str) -> bool:
+        """The Pod recorded on a running run failed (its runner is gone): the run ends "runner lost"."""
         ...
 
     async def live_pods(self, pods: Sequence[tuple[RunId, str]]) -> set[str]:
@@ -215,6 +221,10 @@ class PodWatcher:
             case PodState.FAILED:
                 if await self._outcomes.failed_before_claim(view.run_id, view.name, view.reason):
                     log.info("pod failed before the runner claimed the run", extra={**fields, "reason": view.reason})
+                elif await self._outcomes.runner_pod_failed(view.run_id, view.name, view.reason):
+                    log.warning(
+                        "pod failed under its running run: runner lost", extra={**fields, "reason": view.reason}
+                    )
             case PodState.ACTIVE:
                 await self._delete_orphans([(view.run_id, view.name)])
             case PodState.SUCCEEDED:

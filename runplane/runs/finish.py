@@ -6,10 +6,12 @@ the scheduler loop's reaper, the dispatcher (launch failures, superseded merge r
 Kubernetes launcher. What follows a terminal status:
 
 - **success** resets the job's ``consecutive_failures``;
-- **error** increments it; at :data:`DEACTIVATE_AFTER_FAILURES` the job is deactivated with a reason
-  and its ``version`` bumped, so the orchestrator stops its schedule;
+- **error** increments it; at the account's ``deactivate_after_failures`` (default
+  :data:`DEFAULT_DEACTIVATE_AFTER_FAILURES`; 0: never) the job is deactivated with a reason and its
+  ``version`` bumped, so the orchestrator stops its schedule;
 - **completion triggers** whose statuses include the outcome queue their downstream job once
-  (idempotency key ``done:{run_id}:{job_id}``), unless that job is deactivated or deleted;
+  (idempotency key ``done:{run_id}:{job_id}``), unless that job is deactivated, paused or deleted;
+  an all-of job (fan-in, :mod:`runplane.runs.fan_in`) once every upstream job has such a run;
 - **retries** (:mod:`runplane.runs.retries`): an error may queue a new run after a backoff.
 
 The Kubernetes launcher ends a Pod killed for memory with::
@@ -29,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 from runplane import instruments
 from runplane.bus import Bus, Topology
 from runplane.db import Connection
+from runplane.runs.fan_in import queue_fan_ins
 from runplane.runs.pickups import hint_pickups
 from runplane.runs.retries import RetryPolicy, queue_retry
 from runplane.runs.transitions import TRANSITIONS
@@ -38,7 +41,7 @@ log = logging.getLogger(__name__)
 
 Q = TRANSITIONS
 
-DEACTIVATE_AFTER_FAILURES = 100
+DEFAULT_DEACTIVATE_AFTER_FAILURES = 100  # the column default of accounts.deactivate_after_failures
 NON_TERMINAL = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
 
 
@@ -100,10 +103,7 @@ async def finish_run(
         if outcome.status is RunStatus.SUCCESS:
             await conn.execute(Q["reset_failures"], {"job_id": job_id})
         elif outcome.status is RunStatus.ERROR:
-            reason = f"deactivated after {DEACTIVATE_AFTER_FAILURES} consecutive failed runs (last: run {run_id})"
-            cur = await conn.execute(
-                Q["count_failure"], {"job_id": job_id, "limit": DEACTIVATE_AFTER_FAILURES, "reason": reason}
-            )
+            cur = await conn.execute(Q["count_failure"], {"job_id": job_id, "run_id": run_id})
             job = await cur.fetchone()
             if job is not None:
                 deactivated = bool(job["deactivated_now"])
@@ -120,6 +120,9 @@ async def finish_run(
         for row in await cur.fetchall():
             downstream.append(RunId(int(row["id"])))  # type: ignore[call-overload]
             pickups.add(AccountId(int(row["account_id"])))  # type: ignore[call-overload]
+        for fan_in in await queue_fan_ins(conn, run_id=run_id, upstream_job_id=job_id, status=outcome.status):
+            downstream.append(fan_in.run_id)
+            pickups.add(fan_in.account_id)
     if deactivated:
         instruments.deactivations.add(1)
     if retry_run_id is not None:

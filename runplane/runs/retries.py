@@ -66,7 +66,8 @@ async def queue_retry(
     if budget <= 0 or not retryable:
         return None, False
     attempt = int(run["attempt"])  # type: ignore[call-overload]
-    active = job["deactivated_at"] is None and job["deleted_at"] is None
+    # A paused job is queued by nothing automatic, its retries included.
+    active = job["deactivated_at"] is None and job["deleted_at"] is None and job["paused_at"] is None
     if attempt > budget or not active:
         exhausted = f"{message}; retries exhausted after {attempt} attempts" if active else message
         if active:

@@ -5,25 +5,27 @@
 -- Queuing: a new run (status queued).
 
 -- name: insert_run
+-- run_at (NULL: now) is when the run is due: dispatch takes only due runs (scheduled_at), and a run
+-- at a later time enters the queue (queued_at) then, so its wait is counted from then.
 INSERT INTO runs (
     account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
-    pull_request_number, schema_name, trace_parent, parent_run_id, scheduled_at, queued_at
+    pull_request_number, schema_name, trace_parent, parent_run_id, job_paused, scheduled_at, queued_at
 ) VALUES (
     %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
     %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, %(parent_run_id)s,
-    now(), now()
+    %(job_paused)s, COALESCE(%(run_at)s, now()), GREATEST(now(), %(run_at)s)
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *
 
 -- name: queue_runs
--- One statement per tick: insert the due cron runs. Postgres is re-checked: deleted or deactivated
--- jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
+-- One statement per tick: insert the due cron runs. Postgres is re-checked: deleted, deactivated or
+-- paused jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
 INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
 SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
 FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[], %(keys)s::text[]) AS d (job_id, fire_ts, key)
 JOIN jobs j ON j.id = d.job_id
-WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.cron IS NOT NULL
+WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
           extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag
@@ -47,8 +49,9 @@ UPDATE runs r
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
           (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
-          (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
-            WHERE j.id = r.job_id) AS dbt_version
+          coalesce(nullif(r.overrides->>'dbt_version', ''), nullif(r.overrides->>'dbtVersion', ''),
+                   (SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id
+                     WHERE j.id = r.job_id)) AS dbt_version
 
 -- name: claim_run
 -- Compare-and-set starting → running for the holder of the run's token (through the runner API);
@@ -119,9 +122,10 @@ RETURNING w.reason;
 -- name: finish_run
 -- Compare-and-set from a non-terminal status; with a lease owner, only that runner may end it;
 -- with require_lease_expired, only while the lease is still expired (a late heartbeat wins).
+-- A run that ends cancelled after someone other than its user asked shows why (cancel_reason).
 UPDATE runs
    SET status = %(status)s,
-       status_message = %(message)s,
+       status_message = CASE WHEN %(status)s = 30 AND cancel_reason <> '' THEN cancel_reason ELSE %(message)s END,
        finished_at = clock_timestamp(),
        waiting_reason = '',
        not_before = NULL
@@ -144,18 +148,24 @@ UPDATE run_steps
 UPDATE jobs SET consecutive_failures = 0 WHERE id = %(job_id)s AND consecutive_failures <> 0
 
 -- name: count_failure
--- At the limit the job is deactivated; the version bump tells the orchestrator to stop queuing it.
+-- At the account's limit (accounts.deactivate_after_failures; 0: never) the job is deactivated; the
+-- version bump tells the orchestrator to stop queuing it.
 UPDATE jobs
    SET consecutive_failures = consecutive_failures + 1,
        deactivated_at = CASE WHEN reaches THEN now() ELSE deactivated_at END,
-       deactivation_reason = CASE WHEN reaches THEN %(reason)s ELSE deactivation_reason END,
+       deactivation_reason = CASE WHEN reaches
+           THEN 'deactivated after ' || d.failure_limit || ' consecutive failed runs (last: run '
+                || %(run_id)s::bigint || ')'
+           ELSE deactivation_reason END,
        version = CASE WHEN reaches THEN version + 1 ELSE version END,
        updated_at = CASE WHEN reaches THEN now() ELSE updated_at END
-  FROM (SELECT consecutive_failures + 1 >= %(limit)s AND deactivated_at IS NULL AS reaches
-          FROM jobs WHERE id = %(job_id)s) AS d
+  FROM (SELECT a.deactivate_after_failures AS failure_limit,
+               a.deactivate_after_failures > 0 AND j.consecutive_failures + 1 >= a.deactivate_after_failures
+               AND j.deactivated_at IS NULL AS reaches
+          FROM jobs j JOIN accounts a ON a.id = j.account_id WHERE j.id = %(job_id)s) AS d
  WHERE jobs.id = %(job_id)s
-RETURNING d.reaches AS deactivated_now, jobs.deactivated_at, jobs.deleted_at, jobs.retry_max_attempts,
-          jobs.retry_on_step_failure
+RETURNING d.reaches AS deactivated_now, jobs.deactivated_at, jobs.deleted_at, jobs.paused_at,
+          jobs.retry_max_attempts, jobs.retry_on_step_failure
 
 -- name: mark_retries_exhausted
 UPDATE runs SET retries_exhausted = true, status_message = %(message)s WHERE id = %(run_id)s
@@ -181,7 +191,9 @@ SELECT j.account_id, j.id, j.job_type, 'completion',
   JOIN jobs j ON j.id = t.job_id
  WHERE t.upstream_job_id = %(upstream_job_id)s
    AND %(status)s::smallint = ANY(t.statuses)
+   AND j.completion_mode = 'any'
    AND j.deactivated_at IS NULL
+   AND j.paused_at IS NULL
    AND j.deleted_at IS NULL
 ORDER BY j.id
 ON CONFLICT (idempotency_key) DO NOTHING

@@ -75,3 +75,20 @@ WHERE r.status = 1
 GROUP BY r.account_id, a.name, nullif(r.waiting_reason, '')
 ORDER BY runs DESC, r.account_id
 LIMIT 50;
+
+-- name: accounts_on_time
+-- Per account with runs queued in the window: runs that started or can no longer be on time, and
+-- how many of those were on time (runplane/on_time.py). One index range per account
+-- (runs_account_queued_idx), so the cost follows the window, not the history.
+SELECT a.id AS account_id, a.name AS account_name, w.considered, w.on_time
+FROM accounts a
+CROSS JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE r.started_at IS NOT NULL
+                            OR (r.status IN (1, 2) AND r.scheduled_at < now() - make_interval(secs => %(on_time_seconds)s)))
+            AS considered,
+        count(*) FILTER (WHERE r.started_at - r.scheduled_at <= make_interval(secs => %(on_time_seconds)s)) AS on_time
+    FROM runs r
+    WHERE r.account_id = a.id AND r.queued_at >= now() - make_interval(secs => %(window_seconds)s)
+) w
+WHERE w.considered > 0;

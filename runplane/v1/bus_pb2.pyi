@@ -277,23 +277,31 @@ Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
 
 @_typing.final
 class Pickup(_message.Message):
-    """Queuer / scheduler loop → dispatchers: this account may have runs to dispatch."""
+    """Queuer / scheduler loop / API / dispatchers → dispatchers: these accounts may have runs to
+    dispatch. Only a hint: a lost Pickup is made up by the scheduler loop's next sweep, a doubled one
+    finds nothing left to start. Senders fill account_ids (at most runplane.runs.pickups
+    .MAX_ACCOUNTS_PER_PICKUP); account_id is the single account of older senders, read as well.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ACCOUNT_ID_FIELD_NUMBER: _builtins.int
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
+    ACCOUNT_IDS_FIELD_NUMBER: _builtins.int
     account_id: _builtins.int
     sent_at_ms: _builtins.int
+    @_builtins.property
+    def account_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
         account_id: _builtins.int = ...,
         sent_at_ms: _builtins.int = ...,
+        account_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "sent_at_ms", b"sent_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "account_ids", b"account_ids", "sent_at_ms", b"sent_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

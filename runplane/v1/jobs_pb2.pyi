@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from runplane.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +20,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _CompletionMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompletionModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompletionMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPLETION_MODE_UNSPECIFIED: _CompletionMode.ValueType  # 0
+    """any"""
+    COMPLETION_MODE_ANY: _CompletionMode.ValueType  # 1
+    """a run per upstream run that finishes with a counted status"""
+    COMPLETION_MODE_ALL: _CompletionMode.ValueType  # 2
+    """Fan-in: one run once every upstream job has finished with a counted status since the job's
+    last such run; each satisfied set once (idempotency key from the upstream run ids).
+    """
+
+class CompletionMode(_CompletionMode, metaclass=_CompletionModeEnumTypeWrapper):
+    """How the completion triggers of a job combine."""
+
+COMPLETION_MODE_UNSPECIFIED: CompletionMode.ValueType  # 0
+"""any"""
+COMPLETION_MODE_ANY: CompletionMode.ValueType  # 1
+"""a run per upstream run that finishes with a counted status"""
+COMPLETION_MODE_ALL: CompletionMode.ValueType  # 2
+"""Fan-in: one run once every upstream job has finished with a counted status since the job's
+last such run; each satisfied set once (idempotency key from the upstream run ids).
+"""
+Global___CompletionMode: _TypeAlias = CompletionMode  # noqa: Y015
 
 @_typing.final
 class CronSchedule(_message.Message):
@@ -81,10 +110,12 @@ class JobTriggers(_message.Message):
     ON_COMPLETION_FIELD_NUMBER: _builtins.int
     ON_PULL_REQUEST_FIELD_NUMBER: _builtins.int
     ON_MERGE_FIELD_NUMBER: _builtins.int
+    COMPLETION_MODE_FIELD_NUMBER: _builtins.int
     on_pull_request: _builtins.bool
     """ci jobs"""
     on_merge: _builtins.bool
     """merge jobs"""
+    completion_mode: Global___CompletionMode.ValueType
     @_builtins.property
     def schedule(self) -> Global___CronSchedule:
         """unset: no schedule"""
@@ -98,10 +129,11 @@ class JobTriggers(_message.Message):
         on_completion: _abc.Iterable[Global___CompletionTrigger] | None = ...,
         on_pull_request: _builtins.bool = ...,
         on_merge: _builtins.bool = ...,
+        completion_mode: Global___CompletionMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_completion", b"on_completion", "on_merge", b"on_merge", "on_pull_request", b"on_pull_request", "schedule", b"schedule"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_mode", b"completion_mode", "on_completion", b"on_completion", "on_merge", b"on_merge", "on_pull_request", b"on_pull_request", "schedule", b"schedule"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -143,6 +175,11 @@ class JobSettings(_message.Message):
     SECRET_NAMES_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    GENERATE_DOCS_FIELD_NUMBER: _builtins.int
+    RUN_SOURCE_FRESHNESS_FIELD_NUMBER: _builtins.int
+    DEFER_TO_JOB_ID_FIELD_NUMBER: _builtins.int
+    DEFER_TO_ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ONLY_MODIFIED_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     """dbt threads; 0: the environment's default (4 without one)"""
     timeout_seconds: _builtins.int
@@ -161,6 +198,22 @@ class JobSettings(_message.Message):
     """0: none (steps are plain commands); else dbt steps run in it"""
     schema: _builtins.str
     """empty: the environment's default schema"""
+    generate_docs: _builtins.bool
+    """dbt jobs (with an environment) only. `dbt docs generate` runs after the steps and
+    `dbt source freshness` before them, each as a step of its own; their failure is shown on the
+    step and does not fail the run (as in dbt Cloud).
+    """
+    run_source_freshness: _builtins.bool
+    defer_to_job_id: _builtins.int
+    """Deferral (dbt jobs): each run starts from the manifest.json of the latest successful run of
+    this job (defer_to_job_id), or of a deploy job of this environment (defer_to_environment_id),
+    and its dbt steps get `--defer --state <dir>`. At most one of the two; 0: none.
+    """
+    defer_to_environment_id: _builtins.int
+    run_only_modified: _builtins.bool
+    """Slim CI: dbt steps without a selection build `--select state:modified+` against that manifest
+    (needs a deferral; without a run to defer to yet, the steps run as written).
+    """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """extra environment for every step"""
@@ -187,10 +240,15 @@ class JobSettings(_message.Message):
         secret_names: _abc.Iterable[_builtins.str] | None = ...,
         environment_id: _builtins.int = ...,
         schema: _builtins.str = ...,
+        generate_docs: _builtins.bool = ...,
+        run_source_freshness: _builtins.bool = ...,
+        defer_to_job_id: _builtins.int = ...,
+        defer_to_environment_id: _builtins.int = ...,
+        run_only_modified: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "environment_id", b"environment_id", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["defer_to_environment_id", b"defer_to_environment_id", "defer_to_job_id", b"defer_to_job_id", "environment", b"environment", "environment_id", b"environment_id", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "run_only_modified", b"run_only_modified", "run_source_freshness", b"run_source_freshness", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -213,6 +271,8 @@ class Job(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    PAUSED_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     name: _builtins.str
@@ -221,6 +281,10 @@ class Job(_message.Message):
     deactivation_reason: _builtins.str
     consecutive_failures: _builtins.int
     version: _builtins.int
+    paused: _builtins.bool
+    """Paused: queued by nothing automatic (schedule, completion triggers, Git events, retries); run
+    now and API triggers still queue it. Independent of `active`; saving the job keeps it paused.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -231,6 +295,8 @@ class Job(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def paused_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -247,10 +313,12 @@ class Job(_message.Message):
         version: _builtins.int = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        paused: _builtins.bool = ...,
+        paused_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "settings", b"settings", "triggers", b"triggers", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "paused_at", b"paused_at", "settings", b"settings", "triggers", b"triggers", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "consecutive_failures", b"consecutive_failures", "created_at", b"created_at", "deactivation_reason", b"deactivation_reason", "id", b"id", "job_type", b"job_type", "name", b"name", "settings", b"settings", "steps", b"steps", "triggers", b"triggers", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "consecutive_failures", b"consecutive_failures", "created_at", b"created_at", "deactivation_reason", b"deactivation_reason", "id", b"id", "job_type", b"job_type", "name", b"name", "paused", b"paused", "paused_at", b"paused_at", "settings", b"settings", "steps", b"steps", "triggers", b"triggers", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -437,3 +505,43 @@ class DeleteJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteJobResponse: _TypeAlias = DeleteJobResponse  # noqa: Y015
+
+@_typing.final
+class PauseJobRequest(_message.Message):
+    """Pausing or unpausing a job that already is paused or unpaused changes nothing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseJobRequest: _TypeAlias = PauseJobRequest  # noqa: Y015
+
+@_typing.final
+class UnpauseJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnpauseJobRequest: _TypeAlias = UnpauseJobRequest  # noqa: Y015

@@ -59,6 +59,16 @@ class JobServiceStub:
                 request_serializer=runplane_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
                 _registered_method=True)
+        self.PauseJob = channel.unary_unary(
+                '/runplane.v1.JobService/PauseJob',
+                request_serializer=runplane_dot_v1_dot_jobs__pb2.PauseJobRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_jobs__pb2.Job.FromString,
+                _registered_method=True)
+        self.UnpauseJob = channel.unary_unary(
+                '/runplane.v1.JobService/UnpauseJob',
+                request_serializer=runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_jobs__pb2.Job.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -94,6 +104,18 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpauseJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +143,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.DeleteJob,
                     request_deserializer=runplane_dot_v1_dot_jobs__pb2.DeleteJobRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_jobs__pb2.DeleteJobResponse.SerializeToString,
+            ),
+            'PauseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseJob,
+                    request_deserializer=runplane_dot_v1_dot_jobs__pb2.PauseJobRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_jobs__pb2.Job.SerializeToString,
+            ),
+            'UnpauseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpauseJob,
+                    request_deserializer=runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_jobs__pb2.Job.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +290,60 @@ class JobService:
             '/runplane.v1.JobService/DeleteJob',
             runplane_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
             runplane_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.JobService/PauseJob',
+            runplane_dot_v1_dot_jobs__pb2.PauseJobRequest.SerializeToString,
+            runplane_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpauseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.JobService/UnpauseJob',
+            runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.SerializeToString,
+            runplane_dot_v1_dot_jobs__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,8 @@ class JobServiceStub:
     ListJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]
     UpdateJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.UpdateJobRequest, _jobs_pb2.Job]
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.DeleteJobRequest, _jobs_pb2.DeleteJobResponse]
+    PauseJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.PauseJobRequest, _jobs_pb2.Job]
+    UnpauseJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.UnpauseJobRequest, _jobs_pb2.Job]
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -45,6 +47,8 @@ class JobServiceAsyncStub(JobServiceStub):
     ListJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]  # type: ignore[assignment]
     UpdateJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.UpdateJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
     DeleteJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.DeleteJobRequest, _jobs_pb2.DeleteJobResponse]  # type: ignore[assignment]
+    PauseJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.PauseJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
+    UnpauseJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.UnpauseJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -81,5 +85,19 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.DeleteJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.DeleteJobResponse, _abc.Awaitable[_jobs_pb2.DeleteJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PauseJob(
+        self,
+        request: _jobs_pb2.PauseJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.Job, _abc.Awaitable[_jobs_pb2.Job]]: ...
+
+    @_abc_1.abstractmethod
+    def UnpauseJob(
+        self,
+        request: _jobs_pb2.UnpauseJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.Job, _abc.Awaitable[_jobs_pb2.Job]]: ...
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

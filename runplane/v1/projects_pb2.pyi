@@ -166,6 +166,82 @@ class GetProjectRequest(_message.Message):
 Global___GetProjectRequest: _TypeAlias = GetProjectRequest  # noqa: Y015
 
 @_typing.final
+class UpdateProjectRequest(_message.Message):
+    """Every field as on create. git_credential is write-only: empty keeps the stored one when the kind
+    stays the same; a kind of UNSPECIFIED removes it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    REPOSITORY_URL_FIELD_NUMBER: _builtins.int
+    SUBDIRECTORY_FIELD_NUMBER: _builtins.int
+    GIT_CREDENTIAL_KIND_FIELD_NUMBER: _builtins.int
+    GIT_CREDENTIAL_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.int
+    name: _builtins.str
+    repository_url: _builtins.str
+    subdirectory: _builtins.str
+    git_credential_kind: Global___GitCredentialKind.ValueType
+    git_credential: _builtins.str
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.int = ...,
+        name: _builtins.str = ...,
+        repository_url: _builtins.str = ...,
+        subdirectory: _builtins.str = ...,
+        git_credential_kind: Global___GitCredentialKind.ValueType = ...,
+        git_credential: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "name", b"name", "project_id", b"project_id", "repository_url", b"repository_url", "subdirectory", b"subdirectory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateProjectRequest: _TypeAlias = UpdateProjectRequest  # noqa: Y015
+
+@_typing.final
+class DeleteProjectRequest(_message.Message):
+    """Refused (FAILED_PRECONDITION) while a job uses one of the project's environments; its
+    environments go with it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProjectRequest: _TypeAlias = DeleteProjectRequest  # noqa: Y015
+
+@_typing.final
+class DeleteProjectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProjectResponse: _TypeAlias = DeleteProjectResponse  # noqa: Y015
+
+@_typing.final
 class ListProjectsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -486,6 +562,118 @@ class GetEnvironmentRequest(_message.Message):
 Global___GetEnvironmentRequest: _TypeAlias = GetEnvironmentRequest  # noqa: Y015
 
 @_typing.final
+class UpdateEnvironmentRequest(_message.Message):
+    """Every field as on create (the project stays). connection.secret_fields: a field sent replaces the
+    stored one, a field not sent is kept; clear_secret_fields removes stored ones.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class VariablesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_TYPE_FIELD_NUMBER: _builtins.int
+    DBT_VERSION_FIELD_NUMBER: _builtins.int
+    GIT_BRANCH_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
+    TARGET_NAME_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    CLEAR_SECRET_FIELDS_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.int
+    name: _builtins.str
+    environment_type: Global___EnvironmentType.ValueType
+    dbt_version: _builtins.str
+    git_branch: _builtins.str
+    target_name: _builtins.str
+    schema: _builtins.str
+    threads: _builtins.int
+    @_builtins.property
+    def connection(self) -> Global___Connection: ...
+    @_builtins.property
+    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def clear_secret_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.int = ...,
+        name: _builtins.str = ...,
+        environment_type: Global___EnvironmentType.ValueType = ...,
+        dbt_version: _builtins.str = ...,
+        git_branch: _builtins.str = ...,
+        connection: Global___Connection | None = ...,
+        target_name: _builtins.str = ...,
+        schema: _builtins.str = ...,
+        threads: _builtins.int = ...,
+        variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        clear_secret_fields: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear_secret_fields", b"clear_secret_fields", "connection", b"connection", "dbt_version", b"dbt_version", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "name", b"name", "schema", b"schema", "target_name", b"target_name", "threads", b"threads", "variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateEnvironmentRequest: _TypeAlias = UpdateEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteEnvironmentRequest(_message.Message):
+    """Refused (FAILED_PRECONDITION) while a job uses the environment."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteEnvironmentRequest: _TypeAlias = DeleteEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteEnvironmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteEnvironmentResponse: _TypeAlias = DeleteEnvironmentResponse  # noqa: Y015
+
+@_typing.final
 class ListEnvironmentsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -618,6 +806,7 @@ class DbtContext(_message.Message):
     THREADS_FIELD_NUMBER: _builtins.int
     VARIABLES_FIELD_NUMBER: _builtins.int
     PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
+    DROP_SCHEMA_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     job_id: _builtins.int
     account_id: _builtins.int
@@ -645,6 +834,10 @@ class DbtContext(_message.Message):
     threads: _builtins.int
     pull_request_number: _builtins.int
     """0: none"""
+    drop_schema: _builtins.bool
+    """The run drops its pull request's schema: the runner adds runplane's macro
+    runplane_drop_pull_request_schema to the checkout (runplane.runs.pull_requests).
+    """
     @_builtins.property
     def connection(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -678,10 +871,11 @@ class DbtContext(_message.Message):
         threads: _builtins.int = ...,
         variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         pull_request_number: _builtins.int = ...,
+        drop_schema: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "cause", b"cause", "connection", b"connection", "connection_secrets", b"connection_secrets", "dbt_version", b"dbt_version", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "git_sha", b"git_sha", "job_id", b"job_id", "job_type", b"job_type", "project_id", b"project_id", "pull_request_number", b"pull_request_number", "repository_url", b"repository_url", "run_id", b"run_id", "schema", b"schema", "subdirectory", b"subdirectory", "target_name", b"target_name", "threads", b"threads", "trigger", b"trigger", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "cause", b"cause", "connection", b"connection", "connection_secrets", b"connection_secrets", "dbt_version", b"dbt_version", "drop_schema", b"drop_schema", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "git_sha", b"git_sha", "job_id", b"job_id", "job_type", b"job_type", "project_id", b"project_id", "pull_request_number", b"pull_request_number", "repository_url", b"repository_url", "run_id", b"run_id", "schema", b"schema", "subdirectory", b"subdirectory", "target_name", b"target_name", "threads", b"threads", "trigger", b"trigger", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,16 @@ class ProjectServiceStub:
                 request_serializer=runplane_dot_v1_dot_projects__pb2.ListProjectsRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_projects__pb2.ListProjectsResponse.FromString,
                 _registered_method=True)
+        self.UpdateProject = channel.unary_unary(
+                '/runplane.v1.ProjectService/UpdateProject',
+                request_serializer=runplane_dot_v1_dot_projects__pb2.UpdateProjectRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_projects__pb2.Project.FromString,
+                _registered_method=True)
+        self.DeleteProject = channel.unary_unary(
+                '/runplane.v1.ProjectService/DeleteProject',
+                request_serializer=runplane_dot_v1_dot_projects__pb2.DeleteProjectRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_projects__pb2.DeleteProjectResponse.FromString,
+                _registered_method=True)
         self.CreateEnvironment = channel.unary_unary(
                 '/runplane.v1.ProjectService/CreateEnvironment',
                 request_serializer=runplane_dot_v1_dot_projects__pb2.CreateEnvironmentRequest.SerializeToString,
@@ -63,6 +73,16 @@ class ProjectServiceStub:
                 '/runplane.v1.ProjectService/ListEnvironments',
                 request_serializer=runplane_dot_v1_dot_projects__pb2.ListEnvironmentsRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_projects__pb2.ListEnvironmentsResponse.FromString,
+                _registered_method=True)
+        self.UpdateEnvironment = channel.unary_unary(
+                '/runplane.v1.ProjectService/UpdateEnvironment',
+                request_serializer=runplane_dot_v1_dot_projects__pb2.UpdateEnvironmentRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_projects__pb2.Environment.FromString,
+                _registered_method=True)
+        self.DeleteEnvironment = channel.unary_unary(
+                '/runplane.v1.ProjectService/DeleteEnvironment',
+                request_serializer=runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentResponse.FromString,
                 _registered_method=True)
 
 
@@ -87,6 +107,18 @@ class ProjectServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateProject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteProject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateEnvironment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -100,6 +132,18 @@ class ProjectServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEnvironments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateEnvironment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteEnvironment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -123,6 +167,16 @@ def add_ProjectServiceServicer_to_server(servicer, server):
                     request_deserializer=runplane_dot_v1_dot_projects__pb2.ListProjectsRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_projects__pb2.ListProjectsResponse.SerializeToString,
             ),
+            'UpdateProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateProject,
+                    request_deserializer=runplane_dot_v1_dot_projects__pb2.UpdateProjectRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_projects__pb2.Project.SerializeToString,
+            ),
+            'DeleteProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProject,
+                    request_deserializer=runplane_dot_v1_dot_projects__pb2.DeleteProjectRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_projects__pb2.DeleteProjectResponse.SerializeToString,
+            ),
             'CreateEnvironment': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateEnvironment,
                     request_deserializer=runplane_dot_v1_dot_projects__pb2.CreateEnvironmentRequest.FromString,
@@ -137,6 +191,16 @@ def add_ProjectServiceServicer_to_server(servicer, server):
                     servicer.ListEnvironments,
                     request_deserializer=runplane_dot_v1_dot_projects__pb2.ListEnvironmentsRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_projects__pb2.ListEnvironmentsResponse.SerializeToString,
+            ),
+            'UpdateEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateEnvironment,
+                    request_deserializer=runplane_dot_v1_dot_projects__pb2.UpdateEnvironmentRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_projects__pb2.Environment.SerializeToString,
+            ),
+            'DeleteEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteEnvironment,
+                    request_deserializer=runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -231,6 +295,60 @@ class ProjectService:
             _registered_method=True)
 
     @staticmethod
+    def UpdateProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.ProjectService/UpdateProject',
+            runplane_dot_v1_dot_projects__pb2.UpdateProjectRequest.SerializeToString,
+            runplane_dot_v1_dot_projects__pb2.Project.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.ProjectService/DeleteProject',
+            runplane_dot_v1_dot_projects__pb2.DeleteProjectRequest.SerializeToString,
+            runplane_dot_v1_dot_projects__pb2.DeleteProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CreateEnvironment(request,
             target,
             options=(),
@@ -301,6 +419,60 @@ class ProjectService:
             '/runplane.v1.ProjectService/ListEnvironments',
             runplane_dot_v1_dot_projects__pb2.ListEnvironmentsRequest.SerializeToString,
             runplane_dot_v1_dot_projects__pb2.ListEnvironmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.ProjectService/UpdateEnvironment',
+            runplane_dot_v1_dot_projects__pb2.UpdateEnvironmentRequest.SerializeToString,
+            runplane_dot_v1_dot_projects__pb2.Environment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.ProjectService/DeleteEnvironment',
+            runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentRequest.SerializeToString,
+            runplane_dot_v1_dot_projects__pb2.DeleteEnvironmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,9 +34,13 @@ class ProjectServiceStub:
     CreateProject: _grpc.UnaryUnaryMultiCallable[_projects_pb2.CreateProjectRequest, _projects_pb2.Project]
     GetProject: _grpc.UnaryUnaryMultiCallable[_projects_pb2.GetProjectRequest, _projects_pb2.Project]
     ListProjects: _grpc.UnaryUnaryMultiCallable[_projects_pb2.ListProjectsRequest, _projects_pb2.ListProjectsResponse]
+    UpdateProject: _grpc.UnaryUnaryMultiCallable[_projects_pb2.UpdateProjectRequest, _projects_pb2.Project]
+    DeleteProject: _grpc.UnaryUnaryMultiCallable[_projects_pb2.DeleteProjectRequest, _projects_pb2.DeleteProjectResponse]
     CreateEnvironment: _grpc.UnaryUnaryMultiCallable[_projects_pb2.CreateEnvironmentRequest, _projects_pb2.Environment]
     GetEnvironment: _grpc.UnaryUnaryMultiCallable[_projects_pb2.GetEnvironmentRequest, _projects_pb2.Environment]
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_projects_pb2.ListEnvironmentsRequest, _projects_pb2.ListEnvironmentsResponse]
+    UpdateEnvironment: _grpc.UnaryUnaryMultiCallable[_projects_pb2.UpdateEnvironmentRequest, _projects_pb2.Environment]
+    DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_projects_pb2.DeleteEnvironmentRequest, _projects_pb2.DeleteEnvironmentResponse]
 
 @_typing.type_check_only
 class ProjectServiceAsyncStub(ProjectServiceStub):
@@ -44,9 +48,13 @@ class ProjectServiceAsyncStub(ProjectServiceStub):
     CreateProject: _aio.UnaryUnaryMultiCallable[_projects_pb2.CreateProjectRequest, _projects_pb2.Project]  # type: ignore[assignment]
     GetProject: _aio.UnaryUnaryMultiCallable[_projects_pb2.GetProjectRequest, _projects_pb2.Project]  # type: ignore[assignment]
     ListProjects: _aio.UnaryUnaryMultiCallable[_projects_pb2.ListProjectsRequest, _projects_pb2.ListProjectsResponse]  # type: ignore[assignment]
+    UpdateProject: _aio.UnaryUnaryMultiCallable[_projects_pb2.UpdateProjectRequest, _projects_pb2.Project]  # type: ignore[assignment]
+    DeleteProject: _aio.UnaryUnaryMultiCallable[_projects_pb2.DeleteProjectRequest, _projects_pb2.DeleteProjectResponse]  # type: ignore[assignment]
     CreateEnvironment: _aio.UnaryUnaryMultiCallable[_projects_pb2.CreateEnvironmentRequest, _projects_pb2.Environment]  # type: ignore[assignment]
     GetEnvironment: _aio.UnaryUnaryMultiCallable[_projects_pb2.GetEnvironmentRequest, _projects_pb2.Environment]  # type: ignore[assignment]
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_projects_pb2.ListEnvironmentsRequest, _projects_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
+    UpdateEnvironment: _aio.UnaryUnaryMultiCallable[_projects_pb2.UpdateEnvironmentRequest, _projects_pb2.Environment]  # type: ignore[assignment]
+    DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_projects_pb2.DeleteEnvironmentRequest, _projects_pb2.DeleteEnvironmentResponse]  # type: ignore[assignment]
 
 class ProjectServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -71,6 +79,20 @@ class ProjectServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_projects_pb2.ListProjectsResponse, _abc.Awaitable[_projects_pb2.ListProjectsResponse]]: ...
 
     @_abc_1.abstractmethod
+    def UpdateProject(
+        self,
+        request: _projects_pb2.UpdateProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_projects_pb2.Project, _abc.Awaitable[_projects_pb2.Project]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteProject(
+        self,
+        request: _projects_pb2.DeleteProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_projects_pb2.DeleteProjectResponse, _abc.Awaitable[_projects_pb2.DeleteProjectResponse]]: ...
+
+    @_abc_1.abstractmethod
     def CreateEnvironment(
         self,
         request: _projects_pb2.CreateEnvironmentRequest,
@@ -90,5 +112,19 @@ class ProjectServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _projects_pb2.ListEnvironmentsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_projects_pb2.ListEnvironmentsResponse, _abc.Awaitable[_projects_pb2.ListEnvironmentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateEnvironment(
+        self,
+        request: _projects_pb2.UpdateEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_projects_pb2.Environment, _abc.Awaitable[_projects_pb2.Environment]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteEnvironment(
+        self,
+        request: _projects_pb2.DeleteEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_projects_pb2.DeleteEnvironmentResponse, _abc.Awaitable[_projects_pb2.DeleteEnvironmentResponse]]: ...
 
 def add_ProjectServiceServicer_to_server(servicer: ProjectServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -134,6 +134,8 @@ class RunSpec(_message.Message):
     JOB_TYPE_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
     DBT_FIELD_NUMBER: _builtins.int
+    OPTIONAL_STEPS_FIELD_NUMBER: _builtins.int
+    STATE_FILES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -171,6 +173,18 @@ class RunSpec(_message.Message):
         secrets (connection password, git credential) decrypted for this run and in masked_values.
         """
 
+    @_builtins.property
+    def optional_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indexes of the steps whose failure is reported but does not fail the run (the job options
+        "run source freshness" and "generate docs").
+        """
+
+    @_builtins.property
+    def state_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateFile]:
+        """Files of earlier runs of the account to fetch (FetchStateFile) before the first step: the
+        failed run's run_results.json for `dbt retry`, the deferred-to run's manifest.json.
+        """
+
     def __init__(
         self,
         *,
@@ -196,14 +210,92 @@ class RunSpec(_message.Message):
         job_type: _common_pb2.JobType.ValueType = ...,
         trigger: _common_pb2.Trigger.ValueType = ...,
         dbt: _projects_pb2.DbtContext | None = ...,
+        optional_steps: _abc.Iterable[_builtins.int] | None = ...,
+        state_files: _abc.Iterable[Global___StateFile] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dbt", b"dbt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "optional_steps", b"optional_steps", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "state_files", b"state_files", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunSpec: _TypeAlias = RunSpec  # noqa: Y015
+
+@_typing.final
+class StateFile(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_RUN_ID_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    DEST_FIELD_NUMBER: _builtins.int
+    source_run_id: _builtins.int
+    step_index: _builtins.int
+    """the source run's step that wrote it"""
+    path: _builtins.str
+    """the artifact, e.g. target/run_results.json"""
+    dest: _builtins.str
+    """where to write it, relative to the steps' working directory"""
+    def __init__(
+        self,
+        *,
+        source_run_id: _builtins.int = ...,
+        step_index: _builtins.int = ...,
+        path: _builtins.str = ...,
+        dest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest", b"dest", "path", b"path", "source_run_id", b"source_run_id", "step_index", b"step_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateFile: _TypeAlias = StateFile  # noqa: Y015
+
+@_typing.final
+class FetchStateFileRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    lease_id: _builtins.str
+    index: _builtins.int
+    """in RunSpec.state_files"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "lease_id", b"lease_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchStateFileRequest: _TypeAlias = FetchStateFileRequest  # noqa: Y015
+
+@_typing.final
+class FetchStateFileResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    content: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        content: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchStateFileResponse: _TypeAlias = FetchStateFileResponse  # noqa: Y015
 
 @_typing.final
 class LeaseRequest(_message.Message):
@@ -513,3 +605,47 @@ class FinishResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FinishResponse: _TypeAlias = FinishResponse  # noqa: Y015
+
+@_typing.final
+class WaitForRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    wait_seconds: _builtins.float
+    """longest wait before an empty answer; capped by the server"""
+    def __init__(
+        self,
+        *,
+        wait_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitForRunRequest: _TypeAlias = WaitForRunRequest  # noqa: Y015
+
+@_typing.final
+class WaitForRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    """0: no run yet"""
+    token: _builtins.str
+    """the run's token, for Claim and every later call"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitForRunResponse: _TypeAlias = WaitForRunResponse  # noqa: Y015

@@ -82,6 +82,16 @@ class RunnerServiceStub:
                 request_serializer=runplane_dot_v1_dot_runner__pb2.FinishRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_runner__pb2.FinishResponse.FromString,
                 _registered_method=True)
+        self.FetchStateFile = channel.unary_unary(
+                '/runplane.v1.RunnerService/FetchStateFile',
+                request_serializer=runplane_dot_v1_dot_runner__pb2.FetchStateFileRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runner__pb2.FetchStateFileResponse.FromString,
+                _registered_method=True)
+        self.WaitForRun = channel.unary_unary(
+                '/runplane.v1.RunnerService/WaitForRun',
+                request_serializer=runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunnerServiceServicer:
@@ -148,6 +158,23 @@ class RunnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchStateFile(self, request, context):
+        """One of RunSpec.state_files: an earlier run's artifact the run was given to start from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitForRun(self, request, context):
+        """A warm pool Pod waits here for a run, with its own pool token (not a run's) as the bearer. A
+        long poll: answers within `wait_seconds` with a run and that run's new token (the run's
+        earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
+        Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +217,16 @@ def add_RunnerServiceServicer_to_server(servicer, server):
                     servicer.Finish,
                     request_deserializer=runplane_dot_v1_dot_runner__pb2.FinishRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_runner__pb2.FinishResponse.SerializeToString,
+            ),
+            'FetchStateFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchStateFile,
+                    request_deserializer=runplane_dot_v1_dot_runner__pb2.FetchStateFileRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runner__pb2.FetchStateFileResponse.SerializeToString,
+            ),
+            'WaitForRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitForRun,
+                    request_deserializer=runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,6 +453,60 @@ class RunnerService:
             '/runplane.v1.RunnerService/Finish',
             runplane_dot_v1_dot_runner__pb2.FinishRequest.SerializeToString,
             runplane_dot_v1_dot_runner__pb2.FinishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStateFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunnerService/FetchStateFile',
+            runplane_dot_v1_dot_runner__pb2.FetchStateFileRequest.SerializeToString,
+            runplane_dot_v1_dot_runner__pb2.FetchStateFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitForRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunnerService/WaitForRun',
+            runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.SerializeToString,
+            runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,14 @@ class RunnerServiceStub:
     """The commit the run checked out (a job with an environment); shown on the run."""
     Finish: _grpc.UnaryUnaryMultiCallable[_runner_pb2.FinishRequest, _runner_pb2.FinishResponse]
     """The outcome; the lease and the token end with it."""
+    FetchStateFile: _grpc.UnaryUnaryMultiCallable[_runner_pb2.FetchStateFileRequest, _runner_pb2.FetchStateFileResponse]
+    """One of RunSpec.state_files: an earlier run's artifact the run was given to start from."""
+    WaitForRun: _grpc.UnaryUnaryMultiCallable[_runner_pb2.WaitForRunRequest, _runner_pb2.WaitForRunResponse]
+    """A warm pool Pod waits here for a run, with its own pool token (not a run's) as the bearer. A
+    long poll: answers within `wait_seconds` with a run and that run's new token (the run's
+    earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
+    Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+    """
 
 @_typing.type_check_only
 class RunnerServiceAsyncStub(RunnerServiceStub):
@@ -81,6 +89,14 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
     """The commit the run checked out (a job with an environment); shown on the run."""
     Finish: _aio.UnaryUnaryMultiCallable[_runner_pb2.FinishRequest, _runner_pb2.FinishResponse]  # type: ignore[assignment]
     """The outcome; the lease and the token end with it."""
+    FetchStateFile: _aio.UnaryUnaryMultiCallable[_runner_pb2.FetchStateFileRequest, _runner_pb2.FetchStateFileResponse]  # type: ignore[assignment]
+    """One of RunSpec.state_files: an earlier run's artifact the run was given to start from."""
+    WaitForRun: _aio.UnaryUnaryMultiCallable[_runner_pb2.WaitForRunRequest, _runner_pb2.WaitForRunResponse]  # type: ignore[assignment]
+    """A warm pool Pod waits here for a run, with its own pool token (not a run's) as the bearer. A
+    long poll: answers within `wait_seconds` with a run and that run's new token (the run's
+    earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
+    Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+    """
 
 class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The runner API: the only way a runner reaches the control plane.
@@ -153,5 +169,25 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runner_pb2.FinishResponse, _abc.Awaitable[_runner_pb2.FinishResponse]]:
         """The outcome; the lease and the token end with it."""
+
+    @_abc_1.abstractmethod
+    def FetchStateFile(
+        self,
+        request: _runner_pb2.FetchStateFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runner_pb2.FetchStateFileResponse, _abc.Awaitable[_runner_pb2.FetchStateFileResponse]]:
+        """One of RunSpec.state_files: an earlier run's artifact the run was given to start from."""
+
+    @_abc_1.abstractmethod
+    def WaitForRun(
+        self,
+        request: _runner_pb2.WaitForRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runner_pb2.WaitForRunResponse, _abc.Awaitable[_runner_pb2.WaitForRunResponse]]:
+        """A warm pool Pod waits here for a run, with its own pool token (not a run's) as the bearer. A
+        long poll: answers within `wait_seconds` with a run and that run's new token (the run's
+        earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
+        Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+        """
 
 def add_RunnerServiceServicer_to_server(servicer: RunnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -34,6 +34,7 @@ class RunOverrides(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
     TARGET_NAME_FIELD_NUMBER: _builtins.int
+    GENERATE_DOCS_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     git_branch: _builtins.str
     git_sha: _builtins.str
@@ -41,6 +42,8 @@ class RunOverrides(_message.Message):
     timeout_seconds: _builtins.int
     pull_request_number: _builtins.int
     target_name: _builtins.str
+    generate_docs: _builtins.bool
+    """unset: the job's setting"""
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -54,12 +57,15 @@ class RunOverrides(_message.Message):
         timeout_seconds: _builtins.int = ...,
         pull_request_number: _builtins.int = ...,
         target_name: _builtins.str = ...,
+        generate_docs: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs", "generate_docs", b"generate_docs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__generate_docs: _TypeAlias = _typing.Literal["generate_docs"]  # noqa: Y015
+    _WhichOneofArgType__generate_docs: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__generate_docs) -> _WhichOneofReturnType__generate_docs | None: ...
 
 Global___RunOverrides: _TypeAlias = RunOverrides  # noqa: Y015
 
@@ -92,6 +98,8 @@ class Run(_message.Message):
     RETRIES_EXHAUSTED_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     GIT_SHA_FIELD_NUMBER: _builtins.int
+    JOB_PAUSED_FIELD_NUMBER: _builtins.int
+    DEFERRING_RUN_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -113,6 +121,9 @@ class Run(_message.Message):
     retries_exhausted: _builtins.bool
     git_sha: _builtins.str
     """the commit the run checked out (empty until it did)"""
+    job_paused: _builtins.bool
+    deferring_run_id: _builtins.int
+    """the run whose manifest.json this run deferred to; 0: none          // the job was paused when this run was queued (run now, API)"""
     @_builtins.property
     def overrides(self) -> Global___RunOverrides: ...
     @_builtins.property
@@ -155,10 +166,12 @@ class Run(_message.Message):
         retries_exhausted: _builtins.bool = ...,
         steps: _abc.Iterable[Global___RunStep] | None = ...,
         git_sha: _builtins.str = ...,
+        job_paused: _builtins.bool = ...,
+        deferring_run_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "overrides", b"overrides", "queued_at", b"queued_at", "scheduled_at", b"scheduled_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "git_sha", b"git_sha", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "deferring_run_id", b"deferring_run_id", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "git_sha", b"git_sha", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_paused", b"job_paused", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -176,6 +189,7 @@ class RunStep(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     SKIPPED_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
+    OPTIONAL_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     command: _builtins.str
     status: _common_pb2.RunStatus.ValueType
@@ -184,6 +198,8 @@ class RunStep(_message.Message):
     """never started: an earlier step failed or the run was cancelled"""
     end_reason: _builtins.str
     """how it ended when not by itself: "SIGINT", "SIGKILL", "runner lost", …"""
+    optional: _builtins.bool
+    """its failure does not fail the run (docs, source freshness)"""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -199,10 +215,11 @@ class RunStep(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         skipped: _builtins.bool = ...,
         end_reason: _builtins.str = ...,
+        optional: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "end_reason", b"end_reason", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "skipped", b"skipped", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "end_reason", b"end_reason", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "optional", b"optional", "skipped", b"skipped", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -217,6 +234,7 @@ class TriggerRunRequest(_message.Message):
     CAUSE_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     OVERRIDES_FIELD_NUMBER: _builtins.int
+    RUN_AT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     trigger: _common_pb2.Trigger.ValueType
     """api (default), manual, ci or merge"""
@@ -226,6 +244,13 @@ class TriggerRunRequest(_message.Message):
     """optional; the same key returns the same run"""
     @_builtins.property
     def overrides(self) -> Global___RunOverrides: ...
+    @_builtins.property
+    def run_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: now. A later time (at most a year ahead) queues the run to start then: the run exists
+        at once (status queued, scheduled_at the time; cancel it like any queued run), is kept in
+        Postgres through restarts, and is dispatched when it is due, once.
+        """
+
     def __init__(
         self,
         *,
@@ -234,14 +259,88 @@ class TriggerRunRequest(_message.Message):
         cause: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         overrides: Global___RunOverrides | None = ...,
+        run_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["overrides", b"overrides"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["overrides", b"overrides", "run_at", b"run_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "overrides", b"overrides", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "overrides", b"overrides", "run_at", b"run_at", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TriggerRunRequest: _TypeAlias = TriggerRunRequest  # noqa: Y015
+
+@_typing.final
+class ClosePullRequestRequest(_message.Message):
+    """The pull request was closed: each CI job (job_id, or every one when 0) that built a schema for it
+    gets a run that drops the schema (its one step: dbt run-operation runplane_drop_pull_request_schema),
+    and that job's CI runs of the pull request still in progress are cancelled. Closing twice queues
+    nothing more.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    pull_request_number: _builtins.int
+    job_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        pull_request_number: _builtins.int = ...,
+        job_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "pull_request_number", b"pull_request_number"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePullRequestRequest: _TypeAlias = ClosePullRequestRequest  # noqa: Y015
+
+@_typing.final
+class ClosePullRequestResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DROP_RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def drop_runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Run]: ...
+    def __init__(
+        self,
+        *,
+        drop_runs: _abc.Iterable[Global___Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drop_runs", b"drop_runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePullRequestResponse: _TypeAlias = ClosePullRequestResponse  # noqa: Y015
+
+@_typing.final
+class RerunRunRequest(_message.Message):
+    """Rerun a failed run from its failed step: a new run (parent_run_id: the failed one) runs that step
+    and the ones after it. A dbt step that dbt retry supports resumes with `dbt retry` from the
+    failed run's run_results.json of that step (only what failed or was skipped runs again); any
+    other step runs again as it was. FAILED_PRECONDITION unless the run ended in error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerunRunRequest: _TypeAlias = RerunRunRequest  # noqa: Y015
 
 @_typing.final
 class GetRunRequest(_message.Message):

@@ -44,6 +44,16 @@ class RunServiceStub:
                 request_serializer=runplane_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_runs__pb2.Run.FromString,
                 _registered_method=True)
+        self.RerunRun = channel.unary_unary(
+                '/runplane.v1.RunService/RerunRun',
+                request_serializer=runplane_dot_v1_dot_runs__pb2.RerunRunRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runs__pb2.Run.FromString,
+                _registered_method=True)
+        self.ClosePullRequest = channel.unary_unary(
+                '/runplane.v1.RunService/ClosePullRequest',
+                request_serializer=runplane_dot_v1_dot_runs__pb2.ClosePullRequestRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runs__pb2.ClosePullRequestResponse.FromString,
+                _registered_method=True)
         self.ListRuns = channel.unary_unary(
                 '/runplane.v1.RunService/ListRuns',
                 request_serializer=runplane_dot_v1_dot_runs__pb2.ListRunsRequest.SerializeToString,
@@ -81,6 +91,18 @@ class RunServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetRun(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RerunRun(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClosePullRequest(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,6 +150,16 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=runplane_dot_v1_dot_runs__pb2.GetRunRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_runs__pb2.Run.SerializeToString,
+            ),
+            'RerunRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RerunRun,
+                    request_deserializer=runplane_dot_v1_dot_runs__pb2.RerunRunRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runs__pb2.Run.SerializeToString,
+            ),
+            'ClosePullRequest': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClosePullRequest,
+                    request_deserializer=runplane_dot_v1_dot_runs__pb2.ClosePullRequestRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runs__pb2.ClosePullRequestResponse.SerializeToString,
             ),
             'ListRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRuns,
@@ -209,6 +241,60 @@ class RunService:
             '/runplane.v1.RunService/GetRun',
             runplane_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
             runplane_dot_v1_dot_runs__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RerunRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunService/RerunRun',
+            runplane_dot_v1_dot_runs__pb2.RerunRunRequest.SerializeToString,
+            runplane_dot_v1_dot_runs__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClosePullRequest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunService/ClosePullRequest',
+            runplane_dot_v1_dot_runs__pb2.ClosePullRequestRequest.SerializeToString,
+            runplane_dot_v1_dot_runs__pb2.ClosePullRequestResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,8 @@ class RunServiceStub:
     def __new__(cls, channel: _aio.Channel) -> RunServiceAsyncStub: ...
     TriggerRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.TriggerRunRequest, _runs_pb2.Run]
     GetRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.GetRunRequest, _runs_pb2.Run]
+    RerunRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.RerunRunRequest, _runs_pb2.Run]
+    ClosePullRequest: _grpc.UnaryUnaryMultiCallable[_runs_pb2.ClosePullRequestRequest, _runs_pb2.ClosePullRequestResponse]
     ListRuns: _grpc.UnaryUnaryMultiCallable[_runs_pb2.ListRunsRequest, _runs_pb2.ListRunsResponse]
     CancelRun: _grpc.UnaryUnaryMultiCallable[_runs_pb2.CancelRunRequest, _runs_pb2.Run]
     StreamRunLogs: _grpc.UnaryStreamMultiCallable[_runs_pb2.StreamRunLogsRequest, _runs_pb2.LogChunk]
@@ -44,6 +46,8 @@ class RunServiceAsyncStub(RunServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     TriggerRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.TriggerRunRequest, _runs_pb2.Run]  # type: ignore[assignment]
     GetRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.GetRunRequest, _runs_pb2.Run]  # type: ignore[assignment]
+    RerunRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.RerunRunRequest, _runs_pb2.Run]  # type: ignore[assignment]
+    ClosePullRequest: _aio.UnaryUnaryMultiCallable[_runs_pb2.ClosePullRequestRequest, _runs_pb2.ClosePullRequestResponse]  # type: ignore[assignment]
     ListRuns: _aio.UnaryUnaryMultiCallable[_runs_pb2.ListRunsRequest, _runs_pb2.ListRunsResponse]  # type: ignore[assignment]
     CancelRun: _aio.UnaryUnaryMultiCallable[_runs_pb2.CancelRunRequest, _runs_pb2.Run]  # type: ignore[assignment]
     StreamRunLogs: _aio.UnaryStreamMultiCallable[_runs_pb2.StreamRunLogsRequest, _runs_pb2.LogChunk]  # type: ignore[assignment]
@@ -64,6 +68,20 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _runs_pb2.GetRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_runs_pb2.Run, _abc.Awaitable[_runs_pb2.Run]]: ...
+
+    @_abc_1.abstractmethod
+    def RerunRun(
+        self,
+        request: _runs_pb2.RerunRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runs_pb2.Run, _abc.Awaitable[_runs_pb2.Run]]: ...
+
+    @_abc_1.abstractmethod
+    def ClosePullRequest(
+        self,
+        request: _runs_pb2.ClosePullRequestRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runs_pb2.ClosePullRequestResponse, _abc.Awaitable[_runs_pb2.ClosePullRequestResponse]]: ...
 
     @_abc_1.abstractmethod
     def ListRuns(

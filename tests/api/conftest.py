@@ -88,7 +88,7 @@ def deploy_job(name: str = "nightly", **fields: Any) -> jobs_pb2.CreateJobReques
 
 
 async def scalar(db: AsyncDb, query: str, *params: Any) -> Any:
-    cur = await db.execute(query, params)  # type: ignore[arg-type]
+    cur = await db.execute(query, params)
     row = await cur.fetchone()
     assert row is not None
     return row[0]

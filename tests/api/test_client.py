@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from typing import Any
 
 from api.server import RunningApi
 from tests.api.conftest import AsyncDb, Client
+from tests.support.polling import eventually
 
 
 def client_env(service_env: dict[str, str], api: RunningApi, token: str) -> dict[str, str]:
@@ -69,6 +69,15 @@ async def test_create_trigger_get_list_cancel(
     assert [r["id"] for r in listed["runs"]] == [run["id"]]
     cancelled = await run_client(env, "cancel", run["id"])
     assert cancelled["status"] == "RUN_STATUS_CANCELLED"
+    assert (await run_client(env, "pause-job", job["id"]))["paused"] is True
+    assert "paused" not in await run_client(env, "unpause-job", job["id"])  # proto3 JSON leaves out false
+    code, _, err = await finish(await start(env, "rerun", run["id"]))
+    assert code == 1 and "FAILED_PRECONDITION" in err  # cancelled, not failed
+    failed = await run_client(env, "trigger", str(job["id"]))
+    await adb.execute("UPDATE runs SET status = 20, finished_at = now() WHERE id = %s", (failed["id"],))
+    rerun = await run_client(env, "rerun", failed["id"])
+    assert rerun["parentRunId"] == failed["id"] and rerun["trigger"] == "TRIGGER_RETRY"
+    assert (await run_client(env, "close-pull-request", "7")) == {}  # no ci job built a schema for it
     code, _, err = await finish(await start({**env, "RUNPLANE_TOKEN": "wrong"}, "get-run", run["id"]))
     assert code == 1 and "UNAUTHENTICATED" in err
 
@@ -80,10 +89,12 @@ async def test_trigger_follow_prints_the_logs_then_the_outcome(
     job = await run_client(env, "create-job", "--name", "followed", "--step", "echo hi")
     proc = await start(env, "trigger", job["id"], "--follow")
     try:
-        deadline = time.monotonic() + 30
-        while (run_id := await _run_of(adb, int(job["id"]))) is None:
-            assert time.monotonic() < deadline and proc.returncode is None, "the client did not trigger a run"
-            await asyncio.sleep(0.05)
+
+        async def triggered() -> int | None:
+            assert proc.returncode is None, "the client exited before it triggered a run"
+            return await _run_of(adb, int(job["id"]))
+
+        run_id = await eventually(triggered, 30, what="the client to trigger a run")
         await adb.execute("UPDATE runs SET status = 3, started_at = now() WHERE id = %s", (run_id,))
         await adb.execute(
             "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, 1, 0, 'hi from the runner\n')",

@@ -19,6 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
+from api.git_events import is_repository, repository_path
 from api.server import RunningApi, start_server
 from runplane.secrets import generate_key
 from runplane.settings import Settings
@@ -180,3 +181,63 @@ async def test_gitlab_merge_requests_with_the_secret_token(
     other_repo["project"]["path_with_namespace"] = "someone/else"
     ignored = await http.post(hook["url_path"], content=json.dumps(other_repo).encode(), headers=headers)
     assert ignored.json()["data"]["run_ids"] == []
+
+
+async def _project_job(adb: AsyncDb, account_id: int, name: str, repository_url: str) -> int:
+    project = await scalar(
+        adb,
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, %s, %s) RETURNING id",
+        account_id, name, repository_url,
+    )  # fmt: skip
+    environment = await scalar(
+        adb,
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " schema_name) VALUES (%s, %s, 'ci', 'deployment', '1.10', 'postgres', 'analytics') RETURNING id",
+        account_id, project,
+    )  # fmt: skip
+    job = await _job(adb, account_id, name, "ci", on_pull_request=True)
+    await adb.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment, job))
+    return job
+
+
+async def test_a_pull_request_starts_the_jobs_whose_project_is_its_repository(
+    http: httpx.AsyncClient, settings: Settings, adb: AsyncDb
+) -> None:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=512)
+    https = await _project_job(adb, account_id, "hello", "https://github.com/Codertocat/Hello-World.git")
+    ssh = await _project_job(adb, account_id, "hello-ssh", "git@github.com:codertocat/hello-world.git")
+    await _project_job(adb, account_id, "other", "https://github.com/Codertocat/Other.git")
+    await _project_job(adb, account_id, "fork", "https://github.com/someone/Hello-World.git")
+    hook = (
+        await http.post(
+            f"/api/v3/accounts/{account_id}/git-webhooks/",
+            json={"provider": "github", "repository": "Codertocat/Hello-World"},
+            headers={"Authorization": f"Token {token}"},
+        )
+    ).json()["data"]
+    opened = await http.post(hook["url_path"], **_github(hook["secret"], GITHUB_OPENED))
+    run_ids = opened.json()["data"]["run_ids"]
+    started = {await scalar(adb, "SELECT job_id FROM runs WHERE id = %s", run_id) for run_id in run_ids}
+    assert started == {https, ssh}
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("https://github.com/Owner/Name.git", "owner/name"),
+        ("https://github.com/owner/name/", "owner/name"),
+        ("git@github.com:Owner/Name.git", "owner/name"),
+        ("ssh://git@gitlab.com/group/sub/name.git", "group/sub/name"),
+        ("https://oauth2:token@gitlab.example.com/group/name", "group/name"),
+    ],
+)
+def test_repository_paths(url: str, path: str) -> None:
+    assert repository_path(url) == path
+
+
+def test_a_local_repository_is_the_one_its_path_ends_with() -> None:
+    assert is_repository("file:///srv/git/Codertocat/Hello-World.git", "Codertocat/Hello-World")
+    assert is_repository("/srv/git/codertocat/hello-world", "Codertocat/Hello-World")
+    assert not is_repository("/srv/git/someone/Hello-World", "Codertocat/Hello-World")
+    assert not is_repository("/srv/git/xCodertocat/Hello-World", "Codertocat/Hello-World")
+    assert not is_repository("https://github.com/mirror/Codertocat/Hello-World.git", "Codertocat/Hello-World")

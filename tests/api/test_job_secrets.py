@@ -9,7 +9,7 @@ import grpc
 from api.server import start_server
 from runplane.secrets import SecretBox
 from runplane.settings import Settings
-from runplane.v1 import jobs_pb2, runs_pb2
+from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, connect, deploy_job, scalar, status_of
 from tests.conftest import TEST_SECRET_KEYS
 
@@ -28,7 +28,7 @@ async def test_a_secret_is_never_returned_and_only_ciphertext_is_stored(client: 
         created,
         await client.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=created.id)),
         await client.jobs.ListJobs(jobs_pb2.ListJobsRequest()),
-        await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=created.id, trigger=3)),
+        await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=created.id, trigger=common_pb2.TRIGGER_MANUAL)),
     ]
     for response in responses:
         assert SECRET.encode() not in response.SerializeToString()

@@ -373,3 +373,33 @@ async def _notifications(conn: psycopg.AsyncConnection[Any], count: int) -> list
         if len(out) == count:
             break
     return out
+
+
+async def test_an_all_of_job_counts_only_upstream_runs_after_its_triggers_were_saved(
+    client: Client, adb: AsyncDb
+) -> None:
+    a = await client.jobs.CreateJob(deploy_job("a"))
+    b = await client.jobs.CreateJob(deploy_job("b"))
+    earlier = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=a.id))
+    counted = [common_pb2.RUN_STATUS_SUCCESS]
+    c = await client.jobs.CreateJob(
+        deploy_job(
+            "c",
+            triggers=jobs_pb2.JobTriggers(
+                on_completion=[
+                    jobs_pb2.CompletionTrigger(upstream_job_id=a.id, statuses=counted),
+                    jobs_pb2.CompletionTrigger(upstream_job_id=b.id, statuses=counted),
+                ],
+                completion_mode=jobs_pb2.COMPLETION_MODE_ALL,
+            ),
+        )
+    )
+    assert c.triggers.completion_mode == jobs_pb2.COMPLETION_MODE_ALL
+    assert a.triggers.completion_mode == jobs_pb2.COMPLETION_MODE_ANY  # the default
+    baseline = "SELECT last_run_id FROM completion_consumed WHERE job_id = %s AND upstream_job_id = %s"
+    assert await scalar(adb, baseline, c.id, a.id) == earlier.id
+    assert await scalar(adb, baseline, c.id, b.id) == 0
+    code, details = await status_of(
+        client.jobs.CreateJob(deploy_job("bad", triggers=jobs_pb2.JobTriggers(completion_mode=7)))  # type: ignore[arg-type]
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "completion_mode" in details

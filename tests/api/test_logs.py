@@ -6,13 +6,13 @@ The runner is simulated by writing its rows directly.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 
 from api.server import RunningApi
 from runplane.v1 import runs_pb2
 from tests.api.conftest import AsyncDb, Client, deploy_job
+from tests.support.polling import eventually
 
 
 async def queued_run(client: Client) -> int:
@@ -101,25 +101,26 @@ async def test_a_follower_that_goes_away_leaves_the_server_serving(
     await write_chunk(adb, run_id, 1, "x\n")
     stream = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id, follow=True))
     first = await asyncio.wait_for(stream.read(), 10)
-    assert first.seq == 1  # type: ignore[union-attr]
+    assert first.seq == 1  # type: ignore[attr-defined]
     stream.cancel()
     # The server's handler ends (the leak check of the test harness would see it otherwise) and
     # its pooled connection comes back: every connection can still be used.
     for _ in range(12):
         assert (await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))).id == run_id
-    deadline = time.monotonic() + 5
-    while (stats := api.pool.get_stats())["pool_available"] != stats["pool_size"]:
-        assert time.monotonic() < deadline, stats
-        await asyncio.sleep(0.05)
+
+    def pool_idle() -> bool:
+        stats = api.pool.get_stats()
+        return stats["pool_available"] == stats["pool_size"]
+
+    await eventually(pool_idle, 5, what="every pooled connection back")
 
 
 async def test_followers_end_cleanly_when_the_server_drains(api: RunningApi, client: Client, adb: AsyncDb) -> None:
     run_id = await queued_run(client)
     await write_chunk(adb, run_id, 1, "x\n")
     stream = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id, follow=True))
-    assert (await asyncio.wait_for(stream.read(), 10)).seq == 1  # type: ignore[union-attr]
-    started = time.monotonic()
-    await asyncio.wait_for(api.stop(grace=10.0), 15)
-    assert time.monotonic() - started < 5, "the follower held the drain for its whole grace period"
-    assert await stream.read() is grpc.aio.EOF
+    assert (await asyncio.wait_for(stream.read(), 10)).seq == 1  # type: ignore[attr-defined]
+    # A follower holding the drain would keep it for the whole minute of grace.
+    await asyncio.wait_for(api.stop(grace=60.0), 10)
+    assert await stream.read() is grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
     assert await stream.code() is grpc.StatusCode.OK

@@ -9,14 +9,16 @@ import pytest
 
 from api.client import channel
 from api.server import RunningApi
-from runplane.v1 import jobs_pb2
+from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import Client
 from tests.api.conftest import status_of as call_status
 
 
 def deploy_job(**schedule: str) -> jobs_pb2.CreateJobRequest:
     triggers = jobs_pb2.JobTriggers(schedule=jobs_pb2.CronSchedule(**schedule)) if schedule else None
-    return jobs_pb2.CreateJobRequest(name="nightly", job_type=1, steps=["dbt build"], triggers=triggers)
+    return jobs_pb2.CreateJobRequest(
+        name="nightly", job_type=common_pb2.JOB_TYPE_DEPLOY, steps=["dbt build"], triggers=triggers
+    )
 
 
 @pytest.mark.parametrize(
@@ -26,7 +28,7 @@ def deploy_job(**schedule: str) -> jobs_pb2.CreateJobRequest:
 )
 async def test_an_undecodable_request_is_invalid_argument(api: RunningApi, client: Client, body: bytes) -> None:
     async with channel(f"127.0.0.1:{api.port}", client.token) as chan:
-        call = chan.unary_unary("/runplane.v1.JobService/CreateJob")
+        call = chan.unary_unary("/runplane.v1.JobService/CreateJob")  # type: ignore[call-arg]  # raw bytes: no serializers
         code, details = await call_status(call(body, timeout=10))
     assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, details)
     assert "malformed" in details

@@ -30,7 +30,7 @@ EXAMPLES = settings(
 )
 
 # Any string protobuf can carry (no lone surrogates), biased towards the edges we check.
-chars = st.characters(exclude_categories=("Cs",))
+chars = st.characters(exclude_categories=["Cs"])
 texts = st.one_of(
     st.text(chars, max_size=30),
     st.sampled_from(["", " ", "a\x00b", "line\nbreak", "-rf", "x" * 201, "y" * 4097, "Europe/Amsterdam"]),
@@ -67,7 +67,7 @@ def job_requests(draw: st.DrawFn) -> jobs_pb2.CreateJobRequest:
             request.triggers.schedule.cron = draw(field(crons, texts, chaos))
             request.triggers.schedule.timezone = draw(field(zones, texts, chaos))
         for upstream in draw(st.lists(ids, max_size=2)):
-            request.triggers.on_completion.add(upstream_job_id=upstream, statuses=draw(statuses))  # type: ignore[arg-type]
+            request.triggers.on_completion.add(upstream_job_id=upstream, statuses=draw(statuses))
     if draw(st.booleans()):
         small = field(st.integers(0, 10), int32, chaos)
         s = request.settings

@@ -151,7 +151,12 @@ async def test_another_accounts_ids_are_404_exactly_like_missing_ones(
         foreign = await client.request(method, path)
         missing = await client.request(missing_method, missing_path)
         assert foreign.status_code == missing.status_code == 404, (path, foreign.text)
-        strip = lambda text, *ids: [text := text.replace(str(i), "N") for i in ids][-1]  # noqa: E731
+
+        def strip(text: str, *ids: int) -> str:
+            for i in ids:
+                text = text.replace(str(i), "N")
+            return text
+
         assert strip(foreign.text, job_id, run_id, rest.account_id) == strip(
             missing.text, missing_job, missing_run, 999999
         )
@@ -278,7 +283,13 @@ async def test_a_job_and_its_runs_name_their_environment_and_project(rest: Rest,
     assert (job["environment_id"], job["project_id"], job["dbt_version"]) == (environment_id, project_id, "1.10")
     plain = (await rest.http.get(f"{rest.base}/jobs/{plain_id}/")).json()["data"]
     assert (plain["environment_id"], plain["project_id"]) == (None, None)
-    run_id = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json={})).json()["data"]["id"]
+    triggered = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json={})).json()["data"]
+    assert (triggered["environment_id"], triggered["project_id"], triggered["dbt_version"]) == (
+        environment_id,
+        project_id,
+        "1.10",
+    )  # the trigger's own answer names them, as a later read does
+    run_id = triggered["id"]
     await adb.execute("UPDATE runs SET git_sha = 'abc1234' WHERE id = %s", (run_id,))
     run = (await rest.http.get(f"{rest.base}/runs/{run_id}/")).json()["data"]
     assert (run["environment_id"], run["project_id"], run["git_sha"]) == (environment_id, project_id, "abc1234")
@@ -308,7 +319,27 @@ async def test_rerun_after_an_error_keeps_the_overrides_and_names_its_parent(res
     await adb.execute("UPDATE runs SET status = 20, finished_at = now() WHERE id = %s", (first["id"],))
     rerun = (await rest.http.post(f"{rest.base}/jobs/{job_id}/rerun/")).json()["data"]
     assert rerun["id"] != first["id"] and rerun["retrying_run_id"] == first["id"]
-    assert rerun["trigger"]["threads_override"] == 3 and rerun["trigger"]["cause"] == f"Rerun of run {first['id']}"
+    assert rerun["trigger"]["threads_override"] == 3
+    assert rerun["trigger"]["cause"] == f"Rerun of run {first['id']} from step 1"
+    again = await rest.http.post(f"{rest.base}/runs/{rerun['id']}/retry/")
+    assert again.status_code == 409  # the rerun is queued, not failed: nothing to resume
+
+
+async def test_pause_and_unpause_a_job_and_run_it_while_paused(rest: Rest, other_rest: Rest, adb: AsyncDb) -> None:
+    job_id = await rest.create_job(adb, cron="0 2 * * *")
+    paused = (await rest.http.post(f"{rest.base}/jobs/{job_id}/pause/")).json()["data"]
+    assert paused["paused"] is True and paused["deactivated"] is False
+    assert await scalar(adb, "SELECT paused_at IS NOT NULL FROM jobs WHERE id = %s", job_id)
+    run = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/")).json()["data"]
+    assert run["job_paused"] is True and run["status"] == 1
+    theirs = await other_rest.http.post(f"{other_rest.base}/jobs/{job_id}/unpause/")
+    assert theirs.status_code == 404  # another account's job looks missing, and stays paused
+    unpaused = (await rest.http.post(f"{rest.base}/jobs/{job_id}/unpause/")).json()["data"]
+    assert unpaused["paused"] is False
+    run = (await rest.http.post(f"{rest.base}/jobs/{job_id}/run/")).json()["data"]
+    assert run["job_paused"] is False
+    account = (await rest.http.get(f"{rest.base}/")).json()["data"]
+    assert account["deactivate_after_failures"] == 100
 
 
 async def test_the_openapi_document_lists_the_dbt_cloud_paths(api: RunningApi) -> None:
@@ -322,9 +353,13 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(api: RunningApi) -
         "/api/v2/accounts/{account_id}/jobs/{job_id}/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/run/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/",
+        "/api/v2/accounts/{account_id}/jobs/{job_id}/pause/",
+        "/api/v2/accounts/{account_id}/jobs/{job_id}/unpause/",
         "/api/v2/accounts/{account_id}/runs/",
+        "/api/v2/accounts/{account_id}/pull-requests/{pull_request_number}/close/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/cancel/",
+        "/api/v2/accounts/{account_id}/runs/{run_id}/retry/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/artifacts/{path}",
         "/api/v3/accounts/{account_id}/webhooks/subscriptions/",

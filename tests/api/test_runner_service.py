@@ -9,7 +9,7 @@ nothing; steps out of order are refused.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,12 @@ import grpc
 import pytest
 from psycopg.types.json import Jsonb
 
+from api.runner_service import RunnerService
 from api.server import RunningApi
+from api.store import Store
 from runplane.run_tokens import new_run_token
 from runplane.secrets import SecretBox
+from runplane.settings import Settings
 from runplane.types import RunStatus
 from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
 from tests.conftest import TEST_SECRET_KEYS
@@ -55,12 +58,12 @@ def starting_run(db: Conn, steps: list[str], **job: Any) -> tuple[int, str]:
 
 async def claimed(db: Conn, channel: grpc.aio.Channel, steps: list[str] | None = None, **job: Any) -> Runner:
     run_id, token = starting_run(db, steps or ["echo a", "echo b"], **job)
-    runner = Runner(runner_pb2_grpc.RunnerServiceStub(channel), run_id, token)  # type: ignore[arg-type]
+    runner = Runner(runner_pb2_grpc.RunnerServiceStub(channel), run_id, token)
     await runner.stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=runner.md())
     return runner
 
 
-def snapshot(db: Conn, run_id: int) -> tuple[object, ...]:
+def snapshot(db: Conn, run_id: int) -> tuple[Any, ...]:
     """Everything a runner can change about a run."""
     return (
         run_row(db, run_id),
@@ -73,7 +76,7 @@ def snapshot(db: Conn, run_id: int) -> tuple[object, ...]:
 async def every_write(runner: Runner, token: str | None = None, run_id: int | None = None) -> list[grpc.StatusCode]:
     """Each write a runner makes, with ``token`` and ``run_id``; the status code of each."""
     md, rid, lease = runner.md(token), run_id or runner.run_id, runner.lease_id
-    calls = [
+    calls: list[Awaitable[object]] = [
         runner.stub.RenewLease(runner_pb2.LeaseRequest(run_id=rid, lease_id=lease), metadata=md),
         runner.stub.ReadCancel(runner_pb2.LeaseRequest(run_id=rid, lease_id=lease), metadata=md),
         runner.stub.AppendLogs(
@@ -129,6 +132,15 @@ async def test_claim_gives_the_whole_run_with_secrets_for_the_runner_only(db: Co
         await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id="someone-else"), metadata=md)
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert run_row(db, run_id) == row
+
+
+async def test_the_warm_up_at_start_changes_no_run(db: Conn, runner_api: RunningApi, settings: Settings) -> None:
+    run_id, _ = starting_run(db, ["echo 1"])
+    before = rows(db, "SELECT * FROM runs ORDER BY id"), rows(db, "SELECT * FROM run_steps ORDER BY run_id")
+    service = RunnerService(Store(runner_api.pool), runner_api.pickups, settings.runner, None)
+    await service.warm_up()
+    assert (rows(db, "SELECT * FROM runs ORDER BY id"), rows(db, "SELECT * FROM run_steps ORDER BY run_id")) == before
+    assert run_row(db, run_id)["status"] == RunStatus.STARTING  # still there to claim with its token
 
 
 async def test_a_token_for_another_run_is_denied_and_changes_nothing(db: Conn, channel: grpc.aio.Channel) -> None:
@@ -256,7 +268,7 @@ async def test_claim_carries_the_dbt_context_its_secrets_decrypted_and_masked(
 ) -> None:
     run_id, token = starting_run(db, ["dbt build"], secrets={"DBT_ENV_SECRET_X": "job-secret"})
     give_environment(db, run_id, password="pw-warehouse", git_token="ghp-token")
-    stub = runner_pb2_grpc.RunnerServiceStub(channel)  # type: ignore[arg-type]
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
     md = (("authorization", f"Bearer {token}"),)
     spec = await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=md)
 

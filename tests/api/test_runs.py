@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.server import start_server
 from runplane.bus import Topology
+from runplane.runs.pickups import pickup_accounts
 from runplane.settings import Settings
 from runplane.v1 import bus_pb2, common_pb2, jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, connect, deploy_job, scalar, status_of
@@ -328,7 +331,7 @@ async def test_a_trigger_publishes_a_pickup_for_the_account(client: Client, sett
         await incoming.ack()
         assert incoming.type == "Pickup"
         pickup = bus_pb2.Pickup.FromString(incoming.body)
-        assert pickup.account_id == client.account_id and pickup.sent_at_ms > 0
+        assert pickup_accounts(pickup) == [client.account_id] and pickup.sent_at_ms > 0
     finally:
         await connection.close()
 
@@ -347,3 +350,26 @@ async def test_a_trigger_succeeds_when_the_bus_is_down(settings: Settings) -> No
             assert (await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))).id == run.id
     finally:
         await api.stop(0)
+
+
+async def test_a_run_at_a_later_time_waits_in_the_queue_until_it_is_due(client: Client, adb: AsyncDb) -> None:
+    def at(delta: timedelta) -> Timestamp:
+        stamp = Timestamp()
+        stamp.FromDatetime(datetime.now(UTC).replace(microsecond=0) + delta)
+        return stamp
+
+    job = await client.jobs.CreateJob(deploy_job())
+    later = at(timedelta(hours=2))
+    run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id, run_at=later))
+    assert run.status == common_pb2.RUN_STATUS_QUEUED
+    assert run.scheduled_at == later and run.queued_at == later  # due then, and waiting from then
+    due = "SELECT count(*) FROM runs WHERE id = %s AND scheduled_at <= clock_timestamp()"
+    assert await scalar(adb, due, run.id) == 0  # dispatch takes due runs only
+    for bad, words in ((at(-timedelta(hours=1)), "in the past"), (at(timedelta(days=400)), "days ahead")):
+        code, details = await status_of(client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id, run_at=bad)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "run_at" in details and words in details
+    before = datetime.now(UTC).replace(microsecond=0)
+    now = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id, run_at=at(-timedelta(seconds=5))))
+    assert now.scheduled_at == now.queued_at and now.scheduled_at.ToDatetime(UTC) >= before  # a moment ago is now
+    cancelled = await client.runs.CancelRun(runs_pb2.CancelRunRequest(run_id=run.id))
+    assert cancelled.status == common_pb2.RUN_STATUS_CANCELLED

@@ -298,4 +298,4 @@ def test_single_loop_queues_every_due_run_exactly_once(database_url: str) -> Non
 
 def _count(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     row = conn.execute("SELECT count(*) FROM runs").fetchone()
-    return int(row[0]) if row else 0
+    return int(str(row[0])) if row else 0

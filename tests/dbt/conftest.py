@@ -167,3 +167,18 @@ def start_run(db: psycopg.Connection[Any], run_id: int) -> str:
 async def run_log(client: Client, run_id: int) -> str:
     chunks = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id))
     return "".join([chunk.text async for chunk in chunks])
+
+
+def tables(db: psycopg.Connection[Any], schema: str) -> set[str]:
+    rows = db.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def sleeping_queries(db: psycopg.Connection[Any]) -> int:
+    """Queries of the warehouse still in a model's pg_sleep(120) (the slow model of the cancel tests)."""
+    row = db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%%pg_sleep(120)%%'"
+        " AND pid <> pg_backend_pid()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -22,6 +22,7 @@ from tests.dbt.conftest import (
     make_repository,
     run_job,
     run_log,
+    sleeping_queries,
     start_run,
     warehouse,
 )
@@ -29,15 +30,6 @@ from tests.dbt.conftest import (
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(300), pytest.mark.usefixtures("_cleanup_bus")]
 
 Db = psycopg.Connection[Any]
-
-
-def sleeping_queries(db: Db) -> int:
-    row = db.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%%pg_sleep(120)%%'"
-        " AND pid <> pg_backend_pid()"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def dbt_processes(marker: str) -> list[int]:

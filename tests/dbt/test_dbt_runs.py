@@ -9,18 +9,24 @@ from typing import Any
 import psycopg
 import pytest
 
+from runner.service import run as run_runner
 from runplane.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
-from tests.dbt.conftest import Client, dbt_job, environment, make_repository, run_job, run_log
+from tests.dbt.conftest import (
+    DBT_VERSION,
+    Client,
+    dbt_job,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+    start_run,
+    tables,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
 
 Db = psycopg.Connection[Any]
-
-
-def tables(db: Db, schema: str) -> set[str]:
-    rows = db.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)).fetchall()
-    return {str(r[0]) for r in rows}
 
 
 async def artifact(client: Client, run_id: int, path: str, step: int | None = None) -> runs_pb2.ArtifactContent:
@@ -109,3 +115,27 @@ def git_head(repo: Path) -> str:
     from tests.dbt.conftest import git
 
     return git(repo, "rev-parse", "HEAD")
+
+
+async def test_a_runs_dbt_version_override_picks_the_dbt_it_runs_with(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    env = await environment(client, database_url, str(repo), dbt_version="0.9")  # not installed here
+    job = await dbt_job(client, env.id, ["dbt --version"])
+
+    as_configured = await run_job(client, dbt_settings, db, job.id)
+    assert as_configured.status == common_pb2.RUN_STATUS_ERROR
+    assert "dbt version '0.9' is not installed on this runner (installed: 1.10)" in as_configured.status_message
+
+    # What a REST trigger with dbt_version_override records on the run (its recording is tested there).
+    run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
+    db.execute(
+        "UPDATE runs SET overrides = overrides || jsonb_build_object('dbt_version', %s::text) WHERE id = %s",
+        (DBT_VERSION, run.id),
+    )
+    assert await run_runner(dbt_settings, run.id, start_run(db, run.id)) == 0
+    overridden = await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
+    log = await run_log(client, run.id)
+    assert overridden.status == common_pb2.RUN_STATUS_SUCCESS, log
+    assert "installed: 1.10." in log

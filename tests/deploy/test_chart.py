@@ -7,6 +7,7 @@ of ``make test``). Without it these tests fail, never skip.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from runplane.settings import Settings, WarmPoolSettings
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION, REAL_KUBE_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +88,7 @@ def test_rbac_is_pods_and_their_tokens_only_in_the_runs_namespace(variant: str) 
     runs_ns = "runs" if variant == "multi-cluster" else "runplane-runs"
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == runs_ns
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "patch"]},
     ]
@@ -175,22 +177,22 @@ def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> No
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
 
-def test_dispatcher_env_is_read_by_the_settings() -> None:
-    """What the chart sets is what the dispatcher's settings parse (names and JSON shapes)."""
-    import os
-
-    from runplane.settings import Settings
-
-    docs = render("multi-cluster")
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-eu-west")]
+def dispatcher_settings(docs: list[dict[str, Any]], cluster: str) -> Settings:
+    """The settings the dispatcher of ``cluster`` reads from the environment the chart gives it."""
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(f"-{cluster}")]
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     saved = dict(os.environ)
     try:
         os.environ.update(env)
-        settings = Settings()
+        return Settings()
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_dispatcher_env_is_read_by_the_settings() -> None:
+    """What the chart sets is what the dispatcher's settings parse (names and JSON shapes)."""
+    settings = dispatcher_settings(render("multi-cluster"), "eu-west")
     assert settings.dispatcher.cluster == "eu-west"
     assert settings.kubernetes.node_selector == {"pool": "runs"}
     assert settings.kubernetes.tolerations[0]["key"] == "dedicated"
@@ -198,6 +200,15 @@ def test_dispatcher_env_is_read_by_the_settings() -> None:
     assert settings.kubernetes.env_from_secrets == ["warehouse-credentials"]  # never the control plane's URLs
     assert settings.runner.api_address == "rp-runplane-runner-api.runplane.svc:50052"
     assert settings.kubernetes.pod_retention_seconds == 600
+    assert settings.kubernetes.warm_pools == []
+
+
+def test_warm_pools_reach_the_dispatcher_that_keeps_them() -> None:
+    settings = dispatcher_settings(render("multi-cluster"), "ap-south")
+    assert settings.kubernetes.warm_pools == [
+        WarmPoolSettings(name="small", dbt_version="", memory_mb=1024, min_size=2, max_size=8),
+        WarmPoolSettings(name="dbt-big", dbt_version="1.9", memory_mb=4096, min_size=0, max_size=2),
+    ]
 
 
 def test_the_chart_ships_the_grafana_dashboard() -> None:

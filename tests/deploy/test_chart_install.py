@@ -22,10 +22,10 @@ from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.run_tokens import new_run_token
-from runplane.types import AccountId, JobId, RunId
+from runplane.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, RestError, service_account_token, wait_for
-from tests.support.pod_outcomes import RecordedOutcomes
+from tests.support.pod_outcomes import RecordedOutcomes, TwinRun
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "runplane"
@@ -104,7 +104,9 @@ async def test_the_dispatcher_token_creates_watches_and_deletes_run_pods(
     settings = k8s_settings(namespace=release.runs_namespace, sweep_interval=60)
     config = plane.configuration(release.dispatcher_token)
     launcher = KubernetesLauncher(settings, configuration=config)
-    watcher = PodWatcher(settings, RecordedOutcomes(), configuration=plane.configuration(release.dispatcher_token))
+    outcomes = RecordedOutcomes()
+    outcomes.runs[RunId(REQUEST.run_id)] = TwinRun(RunStatus.STARTING)  # dispatched: its Pod is not an orphan
+    watcher = PodWatcher(settings, outcomes, configuration=plane.configuration(release.dispatcher_token))
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop), name="test:pod-watcher")
     try:

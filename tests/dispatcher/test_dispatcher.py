@@ -2,51 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.service import Dispatcher
 from runplane.db import open_pool
 from runplane.errors import LaunchError
 from runplane.locks import RedisAccountLocks
 from runplane.settings import Settings
 from runplane.types import AccountId, RunStatus
+from tests.support.launchers import HoldingLauncher
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row, statuses
-
-
-class HoldingLauncher:
-    """Records launch requests and starts nothing, so dispatched runs stay ``starting``."""
-
-    name = "holding"
-
-    def __init__(self, fail_with: LaunchError | None = None) -> None:
-        self.requests: list[LaunchRequest] = []
-        self.fail_with = fail_with
-
-    async def launch(self, request: LaunchRequest) -> LaunchResult:
-        self.requests.append(request)
-        if self.fail_with is not None:
-            raise self.fail_with
-        return LaunchResult(cluster="test", pod_name=f"held-{request.run_id}")
-
-    async def close(self) -> None:
-        return None
-
-
-@pytest.fixture
-async def locks(settings: Settings) -> AsyncIterator[RedisAccountLocks]:
-    locks = RedisAccountLocks.from_url(settings.redis_url, prefix=settings.redis_prefix, ttl_ms=5000)
-    yield locks
-    await locks.close()
 
 
 async def pickup(settings: Settings, locks: RedisAccountLocks, launcher: HoldingLauncher, account: int) -> list[int]:
     pool = await open_pool(settings.database_url)
     try:
         dispatcher = Dispatcher(settings, pool, None, locks, launcher)
-        return [s.run_id for s in await dispatcher.pickup(AccountId(account))]
+        return [s.run_id for s in await dispatcher.dispatch([AccountId(account)])]
     finally:
         await pool.close()
 
@@ -114,8 +86,8 @@ async def test_a_pickup_for_a_locked_account_changes_nothing(
 ) -> None:
     account = create_account(db)
     run_id = queue_run(db, create_job(db, account))
-    held = await locks.acquire(account)
-    assert held is not None
+    held = await locks.acquire([account])
+    assert held.accounts == [account]
     try:
         assert await pickup(settings, locks, HoldingLauncher(), account) == []
         assert run_row(db, run_id)["status"] == RunStatus.QUEUED

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import shutil
 import signal
-import time
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from dispatcher.launcher import LaunchRequest
-from dispatcher.local_launcher import LocalLauncher
+from dispatcher.local_launcher import LocalLauncher, closed_to_others
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
+from tests.support.polling import eventually
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus", "runner_api")
@@ -29,24 +32,25 @@ def starting_run(db: Conn, steps: list[str]) -> LaunchRequest:
     )
 
 
-async def ended(db: Conn, run_id: int, timeout: float = 30) -> dict[str, object]:
-    deadline = time.monotonic() + timeout
-    while (row := run_row(db, run_id))["status"] < RunStatus.SUCCESS:
-        assert time.monotonic() < deadline, f"run {run_id} still {row['status']}"
-        await asyncio.sleep(0.05)
+async def ended(db: Conn, run_id: int, timeout: float = 30) -> dict[str, Any]:
+    def row_if_ended() -> dict[str, Any] | None:
+        row = run_row(db, run_id)
+        return row if row["status"] >= RunStatus.SUCCESS else None
+
+    row = await eventually(row_if_ended, timeout, what=f"run {run_id} to end")
+    assert row is not None
     return row
 
 
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 async def gone(pid: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        assert time.monotonic() < deadline, f"process {pid} still there"
-        await asyncio.sleep(0.05)
+    await eventually(lambda: _gone(pid), timeout, what=f"process {pid} to exit")
 
 
 async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_is_replaced(
@@ -78,6 +82,58 @@ async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_
         await launcher.close()
 
 
+def fork_server_of_this_process() -> psutil.Process:
+    [server] = [p for p in psutil.Process(os.getpid()).children() if "runner.fork_server" in " ".join(p.cmdline())]
+    return server
+
+
+async def spare_of(server: psutil.Process) -> psutil.Process:
+    """The child the fork server keeps waiting for the next run."""
+
+    def only_child() -> psutil.Process | None:
+        waiting = [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE]
+        return waiting[0] if len(waiting) == 1 else None
+
+    spare = await eventually(only_child, 30, what="the fork server's spare runner")
+    assert spare is not None
+    return spare
+
+
+async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(db: Conn, settings: Settings) -> None:
+    launcher = LocalLauncher(settings)
+    try:
+        await launcher.start()
+        server = fork_server_of_this_process()
+        spare = await spare_of(server)
+        assert spare.uids().real == os.getuid()  # no run yet: not yet switched to a run's uid
+        request = starting_run(db, ["echo from the spare"])
+        result = await launcher.launch(request)
+        assert result.pod_name == f"pid:{spare.pid}"
+        assert (await ended(db, request.run_id))["status"] == RunStatus.SUCCESS
+        text = rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (request.run_id,))
+        assert text == [{"text": "from the spare\n"}]
+        following = await spare_of(server)
+        assert following.pid != spare.pid
+    finally:
+        await launcher.close()
+    await gone(following.pid)  # the server's EOF reaches its spare: nothing is left waiting
+
+
+async def test_a_killed_spare_is_replaced_for_the_run(db: Conn, settings: Settings) -> None:
+    launcher = LocalLauncher(settings)
+    try:
+        await launcher.start()
+        spare = await spare_of(fork_server_of_this_process())
+        spare.send_signal(signal.SIGKILL)
+        await gone(spare.pid)
+        request = starting_run(db, ["echo after the spare died"])
+        result = await launcher.launch(request)
+        assert result.pod_name != f"pid:{spare.pid}"
+        assert (await ended(db, request.run_id))["status"] == RunStatus.SUCCESS
+    finally:
+        await launcher.close()
+
+
 async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> None:
     fresh = settings.dispatcher.model_copy(update={"local_fork_server": False})
     launcher = LocalLauncher(settings.model_copy(update={"dispatcher": fresh}))
@@ -91,3 +147,23 @@ async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> N
         assert text == [{"text": "from a fresh process\n"}]
     finally:
         await launcher.close()
+
+
+def test_a_path_closed_to_other_users_is_named() -> None:
+    base = Path(tempfile.mkdtemp(prefix="rp-closed-"))
+    try:
+        base.chmod(0o755)
+        python = base / "opt" / "bin" / "python"
+        python.parent.mkdir(parents=True, mode=0o755)
+        python.write_text("")
+        python.chmod(0o755)
+        link = base / "python-link"
+        link.symlink_to(python)
+        assert closed_to_others(python) is None
+        (base / "opt").chmod(0o750)  # as /root is: the run's uid cannot reach what is inside
+        assert closed_to_others(link) == base / "opt"
+        (base / "opt").chmod(0o755)
+        python.chmod(0o750)
+        assert closed_to_others(python) == python
+    finally:
+        shutil.rmtree(base)

@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,18 +18,11 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.processes import OwnRedis, free_port
+from tests.support.polling import wait_for
+from tests.support.ports import free_port, listening, listening_by
+from tests.support.processes import OwnRedis
 
 __all__ = ["OwnPostgres", "OwnRabbit", "OwnRedis", "free_port"]
-
-
-def _wait_port(port: int, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not open port {port} within {timeout} s")
 
 
 def _pg_bin(name: str) -> str:
@@ -143,28 +135,28 @@ class OwnRabbit:
             self.process = subprocess.Popen(
                 [server], env=self._env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        _wait_port(self.port, 90, "RabbitMQ")
+        process = self.process
+        # Its own listener (the Erlang VM, a child), not another test's server that took the port.
+        wait_for(
+            lambda: listening_by(process.pid, self.port) or process.poll() is not None, 90, what="RabbitMQ to listen"
+        )
+        if process.poll() is not None:
+            raise RuntimeError(f"RabbitMQ exited ({process.returncode}): see {self.base / 'server.out'}")
 
     def stop(self) -> None:
         """Stop the node (SIGTERM to its process group: the Erlang VM and its helpers)."""
         if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
+        # Its group only while the leader is unreaped: once reaped, the pid may be another's.
+        if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)  # not reaped yet: still its own group
             self.process.wait()
         self.process = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            except OSError:
-                return
-            time.sleep(0.1)
+        wait_for(lambda: not listening(self.port), 30, what="RabbitMQ to close its port")
 
     def restart(self, down_seconds: float = 0.0) -> None:
         self.stop()

@@ -43,6 +43,12 @@ class Fault:
     run_delay_p99_s: float | None = None
 
 
+def restart_redis(world: World) -> None:
+    world.redis.kill()
+    time.sleep(2)  # the outage itself
+    world.redis.start()
+
+
 def _kill9(world: World, name: str) -> None:
     process = world.process(name)
     os.kill(process.pid, signal.SIGKILL)
@@ -77,7 +83,7 @@ def faults(world: World) -> dict[str, object]:
         kinds[f"kill -9 {service}"] = lambda s=service: _kill9(world, s)
         kinds[f"SIGSTOP {service}"] = lambda s=service: _sigstop(world, s)
     kinds["restart postgres"] = lambda: world.postgres.restart(2)
-    kinds["restart redis"] = lambda: (world.redis.kill(), time.sleep(2), world.redis.start())
+    kinds["restart redis"] = lambda: restart_redis(world)
     kinds["restart rabbitmq"] = lambda: world.rabbit.restart(2)
     kinds["poison messages"] = lambda: _poison(world)
     return kinds
@@ -133,8 +139,8 @@ def summary(world: World, until: float) -> dict[str, object]:
             " count(*) FILTER (WHERE d > 60) FROM (SELECT extract(epoch FROM started_at - scheduled_at) AS d"
             " FROM runs WHERE started_at IS NOT NULL) s"
         ).fetchone()
-        statuses = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
-        superseded = dict(
+        statuses: dict[int, int] = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+        superseded: dict[str, int] = dict(
             conn.execute("SELECT left(status_message, 120), count(*) FROM runs WHERE status = 30 GROUP BY 1").fetchall()
         )
     started = int(row[0]) if row else 0

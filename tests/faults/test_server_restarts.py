@@ -3,13 +3,16 @@ the server is down, and every cron occurrence still gets exactly one run."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from runplane.cron import next_fire
-from tests.faults.world import BASIC, EVERY_MINUTE, World, fire_done, make_world, probe_run, wait
+from tests.faults.world import BASIC, EVERY_MINUTE, FAST, World, fire_done, make_world, probe_run, run_delay_p99
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -24,15 +27,16 @@ def ride_out(world: World, fault: Callable[[], float], report: dict[str, float])
     """Let one minute's fires finish, inject ``fault`` (it returns once the server is back), then check
     a run queued at once succeeds, the next minute's fires and the invariants."""
     before = next_fire(EVERY_MINUTE, "UTC", time.time())
-    wait(lambda: fire_done(world, before), 100, f"the fires of {before}")
+    wait_for(lambda: fire_done(world, before), 100, what=f"the fires of {before}")
     fault_at = time.time()
     back_at = fault()
     report["outage_s"] = round(back_at - fault_at, 2)
     report["ready_after_back_s"] = round(time.time() - back_at, 2)
     report["run_after_back_s"] = round(probe_run(world, back_at), 2)
+    report["run_delay_p99_s"] = run_delay_p99(world, fault_at) or 0.0
     after = next_fire(EVERY_MINUTE, "UTC", time.time())
     try:
-        wait(lambda: fire_done(world, after), 100, f"the fires of {after} after the fault")
+        wait_for(lambda: fire_done(world, after), 100, what=f"the fires of {after} after the fault")
     except AssertionError:
         print(world.logs())
         raise
@@ -47,10 +51,10 @@ def down_then_up(world: World, stop: Callable[[], None], start: Callable[[], Non
     stop()
     try:
         for name in ("scheduler", "dispatcher"):
-            wait(
+            wait_for(
                 lambda n=name: not world.ready(n)[0] and any(dependency in d for d in world.ready(n)[1]),  # type: ignore[misc]
                 20,
-                f"{name} to report {dependency} down",
+                what=f"{name} to report {dependency} down",
             )
         time.sleep(3)
     finally:
@@ -58,7 +62,7 @@ def down_then_up(world: World, stop: Callable[[], None], start: Callable[[], Non
     back_at = time.time()
     for name in ("scheduler", "dispatcher"):
         try:
-            wait(lambda n=name: world.ready(n)[0], 60, f"{name} to be ready again")  # type: ignore[misc]
+            wait_for(lambda n=name: world.ready(n)[0], 60, what=f"{name} to be ready again")  # type: ignore[misc]
         except AssertionError as exc:
             print(world.logs())
             raise AssertionError(f"{exc}; down: {world.ready(name)[1]}") from exc
@@ -76,23 +80,38 @@ def test_redis_restart(world: World) -> None:
     def restart() -> float:
         world.redis.kill()
         try:
-            wait(lambda: "redis" in world.ready("dispatcher")[1], 20, "the dispatcher to report redis down")
+            wait_for(lambda: "redis" in world.ready("dispatcher")[1], 20, what="the dispatcher to report redis down")
             time.sleep(3)
         finally:
             world.redis.start()
         back_at = time.time()
-        wait(lambda: world.ready("dispatcher")[0], 60, "the dispatcher to be ready again")
+        wait_for(lambda: world.ready("dispatcher")[0], 60, what="the dispatcher to be ready again")
         return back_at
 
     ride_out(world, restart, report)
 
 
-@pytest.mark.xfail(
-    reason="after a RabbitMQ restart a queuer worker whose own queue the leader deleted (declared dead "
-    "while the broker was away) has its consumer cancelled by the broker and not restored; its jobs stop "
-    "firing until it is restarted",
-    strict=False,
-)
 def test_rabbitmq_restart(world: World) -> None:
     report: dict[str, float] = {}
     ride_out(world, lambda: down_then_up(world, world.rabbit.stop, world.rabbit.start, "rabbitmq"), report)
+
+
+def test_every_service_stops_on_sigterm_while_the_broker_is_gone(world: World) -> None:
+    # Last in this module: it leaves the broker down and the services stopped.
+    world.rabbit.stop()
+    wait_for(lambda: "rabbitmq" in world.ready("dispatcher")[1], 20, what="the dispatcher to report rabbitmq down")
+    time.sleep(2)  # well into reconnecting
+    processes = dict(world.services.processes)
+    sent = time.monotonic()
+    for process in processes.values():
+        process.send_signal(signal.SIGTERM)
+    drain = float(FAST["RUNPLANE_DRAIN_SECONDS"])
+    took: dict[str, float] = {}
+    for name, process in processes.items():
+        try:
+            process.wait(timeout=max(0.0, sent + drain + 10 - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(world.logs())
+            raise AssertionError(f"{name} did not exit within {drain + 10} s of SIGTERM") from None
+        took[name] = round(time.monotonic() - sent, 2)
+    print(f"\nexit after SIGTERM with the broker gone (s): {took}")

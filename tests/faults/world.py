@@ -17,7 +17,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
@@ -25,7 +24,10 @@ from runplane.cron import fires_between
 from runplane.migrate import migrate
 from tests.faults.invariants import Db, Report, check
 from tests.faults.servers import OwnPostgres, OwnRabbit, OwnRedis
-from tests.support.processes import Services, free_port
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.processes import Services
+from tests.support.queuer import scalar
 
 EVERY_MINUTE = "* * * * *"
 FAST = {
@@ -95,17 +97,6 @@ class World:
         return "\n".join(f"== {name}\n{self.services.log_text(name)[-3000:]}" for name, _ in self.services.processes)
 
 
-def wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 def fire_done(world: World, fire_ts: int) -> bool:
     """Every job's run of ``fire_ts`` exists and has finished."""
     with world.db() as conn:
@@ -114,7 +105,21 @@ def fire_done(world: World, fire_ts: int) -> bool:
             " AND status IN (10, 20, 30)",
             (fire_ts,),
         ).fetchone()
-    return bool(row) and int(row[0]) == len(world.jobs)
+    return row is not None and int(row[0]) == len(world.jobs)
+
+
+def run_delay_p99(world: World, at: float) -> float | None:
+    """p99 run delay (started − scheduled, or now − scheduled for a run not started yet) of the runs
+    scheduled in the minute around ``at``; runs cancelled before they started count neither way."""
+    with world.db() as conn:
+        row = conn.execute(
+            "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM"
+            " coalesce(started_at, clock_timestamp()) - scheduled_at)) FROM runs"
+            " WHERE scheduled_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)"
+            " AND NOT (status = 30 AND started_at IS NULL)",
+            (at - 30, at + 30),
+        ).fetchone()
+    return None if row is None or row[0] is None else round(float(row[0]), 2)
 
 
 def first_run_after(world: World, at: float) -> float | None:
@@ -154,7 +159,7 @@ def probe_run(world: World, fault_at: float, *, timeout: float = 60) -> float:
             return False
         return True
 
-    wait(queued, timeout, "Postgres to take the probe run", interval=0.3)
+    wait_for(queued, timeout, what="Postgres to take the probe run", interval=0.3)
 
     def finished() -> float | None:
         with world.db() as conn:
@@ -164,11 +169,12 @@ def probe_run(world: World, fault_at: float, *, timeout: float = 60) -> float:
         return None if row is None or row[0] is None else float(row[0])
 
     try:
-        done = wait(finished, timeout, "the probe run to succeed", interval=0.1)
+        done = wait_for(finished, timeout, what="the probe run to succeed", interval=0.1)
     except AssertionError:
         print(world.logs())
         raise
-    return float(done) - fault_at
+    assert done is not None
+    return done - fault_at
 
 
 @contextlib.contextmanager
@@ -220,13 +226,10 @@ def make_world(services_to_start: list[tuple[str, str]], *, cron_jobs: int = 12)
             w.start(command, name)
         # Every job is owned before the first minute counted.
         with w.db() as conn:
-            wait(
-                lambda: (
-                    conn.execute("SELECT count(*) FROM job_ownership WHERE state = 'claimed'").fetchone()[0]
-                    == len(jobs)
-                ),
+            wait_for(
+                lambda: scalar(conn, "SELECT count(*) FROM job_ownership WHERE state = 'claimed'") == len(jobs),
                 60,
-                "every job claimed",
+                what="every job claimed",
             )
         w.since = time.time()
         yield w

@@ -88,14 +88,15 @@ async def test_over_scheduled_run_is_cancelled_but_not_other_triggers(
     assert runs(db, other)[0][1] == 1
 
 
-async def test_deactivated_deleted_and_unscheduled_jobs_queue_nothing(
+async def test_deactivated_paused_deleted_and_unscheduled_jobs_queue_nothing(
     pool: AsyncConnectionPool[Connection], db: Db
 ) -> None:
-    active, deactivated, deleted, unscheduled = insert_jobs(db, 4, cron="* * * * *")
+    active, deactivated, paused, deleted, unscheduled = insert_jobs(db, 5, cron="* * * * *")
     db.execute("UPDATE jobs SET deactivated_at = now() WHERE id = %s", (deactivated,))
+    db.execute("UPDATE jobs SET paused_at = now() WHERE id = %s", (paused,))
     db.execute("UPDATE jobs SET deleted_at = now() WHERE id = %s", (deleted,))
     db.execute("UPDATE jobs SET cron = NULL WHERE id = %s", (unscheduled,))
-    result = await queue_runs(pool, [(j, FIRE) for j in (active, deactivated, deleted, unscheduled)])
+    result = await queue_runs(pool, [(j, FIRE) for j in (active, deactivated, paused, deleted, unscheduled)])
     assert result.queued == 1
     assert [r[0] for r in db.execute("SELECT job_id FROM runs")] == [active]
 

@@ -13,7 +13,8 @@ import pytest
 from runplane.cron import NeverFires, next_fire, validate_fires
 from runplane.errors import InvalidArgument
 from runplane.settings import Settings
-from tests.support.queuer import Cluster, Db, insert_jobs, ownership, wait_for
+from tests.support.polling import eventually
+from tests.support.queuer import Cluster, Db, insert_jobs, ownership
 
 NEVER = ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *"]
 NEVER_SOON = "0 0 1 1 *"
@@ -59,8 +60,8 @@ async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(clu
         return all(row[0] and "never fires" in row[1] for row in rows)
 
     try:
-        await wait_for(bad_deactivated, 30, what="the never-firing jobs to be deactivated with their reason")
-        await wait_for(
+        await eventually(bad_deactivated, 30, what="the never-firing jobs to be deactivated with their reason")
+        await eventually(
             lambda: all(ownership(db).get(j, (None, ""))[1] == "claimed" for j in good),
             30,
             what="every other job claimed",
@@ -76,5 +77,5 @@ async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(clu
         " WHERE id = %s",
         (NEVER_SOON, bad[0]),
     )
-    await wait_for(lambda: ownership(db).get(bad[0], (None, ""))[1] == "claimed", 30, what="the fixed job claimed")
+    await eventually(lambda: ownership(db).get(bad[0], (None, ""))[1] == "claimed", 30, what="the fixed job claimed")
     assert all(w.poll() is None for w in workers), cluster.logs()

@@ -1,4 +1,5 @@
-"""A queuer worker on the real bus and Postgres: (term, clock) gating and missed-fire grace."""
+"""A queuer worker on the real bus and Postgres: (term, clock) gating, firing at its minute and
+missed-fire grace, on a wall clock the test moves."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -16,9 +18,21 @@ from runplane.db import open_pool
 from runplane.settings import Settings
 from runplane.stamps import Stamp
 from runplane.v1 import bus_pb2
-from tests.support.queuer import Db, delete_queues, insert_jobs, wait_for
+from tests.support.pickups import waiting_pickup_accounts
+from tests.support.polling import eventually
+from tests.support.queuer import (
+    Db,
+    delete_queues,
+    duplicate_keys,
+    fire_minute,
+    insert_accounts,
+    insert_jobs,
+    runs_at,
+)
+from tests.support.wall_clock import FakeClock
 
 NEVER_SOON = "0 0 1 1 *"
+EVERY_MINUTE = "* * * * *"
 
 
 @dataclass
@@ -29,11 +43,17 @@ class Running:
 
 
 @pytest.fixture
-async def running(settings: Settings) -> AsyncIterator[Running]:
+def clock() -> FakeClock:
+    """Ten seconds before the start of the current minute: fires in the past of the database."""
+    return FakeClock(time.time() // 60 * 60 - 10)
+
+
+@pytest.fixture
+async def running(settings: Settings, clock: FakeClock) -> AsyncIterator[Running]:
     pool = await open_pool(settings.database_url, max_size=2)
     bus = await AmqpBus.connect(settings.amqp_url)
     publisher = await AmqpBus.connect(settings.amqp_url)
-    worker = QueuerWorker(settings, bus, pool, "w-test")
+    worker = QueuerWorker(settings, bus, pool, "w-test", wall_clock=clock)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop), name="queuer-worker-under-test")
     try:
@@ -47,22 +67,24 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
         await delete_queues(settings.bus_prefix, ["w-test"])
 
 
-def definition(job_id: int, version: int, cron: str = NEVER_SOON, grace: int = 300) -> bus_pb2.JobDefinition:
+def definition(
+    job_id: int, version: int, cron: str = NEVER_SOON, grace: int = 300, timezone: str = "UTC"
+) -> bus_pb2.JobDefinition:
     return bus_pb2.JobDefinition(
-        job_id=job_id, account_id=1, version=version, cron=cron, timezone="UTC", active=True,
+        job_id=job_id, account_id=1, version=version, cron=cron, timezone=timezone, active=True,
         missed_run_grace_seconds=grace, job_type=1,
     )  # fmt: skip
 
 
-def assign(job_id: int, stamp: Stamp, version: int, last_fire_ts: int = 0, **kw: object) -> bus_pb2.Assign:
+def assign(job_id: int, stamp: Stamp, version: int, last_fire_ts: int = 0, **kw: Any) -> bus_pb2.Assign:
     job = bus_pb2.JobAssignment(
         job=definition(job_id, version, **kw), stamp=stamp.to_proto(), last_fire_ts=last_fire_ts
-    )  # type: ignore[arg-type]
+    )
     return bus_pb2.Assign(stamp=stamp.to_proto(), jobs=[job])
 
 
-def update(job_id: int, stamp: Stamp, version: int) -> bus_pb2.Update:
-    job = bus_pb2.JobAssignment(job=definition(job_id, version), stamp=stamp.to_proto())
+def update(job_id: int, stamp: Stamp, version: int, **kw: Any) -> bus_pb2.Update:
+    job = bus_pb2.JobAssignment(job=definition(job_id, version, **kw), stamp=stamp.to_proto())
     return bus_pb2.Update(stamp=stamp.to_proto(), job=job)
 
 
@@ -109,7 +131,7 @@ async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running:
         queue = topo.assign if where == "assign" else topo.worker("w-test")
         await running.publisher.publish(queue, message)  # type: ignore[arg-type]
 
-    await wait_for(lambda: held(running.worker) == expected, 20, what="the newest stamp per job")
+    await eventually(lambda: held(running.worker) == expected, 20, what="the newest stamp per job")
     assert running.worker.gate.newest_term == 2
 
     # Once term 2 is seen, term 1 is ignored even for a job whose stamp it would otherwise beat; the
@@ -117,14 +139,14 @@ async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running:
     some_job = next(iter(expected))
     await running.publisher.publish(topo.worker("w-test"), update(some_job, Stamp(1, 1_000_000), version=42))
     await running.publisher.publish(topo.worker("w-test"), update(500, Stamp(2, clock + 1), version=7))
-    await wait_for(lambda: 500 in held(running.worker), 10, what="the sentinel update")
+    await eventually(lambda: 500 in held(running.worker), 10, what="the sentinel update")
     assert held(running.worker)[some_job] == expected[some_job]
 
 
-async def test_missed_fire_within_grace_is_queued_once_on_takeover(running: Running, db: Db) -> None:
+async def test_missed_fire_within_grace_is_queued_once_on_takeover(running: Running, db: Db, clock: FakeClock) -> None:
     inside, _unassigned, no_grace, known = insert_jobs(db, 4, cron="* * * * *")
     yearly = insert_jobs(db, 1, cron=NEVER_SOON)[0]
-    now = time.time()
+    now = clock.now()
     previous = int(now) // 60 * 60
     stamp = Stamp(3, 1)
     jobs = [
@@ -149,9 +171,53 @@ async def test_missed_fire_within_grace_is_queued_once_on_takeover(running: Runn
             )
         ]
 
-    await wait_for(missed_runs, 10, what="the missed fire")
-    await wait_for(lambda: len(held(running.worker)) == 4, 10, what="all four jobs held")
+    await eventually(missed_runs, 10, what="the missed fire")
+    await eventually(lambda: len(held(running.worker)) == 4, 10, what="all four jobs held")
     # Exactly one run: the newest occurrence of the job taken within its grace, none for the others
     # (nor for ``_unassigned``, a job of the database this worker was never given).
     assert missed_runs() == [(inside, previous)]
     assert set(held(running.worker)) == {inside, yearly, no_grace, known}
+
+
+async def test_due_jobs_are_queued_once_at_their_minute_and_not_before(
+    running: Running, db: Db, settings: Settings, clock: FakeClock
+) -> None:
+    boundary = clock.now() + 10
+    accounts = insert_accounts(db, 3)
+    steady = insert_jobs(db, 30, cron=EVERY_MINUTE, accounts=accounts)
+    to_yearly, to_every_minute, revoked, kolkata = insert_jobs(db, 4, cron=EVERY_MINUTE, accounts=accounts)
+    # Minute (boundary + 30) of the hour in UTC is the boundary itself in Asia/Kolkata (UTC+05:30).
+    kolkata_minute = (int(boundary) // 60 + 30) % 60
+    stamp = Stamp(2, 1)
+    jobs = [
+        bus_pb2.JobAssignment(job=definition(job_id, 1, EVERY_MINUTE), stamp=stamp.to_proto())
+        for job_id in [*steady, to_yearly, revoked]
+    ]
+    jobs += [
+        bus_pb2.JobAssignment(job=definition(to_every_minute, 1, NEVER_SOON), stamp=stamp.to_proto()),
+        bus_pb2.JobAssignment(job=definition(kolkata, 1, f"{kolkata_minute} * * * *"), stamp=stamp.to_proto()),
+    ]
+    await running.publisher.publish(running.topology.assign, bus_pb2.Assign(stamp=stamp.to_proto(), jobs=jobs))
+    own = running.topology.worker("w-test")
+    await running.publisher.publish(own, update(to_yearly, Stamp(2, 2), version=2, cron=NEVER_SOON))
+    await running.publisher.publish(own, update(to_every_minute, Stamp(2, 3), version=2, cron=EVERY_MINUTE))
+    await running.publisher.publish(
+        own, update(kolkata, Stamp(2, 4), version=2, cron=f"{kolkata_minute} * * * *", timezone="Asia/Kolkata")
+    )
+    await running.publisher.publish(own, revoke(revoked, Stamp(2, 5)))
+    held_versions = {**dict.fromkeys(steady, 1), to_yearly: 2, to_every_minute: 2, kolkata: 2}
+    await eventually(lambda: held(running.worker) == held_versions, 10, what="the assigns and updates applied")
+
+    expected = {*steady, to_every_minute, kolkata}
+    fired = await fire_minute(clock, db, boundary, workers=1, expected=expected)
+    assert set(fired) == expected  # nothing for the job made yearly nor for the revoked one
+    assert set(fired.values()) == {1}
+    assert set(await waiting_pickup_accounts(settings)) == set(accounts)
+
+    # The clock jumps past the next minute (the machine stalled): that fire is queued late, once.
+    clock.advance_to(boundary + 65)
+    late = await eventually(
+        lambda: runs_at(db, boundary + 60), 10, until=lambda f: set(f) >= {*steady, to_every_minute}, what="late runs"
+    )
+    assert set(late) == {*steady, to_every_minute}
+    assert duplicate_keys(db) == 0

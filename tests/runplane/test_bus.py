@@ -11,13 +11,14 @@ import pytest
 from google.protobuf.message import Message
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 
 from runplane.bus import MAX_DELIVERIES, AmqpBus, Delivery, Handler, Topology
 from runplane.errors import ServiceUnavailable
 from runplane.settings import Settings
 from runplane.v1 import bus_pb2
+from tests.support.polling import eventually
 
 
 @pytest.fixture
@@ -57,6 +58,47 @@ async def test_messages_arrive_in_order_and_are_acked(bus: AmqpBus, prefix: str)
     assert declared == 0  # all acked
 
 
+async def test_waiting_messages_are_taken_as_one_batch_and_acked_together(bus: AmqpBus, prefix: str) -> None:
+    queue = Topology(prefix).pickup
+    for account in range(6):
+        await bus.publish(queue, bus_pb2.Pickup(account_ids=[account]))
+    batches: list[list[int]] = []
+    stop = asyncio.Event()
+
+    async def handler(messages: list[Message]) -> None:
+        batches.append([m.account_ids[0] for m in messages if isinstance(m, bus_pb2.Pickup)])
+        if sum(len(b) for b in batches) >= 6:
+            stop.set()
+
+    await asyncio.wait_for(
+        bus.consume_batches(queue, handler, prefetch=10, max_messages=4, max_wait=0.5, stop=stop), timeout=20
+    )
+    assert batches == [[0, 1, 2, 3], [4, 5]]  # at most max_messages; the rest within max_wait
+    assert await _passive_count(queue) == 0
+
+
+async def test_a_failed_batch_is_retried_whole_and_poison_in_it_goes_alone(bus: AmqpBus, prefix: str) -> None:
+    queue = Topology(prefix).pickup
+    await bus.publish(queue, bus_pb2.Pickup(account_ids=[1]))
+    await bus.publish(queue, bus_pb2.Pickup(account_ids=[2]))
+    calls: list[list[int]] = []
+    stop = asyncio.Event()
+
+    async def handler(messages: list[Message]) -> None:
+        calls.append(sorted(m.account_ids[0] for m in messages if isinstance(m, bus_pb2.Pickup)))
+        if len(calls) == 1:
+            raise ValueError("first try fails")
+        if sum(len(call) for call in calls[1:]) >= 2:
+            stop.set()
+
+    await asyncio.wait_for(
+        bus.consume_batches(queue, handler, prefetch=10, max_messages=10, max_wait=0.3, stop=stop), timeout=20
+    )
+    assert calls[0] == [1, 2]
+    assert sorted(a for call in calls[1:] for a in call) == [1, 2]  # each retried once, none lost
+    assert await _passive_count(queue) == 0
+
+
 @pytest.fixture(scope="module")
 def metric_reader() -> InMemoryMetricReader:
     """This process's meter provider, read in memory (the instruments are global, like in a service)."""
@@ -73,8 +115,9 @@ def _counted(reader: InMemoryMetricReader, name: str, **attributes: str) -> floa
         for scope in resource.scope_metrics
         for metric in scope.metrics
         if metric.name == name
-        for point in metric.data.data_points  # type: ignore[union-attr]
-        if all(point.attributes.get(k) == v for k, v in attributes.items())  # type: ignore[union-attr]
+        for point in metric.data.data_points
+        if isinstance(point, NumberDataPoint)
+        and all((point.attributes or {}).get(k) == v for k, v in attributes.items())
     )
 
 
@@ -97,11 +140,12 @@ async def test_a_message_no_handler_can_process_is_dead_lettered_and_the_consume
     stop = asyncio.Event()
     consumer = asyncio.create_task(bus.consume(queue, handler, prefetch=1, stop=stop))
     try:
-        for _ in range(200):
-            if await _passive_count(Topology(prefix).dead_letter, declare=True) == 1 or consumer.done():
-                break
-            await asyncio.sleep(0.05)
-        assert not consumer.done()
+
+        async def dead_lettered() -> bool:
+            assert not consumer.done()
+            return await _passive_count(Topology(prefix).dead_letter, declare=True) == 1
+
+        await eventually(dead_lettered, 10, what="the poison message in the dead-letter queue")
     finally:
         stop.set()
         await asyncio.wait_for(consumer, timeout=10)
@@ -189,3 +233,27 @@ async def _take_one(queue: str) -> aio_pika.abc.AbstractIncomingMessage:
         message = await declared.get(no_ack=True, fail=True)
         assert message is not None
         return message
+
+
+async def test_a_consumer_whose_queue_is_deleted_consumes_the_queue_made_again(bus: AmqpBus, prefix: str) -> None:
+    # What a queuer worker's own queue goes through when the leader declares the worker dead.
+    queue = Topology(prefix).worker("w1")
+    seen: list[object] = []
+    first = asyncio.Event()
+
+    async def handler(message: Message, delivery: Delivery) -> None:
+        assert isinstance(message, bus_pb2.Pickup)
+        seen.append(message.account_id)
+        first.set()
+
+    consuming = asyncio.create_task(_consume_until(bus, queue, handler, 2, seen))
+    try:
+        await bus.publish(queue, bus_pb2.Pickup(account_id=1))
+        await asyncio.wait_for(first.wait(), timeout=10)
+        await bus.delete(queue)  # the broker cancels the consumer
+        await bus.publish(queue, bus_pb2.Pickup(account_id=2))  # into the queue made again
+        await asyncio.wait_for(consuming, timeout=15)
+    finally:
+        consuming.cancel()
+        await bus.delete(queue)
+    assert seen == [1, 2]

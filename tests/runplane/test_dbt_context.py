@@ -61,10 +61,13 @@ def test_a_job_setting_beats_the_environment_and_a_run_override_beats_both() -> 
         "threads": 8,
         "git_branch": "hotfix",
         "git_sha": "abc1234",
+        "dbtVersion": "1.9",
     }
     context = context_from_row({**job, "overrides": overrides}, decrypt)
     assert (context.target_name, context.schema, context.threads) == ("run_target", "run_schema", 8)
     assert (context.git_branch, context.git_sha) == ("hotfix", "abc1234")
+    assert context.dbt_version == "1.9"
+    assert context_from_row(job, decrypt).dbt_version == "1.10"
 
 
 def test_a_ci_run_builds_in_its_pull_requests_schema_whatever_it_asks() -> None:

@@ -46,7 +46,7 @@ def test_migrating_from_empty_gives_the_template_schema(empty_db: str, database_
         "accounts", "api_tokens", "jobs", "job_completion_triggers", "runs", "run_steps", "run_log_chunks",
         "artifacts", "orchestrator_term", "queuer_workers", "job_ownership", "schema_migrations",
     } <= tables  # fmt: skip
-    indexes = dict(_schema(empty_db)[1])
+    indexes: dict[str, str] = dict(_schema(empty_db)[1])  # type: ignore[arg-type]  # (name, definition) rows
     assert "WHERE (status = 1)" in indexes["runs_queued_idx"]
     assert "UNIQUE" in indexes["runs_idempotency_key_key"]
 

@@ -15,10 +15,13 @@ async def test_an_eternal_task_that_returns_before_stop_fails_its_group() -> Non
     async def quits() -> None:
         return
 
+    async def waits() -> None:
+        await stop.wait()
+
     with pytest.raises(ExceptionGroup) as caught:
         async with asyncio.TaskGroup() as group:
             spawn(group, "quits", quits(), eternal=True, stop=stop)
-            spawn(group, "waits", stop.wait())
+            spawn(group, "waits", waits())
     assert caught.group_contains(TaskEnded)
 
 

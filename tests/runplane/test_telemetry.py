@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.polling import wait_for
 from tests.support.ports import free_port
 
 SCRIPT = """
@@ -27,20 +27,20 @@ time.sleep(60)
 """
 
 
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
 def test_instruments_are_scraped_with_prometheus_names_and_buckets() -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        body = ""
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                    body = response.read().decode()
-                break
-            except OSError:
-                time.sleep(0.1)
+        body = wait_for(lambda: _scrape(port), 15, what="/metrics to answer")
         families = list(text_string_to_metric_families(body))
 
         def sample(name: str, **labels: str) -> float:

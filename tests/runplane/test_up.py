@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -15,6 +14,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.polling import wait_for
 from tests.support.ports import free_ports, listening
 
 pytestmark = pytest.mark.slow
@@ -33,15 +33,6 @@ def _services(up: psutil.Process) -> list[tuple[int, str]]:
         except (psutil.ZombieProcess, psutil.NoSuchProcess):
             continue
     return found
-
-
-def _wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _serving(port: int) -> bool:
@@ -74,14 +65,14 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
     proc = _start(up_env)
     up = psutil.Process(proc.pid)
     try:
-        _wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, "every service process")
+        wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, what="every service process")
         commands = sorted(name for _, name in _services(up))
         assert commands == sorted(EXPECTED)
-        _wait_for(lambda: _serving(int(up_env["RUNPLANE_API__PORT"])), 60, "the API to serve")
+        wait_for(lambda: _serving(int(up_env["RUNPLANE_API__PORT"])), 60, what="the API to serve")
         pids = {p.pid for p in up.children(recursive=True)}
         base = int(up_env["RUNPLANE_METRICS_PORT"])
         metrics = range(base, base + len(EXPECTED))
-        _wait_for(lambda: all(listening(port) for port in metrics), 60, "every service's metrics endpoint")
+        wait_for(lambda: all(listening(port) for port in metrics), 60, what="every service's metrics endpoint")
         assert proc.poll() is None, proc.communicate()[0]
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
@@ -102,14 +93,14 @@ def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: di
     proc = _start(up_env)
     up = psutil.Process(proc.pid)
     try:
-        _wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, "every service process")
+        wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, what="every service process")
         others = {pid for pid, name in _services(up) if name != "scheduler"}
         victim = next(pid for pid, name in _services(up) if name == "scheduler")
         os.kill(victim, signal.SIGKILL)
-        _wait_for(
+        wait_for(
             lambda: any(name == "scheduler" and pid != victim for pid, name in _services(up)),
             30,
-            "a new scheduler process",
+            what="a new scheduler process",
         )
         assert proc.poll() is None
         assert others <= {pid for pid, _ in _services(up)}, "another service was stopped"

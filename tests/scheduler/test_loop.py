@@ -39,7 +39,7 @@ async def waiting_pickups(settings: Settings) -> int:
 async def test_marks_let_one_pickup_wait_per_account(pending: PendingPickups) -> None:
     assert await pending.mark([1, 2, 3]) == [1, 2, 3]
     assert await pending.mark([1, 2, 3, 4]) == [4]
-    await pending.clear(2)
+    await pending.clear([2])
     assert await pending.mark([1, 2]) == [2]
 
 
@@ -47,7 +47,7 @@ async def test_without_redis_every_pickup_is_sent(settings: Settings) -> None:
     marks = PendingPickups.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix=settings.redis_prefix, ttl_ms=5000)
     try:
         assert await marks.mark([7, 8]) == [7, 8]
-        await marks.clear(7)  # no error either
+        await marks.clear([7])  # no error either
     finally:
         await marks.close()
 
@@ -75,7 +75,8 @@ async def test_a_pass_sends_one_pickup_per_account_with_due_runs_and_reaps(
         await bus.close()
         await pool.close()
     assert {k: v for k, v in first.items() if k != "observed"} == {
-        "pickups": 1, "relaunched": 1, "start_failed": 0, "lost": 1,
+        "pickups": 1, "relaunched": 1, "start_failed": 0, "lost": 1, "schema_drops": 0,
+        "runs_deleted": 0,
     }  # fmt: skip
     assert first["observed"] > 0  # the rows it read to make run metrics
     assert second["pickups"] == 0
@@ -121,3 +122,87 @@ async def test_starting_runs_of_a_dead_dispatcher_are_reclaimed_within_seconds(
     assert (reclaimed["status"], reclaimed["waiting_reason"]) == (RunStatus.QUEUED, "launch_backoff")
     assert "stopped heartbeating" in reclaimed["status_message"]
     assert [run_row(db, r)["status"] for r in (live, fresh, unrecorded)] == [RunStatus.STARTING] * 3
+
+
+async def test_a_fresh_cron_run_is_left_to_its_queuers_pickup_until_the_grace_has_passed(
+    db: Conn, settings: Settings, pending: PendingPickups
+) -> None:
+    cron_account, manual_account = create_account(db), create_account(db)
+    cron_run = queue_run(db, create_job(db, cron_account), trigger="schedule")
+    queue_run(db, create_job(db, manual_account))
+    settings.scheduler.sweep_grace = 60
+    pool = await open_pool(settings.database_url)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    try:
+        loop = SchedulerLoop(settings, pool, bus, pending)
+        assert await loop.send_pickups() == 1  # the manual run's account only
+        db.execute("UPDATE runs SET queued_at = queued_at - interval '61 s' WHERE id = %s", (cron_run,))
+        assert await loop.send_pickups() == 1  # now the cron run's account too (the other is marked)
+    finally:
+        await bus.close()
+        await pool.close()
+    assert await waiting_pickups(settings) == 2
+
+
+async def test_the_first_pass_sweeps_old_pull_request_schemas_and_the_next_waits(
+    db: Conn, settings: Settings, pending: PendingPickups
+) -> None:
+    keeps, never = create_account(db), create_account(db)
+    db.execute("UPDATE accounts SET pull_request_schema_max_age_days = 0 WHERE id = %s", (never,))
+    kept_job, never_job = create_job(db, keeps, job_type="ci"), create_job(db, never, job_type="ci")
+    for job, account, number in ((kept_job, keeps, 3), (kept_job, keeps, 4), (never_job, never, 3)):
+        db.execute(
+            "INSERT INTO pull_request_schemas (job_id, pull_request_number, account_id, schema_name, last_run_id,"
+            " last_used_at) VALUES (%s, %s, %s, %s, 1, now() - %s::interval)",
+            (job, number, account, f"dbt_cloud_pr_{job}_{number}", "30 days" if number == 3 else "1 day"),
+        )
+    pool = await open_pool(settings.database_url)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    try:
+        loop = SchedulerLoop(settings, pool, bus, pending)
+        first = await loop.run_once()
+        db.execute("UPDATE pull_request_schemas SET last_used_at = now() - interval '30 days'")
+        second = await loop.run_once()  # the next sweep is an interval away
+    finally:
+        await bus.close()
+        await pool.close()
+    assert (first["schema_drops"], second["schema_drops"]) == (1, 0)
+    [drop] = rows(db, "SELECT job_id, pull_request_number, trigger, takes_slot, overrides FROM runs")
+    assert (drop["job_id"], drop["pull_request_number"], drop["trigger"], drop["takes_slot"]) == (
+        kept_job,
+        3,
+        "ci",
+        False,
+    )
+    assert drop["overrides"]["drop_schema"] is True
+
+
+async def test_while_dispatch_is_behind_metrics_wait_and_cron_runs_are_left_to_their_queuers(
+    db: Conn, settings: Settings, pending: PendingPickups
+) -> None:
+    account, cron_account = create_account(db), create_account(db)
+    waiting = [queue_run(db, create_job(db, account)) for _ in range(3)]
+    done = queue_run(db, create_job(db, account), status=RunStatus.SUCCESS)
+    db.execute("UPDATE runs SET started_at = now(), finished_at = now() WHERE id = %s", (done,))
+    # Queued by a queuer past the sweep's grace: normally the sweep would send its account a Pickup.
+    cron = queue_run(db, create_job(db, cron_account), trigger="schedule")
+    db.execute("UPDATE runs SET queued_at = now() - interval '30 s' WHERE id = %s", (cron,))
+    settings.scheduler.behind_backlog = 3  # four due runs no dispatcher decided on: behind
+    pool = await open_pool(settings.database_url)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    try:
+        loop = SchedulerLoop(settings, pool, bus, pending)
+        first = await loop.run_once()
+        assert (first["observed"], first["pickups"]) == (0, 1)  # the manual runs' account only
+        assert run_row(db, done)["observed"] == 0
+        # A dispatch pass decided on one of them (it waits for a slot): no longer behind.
+        db.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE id = %s", (waiting[0],))
+        second = await loop.run_once()
+        # The cron run's account gets its Pickup now; the ended run and the cron run (queued long
+        # enough ago) are recorded.
+        assert (second["observed"], second["pickups"]) == (2, 1)
+    finally:
+        await bus.close()
+        await pool.close()
+    assert run_row(db, done)["observed"] == 7
+    assert await waiting_pickups(settings) == 2

@@ -20,12 +20,10 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tarfile
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +34,8 @@ import kubernetes.client
 import urllib3
 
 from dispatcher.kubernetes.api import without_client_retries
+from tests.support import polling
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "deploy" / "k8s-local" / "build.sh"
@@ -114,22 +114,15 @@ def k8s_bin() -> Path:
     return Path(done.stdout.strip())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, logs: Path | None = None) -> None:
     """Poll ``condition`` until it holds; on timeout fail with the tail of ``logs``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            tail = ""
-            if logs is not None and logs.exists():
-                tail = "\n" + "\n".join(logs.read_text(errors="replace").splitlines()[-30:])
-            raise ClusterError(f"{what} not ready after {timeout:.0f} s{tail}")
-        time.sleep(0.1)
+    try:
+        polling.wait_for(condition, timeout, interval=0.1, what=what)
+    except AssertionError as exc:
+        tail = ""
+        if logs is not None and logs.exists():
+            tail = "\n" + "\n".join(logs.read_text(errors="replace").splitlines()[-30:])
+        raise ClusterError(f"{what} not ready after {timeout:.0f} s{tail}") from exc
 
 
 @dataclass

@@ -3,17 +3,25 @@
 ``control_plane`` is a real kube-apiserver v1.20 + etcd, started once per test session
 (``kubernetes_cluster.ControlPlane``; ``make k8s`` builds and caches its binaries). Each test gets its
 own namespace in it (``runs_namespace``), so tests cannot see each other's Pods. ``node`` adds a real
-kubelet on a private dockerd, for tests where Pods must really run. Loaded by the root conftest.
+kubelet on a private dockerd, for tests where Pods must really run; ``runner_image`` is the runner
+image in that node's dockerd (``deploy/k8s-local/images.sh``: loaded from the cache outside the clone
+when its inputs are unchanged, else built reusing the cached slow layers). Loaded by the root conftest.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.support.kubernetes_cluster import ControlPlane, Node, Rest
+
+IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.sh"
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +65,15 @@ def node(control_plane: ControlPlane) -> Iterator[Node]:
         started.stop()
 
 
+@pytest.fixture(scope="session")
+def runner_image(node: Node) -> str:
+    """The runner image in the node's dockerd: loaded from the cache, or built (minutes) when its inputs changed."""
+    env = {**os.environ, "DOCKER_HOST": node.docker_host}
+    done = subprocess.run([str(IMAGES)], env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, f"images.sh failed:\n{done.stderr[-3000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
 @pytest.fixture
 def kube(control_plane: ControlPlane) -> Iterator[Rest]:
     """Admin JSON calls to the real API server, for arranging and asserting."""
@@ -73,3 +90,19 @@ def runs_namespace(kube: Rest) -> Iterator[str]:
     yield name
     kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"gracePeriodSeconds": 0})
     kube.delete(f"/api/v1/namespaces/{name}")
+
+
+@dataclass
+class Cluster:
+    """A real control plane and node, the runner image in the node, and a namespace for this test's Pods."""
+
+    plane: ControlPlane
+    node: Node
+    image: str
+    namespace: str
+    kube: Rest
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, node: Node, runner_image: str, runs_namespace: str, kube: Rest) -> Cluster:
+    return Cluster(control_plane, node, runner_image, runs_namespace, kube)

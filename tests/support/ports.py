@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import socket
 
+import psutil
+
 
 def free_port() -> int:
     """A port free right now (the kernel's choice)."""
@@ -27,8 +29,23 @@ def free_ports(n: int) -> list[int]:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
-def listening(port: int) -> bool:
+def listening(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something accepts connections on the port."""
     with socket.socket() as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
+
+
+def listening_by(pid: int, port: int) -> bool:
+    """Whether the process ``pid`` (or one of its children) listens on the port: a port free when it
+    was picked may have been taken since by another test's server, which ``listening`` cannot tell."""
+    try:
+        process = psutil.Process(pid)
+        family = [process, *process.children(recursive=True)]
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+            for member in family
+            for c in member.net_connections(kind="tcp")
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -17,7 +15,8 @@ import psycopg
 
 from runplane.bus import AmqpBus, Topology
 from runplane.v1 import bus_pb2
-from tests.support.ports import free_port
+from tests.support.polling import wait_for
+from tests.support.ports import free_port, listening, listening_by
 
 
 class Services:
@@ -33,7 +32,7 @@ class Services:
         self.log_dir = log_dir
         self.database_url = database_url
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self._extra_pids: set[int] = set()
+        self._extra_pids: dict[int, float] = {}  # pid → its process's start time
 
     def start(self, command: str, name: str | None = None, **env: str) -> subprocess.Popen[bytes]:
         if command == "dispatcher" and self.with_api and not any(n.startswith("api") for n, _ in self.processes):
@@ -57,15 +56,25 @@ class Services:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def forget_pid_later(self, pid: int) -> None:
-        """Also kill this process (and its group) at the end: e.g. a step orphaned by a killed runner."""
-        self._extra_pids.add(pid)
+        """Also kill this process (and its group) at the end: e.g. a step orphaned by a killed runner.
+
+        Only while it is the same process: pids are reused (a machine's ``pid_max`` may be 32768),
+        and a kill must never reach a process another test or program started under that pid.
+        """
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._extra_pids[pid] = psutil.Process(pid).create_time()
 
     def stop_all(self) -> None:
-        pids = set(self._extra_pids)
+        # Every pid with its process's start time, killed at the end only if it still is that process.
+        pids = dict(self._extra_pids)
         for _, process in self.processes:
             with contextlib.suppress(psutil.NoSuchProcess):
-                pids |= {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
-        pids |= runner_pids(self.database_url)
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        pids[child.pid] = child.create_time()
+        for pid in runner_pids(self.database_url, self.env.get("RUNPLANE_RUNNER__API_ADDRESS", "")):
+            if (started := started_at(pid)) is not None:
+                pids[pid] = started
         for _, process in self.processes:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -77,18 +86,39 @@ class Services:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        for pid in pids:
-            kill_group(pid)
+        for pid, started in pids.items():
+            if started_at(pid) == started:
+                kill_group(pid)
 
 
-def runner_pids(database_url: str) -> set[int]:
-    """Runner processes the local launcher recorded (``pod_name`` ``pid:N``)."""
+def runner_pids(database_url: str, runner_api_address: str) -> set[int]:
+    """Live runner processes the local launcher recorded (``pod_name`` ``pid:N``) for this system.
+
+    A recorded pid may since belong to anything (a runner that ended long ago, its pid reused): only
+    a process whose environment names this system's runner API is one of its runners.
+    """
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
             found = conn.execute("SELECT pod_name FROM runs WHERE pod_name LIKE 'pid:%'").fetchall()
     except psycopg.OperationalError:
         return set()
-    return {int(str(row[0]).removeprefix("pid:")) for row in found}
+    pids = {int(str(row[0]).removeprefix("pid:")) for row in found}
+    return {pid for pid in pids if runner_api_address and _runner_api_of(pid) == runner_api_address}
+
+
+def _runner_api_of(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).environ().get("RUNPLANE_RUNNER__API_ADDRESS")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """When the process now holding ``pid`` started (None: no such process)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def kill_group(pid: int) -> None:
@@ -114,12 +144,7 @@ def publish_pickup(amqp_url: str, prefix: str, account_id: int) -> None:
 def wait_for_port(address: str, timeout: float = 30.0) -> None:
     """Until something listens on ``host:port``."""
     host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {address}")
+    wait_for(lambda: listening(int(port), host), timeout, what=f"something to listen on {address}")
 
 
 class OwnRedis:
@@ -134,17 +159,20 @@ class OwnRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        """Start it on its port; a port another process took meanwhile is an error, not a shared Redis."""
+        process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return
-            time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
+        self.process = process
+        wait_for(
+            lambda: listening_by(process.pid, self.port) or process.poll() is not None,
+            10,
+            what="redis-server to listen",
+        )
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited ({process.returncode}): port {self.port} taken by another process")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

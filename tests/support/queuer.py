@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,8 @@ import psycopg
 
 from runplane.bus import Topology
 from runplane.settings import Settings
+from tests.support.polling import eventually
+from tests.support.wall_clock import FakeClock
 
 Db = psycopg.Connection[tuple[Any, ...]]
 
@@ -72,6 +71,13 @@ def update_job(db: Db, job_id: int, **changes: object) -> None:
     db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = %(id)s", {**changes, "id": job_id})
 
 
+def scalar(db: Db, sql: str, params: tuple[object, ...] = ()) -> Any:
+    """The first column of the first row of ``sql``; fails when there is no row."""
+    row = db.execute(sql, params).fetchone()
+    assert row is not None, f"no row for {sql}"
+    return row[0]
+
+
 def ownership(db: Db) -> dict[int, tuple[str | None, str]]:
     return {int(r[0]): (r[1], str(r[2])) for r in db.execute("SELECT job_id, worker_id, state FROM job_ownership")}
 
@@ -84,6 +90,28 @@ def claimed_counts(db: Db) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
+def runs_at(db: Db, fire: float) -> dict[int, int]:
+    """job_id -> cron runs queued for the fire at ``fire``."""
+    rows = db.execute(
+        "SELECT job_id, count(*) FROM runs WHERE trigger = 'schedule' AND scheduled_at = to_timestamp(%s)"
+        " GROUP BY job_id",
+        (fire,),
+    )
+    return {int(job_id): int(n) for job_id, n in rows}
+
+
+async def fire_minute(clock: FakeClock, db: Db, minute: float, *, workers: int, expected: set[int]) -> dict[int, int]:
+    """Move ``clock`` onto ``minute``: first just before it, until ``workers`` wait for it with nothing
+    queued yet (not before its minute), then onto it. The runs queued for it, once ``expected`` have one."""
+    clock.advance_to(minute - 0.2)
+    await eventually(lambda: clock.sleepers_until(minute) == workers, 10, what="the workers to wait for the minute")
+    assert runs_at(db, minute) == {}, "queued before its minute"
+    clock.advance_to(minute)
+    return await eventually(
+        lambda: runs_at(db, minute), 10, until=lambda fired: set(fired) >= expected, what="the runs of the minute"
+    )
+
+
 def duplicate_keys(db: Db) -> int:
     """Runs per (job, scheduled_at) beyond the first: must always be 0."""
     row = db.execute(
@@ -92,22 +120,6 @@ def duplicate_keys(db: Db) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-async def wait_for(
-    condition: Callable[[], Any], timeout: float, *, interval: float = 0.1, what: str = "condition"
-) -> Any:
-    """Poll ``condition`` until it returns something truthy; its value, or AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if isinstance(last, Awaitable):
-            last = await last
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 class Cluster:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -101,19 +100,7 @@ def run_row(db: Conn, run_id: int) -> dict[str, Any]:
 
 def rows(db: Conn, sql: str, params: Sequence[object] = ()) -> list[dict[str, Any]]:
     with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute(sql, params).fetchall()  # type: ignore[arg-type]
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+        return cur.execute(sql, params).fetchall()
 
 
 def statuses(db: Conn, run_ids: Sequence[int]) -> dict[int, int]:

@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable
+from functools import partial
 from urllib.parse import urlsplit
 
 PATTERN = re.compile(
@@ -61,7 +62,7 @@ def main() -> None:
         except OSError:
             pass
         for what in ("environ", "cmdline"):
-            scan(f"ancestor {pid} {what}", lambda pid=pid, what=what: read_bytes(f"/proc/{pid}/{what}"))
+            scan(f"ancestor {pid} {what}", partial(read_bytes, f"/proc/{pid}/{what}"))
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
             tried[f"ancestor {pid} fds"] = f"listed {len(fds)}"
@@ -71,14 +72,14 @@ def main() -> None:
         for fd in fds:
             path = f"/proc/{pid}/fd/{fd}"
             if os.path.isfile(path):
-                scan(f"ancestor {pid} fd {fd}", lambda path=path: read_bytes(path))
+                scan(f"ancestor {pid} fd {fd}", partial(read_bytes, path))
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) not in ancestors and int(name) != os.getpid():
-            scan(f"process {name} environ", lambda name=name: read_bytes(f"/proc/{name}/environ"))
+            scan(f"process {name} environ", partial(read_bytes, f"/proc/{name}/environ"))
     for root, _dirs, files in os.walk("."):
         for file in files:
             path = os.path.join(root, file)
-            scan(f"work dir {path}", lambda path=path: read_bytes(path))
+            scan(f"work dir {path}", partial(read_bytes, path))
     own = "\n".join(f"{k}={v}" for k, v in os.environ.items() if not k.startswith(OWN_VARIABLES))
     scan("own environment", lambda: own)
     stdin_fd = "/proc/self/fd/0"

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import psycopg
@@ -17,6 +14,7 @@ from api.server import RunningApi, start_server
 from runplane.settings import Settings
 from runplane.types import RunStatus
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.polling import eventually
 from tests.support.processes import Services
 
 pytestmark = pytest.mark.slow
@@ -32,17 +30,6 @@ async def api(settings: Settings, services: Services) -> AsyncIterator[RunningAp
         yield running
     finally:
         await running.stop(0)
-
-
-async def until(fetch: Callable[[], Any], done: Callable[[Any], bool], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await fetch()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {value}")
-        await asyncio.sleep(0.1)
 
 
 async def test_run_now_over_grpc_to_success_with_live_logs_and_an_artifact(api: RunningApi, settings: Settings) -> None:
@@ -64,16 +51,16 @@ async def test_run_now_over_grpc_to_success_with_live_logs_and_an_artifact(api: 
             (chunk.seq, chunk.step_index, chunk.text)
             async for chunk in runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run.id, follow=True))
         ]
-        finished = await until(
+        finished = await eventually(
             lambda: runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id)),
-            lambda r: r.status >= RunStatus.SUCCESS,
-            timeout=60,
+            60,
+            until=lambda r: r.status >= RunStatus.SUCCESS,
             what="the run to end",
         )
         artifacts = await runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))
         content = await runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path="target/manifest.json"))
 
-    assert finished.status == RunStatus.SUCCESS, finished.status_message
+    assert RunStatus(finished.status) == RunStatus.SUCCESS, finished.status_message
     stamps = [
         finished.scheduled_at,
         finished.queued_at,
@@ -105,10 +92,10 @@ async def test_a_deactivated_job_is_reactivated_by_run_now(api: RunningApi, sett
         with psycopg.connect(settings.database_url, autocommit=True) as db:
             db.execute("UPDATE jobs SET consecutive_failures = 99 WHERE id = %s", (job.id,))
         failing = await runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id, trigger=common_pb2.TRIGGER_API))
-        await until(
+        await eventually(
             lambda: runs.GetRun(runs_pb2.GetRunRequest(run_id=failing.id)),
-            lambda r: r.status == RunStatus.ERROR,
-            timeout=60,
+            60,
+            until=lambda r: RunStatus(r.status) == RunStatus.ERROR,
             what="the hundredth failure",
         )
         deactivated = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
@@ -122,11 +109,11 @@ async def test_a_deactivated_job_is_reactivated_by_run_now(api: RunningApi, sett
         run_now = await runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id, trigger=common_pb2.TRIGGER_MANUAL))
         reactivated = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))
         assert reactivated.active and reactivated.consecutive_failures == 0
-        ran = await until(
+        ran = await eventually(
             lambda: runs.GetRun(runs_pb2.GetRunRequest(run_id=run_now.id)),
-            lambda r: r.status >= RunStatus.SUCCESS,
-            timeout=60,
+            60,
+            until=lambda r: r.status >= RunStatus.SUCCESS,
             what="the run now to execute",
         )
-        assert ran.status == RunStatus.ERROR  # it ran (and failed again: the count starts over)
+        assert RunStatus(ran.status) == RunStatus.ERROR  # it ran (and failed again: the count starts over)
         assert (await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job.id))).consecutive_failures == 1

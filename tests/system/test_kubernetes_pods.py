@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -35,21 +31,12 @@ from runplane.run_tokens import new_run_token
 from runplane.settings import Settings
 from runplane.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
-from tests.support.kubernetes_cluster import ControlPlane, Node, Rest, RestError, wait_for
+from tests.support.kubernetes_cluster import ControlPlane, Rest, RestError
+from tests.support.polling import wait_for
 
-IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.sh"
 # The first test pays for the node and, when the sources changed, the image build (minutes on a busy machine).
 pytestmark = pytest.mark.timeout(1500)
 Db = psycopg.Connection[tuple[object, ...]]
-
-
-@pytest.fixture(scope="session")
-def runner_image(node: Node) -> str:
-    """The runner image, built (or loaded from the cache) into the node's dockerd."""
-    env = {**os.environ, "DOCKER_HOST": node.docker_host}
-    done = subprocess.run([str(IMAGES)], env=env, capture_output=True, text=True, timeout=1800, check=False)
-    assert done.returncode == 0, f"images.sh failed:\n{done.stderr[-3000:]}"
-    return done.stdout.strip().splitlines()[-1]
 
 
 @dataclass
@@ -148,7 +135,8 @@ async def runs(
 
 
 async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    await asyncio.to_thread(wait_for, condition, timeout, what)
+    """Poll in a thread: the conditions make blocking calls to the API server."""
+    await asyncio.to_thread(wait_for, condition, timeout, interval=0.1, what=what)
 
 
 def _container_state(pod: Any) -> dict[str, Any]:
@@ -235,12 +223,10 @@ async def test_a_cancelled_run_has_its_pod_deleted_gracefully(runs: Runs, pod_ev
     runs.record(run_id, name)
     await _until(lambda: "ready" in runs.log(name), 120, "the container to run")
     runs.db.execute("UPDATE runs SET status = 30, finished_at = now() WHERE id = %s", (run_id,))  # cancelled
-    started = time.monotonic()
     await _until(lambda: any(kind == "DELETED" for kind, _ in pod_events.events), 60, "the Pod to be deleted")
-    elapsed = time.monotonic() - started
     deleting = [obj for kind, obj in pod_events.events if obj["metadata"].get("deletionTimestamp")]
     assert deleting, "deleted with a grace period (deletionTimestamp set first), not at once"
     assert deleting[0]["metadata"]["deletionGracePeriodSeconds"] == pod["spec"]["terminationGracePeriodSeconds"]
     final = _container_state(deleting[-1])
-    assert final.get("terminated", {}).get("exitCode") == 3, final  # the trap ran: SIGTERM, not SIGKILL
-    assert elapsed < pod["spec"]["terminationGracePeriodSeconds"]
+    # The trap ran and the container ended by it: SIGTERM, not SIGKILL at the end of the grace period.
+    assert final.get("terminated", {}).get("exitCode") == 3, final

@@ -9,10 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,24 +23,15 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from prometheus_client.parser import text_string_to_metric_families
 
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.polling import wait_for
 from tests.support.ports import free_ports
 
 pytestmark = pytest.mark.slow
 SERVICES = 7  # api, orchestrator, 2 queuer workers, scheduler, 2 dispatchers
 
 
-def _until(condition: Callable[[], object], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @dataclass
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     """An OTLP trace receiver: what the services export lands here."""
 
     spans: list[tuple[str, str, str]] = field(default_factory=list)  # (trace_id, service, span name)
@@ -63,7 +53,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[mi
 def collector() -> Iterator[tuple[Collector, int]]:
     servicer = Collector()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield servicer, port
@@ -89,7 +79,7 @@ def _sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: st
 
 
 def test_metrics_and_traces_agree_with_the_runs(
-    service_env: dict[str, str], database_url: str, db: psycopg.Connection[tuple[object, ...]],
+    service_env: dict[str, str], database_url: str, db: psycopg.Connection[tuple[Any, ...]],
     collector: tuple[Collector, int],
 ) -> None:  # fmt: skip
     spans, otlp_port = collector
@@ -113,7 +103,7 @@ def test_metrics_and_traces_agree_with_the_runs(
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{api_port}")
     try:
-        metadata = [("authorization", f"Bearer {token}")]
+        metadata = (("authorization", f"Bearer {token}"),)
         jobs = jobs_pb2_grpc.JobServiceStub(channel)
         runs = runs_pb2_grpc.RunServiceStub(channel)
         grpc.channel_ready_future(channel).result(timeout=60)
@@ -132,7 +122,7 @@ def test_metrics_and_traces_agree_with_the_runs(
         cron_job = create("every-minute", ["echo scheduled"], cron="* * * * *")
         # A client span: its trace must reach the runner.
         traceparent_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
-        traced = [*metadata, ("traceparent", f"00-{traceparent_trace}-00f067aa0ba902b7-01")]
+        traced = (*metadata, ("traceparent", f"00-{traceparent_trace}-00f067aa0ba902b7-01"))
         manual = runs_pb2.TriggerRunRequest
         first = runs.TriggerRun(manual(job_id=slow, trigger=common_pb2.TRIGGER_MANUAL), metadata=traced, timeout=10)
         failed = runs.TriggerRun(
@@ -145,11 +135,18 @@ def test_metrics_and_traces_agree_with_the_runs(
         def status(run_id: int) -> int:
             return int(runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id), metadata=metadata, timeout=10).status)
 
-        _until(lambda: status(first.id) == 10 and status(failed.id) == 20, 60, "run now and the failing run")
-        _until(
+        wait_for(
+            lambda: status(first.id) == 10 and status(failed.id) == 20,
+            60,
+            interval=0.25,
+            what="run now and the failing run",
+        )
+        wait_for(
             lambda: db.execute("SELECT count(*) FROM runs WHERE job_id = %s AND status = 10", (cron_job,)).fetchone()
             == (1,),
-            75, "a cron run to succeed",
+            75,
+            interval=0.25,
+            what="a cron run to succeed",
         )  # fmt: skip
         # No more cron fires, so the rows stop changing; then let the scheduler loop record them all.
         jobs.UpdateJob(
@@ -157,9 +154,11 @@ def test_metrics_and_traces_agree_with_the_runs(
                                       steps=["echo scheduled"]),
             metadata=metadata, timeout=10,
         )  # fmt: skip
-        _until(
+        wait_for(
             lambda: db.execute("SELECT count(*) FROM runs WHERE observed <> 7 OR status < 10").fetchone() == (0,),
-            30, "every run terminal and recorded",
+            30,
+            interval=0.25,
+            what="every run terminal and recorded",
         )  # fmt: skip
         # The loop records a batch's instruments just after committing its flags: scrape until they show.
         counted = db.execute("SELECT count(*), count(started_at) FROM runs").fetchone()
@@ -169,7 +168,7 @@ def test_metrics_and_traces_agree_with_the_runs(
             totals = (_sum(samples, "runplane_runs_finished_total"), _sum(samples, "runplane_runs_started_total"))
             return samples if counted is not None and totals == tuple(counted) else None
 
-        samples = _until(recorded, 15, "the metrics to count every recorded run")
+        samples = wait_for(recorded, 15, interval=0.25, what="the metrics to count every recorded run")
         rows = db.execute(
             """SELECT count(*),
                       count(*) FILTER (WHERE status = 10), count(*) FILTER (WHERE status = 20),
@@ -182,7 +181,7 @@ def test_metrics_and_traces_agree_with_the_runs(
                       count(*) FILTER (WHERE trigger = 'schedule')
                  FROM runs"""
         ).fetchone()  # fmt: skip
-        assert rows is not None
+        assert rows is not None and samples is not None
         queued, success, error, cancelled_n, started, delay_sum, prep_sum, wait_sum, scheduled = rows
         assert scheduled >= 1 and started >= 3
         assert _sum(samples, "runplane_runs_queued_total") == queued
@@ -196,7 +195,11 @@ def test_metrics_and_traces_agree_with_the_runs(
         assert _sum(samples, "runplane_run_delay_seconds_sum") == pytest.approx(delay_sum, abs=1e-3 * started)
         assert _sum(samples, "runplane_prep_time_seconds_sum") == pytest.approx(prep_sum, abs=1e-3 * started)
         assert _sum(samples, "runplane_wait_time_seconds_sum") == pytest.approx(wait_sum, abs=1e-3 * started)
-        assert wait_sum > 1.0  # the failing run waited for the slow run's slot
+        order = db.execute(
+            "SELECT (SELECT finished_at FROM runs WHERE id = %s) <= (SELECT started_at FROM runs WHERE id = %s)",
+            (first.id, failed.id),
+        ).fetchone()
+        assert order == (True,)  # the failing run waited for the slow run's slot
         assert _sum(samples, "runplane_pickups_published_total") >= 1
         assert _sum(samples, "runplane_orchestrator_leader") == 1
         assert _sum(samples, "runplane_orchestrator_term") >= 1
@@ -215,8 +218,7 @@ def test_metrics_and_traces_agree_with_the_runs(
             "runplane-runner:run",
             "runplane-runner:step 1",
         }
-        found = _until(lambda: expected <= traced_spans() and traced_spans(), 30, f"spans {expected}")
-        assert any(name.startswith("runplane-dispatcher:consume Pickup") for name in found)
+        wait_for(traced_spans, 30, until=expected.issubset, interval=0.25, what=f"spans {expected}")
     finally:
         channel.close()
         up.send_signal(signal.SIGTERM)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runplane.types import RunStatus
+from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import (
     Conn,
@@ -18,7 +19,6 @@ from tests.support.records import (
     queue_run,
     rows,
     run_row,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,7 @@ import os
 import ssl
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +24,9 @@ import trustme
 
 from api.admin import create_account
 from runplane.settings import Settings
-from tests.support.processes import Services, free_port
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.processes import Services
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +76,7 @@ def api(services: Services, settings: Settings, tmp_path: Path) -> Iterator[Api]
     account_id, token = asyncio.run(create_account(settings, name="acme", run_slots=4, memory_mb=1024))
     running = Api(f"localhost:{rest_port}", ca_file, account_id, token)
     with running.http() as http:
-        until(lambda: _answers(http), bool, timeout=30, what="the REST API to answer over HTTPS")
+        wait_for(lambda: _answers(http), 30, what="the REST API to answer over HTTPS")
     yield running
 
 
@@ -84,17 +85,6 @@ def _answers(http: httpx.Client) -> bool:
         return http.get("/api/v2/accounts/").status_code == 200
     except httpx.TransportError:
         return False
-
-
-def until(fetch: Callable[[], T], done: Callable[[T], bool], *, timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {value}")
-        time.sleep(0.2)
 
 
 def make_job(api: Api, db: Any, name: str, steps: list[str]) -> int:
@@ -161,17 +151,17 @@ def test_dbt_cloud_cli_triggers_with_overrides_waits_lists_and_downloads(api: Ap
 def test_dbt_cloud_cli_cancels_a_running_run(api: Api, db: Any) -> None:
     job_id = make_job(api, db, "slow", ["echo started; sleep 60"])
     run_id = dbt_cloud(api, "job", "run", "--job-id", str(job_id))["data"]["id"]
-    until(
+    wait_for(
         lambda: dbt_cloud(api, "run", "get", "--run-id", str(run_id))["data"]["status"],
-        lambda status: status == 3,
-        timeout=60,
+        60,
+        until=lambda status: status == 3,
         what="the run to be running",
     )
     dbt_cloud(api, "run", "cancel", "--run-id", str(run_id))
-    final = until(
+    final = wait_for(
         lambda: dbt_cloud(api, "run", "get", "--run-id", str(run_id))["data"],
-        lambda run: run["is_complete"],
-        timeout=60,
+        60,
+        until=lambda run: run["is_complete"],
         what="the run to end",
     )
     assert final["status"] == 30 and final["is_cancelled"] is True
@@ -202,17 +192,18 @@ def test_dbtc_triggers_polls_reruns_lists_cancels_and_downloads(
         api.account_id, job_definition_id=bad_job, order_by="-id", include_related=["trigger"]
     )
     assert [r["id"] for r in runs["data"]] == [rerun["data"]["id"], failed["data"]["id"]]
-    assert runs["data"][0]["trigger"]["cause"] == f"Rerun of run {failed['data']['id']}"
+    # A failed run is rerun from its failed step, dbt Cloud's "rerun from failure".
+    assert runs["data"][0]["trigger"]["cause"] == f"Rerun of run {failed['data']['id']} from step 1"
     errored = client.cloud.list_runs(api.account_id, status="error")
     assert {r["id"] for r in errored["data"]} == {failed["data"]["id"], rerun["data"]["id"]}
     slow = make_job(api, db, "slow", ["sleep 60"])
     queued = client.cloud.trigger_job(api.account_id, slow, {"cause": "to cancel"}, should_poll=False)
     cancelled = client.cloud.cancel_run(api.account_id, queued["data"]["id"])
     assert cancelled["status"]["is_success"]
-    final = until(
+    final = wait_for(
         lambda: client.cloud.get_run(api.account_id, queued["data"]["id"])["data"],
-        lambda r: r["is_complete"],
-        timeout=60,
+        60,
+        until=lambda r: r["is_complete"],
         what="the cancelled run to end",
     )
     assert final["status"] == 30

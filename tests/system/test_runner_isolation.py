@@ -3,9 +3,9 @@
 The step is ``credential_probe.py``: it reads the environments and command lines along ``/proc``,
 the files its ancestors hold open, every process it can see and the work directory, looking for
 database, Redis or RabbitMQ URLs, secret keys and run tokens, and tries to connect with each URL
-found. Nothing may be found and nothing may connect. Runners here switch to uids of their own
-(``runner.local_uid``), as a root dispatcher is configured to; the same checks run for runners forked
-from the fork server and for fresh runner processes.
+found. Nothing may be found and nothing may connect. The dispatcher runs with the default settings
+(as ``make run`` starts it): as root, it gives each run a uid of its own (``runner.local_uid``); the
+same checks run for runners forked from the fork server and for fresh runner processes.
 
 A second test follows a secret from the job to the run: decrypted for the step, masked in the logs
 (also when the value reaches the runner in two pieces) and in the artifact, and only ciphertext in
@@ -15,18 +15,22 @@ the database.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from runplane.settings import RunnerSettings
 from runplane.types import RunStatus
+from tests.support.files import readable_by_all
+from tests.support.polling import wait_for
 from tests.support.processes import Services
-from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row, wait_for
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 pytestmark = pytest.mark.slow
 
-PROBE = Path(__file__).with_name("credential_probe.py")
-RUN_UID_BASE = 200_000
+PROBE = readable_by_all(Path(__file__).with_name("credential_probe.py"))  # the run's uid executes it
+RUN_UID_BASE = RunnerSettings().local_uid  # the default: nothing below is configured
 
 
 def probe_result(db: Conn, run_id: int) -> dict[str, object]:
@@ -40,11 +44,10 @@ def probe_result(db: Conn, run_id: int) -> dict[str, object]:
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["fork-server", "fresh-process"])
 def test_a_step_finds_no_control_plane_credential(db: Conn, services: Services, fork_server: bool) -> None:
-    services.env.update(
-        RUNPLANE_RUNNER__LOCAL_UID=str(RUN_UID_BASE),
-        RUNPLANE_RUNNER__LOCAL_UID_COUNT="1000",
-        RUNPLANE_DISPATCHER__LOCAL_FORK_SERVER=str(fork_server).lower(),
-    )
+    assert os.geteuid() == 0, "the dispatcher must be root to give runs uids of their own"
+    del services.env["RUNPLANE_RUNNER__LOCAL_UID"]  # the default, as `make run` has it
+    assert not any(name.startswith("RUNPLANE_RUNNER__LOCAL_UID") for name in services.env)
+    services.env["RUNPLANE_DISPATCHER__LOCAL_FORK_SERVER"] = str(fork_server).lower()
     account = create_account(db)
     job = create_job(db, account, steps=[f"/usr/bin/python3 -I {PROBE}"], secrets={"DBT_ENV_SECRET_TOKEN": "tok-1"})
     run_id = queue_run(db, job)

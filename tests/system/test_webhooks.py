@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,22 +25,13 @@ import pytest
 from api.admin import create_account
 from runplane.secrets import generate_key
 from runplane.settings import Settings
-from tests.support.processes import Services, free_port
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.processes import Services
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 T = TypeVar("T")
 Db = psycopg.Connection[tuple[Any, ...]]
-
-
-def until(fetch: Callable[[], T], done: Callable[[T], bool], *, timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {value}")
-        time.sleep(0.2)
 
 
 class Receiver:
@@ -78,6 +69,7 @@ def rest(services: Services, settings: Settings) -> Iterator[tuple[httpx.Client,
         RUNPLANE_WEBHOOKS__POLL_INTERVAL="0.1",
         RUNPLANE_WEBHOOKS__BACKOFF_BASE="0.3",
         RUNPLANE_WEBHOOKS__BACKOFF_CAP="1.5",
+        RUNPLANE_WEBHOOKS__ALLOWED_NETWORKS='["127.0.0.0/8"]',
     )
     services.start("scheduler")
     services.start("dispatcher")
@@ -85,7 +77,7 @@ def rest(services: Services, settings: Settings) -> Iterator[tuple[httpx.Client,
     with httpx.Client(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Token {token}"}, timeout=30
     ) as http:
-        until(lambda: _answers(http), bool, timeout=60, what="the REST API")
+        wait_for(lambda: _answers(http), 60, what="the REST API")
         yield http, account_id
 
 
@@ -133,23 +125,23 @@ def test_every_event_arrives_signed_across_a_receiver_crash(
             http.post(f"/api/v2/accounts/{account_id}/jobs/{job}/run/", json={"cause": "hooks"}).json()["data"]["id"]
             for job in [ok_job] * 6 + [bad_job] * 3
         ]
-        until(receiver.lines, lambda lines: len(lines) >= 4, timeout=90, what="the first deliveries")
+        wait_for(receiver.lines, 90, until=lambda lines: len(lines) >= 4, what="the first deliveries")
         receiver.kill()  # mid-stream: runs keep changing status while nobody listens
         time.sleep(3)
         receiver.start()
-        until(
+        wait_for(
             lambda: db.execute("SELECT count(*) FROM runs WHERE status IN (10, 20, 30)").fetchone(),
-            lambda row: row is not None and row[0] == len(runs),
-            timeout=120,
+            120,
+            until=lambda row: row is not None and row[0] == len(runs),
             what="every run to finish",
         )
         expected = 2 * len(runs) + 3  # started + completed for each, errored for the three broken ones
-        until(
+        wait_for(
             lambda: db.execute(
                 "SELECT count(*) FILTER (WHERE delivered_at IS NULL), count(*) FROM webhook_outbox"
             ).fetchone(),
-            lambda row: row == (0, expected),
-            timeout=120,
+            120,
+            until=lambda row: row == (0, expected),
             what="every event to be delivered",
         )
     finally:

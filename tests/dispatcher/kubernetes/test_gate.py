@@ -5,8 +5,7 @@ other clusters); when it answers again, consuming resumes."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from google.protobuf.message import Message
@@ -17,6 +16,7 @@ from runplane.settings import Settings
 from runplane.v1 import bus_pb2
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,13 +39,6 @@ async def bus(prefix: str) -> AsyncIterator[AmqpBus]:
     await connection.close()
 
 
-async def _until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def test_pickups_wait_while_the_cluster_api_is_down(plane: ControlPlane, bus: AmqpBus, prefix: str) -> None:
     queue = f"{prefix}.pickup"
     await bus.declare(queue)
@@ -65,18 +58,18 @@ async def test_pickups_wait_while_the_cluster_api_is_down(plane: ControlPlane, b
     consumer = asyncio.create_task(gate.consume_while_open(consume, stop), name="test:consume")
     try:
         await bus.publish(queue, bus_pb2.Pickup(account_id=1))
-        await _until(lambda: taken == [1], 10)
+        await eventually(lambda: taken == [1], 10)
 
         plane.stop_api_server()
-        await _until(lambda: not gate.is_open, 10)
+        await eventually(lambda: not gate.is_open, 10)
         await asyncio.sleep(0.5)  # the consumer's channel closes
         await bus.publish(queue, bus_pb2.Pickup(account_id=2))
         await asyncio.sleep(2.0)
         assert taken == [1]  # not taken by this dispatcher: it waits in the queue for another cluster's
 
         await asyncio.to_thread(plane.start_api_server, 60)
-        await _until(lambda: gate.is_open, 10)
-        await _until(lambda: taken == [1, 2], 10)  # consuming resumed, nothing lost
+        await eventually(lambda: gate.is_open, 10)
+        await eventually(lambda: taken == [1, 2], 10)  # consuming resumed, nothing lost
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(probes, consumer), timeout=10)

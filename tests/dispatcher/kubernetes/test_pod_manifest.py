@@ -8,6 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dispatcher.kubernetes.launcher import _pod_create_limiter
 from dispatcher.kubernetes.pods import PodState, build_pod, build_token_secret, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
 from runplane.settings import KubernetesSettings
@@ -185,3 +186,11 @@ def test_the_environments_dbt_version_picks_the_runner_image() -> None:
     for version, image in [("1.9", "runner:dbt-1.9"), ("1.10", "runner:dbt-1.10"), ("", "runner:default")]:
         pod = _build(settings, LaunchRequest(**{**REQUEST.__dict__, "dbt_version": version}))
         assert pod["spec"]["containers"][0]["image"] == image
+
+
+def test_pod_creates_per_second_is_the_launchers_rate_and_zero_means_no_limit() -> None:
+    assert _pod_create_limiter(0) is None
+    fast = _pod_create_limiter(50)
+    assert fast is not None and (fast.max_rate, fast.time_period) == (50, 1.0)
+    slow = _pod_create_limiter(0.5)  # one launch every two seconds
+    assert slow is not None and (slow.max_rate, slow.time_period) == (1, 2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runplane.db import open_pool
-from runplane.runs.finish import DEACTIVATE_AFTER_FAILURES, end_run, finish_run
+from runplane.runs.finish import DEFAULT_DEACTIVATE_AFTER_FAILURES, end_run, finish_run
 from runplane.runs.retries import RetryPolicy
 from runplane.settings import Settings
 from runplane.types import FailureKind, Outcome, RunStatus, completion_idempotency_key, retry_idempotency_key
@@ -30,11 +30,11 @@ async def test_hundred_consecutive_failures_deactivate_the_job(db: Conn, setting
         async with pool.connection() as conn:
             ok = queue_run(db, job, status=3)
             assert await finish_run(conn, ok, Outcome.success(), policy=POLICY)
-            for n in range(1, DEACTIVATE_AFTER_FAILURES + 1):
+            for n in range(1, DEFAULT_DEACTIVATE_AFTER_FAILURES + 1):
                 run_id = queue_run(db, job, status=3)
                 finished = await finish_run(conn, run_id, Outcome.error("boom", FailureKind.STEP), policy=POLICY)
                 assert finished is not None
-                assert finished.job_deactivated == (n == DEACTIVATE_AFTER_FAILURES)
+                assert finished.job_deactivated == (n == DEFAULT_DEACTIVATE_AFTER_FAILURES)
                 if n == 50:  # counted from the success before
                     assert (
                         db.execute("SELECT consecutive_failures FROM jobs WHERE id = %s", (job,)).fetchone()[0]  # type: ignore[index]
@@ -45,7 +45,7 @@ async def test_hundred_consecutive_failures_deactivate_the_job(db: Conn, setting
     finally:
         await pool.close()
     [row] = rows(db, "SELECT * FROM jobs WHERE id = %s", (job,))
-    assert row["consecutive_failures"] == DEACTIVATE_AFTER_FAILURES + 1
+    assert row["consecutive_failures"] == DEFAULT_DEACTIVATE_AFTER_FAILURES + 1
     assert row["deactivated_at"] is not None
     assert "100 consecutive failed runs" in row["deactivation_reason"]
     assert row["version"] == version + 1  # bumped once, so the orchestrator hears it once
@@ -162,3 +162,29 @@ async def test_step_failures_are_retried_only_when_the_job_says_so(db: Conn, set
     assert results[0] is not None and results[0].retry_run_id is None and not results[0].retries_exhausted
     assert results[1] is not None and results[1].retry_run_id is not None
     assert run_row(db, results[1].retry_run_id)["status"] == RunStatus.QUEUED
+
+
+async def test_the_failure_limit_is_the_accounts_and_zero_never_deactivates(db: Conn, settings: Settings) -> None:
+    strict, lenient = create_account(db), create_account(db)
+    db.execute("UPDATE accounts SET deactivate_after_failures = 3 WHERE id = %s", (strict,))
+    db.execute("UPDATE accounts SET deactivate_after_failures = 0 WHERE id = %s", (lenient,))
+    strict_job, lenient_job = create_job(db, strict), create_job(db, lenient)
+    pool = await open_pool(settings.database_url)
+    try:
+        async with pool.connection() as conn:
+            deactivations = {strict_job: [], lenient_job: []}  # type: dict[int, list[bool]]
+            for job in (strict_job, lenient_job):
+                for _ in range(5):
+                    run_id = queue_run(db, job, status=3)
+                    finished = await finish_run(conn, run_id, Outcome.error("boom", FailureKind.STEP), policy=POLICY)
+                    assert finished is not None
+                    deactivations[job].append(finished.job_deactivated)
+    finally:
+        await pool.close()
+    assert deactivations[strict_job] == [False, False, True, False, False]
+    assert deactivations[lenient_job] == [False] * 5
+    [strict_row] = rows(db, "SELECT * FROM jobs WHERE id = %s", (strict_job,))
+    [lenient_row] = rows(db, "SELECT * FROM jobs WHERE id = %s", (lenient_job,))
+    assert strict_row["deactivated_at"] is not None
+    assert strict_row["deactivation_reason"].startswith("deactivated after 3 consecutive failed runs (last: run ")
+    assert lenient_row["deactivated_at"] is None and lenient_row["consecutive_failures"] == 5

@@ -1,0 +1,92 @@
+"""Rerunning a failed run from its failed step: the one home of that rule, for gRPC's ``RerunRun``,
+REST's ``.../runs/{id}/retry/`` and ``.../jobs/{id}/rerun/`` (dbt Cloud's "Rerun from failure").
+
+The new run links to the failed one (``parent_run_id``), is triggered ``retry`` (dbt Cloud's run
+reason category "retry") and keeps the failed run's overrides. Its steps are the failed step and the
+ones after it (the job options' optional steps are left to the job: freshness is not run again,
+docs are generated again when the job or the run asks). A failed dbt step that ``dbt retry``
+supports (dbt >= 1.6) becomes ``dbt retry --state <dir>``, with the failed run's
+``run_results.json`` of that step fetched into ``<dir>`` before the steps (``RunSpec.state_files``):
+only the nodes that failed or were skipped run again. Any other step runs again as it was.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import fields, replace
+
+from api.lookup import existing_run
+from api.pickup_publisher import PickupPublisher
+from api.store import Row, Store
+from api.triggering import trigger_run
+from api.validation import RunOverridesSpec, TriggerSpec
+from runplane.errors import FailedPrecondition
+from runplane.types import AccountId, JobId, RunStatus, Trigger
+
+RETRY_STATE_DIR = ".runplane/retry-state"
+RUN_RESULTS = "target/run_results.json"
+# The dbt commands that write run_results.json and that `dbt retry` can resume.
+RETRYABLE = {"build", "run", "test", "seed", "snapshot", "compile", "clone", "run-operation", "show"}
+RETRYABLE_PAIRS = {("docs", "generate"), ("source", "freshness")}
+
+
+def retryable_with_dbt_retry(command: str) -> bool:
+    """Whether ``command`` is a dbt command whose failure ``dbt retry`` resumes."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if len(words) < 2 or words[0] != "dbt":
+        return False
+    sub = [w for w in words[1:] if not w.startswith("-")]
+    return bool(sub) and (sub[0] in RETRYABLE or tuple(sub[:2]) in RETRYABLE_PAIRS)
+
+
+def resume_from(steps: list[Row]) -> int:
+    """The step to start again from: the first required one that did not succeed (0 if none did)."""
+    for step in steps:
+        if not step["optional"] and step["status"] != RunStatus.SUCCESS:
+            return int(step["step_index"])
+    return 0
+
+
+async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int) -> Row:
+    """Queue the rerun of the failed run ``run_id`` from its failed step; the new run."""
+    async with store.connection() as conn:
+        failed = await existing_run(store, conn, account_id, run_id)
+        if failed["status"] != RunStatus.ERROR:
+            raise FailedPrecondition(
+                f"run {run_id} did not fail ({RunStatus(failed['status']).name.lower()}): only a failed run is rerun "
+                "from its failure"
+            )
+        steps = (await store.run_steps(conn, [run_id]))[run_id]
+        artifacts = {(r["path"], r["step_index"]) for r in await store.list_artifacts(conn, failed["id"])}
+    start = resume_from(steps)
+    commands = [str(s["command"]) for s in steps if not s["optional"] and s["step_index"] >= start]
+    state_files: list[dict[str, object]] = []
+    if commands and retryable_with_dbt_retry(commands[0]) and (RUN_RESULTS, start) in artifacts:
+        commands[0] = f"dbt retry --state {RETRY_STATE_DIR}"
+        state_files.append(
+            {
+                "source_run_id": run_id,
+                "step_index": start,
+                "path": RUN_RESULTS,
+                "dest": f"{RETRY_STATE_DIR}/run_results.json",
+            }
+        )
+    kept = {f.name for f in fields(RunOverridesSpec)} - {"resume", "state_files"}
+    overrides = replace(
+        RunOverridesSpec(**{k: v for k, v in (failed["overrides"] or {}).items() if k in kept}),
+        steps=commands or None,
+        resume=True,
+        state_files=state_files or None,
+    )
+    spec = TriggerSpec(
+        JobId(failed["job_id"]),
+        Trigger.RETRY,
+        f"Rerun of run {run_id} from step {start + 1}",
+        None,
+        overrides,
+    )
+    row, _ = await trigger_run(store, pickups, account_id, spec, parent_run_id=run_id)
+    return row

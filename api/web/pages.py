@@ -1,0 +1,440 @@
+"""The pages under ``/ui/``: login, runs, a run (live log, artifacts, cancel, rerun), jobs, on time.
+
+Every read and change goes through the APIs' own rules: ``lookup`` (another account's ids are 404
+like missing ones), ``triggering``, ``cancelling`` and the token scopes of ``session``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mimetypes
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Form, Query, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from api.cancelling import cancel_run
+from api.lookup import existing_job, existing_run, run_artifact
+from api.pausing import set_paused
+from api.store import Store
+from api.triggering import rerun_spec, trigger_run
+from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
+from api.web import views
+from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for
+from runplane.errors import InvalidArgument
+from runplane.supervise import sleep_or_stop
+from runplane.types import JobId, RunId, RunStatus, Trigger
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.globals.update(duration=views.duration, when=views.when, status_name=views.status_name)
+PAGE_SIZE = 50
+LOG_BATCH = 500
+WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+PING_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """How the pages follow a log: the API's poll interval, and the event that ends followers on drain."""
+
+    log_poll_interval: float
+    draining: asyncio.Event
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _page(request: Request, name: str, who: Viewer | None, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, name, {"who": who, "csrf_field": CSRF_FIELD, "path": request.url.path, **context}
+    )
+
+
+def _see_other(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def _safe_next(value: str) -> str:
+    """Only a path of these pages: a login link must not send the browser elsewhere."""
+    return value if value.startswith("/ui/") and not value.startswith("//") and "\\" not in value else "/ui/runs"
+
+
+# -- login ----------------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+async def home() -> RedirectResponse:
+    return _see_other("/ui/runs")
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
+    return _page(request, "login.html", None, next=_safe_next(next), error="")
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(
+    request: Request, token: Annotated[str, Form(max_length=500)] = "", next: Annotated[str, Form()] = "/ui/runs"
+) -> Response:
+    grant = await grant_for(_store(request), token)
+    if grant is None:
+        page = _page(request, "login.html", None, next=_safe_next(next), error="Unknown, revoked or expired token.")
+        page.status_code = 401
+        return page
+    response = _see_other(_safe_next(next))
+    response.set_cookie(
+        COOKIE, token.strip(), httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(who: Posting) -> RedirectResponse:
+    response = _see_other("/ui/login")
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+def _cursor(value: str | None) -> tuple[datetime, int] | None:
+    """A page's position: ``<queued_at ISO>~<run id>`` of the last row of the page before."""
+    if not value:
+        return None
+    at, _, run_id = value.rpartition("~")
+    try:
+        return datetime.fromisoformat(at), int(run_id)
+    except ValueError:
+        raise InvalidArgument("after", "is not a position in this list; start from the first page") from None
+
+
+def _time(value: str | None, field: str) -> datetime | None:
+    """A filter's time as ``datetime-local`` sends it (read as UTC), or an ISO time with a zone."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(field, f"{value[:40]!r} is not a time (YYYY-MM-DDTHH:MM)") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _choice(value: str | None, allowed: dict[str, Any], field: str) -> Any:
+    if not value:
+        return None
+    if value not in allowed:
+        raise InvalidArgument(field, f"{value[:40]!r} is not one of {', '.join(allowed)}")
+    return allowed[value]
+
+
+STATUSES = {s.name.lower(): int(s) for s in RunStatus}
+TRIGGERS = {t.value: t.value for t in Trigger}
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs(
+    request: Request,
+    who: Looking,
+    *,
+    job: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    status: str | None = None,
+    cause: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    after: Annotated[str | None, Query(max_length=80)] = None,
+) -> HTMLResponse:
+    filters = {
+        "job_id": job,
+        "status": _choice(status, STATUSES, "status"),
+        "trigger": _choice(cause, TRIGGERS, "cause"),
+        "since": _time(since, "since"),
+        "until": _time(until, "until"),
+    }
+    store = _store(request)
+    async with store.connection() as conn:
+        rows = await store.runs_page(conn, who.account_id, filters=filters, after=_cursor(after), limit=PAGE_SIZE + 1)
+        jobs = await store.job_names(conn, who.account_id)
+    more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
+    query = {
+        k: v for k, v in {"job": job, "status": status, "cause": cause, "since": since, "until": until}.items() if v
+    }
+    older = None
+    if more:
+        last = rows[-1]
+        older = "/ui/runs?" + urlencode({**query, "after": f"{last['queued_at'].isoformat()}~{last['id']}"})
+    now = datetime.now(UTC)
+    return _page(
+        request,
+        "runs.html",
+        who,
+        rows=[(row, views.RunTimes.of(row, now), views.waiting_words(row)) for row in rows],
+        jobs=jobs,
+        statuses=list(STATUSES),
+        triggers=list(TRIGGERS),
+        query=query,
+        first=("/ui/runs?" + urlencode(query)) if after else None,
+        older=older,
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_run(store, conn, who.account_id, run_id)
+        steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
+        artifacts = await store.list_artifacts(conn, RunId(row["id"]))
+        job = await store.get_job(conn, who.account_id, row["job_id"])
+    now = datetime.now(UTC)
+    step_views = [
+        (s, views.seconds(s["finished_at"] or (now if s["started_at"] else None), s["started_at"])) for s in steps
+    ]
+    return _page(
+        request,
+        "run.html",
+        who,
+        run=row,
+        job=job,
+        times=views.RunTimes.of(row, now),
+        waiting=views.waiting_words(row),
+        steps=step_views,
+        artifacts=artifacts,
+        terminal=RunStatus(row["status"]).is_terminal,
+        quote=quote,
+    )
+
+
+@router.get("/runs/{run_id}/logs")
+async def run_logs(request: Request, who: Looking, run_id: int) -> StreamingResponse:
+    """The run's log as server-sent events (``log``: seq, step, text; ``status`` when it changes), followed
+    until the run ends (``end``).
+
+    A reconnecting browser sends ``Last-Event-ID`` (the last seq it got) and resumes after it.
+    """
+    store = _store(request)
+    config: WebConfig = request.app.state.web
+    after_seq = _last_event_id(request)
+    async with store.connection() as conn:
+        run_id = RunId((await existing_run(store, conn, who.account_id, run_id))["id"])
+
+    async def events() -> AsyncIterator[str]:
+        seq, quiet_since, shown = after_seq, time.monotonic(), None
+        while True:
+            # Status first, chunks second (as RunService.StreamRunLogs): a terminal status read
+            # before the chunks means no chunk can follow them.
+            async with store.connection() as conn:
+                status = await store.run_status(conn, run_id)
+                chunks = await store.log_chunks(conn, run_id, after_seq=seq, limit=LOG_BATCH)
+            if status is not shown and not status.is_terminal:
+                yield _event("status", {"status": status.name.lower()})
+                shown = status
+            for chunk in chunks:
+                seq = chunk["seq"]
+                yield _event("log", {"seq": seq, "step": chunk["step_index"], "text": chunk["text"]}, seq)
+            if len(chunks) == LOG_BATCH:
+                continue
+            if status.is_terminal:
+                yield _event("end", {"status": status.name.lower()})
+                return
+            if chunks:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > PING_SECONDS:
+                yield ": ping\n\n"  # keeps proxies from closing an idle stream
+                quiet_since = time.monotonic()
+            if await sleep_or_stop(config.draining, config.log_poll_interval):
+                return
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
+
+
+def _event(name: str, data: dict[str, Any], event_id: int | None = None) -> str:
+    """One server-sent event; JSON data is one line, so it needs no continuation lines."""
+    head = f"event: {name}\n" + (f"id: {event_id}\n" if event_id is not None else "")
+    return f"{head}data: {json.dumps(data)}\n\n"
+
+
+def _last_event_id(request: Request) -> int:
+    value = request.headers.get("last-event-id") or request.query_params.get("after_seq") or "0"
+    if not value.isdigit() or len(value) > 19:
+        raise InvalidArgument("Last-Event-ID", "must be the seq of a log chunk")
+    return int(value)
+
+
+@router.get("/runs/{run_id}/artifacts/{step}/{path:path}")
+async def artifact(request: Request, who: Looking, run_id: int, step: int, path: str) -> Response:
+    """One artifact of one step (1-based), as a download."""
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await run_artifact(store, conn, who.account_id, run_id, path, step_index=step - 1)
+    name = path.rsplit("/", 1)[-1]
+    return Response(
+        bytes(row["content"]),
+        media_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
+        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}"},
+    )
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(request: Request, who: Changing, run_id: int) -> RedirectResponse:
+    row = await cancel_run(_store(request), who.account_id, run_id)
+    return _see_other(f"/ui/runs/{row['id']}")
+
+
+@router.post("/runs/{run_id}/rerun")
+async def rerun(request: Request, who: Changing, run_id: int) -> RedirectResponse:
+    """A new run of the job with this run's overrides; it records this run as the one it reruns."""
+    store = _store(request)
+    async with store.connection() as conn:
+        source = await existing_run(store, conn, who.account_id, run_id)
+    spec = rerun_spec(source["job_id"], source, Trigger.MANUAL)
+    row, _ = await trigger_run(store, request.app.state.pickups, who.account_id, spec, parent_run_id=source["id"])
+    return _see_other(f"/ui/runs/{row['id']}")
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+async def jobs(request: Request, who: Looking, after: Annotated[int | None, Query(ge=1)] = None) -> HTMLResponse:
+    store = _store(request)
+    async with store.connection() as conn:
+        rows = await store.list_jobs(conn, who.account_id, after_id=after, limit=PAGE_SIZE + 1)
+        more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
+        latest = {r["id"]: await store.latest_run_of_job(conn, who.account_id, r["id"]) for r in rows}
+    now = time.time()
+    return _page(
+        request,
+        "jobs.html",
+        who,
+        jobs=[(r, views.schedule(r["cron"], r["timezone"], now, count=1), latest[r["id"]]) for r in rows],
+        more=f"/ui/jobs?after={rows[-1]['id']}" if more else None,
+    )
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_job(store, conn, who.account_id, job_id)
+        recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=10)
+    now = datetime.now(UTC)
+    return _page(
+        request,
+        "job.html",
+        who,
+        job=row,
+        schedule=views.schedule(row["cron"], row["timezone"], time.time()),
+        recent=[(r, views.RunTimes.of(r, now)) for r in recent],
+        error="",
+    )
+
+
+def _job_filter(job_id: int) -> dict[str, Any]:
+    return {"job_id": job_id, "status": None, "trigger": None, "since": None, "until": None}
+
+
+def _lines(value: str) -> list[str] | None:
+    lines = [line.strip() for line in value.splitlines() if line.strip()]
+    return lines or None
+
+
+def _number(value: str, field: str) -> int | None:
+    if not value.strip():
+        return None
+    if not value.strip().isdigit():
+        raise InvalidArgument(field, f"{value[:20]!r} is not a whole number")
+    return int(value)
+
+
+@router.post("/jobs/{job_id}/run")
+async def run_now(
+    request: Request,
+    who: Changing,
+    job_id: int,
+    *,
+    cause: Annotated[str, Form()] = "Run now from the web page",
+    steps: Annotated[str, Form()] = "",
+    git_branch: Annotated[str, Form()] = "",
+    git_sha: Annotated[str, Form()] = "",
+    schema_name: Annotated[str, Form(alias="schema")] = "",
+    target_name: Annotated[str, Form()] = "",
+    threads: Annotated[str, Form()] = "",
+    timeout_seconds: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given."""
+    overrides = checked_overrides(
+        RunOverridesSpec(
+            steps=_lines(steps),
+            git_branch=git_branch.strip() or None,
+            git_sha=git_sha.strip() or None,
+            schema=schema_name.strip() or None,
+            target_name=target_name.strip() or None,
+            threads=_number(threads, "threads"),
+            timeout_seconds=_number(timeout_seconds, "timeout_seconds"),
+        ),
+        lambda name: name,
+    )
+    spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, text(cause, "cause", max_length=MAX_CAUSE), None, overrides)
+    row, _ = await trigger_run(_store(request), request.app.state.pickups, who.account_id, spec)
+    return _see_other(f"/ui/runs/{row['id']}")
+
+
+@router.post("/jobs/{job_id}/pause")
+async def pause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
+    """Pause the job: neither its schedule nor a trigger queues it; run now still does."""
+    await set_paused(_store(request), who.account_id, job_id, paused=True)
+    return _see_other(f"/ui/jobs/{job_id}")
+
+
+@router.post("/jobs/{job_id}/unpause")
+async def unpause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
+    await set_paused(_store(request), who.account_id, job_id, paused=False)
+    return _see_other(f"/ui/jobs/{job_id}")
+
+
+# -- on time --------------------------------------------------------------------------------------
+
+
+@router.get("/on-time", response_class=HTMLResponse)
+async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLResponse:
+    span = _choice(window, WINDOWS, "window")
+    store = _store(request)
+    async with store.connection() as conn:
+        split = await store.on_time_split(conn, who.account_id, datetime.now(UTC) - span)
+        waiting = await store.waiting_now(conn, who.account_id)
+    started = int(split["started"])
+    shares = {
+        name: (int(split[name]), 100.0 * int(split[name]) / started if started else 0.0)
+        for name in ("within_25s", "within_60s", "late")
+    }
+    return _page(
+        request,
+        "on_time.html",
+        who,
+        window=window,
+        windows=list(WINDOWS),
+        split=split,
+        started=started,
+        shares=shares,
+        on_time_ratio=(shares["within_25s"][0] + shares["within_60s"][0]) / started if started else None,
+        waiting=[(w, views.WAITING_WORDS.get(w["waiting_reason"], w["waiting_reason"])) for w in waiting],
+    )
+
+
+def error_page(request: Request, code: int, title: str, message: str) -> HTMLResponse:
+    """The error page (without the menu: it is shown whether or not the session works)."""
+    return _page(request, "error.html", None, code=code, title=title, message=message)

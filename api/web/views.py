@@ -1,0 +1,111 @@
+"""What a page shows of a row: the delays of DESIGN.md, durations in words, statuses by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cron_descriptor import Options, get_description
+
+from runplane import cron
+from runplane.types import RunStatus, WaitingReason
+
+WAITING_WORDS = {
+    WaitingReason.NONE: "due: waiting for the scheduler",
+    WaitingReason.NO_RUN_SLOT: "waiting for a free run slot",
+    WaitingReason.JOB_ALREADY_RUNNING: "waiting for this job's running run (serial execution)",
+    WaitingReason.MERGE_IN_PROGRESS: "waiting for this job's merge run in progress",
+    WaitingReason.LAUNCH_BACKOFF: "launch failed; trying again after a backoff",
+}
+
+
+def status_name(code: int) -> str:
+    return RunStatus(code).name.lower()
+
+
+def seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return max(0.0, (later - earlier).total_seconds())
+
+
+def duration(value: float | None) -> str:
+    """``0.42 s``, ``12.3 s``, ``4 m 05 s``, ``2 h 07 m``; an em dash for no value."""
+    if value is None:
+        return "—"
+    if value < 10:
+        return f"{value:.2f} s"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)} m {int(value % 60):02d} s"
+    return f"{int(value // 3600)} h {int(value % 3600 // 60):02d} m"
+
+
+def when(value: datetime | None) -> str:
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """The delays of one run (DESIGN.md, "Timestamps on a run"); None until both stamps exist."""
+
+    trigger_lag: float | None
+    wait: float | None
+    prep: float | None
+    run_delay: float | None
+    duration: float | None
+
+    @classmethod
+    def of(cls, row: dict[str, Any], now: datetime) -> RunTimes:
+        started, finished = row["started_at"], row["finished_at"]
+        return cls(
+            trigger_lag=seconds(row["queued_at"], row["scheduled_at"]),
+            wait=seconds(
+                row["dispatched_at"] or (now if row["status"] == RunStatus.QUEUED else None), row["queued_at"]
+            ),
+            prep=seconds(started, row["dispatched_at"]),
+            run_delay=seconds(started, row["scheduled_at"]),
+            duration=seconds(
+                finished or (now if started and not RunStatus(row["status"]).is_terminal else None), started
+            ),
+        )
+
+
+def waiting_words(row: dict[str, Any]) -> str:
+    if row["status"] != RunStatus.QUEUED:
+        return ""
+    try:
+        return WAITING_WORDS[WaitingReason(row["waiting_reason"])]
+    except ValueError:
+        return str(row["waiting_reason"])
+
+
+@dataclass(frozen=True)
+class Schedule:
+    cron: str
+    timezone: str
+    words: str
+    next_fires: list[tuple[str, str]]  # (in the job's zone, in UTC)
+
+
+def schedule(expr: str, timezone: str, now: float, count: int = 5) -> Schedule | None:
+    """The job's cron in words and its next ``count`` fire times, from runplane's own cron maths."""
+    if not expr:
+        return None
+    options = Options()
+    options.use_24hour_time_format = True
+    words = get_description(expr, options)
+    zone = cron.zone(timezone or "UTC")
+    fires: list[tuple[str, str]] = []
+    after = now
+    for _ in range(count):
+        try:
+            fire = cron.next_fire(expr, timezone or "UTC", after)
+        except cron.NeverFires:
+            break
+        at = datetime.fromtimestamp(fire, UTC)
+        fires.append((at.astimezone(zone).strftime("%a %Y-%m-%d %H:%M %Z"), at.strftime("%H:%M UTC")))
+        after = fire
+    return Schedule(expr, timezone or "UTC", words, fires)

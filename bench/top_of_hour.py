@@ -1,0 +1,227 @@
+"""Top of the hour: N runs due at one second over A accounts, end to end from the due time.
+
+Each account has run slots 10; its jobs (N / A of them) are deploy jobs with a schedule. Two
+dispatcher processes (noop launcher) and a scheduler loop run as real ``runplane`` processes. At
+the due second the queuer's own code queues the tick (``queuer_worker.firing.queue_runs``: the
+one INSERT a queuer worker runs for its due jobs) and sends its Pickups
+(``runplane.runs.pickups.send_pickups``), exactly what a queuer worker does once its heap says the
+second is due; the orchestrator's assignment of N jobs to workers is left out, so that setting up
+100,000 jobs takes seconds (``bench.queuer_burst`` measures the queuers on their own). From then
+on everything is the real path: Pickups on RabbitMQ, dispatchers taking Redis locks and Postgres
+rows, the noop launcher claiming each run (``started_at``).
+
+Figures: run delay (``started_at - scheduled_at``) p50/p99/max, runs started per second (N over
+the time from the due second to the last start), and the ratio of that to the pgbench one-row
+ceiling measured in the same run (``bench.ceiling``). Beside it, pgqueuer's own benchmark
+(``tools/benchmark.py`` of its repository, drain mode, its defaults) on the same Postgres, when a
+copy of that file is given (``--pgqueuer-benchmark``; it is not part of pgqueuer's wheel).
+
+    python -m bench.top_of_hour --n 100000 --accounts 100000 [--pgqueuer-benchmark PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.ceiling import measure_ceiling
+from bench.dispatch_throughput import (
+    Processes,
+    _cleanup_prefix,
+    _env,
+    _wait_for_dispatchers,
+    wait_until_started,
+)
+from bench.sandbox import admin_url, temporary_database
+from queuer_worker.firing import prepare, queue_runs
+from runplane.bus import AmqpBus, Topology
+from runplane.db import open_pool
+from runplane.runs.pickups import send_pickups
+from runplane.settings import Settings
+
+RUN_SLOTS = 10
+TARGET_P99_SECONDS = 10.0
+DISPATCHERS = 2
+CEILING_SECONDS = 10
+
+
+def _seed(conn: psycopg.Connection[Any], n: int, accounts: int) -> list[int]:
+    """``accounts`` accounts with run slots 10 and ``n`` scheduled deploy jobs spread evenly over them."""
+    conn.execute(
+        "INSERT INTO accounts (name, run_slots) SELECT 'bench ' || i, %s FROM generate_series(1, %s) AS i",
+        (RUN_SLOTS, accounts),
+    )
+    conn.execute(
+        """INSERT INTO jobs (account_id, name, job_type, steps, cron, timezone)
+           SELECT (SELECT min(id) FROM accounts) + (j %% %s), 'job ' || j, 'deploy', ARRAY['true'], '0 * * * *', 'UTC'
+             FROM generate_series(0, %s - 1) AS j""",
+        (accounts, n),
+    )
+    conn.execute("ANALYZE")
+    return [int(row[0]) for row in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
+
+
+async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire: int) -> dict[str, float]:
+    """At the due second: the queuer's INSERT of the tick, then its Pickups."""
+    tick = prepare([(job_id, fire) for job_id in job_ids])  # built before the second, as a worker does
+    pool = await open_pool(url, min_size=1, max_size=2, name="bench-queuer")
+    bus = await AmqpBus.connect(base.amqp_url)
+    try:
+        await asyncio.sleep(max(0.0, fire - time.time()))
+        result = await queue_runs(pool, tick)
+        queued_at = time.time()
+        await send_pickups(bus, Topology(prefix), result.accounts, source="queuer")
+        return {"queued_s": round(queued_at - fire, 3), "pickups_sent_s": round(time.time() - fire, 3)}
+    finally:
+        await bus.close()
+        await pool.close()
+
+
+def runplane_case(n: int, accounts: int, timeout: float) -> dict[str, Any]:
+    base = Settings()
+    prefix = f"btoh{uuid.uuid4().hex[:10]}"
+    with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
+        with psycopg.connect(url, autocommit=True) as conn:
+            job_ids = _seed(conn, n, accounts)
+        processes = Processes(_env(base, url, prefix, "noop"), Path(logs))
+        try:
+            for i in range(DISPATCHERS):
+                processes.start("dispatcher", f"dispatcher-{i}")
+            processes.start("scheduler", "scheduler")
+            _wait_for_dispatchers(url, DISPATCHERS)
+            fire = int(time.time()) + 2
+            fired = asyncio.run(_fire(base, url, prefix, job_ids, fire))
+            with psycopg.connect(url, autocommit=True) as conn:
+                wait_until_started(conn, timeout)
+                row = conn.execute(
+                    """SELECT count(*), count(started_at),
+                              percentile_cont(0.5) WITHIN GROUP (ORDER BY delay),
+                              percentile_cont(0.99) WITHIN GROUP (ORDER BY delay),
+                              max(delay),
+                              extract(epoch FROM max(started_at) - min(dispatched_at)),
+                              count(*) FILTER (WHERE launch_attempts > 1)
+                         FROM (SELECT *, extract(epoch FROM started_at - scheduled_at) AS delay FROM runs) AS r"""
+                ).fetchone()
+        finally:
+            processes.stop()
+            _cleanup_prefix(base, prefix)
+    assert row is not None
+    queued, started = int(row[0]), int(row[1])
+    last = float(row[4] or 0)
+    return {
+        "n": n,
+        "accounts": accounts,
+        "runs_queued": queued,
+        "runs_started": started,
+        **fired,
+        "run_delay_p50_s": round(float(row[2] or 0), 3),
+        "run_delay_p99_s": round(float(row[3] or 0), 3),
+        "run_delay_max_s": round(last, 3),
+        "runs_per_s": round(started / last, 1) if last else None,
+        "dispatch_runs_per_s": round(started / float(row[5]), 1) if row[5] else None,
+        "relaunched": int(row[6]),
+    }
+
+
+def pgqueuer_drain(benchmark: Path) -> dict[str, Any]:
+    """pgqueuer's own ``tools/benchmark.py --strategy drain`` with its defaults, on a database of its own."""
+    base = Settings()
+    name = f"rp_bench_pgq_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url(base.database_url), autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(base.database_url)
+    env = {
+        **os.environ,
+        "PGHOST": str(info.get("host", "127.0.0.1")),
+        "PGPORT": str(info.get("port", 5432)),
+        "PGUSER": str(info.get("user", "postgres")),
+        "PGDATABASE": name,
+    }
+    if info.get("password"):
+        env["PGPASSWORD"] = str(info["password"])
+    try:
+        subprocess.run([sys.executable, "-m", "pgqueuer", "install"], env=env, check=True, capture_output=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            subprocess.run(
+                [sys.executable, str(benchmark), "--strategy", "drain", "--output-json", str(out)],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+            result = json.loads(out.read_text())
+    finally:
+        with psycopg.connect(admin_url(base.database_url), autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name))
+            )
+    return {"jobs": int(result["steps"]), "jobs_per_s": round(float(result["rate"]), 1), "driver": result["driver"]}
+
+
+def run(n: int, accounts: list[int], pgqueuer_benchmark: Path | None, timeout: float) -> dict[str, Any]:
+    ceiling = measure_ceiling(CEILING_SECONDS)[0].value
+    if not ceiling:
+        raise RuntimeError("the pgbench ceiling could not be measured")
+    cases = []
+    for spread in accounts:
+        case = runplane_case(n, spread, timeout)
+        case["ratio_to_ceiling"] = round(case["runs_per_s"] / ceiling, 2) if case["runs_per_s"] else None
+        case["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        cases.append(case)
+    results: dict[str, Any] = {"ceiling_run_inserts_per_s": round(ceiling, 1), "runplane": cases}
+    if pgqueuer_benchmark is not None:
+        peer = pgqueuer_drain(pgqueuer_benchmark)
+        peer["ratio_to_ceiling"] = round(peer["jobs_per_s"] / ceiling, 2)
+        peer["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        results["pgqueuer_drain"] = peer
+    results["target_run_delay_p99_s"] = TARGET_P99_SECONDS
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        f"{'case':<28}{'runs/s':>10}{'vs ceiling':>12}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'started':>10}",
+    ]
+    for case in results["runplane"]:
+        label = f"runplane {case['n']:,} / {case['accounts']:,} acc"
+        lines.append(
+            f"{label:<28}{case['runs_per_s']!s:>10}{case['ratio_to_ceiling']!s:>12}{case['run_delay_p50_s']:>8}"
+            f"{case['run_delay_p99_s']:>8}{case['run_delay_max_s']:>8}{case['runs_started']:>10}"
+        )
+    peer = results.get("pgqueuer_drain")
+    if peer:
+        label = f"pgqueuer drain {peer['jobs']:,}"
+        lines.append(f"{label:<28}{peer['jobs_per_s']!s:>10}{peer['ratio_to_ceiling']!s:>12}")
+    lines.append(f"pgbench one-row ceiling: {results['ceiling_run_inserts_per_s']} rows/s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.top_of_hour", description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10_000, help="runs due at the same second")
+    parser.add_argument(
+        "--accounts", type=int, nargs="+", default=[10_000], help="accounts the runs are spread over (one case each)"
+    )
+    parser.add_argument("--pgqueuer-benchmark", type=Path, help="a copy of pgqueuer's tools/benchmark.py")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a case may take to start every run")
+    args = parser.parse_args(argv)
+    results = run(args.n, args.accounts, args.pgqueuer_benchmark, args.timeout)
+    print(json.dumps(results, indent=2))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

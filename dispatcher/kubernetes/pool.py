@@ -1,0 +1,257 @@
+"""Warm Pod pools: started runner Pods wait on the runner API, so a dispatched run starts at once.
+
+``WarmPools.run(stop)`` keeps each pool of ``kubernetes.warm_pools`` (one kind of Pod: image and
+memory) between its minimum and maximum, following the queue: as many idle Pods as there are due
+queued runs that fit, at least ``min_size``, at most ``max_size``. Each pool Pod gets a token of its
+own (a per-Pod Secret, stored hashed in ``pool_runners``) that is good for one thing: waiting for
+one run (``RunnerService.WaitForRun``). Pods that stop calling are replaced; idle Pods above the
+size are retired oldest first.
+
+``PooledLauncher`` is the ``kubernetes`` launcher with pools: a run whose kind has a pool goes to
+the freshest waiting Pod of it (one ``UPDATE … FOR UPDATE SKIP LOCKED`` on ``pool_runners``); the
+runner API hands that Pod the run with a new run token, and the Pod is relabelled as the run's, so
+the Pod watcher treats it like any run Pod. With no waiting Pod (or Postgres not answering) the
+run gets a cold Pod of its own. A pool Pod runs one run, then exits; the pool refills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.kubernetes import api as kubernetes_api
+from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
+from dispatcher.kubernetes.launcher import KubernetesLauncher
+from dispatcher.kubernetes.pods import CLUSTER, MANAGED_BY, MANAGER, run_labels, runner_pod, token_secret
+from dispatcher.launcher import LaunchRequest, LaunchResult
+from runplane import supervise
+from runplane.db import Connection, fetch_one
+from runplane.errors import ServiceUnavailable
+from runplane.run_tokens import new_run_token, run_token_hash
+from runplane.settings import Settings, WarmPoolSettings
+from runplane.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("dispatcher.kubernetes")
+POOL = "runplane.dev/pool"
+CONFLICT, NOT_FOUND = 409, 404
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    idle: int  # Pods not given a run yet: waiting, or still starting
+    queued: int  # due queued runs of the pool's memory
+
+
+def pool_image(pool: WarmPoolSettings, settings: Settings) -> str:
+    k8s = settings.kubernetes
+    return k8s.dbt_images.get(pool.dbt_version, k8s.image)
+
+
+def fitting_pool(request: LaunchRequest, settings: Settings) -> WarmPoolSettings | None:
+    """The pool whose Pods are what this run's own Pod would be (image and memory), if any."""
+    k8s = settings.kubernetes
+    image = k8s.dbt_images.get(request.dbt_version, k8s.image)
+    for pool in k8s.warm_pools:
+        if pool.memory_mb == request.memory_mb and pool_image(pool, settings) == image:
+            return pool
+    return None
+
+
+class WarmPools:
+    """Keeps the pools' Pods: refill, resize to the queue, replace silent Pods. Run ``run(stop)`` as a task."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: AsyncConnectionPool[Connection],
+        *,
+        configuration: kubernetes.client.Configuration | None = None,
+    ) -> None:
+        self._settings = settings
+        self._k8s = settings.kubernetes
+        self._cluster = settings.dispatcher.cluster
+        self._db = db
+        config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
+        self._api_client = kubernetes.client.ApiClient(config)
+        self._core = kubernetes.client.CoreV1Api(self._api_client)
+        self._policy = CallRetries.from_settings(self._k8s)
+        self.created = 0  # pool Pods created (observability and tests)
+        self.replaced = 0  # silent pool Pods deleted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while True:
+                try:
+                    await self.keep()
+                except (KubernetesApiError, ServiceUnavailable) as exc:
+                    log.warning("warm pools not kept this time", extra={"error": str(exc)})
+                if await supervise.sleep_or_stop(stop, self._k8s.pool_interval):
+                    return
+        finally:
+            self._api_client.close()  # type: ignore[no-untyped-call]
+
+    async def keep(self) -> None:
+        """One look at every pool."""
+        async with self._db.connection() as conn:
+            await conn.execute(QUERIES["pool_runners_done"], {"cluster": self._cluster})
+        for pool in self._k8s.warm_pools:
+            await self._keep(pool)
+
+    async def _keep(self, pool: WarmPoolSettings) -> None:
+        params = {"cluster": self._cluster, "pool": pool.name}
+        async with self._db.connection() as conn:
+            cur = await conn.execute(
+                QUERIES["pool_runners_silent"],
+                {**params, "start": self._k8s.pool_start_seconds, "silent": self._k8s.pool_silent_seconds},
+            )
+            silent = [str(row["name"]) for row in await cur.fetchall()]
+            size = await fetch_one(conn, QUERIES["pool_size"], {**params, "memory_mb": pool.memory_mb}, PoolSize)
+        for name in silent:
+            self.replaced += 1
+            log.info("pool pod silent; replacing it", extra={"pod": name, "pool": pool.name})
+            await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
+        assert size is not None
+        target = max(pool.min_size, min(pool.max_size, size.queued))
+        if size.idle > target:
+            async with self._db.connection() as conn:
+                cur = await conn.execute(QUERIES["pool_runners_retire"], {**params, "count": size.idle - target})
+                retired = [str(row["name"]) for row in await cur.fetchall()]
+            for name in retired:
+                await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
+        missing = min(target - size.idle, self._k8s.pool_creates_per_pass)
+        if missing > 0:
+            await asyncio.gather(*(self._create(pool) for _ in range(missing)))
+
+    async def _create(self, pool: WarmPoolSettings) -> None:
+        """A pool Pod: its row (the runner API knows its token), its Secret, the Pod; the Pod owns the Secret."""
+        name = f"runplane-pool-{pool.name}-{secrets.token_hex(4)}"
+        token = new_run_token()
+        labels = {
+            MANAGED_BY: MANAGER,
+            "app.kubernetes.io/name": "runplane-runner",
+            POOL: pool.name,
+            CLUSTER: self._cluster,
+        }
+        runner = self._settings.runner
+        pod = runner_pod(
+            name,
+            labels,
+            ["--pool"],
+            self._k8s,
+            image=pool_image(pool, self._settings),
+            memory_mb=pool.memory_mb,
+            cancel_grace=runner.interrupt_grace + runner.cancel_grace,
+            runner_api_address=runner.api_address,
+        )
+        async with self._db.connection() as conn:
+            await conn.execute(
+                QUERIES["pool_runner_created"],
+                {"name": name, "cluster": self._cluster, "pool": pool.name, "token_hash": run_token_hash(token)},
+            )
+        try:
+            secret = token_secret(name, labels, token, self._k8s)
+            await self._call("create secret", self._core.create_namespaced_secret, secret)
+            created = await self._call("create pod", self._core.create_namespaced_pod, pod)
+        except KubernetesApiError:
+            async with self._db.connection() as conn:
+                await conn.execute(QUERIES["pool_runner_forget"], {"name": name})
+            raise
+        self.created += 1
+        uid = json.loads(created.data)["metadata"]["uid"]
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+        await self._call(
+            "patch secret", self._core.patch_namespaced_secret, {"metadata": {"ownerReferences": [owner]}}, name=name
+        )
+        log.info("pool pod created", extra={"pod": name, "pool": pool.name})
+
+    async def _call(self, what: str, fn: Any, body: object, *, name: str | None = None) -> Any:
+        args = (name, self._k8s.namespace, body) if name is not None else (self._k8s.namespace, body)
+        return await kubernetes_api.call(
+            self._policy, what, fn, *args, _preload_content=False, _request_timeout=self._k8s.request_timeout
+        )
+
+
+class PooledLauncher:
+    """The ``kubernetes`` launcher with warm pools: a waiting pool Pod when one fits, else a cold Pod."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: AsyncConnectionPool[Connection],
+        cold: KubernetesLauncher,
+        *,
+        configuration: kubernetes.client.Configuration | None = None,
+    ) -> None:
+        self._settings = settings
+        self._k8s = settings.kubernetes
+        self._db = db
+        self._cold = cold
+        config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
+        self._api_client = kubernetes.client.ApiClient(config)
+        self._core = kubernetes.client.CoreV1Api(self._api_client)
+        self._policy = CallRetries.from_settings(self._k8s)
+        self.warm = 0  # runs given to a pool Pod
+        self.cold = 0  # runs that got a Pod of their own
+
+    @property
+    def cluster(self) -> str:
+        return self._cold.cluster
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        pool = fitting_pool(request, self._settings)
+        name = await self._assign(pool, request) if pool is not None else None
+        if name is None:
+            self.cold += 1
+            return await self._cold.launch(request)
+        self.warm += 1
+        fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
+        log.info("run given to a pool pod", extra=fields)
+        try:  # the run's labels: the Pod watcher now reconciles this Pod with the run
+            await kubernetes_api.call(
+                self._policy,
+                "label pod",
+                self._core.patch_namespaced_pod,
+                name,
+                self._k8s.namespace,
+                {"metadata": {"labels": run_labels(request, self.cluster)}},
+                _preload_content=False,
+                _request_timeout=self._k8s.request_timeout,
+            )
+        except KubernetesApiError as exc:
+            log.warning("pool pod not labelled with its run", extra={**fields, "error": str(exc)})
+        return LaunchResult(cluster=self.cluster, pod_name=name)
+
+    async def _assign(self, pool: WarmPoolSettings, request: LaunchRequest) -> str | None:
+        params = {
+            "cluster": self.cluster,
+            "pool": pool.name,
+            "run_id": request.run_id,
+            "attempt": request.attempt,
+            "silent": self._k8s.pool_silent_seconds,
+        }
+        try:
+            async with self._db.connection() as conn:
+                cur = await conn.execute(QUERIES["assign_pool_runner"], params)
+                row = await cur.fetchone()
+        except ServiceUnavailable as exc:
+            log.warning("pool not reachable; a cold pod instead", extra={"run_id": request.run_id, "error": str(exc)})
+            return None
+        return str(row["name"]) if row is not None else None
+
+    async def delete_pod(self, name: str) -> bool:
+        return await self._cold.delete_pod(name)
+
+    async def close(self) -> None:
+        self._api_client.close()  # type: ignore[no-untyped-call]
+        await self._cold.close()

@@ -1,0 +1,123 @@
+"""The passing of time, for the leader: workers silent too long are declared dead and their jobs
+reassigned, Assigns nobody claimed are sent again, and loads out of tolerance are rebalanced."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+from orchestrator import metrics
+from orchestrator.balance import balanced, plan_moves
+from orchestrator.outbox import QUERIES, Outbox, WorkerInfo, optional_str
+from runplane.supervise import sleep_or_stop
+
+log = logging.getLogger(__name__)
+
+
+class Liveness(Outbox):
+    async def _liveness_loop(self, stop: asyncio.Event) -> None:
+        interval = self.settings.orchestrator.heartbeat_interval
+        tick = 0
+        while not await sleep_or_stop(stop, interval / 10):
+            tick += 1
+            await self._declare_dead()
+            if tick % 10 == 0:
+                await self._rebalance()
+
+    async def _declare_dead(self) -> None:
+        now = time.monotonic()
+        dead = [w for w, i in self.workers.items() if i.alive and now - i.last_seen > self._dead_after]
+        for worker_id in dead:
+            await self._bury(worker_id)
+
+    async def _bury(self, worker_id: str) -> None:
+        """Declare a worker dead: delete its queue and reassign everything it owned."""
+        async with self._lock:
+            now = time.monotonic()
+            info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
+            info.alive = False
+            await self._execute(QUERIES["mark_dead"], {"worker_id": worker_id})
+            await self.bus.delete(self.topology.worker(worker_id))
+            job_ids = [r["job_id"] for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
+        log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
+        metrics.workers_declared_dead.add(1)
+        await self._reassign(job_ids, worker_id)
+
+    async def _reassign_orphans(self) -> None:
+        """Jobs still owned by workers that are not alive (a previous leader died mid-way)."""
+        for row in await self._fetch(QUERIES["owners"], {}):
+            worker_id = str(row["worker_id"])
+            if not self._is_alive(worker_id):
+                await self._bury(worker_id)
+
+    async def _reassign(self, job_ids: list[int], dead: str) -> None:
+        """Give the jobs of a dead worker to whoever takes them from the shared queue."""
+        size = self.settings.orchestrator.assign_batch_size
+        for start in range(0, len(job_ids), size):
+            async with self._lock:
+                # Only what the dead worker still owns: the batch may have changed since.
+                rows = await self._fetch(
+                    QUERIES["definitions"],
+                    {"job_ids": job_ids[start : start + size], "worker_id": dead, "claimed": False},
+                )
+                fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                await self._assign(rows, worker_id=None, fires_after=fires_after)
+
+    async def _resend_stale_pending(self) -> None:
+        rows = await self._fetch(QUERIES["stale_pending"], {"timeout": self.settings.orchestrator.claim_timeout})
+        by_target: dict[str | None, list[int]] = defaultdict(list)
+        for row in rows:
+            by_target[optional_str(row["worker_id"])].append(row["job_id"])
+        size = self.settings.orchestrator.assign_batch_size
+        for worker_id, job_ids in by_target.items():
+            if worker_id is not None and not self._is_alive(worker_id):
+                continue  # the dead-worker path reassigns them
+            log.info("resending unclaimed Assigns", extra={"jobs": len(job_ids), "worker_id": worker_id})
+            for start in range(0, len(job_ids), size):
+                async with self._lock:
+                    await self._resend(job_ids[start : start + size], worker_id)
+
+    async def _rebalance(self) -> None:
+        """Move jobs (Revoke, then Assign to the new owner's queue) until loads are within tolerance."""
+        if not self._alive():
+            return
+        pending = await self._fetch(QUERIES["pending_count"], {})
+        if pending and pending[0]["n"]:
+            return  # wait until every Assign is claimed: counts are not final before
+        settled = time.monotonic() - self.settings.orchestrator.heartbeat_interval
+        if any(i.alive_since > settled for i in self.workers.values() if i.alive):
+            return  # a worker just joined; let it take its share of any Assigns first
+        counts = {w: 0 for w in self._alive()}
+        for row in await self._fetch(QUERIES["claimed_counts"], {}):
+            if str(row["worker_id"]) in counts:
+                counts[str(row["worker_id"])] = row["n"]
+        if balanced(counts, self.settings.orchestrator.rebalance_tolerance):
+            return
+        owned: dict[str, list[int]] = {w: [] for w in counts}
+        for row in await self._fetch(QUERIES["claimed_by_worker"], {}):
+            worker_id = str(row["worker_id"])
+            if worker_id in owned:
+                owned[worker_id] = list(row["job_ids"])
+        moves = plan_moves(owned, self.settings.orchestrator.rebalance_tolerance)
+        if not moves:
+            return
+        log.info("rebalancing", extra={"moves": len(moves), "jobs": sum(len(m.job_ids) for m in moves)})
+        size = self.settings.orchestrator.assign_batch_size
+        for move in moves:
+            for start in range(0, len(move.job_ids), size):
+                async with self._lock:
+                    if not (self._is_alive(move.donor) and self._is_alive(move.target)):
+                        return  # the next pass plans again
+                    rows = await self._fetch(
+                        QUERIES["definitions"],
+                        {"job_ids": move.job_ids[start : start + size], "worker_id": move.donor, "claimed": True},
+                    )
+                    if not rows:
+                        continue
+                    # Revoke first, then Assign: the new owner queues a fire that fell in between
+                    # (its missed-fire grace), and the idempotency key makes a fire queued by both one run.
+                    await self._revoke(move.donor, [r["job_id"] for r in rows])
+                    fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                    await self._assign(rows, worker_id=move.target, fires_after=fires_after)

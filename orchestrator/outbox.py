@@ -1,0 +1,222 @@
+"""The leader's state and what it sends to workers: Assign (recorded as pending before it goes out),
+Update and Revoke, every message stamped ``(term, clock)``.
+
+The leader is built in layers, one module per section of its work, each using only the ones
+below it: ``outbox`` (state, messages to workers) < ``liveness`` (the passing of time: dead
+workers, lost Assigns, imbalance) < ``job_sync`` (job changes) < ``inbox`` (messages from workers)
+< ``leader`` (start and the tasks it runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+from psycopg_pool import AsyncConnectionPool
+
+from orchestrator import metrics
+from runplane.bus import AmqpBus, Topology
+from runplane.db import Connection
+from runplane.settings import Settings
+from runplane.sql import load_queries
+from runplane.stamps import LogicalClock, Stamp
+from runplane.types import JOB_TYPE_TO_PROTO, JobType
+from runplane.v1 import bus_pb2
+from runplane.wall_clock import SYSTEM_CLOCK, WallClock
+
+QUERIES = load_queries("orchestrator")
+
+_PUBLISH_CONCURRENCY = 64
+
+Row = dict[str, Any]  # psycopg's values: int for bigint, str for text
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """An Assign recorded in ``job_ownership``, to be published."""
+
+    queue: str
+    rows: list[Row]
+    stamp: Stamp
+    fires_after: dict[int, int]
+
+
+@dataclass
+class WorkerInfo:
+    alive: bool
+    last_seen: float  # time.monotonic() of its last heartbeat (or of this leader's start)
+    alive_since: float
+    jobs_owned: int = 0
+    owned_digest: int = 0
+
+
+class Outbox:
+    """What every section of the leader shares, and the messages it sends to workers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool[Connection],
+        bus: AmqpBus,
+        term: int,
+        leader_id: str,
+        *,
+        wall_clock: WallClock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self.wall_clock = wall_clock  # the fire times a new owner queues after (``fires_after``)
+        self.pool = pool
+        self.bus = bus
+        self.leader_id = leader_id
+        self.clock = LogicalClock(term)
+        self.topology = Topology(settings.bus_prefix)
+        self.workers: dict[str, WorkerInfo] = {}
+        self._lock = asyncio.Lock()
+        self._dirty: set[int] = set()
+        self._dirty_accounts: set[int] = set()
+        self._changed = asyncio.Event()
+        self._full_sync = asyncio.Event()
+        self._sweeping = asyncio.Lock()  # held through a full sweep: one at a time
+        cfg = settings.orchestrator
+        self._dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals
+        metrics.observe(
+            lambda: self.clock.term,
+            lambda: {w: time.monotonic() - i.last_seen for w, i in self.workers.items() if i.alive},
+            lambda: {w: i.jobs_owned for w, i in self.workers.items() if i.alive},
+        )
+
+    @property
+    def term(self) -> int:
+        return self.clock.term
+
+    async def _assign(self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]) -> None:
+        """Record and publish Assigns for ``rows`` (job definitions): on the shared queue, or on one
+        worker's own queue when ``worker_id`` is given (rebalancing)."""
+        await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
+
+    async def _record_assigns(
+        self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]
+    ) -> list[Outgoing]:
+        """Stamp and record the Assigns for ``rows`` as pending; the caller publishes them."""
+        queue = self.topology.assign if worker_id is None else self.topology.worker(worker_id)
+        size = self.settings.orchestrator.assign_batch_size
+        outgoing: list[Outgoing] = []
+        for start in range(0, len(rows), size):
+            batch = rows[start : start + size]
+            stamp = self.clock.tick()
+            await self._execute(
+                QUERIES["upsert_pending"],
+                {
+                    "job_ids": [r["job_id"] for r in batch],
+                    "versions": [r["version"] for r in batch],
+                    "worker_id": worker_id,
+                    "term": stamp.term,
+                    "clock": stamp.clock,
+                    "now": int(self.wall_clock.now()),
+                },
+            )
+            outgoing.append(Outgoing(queue, batch, stamp, fires_after))
+        return outgoing
+
+    async def _publish_assigns(self, outgoing: list[Outgoing]) -> None:
+        for assign in outgoing:
+            await self.bus.publish(assign.queue, _assign_message(assign.rows, assign.stamp, assign.fires_after))
+            metrics.jobs_assigned.add(len(assign.rows))
+
+    async def _resend(self, job_ids: list[int], worker_id: str | None) -> None:
+        """Assign again, under a new stamp, those of ``job_ids`` still pending for ``worker_id`` (None:
+        the shared queue).
+
+        A new stamp, not the recorded one: a worker told to drop everything after the first Assign
+        (it was declared dead meanwhile, e.g. while the broker was away) refuses that stamp as stale,
+        and when every worker had been told so, the same message sent again would be refused
+        forever. A late claim of the old stamp no longer matches and is revoked from its sender.
+        """
+        rows = await self._fetch(QUERIES["pending_definitions"], {"job_ids": job_ids, "worker_id": worker_id})
+        if rows:
+            fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+            await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
+
+    async def _revoke(self, worker_id: str, job_ids: list[int]) -> None:
+        info = self.workers.get(worker_id)
+        if info is None or not info.alive:
+            return  # its queue is gone; a returning worker is told to drop everything
+        stamp = self.clock.tick()
+        await self.bus.publish(self.topology.worker(worker_id), bus_pb2.Revoke(stamp=stamp.to_proto(), job_ids=job_ids))
+        metrics.jobs_revoked.add(len(job_ids))
+
+    async def _send_updates(self, rows: list[Row]) -> None:
+        sendable = [r for r in rows if self._is_alive(optional_str(r["worker_id"]))]
+        messages: list[tuple[str, Message]] = []
+        for row in sendable:
+            stamp = self.clock.tick()
+            assignment = bus_pb2.JobAssignment(job=_definition(row), stamp=stamp.to_proto())
+            messages.append(
+                (self.topology.worker(str(row["worker_id"])), bus_pb2.Update(stamp=stamp.to_proto(), job=assignment))
+            )
+        await self._publish_many(messages)
+        if sendable:
+            await self._execute(
+                QUERIES["sent_versions"],
+                {
+                    "job_ids": [r["job_id"] for r in sendable],
+                    "versions": [r["version"] for r in sendable],
+                    "now": int(self.wall_clock.now()),
+                },
+            )
+            metrics.jobs_updated.add(len(sendable))
+
+    async def _publish_many(self, messages: list[tuple[str, Message]]) -> None:
+        # One channel keeps per-queue order; publishing concurrently only overlaps the confirms.
+        for start in range(0, len(messages), _PUBLISH_CONCURRENCY):
+            chunk = messages[start : start + _PUBLISH_CONCURRENCY]
+            await asyncio.gather(*(self.bus.publish(queue, message) for queue, message in chunk))
+
+    def _alive(self) -> list[str]:
+        return [w for w, i in self.workers.items() if i.alive]
+
+    def _is_alive(self, worker_id: str | None) -> bool:
+        info = self.workers.get(worker_id) if worker_id is not None else None
+        return info is not None and info.alive
+
+    async def _fetch(self, query: str, params: dict[str, object]) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+    async def _execute(self, query: str, params: dict[str, object]) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(query, params)
+
+
+def _assign_message(rows: Iterable[Row], stamp: Stamp, fires_after: dict[int, int]) -> bus_pb2.Assign:
+    proto_stamp = stamp.to_proto()
+    return bus_pb2.Assign(
+        stamp=proto_stamp,
+        jobs=[
+            bus_pb2.JobAssignment(job=_definition(r), stamp=proto_stamp, last_fire_ts=fires_after.get(r["job_id"], 0))
+            for r in rows
+        ],
+    )
+
+
+def _definition(row: Row) -> bus_pb2.JobDefinition:
+    return bus_pb2.JobDefinition(
+        job_id=row["job_id"],
+        account_id=row["account_id"],
+        version=row["version"],
+        cron=str(row["cron"] or ""),
+        timezone=str(row["timezone"] or "UTC"),
+        active=bool(row["cron"]),
+        missed_run_grace_seconds=row["missed_run_grace_seconds"],
+        job_type=JOB_TYPE_TO_PROTO[JobType(str(row["job_type"]))],
+        priority=row["priority"],
+    )
+
+
+def optional_str(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,22 @@
+"""The HTTP server of the REST API and the web pages: kept-alive connections are not slowed by Nagle."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from api.server import RunningApi
+
+
+async def test_connections_are_served_with_tcp_nodelay(api: RunningApi) -> None:
+    """Without TCP_NODELAY every answer on a kept-alive connection waited for the client's delayed ACK."""
+    assert api.rest is not None
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+        for _ in range(2):  # the second request reuses the connection
+            assert (await http.get("/ui/login")).status_code == 200
+        connections = list(api.rest.server.server_state.connections)
+        assert connections
+        for protocol in connections:
+            sock = protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -1,0 +1,324 @@
+"""The web pages in-process over HTTP: login and logout, CSRF, token scopes, other accounts' 404,
+keyset pages of runs, the live log stream, artifacts, run now, and the on-time view."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from api.admin import create_account, create_token
+from api.server import RunningApi
+from api.web.session import csrf_for
+from runplane.settings import Settings
+from tests.api.conftest import AsyncDb, scalar
+
+
+@dataclass
+class Browser:
+    http: httpx.AsyncClient
+    account_id: int
+    token: str
+
+    @property
+    def csrf(self) -> str:
+        return csrf_for(self.token)
+
+    async def login(self, token: str | None = None) -> httpx.Response:
+        return await self.http.post("/ui/login", data={"token": token or self.token, "next": "/ui/runs"})
+
+    async def post(self, path: str, **form: str) -> httpx.Response:
+        return await self.http.post(path, data={"csrf_token": self.csrf, **form})
+
+
+@pytest.fixture
+async def browser(api: RunningApi, settings: Settings) -> AsyncIterator[Browser]:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
+    assert api.rest is not None
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+        yield Browser(http, account_id, token)
+
+
+async def _job(db: AsyncDb, account_id: int, name: str = "nightly", **cols: object) -> int:
+    cols.setdefault("steps", ["echo hello"])
+    keys = ", ".join(["account_id", "name", "job_type", *cols])
+    marks = ", ".join(["%s"] * (3 + len(cols)))
+    query = f"INSERT INTO jobs ({keys}) VALUES ({marks}) RETURNING id"
+    return int(await scalar(db, query, account_id, name, "deploy", *cols.values()))
+
+
+async def _runs(
+    db: AsyncDb, account_id: int, job_id: int, count: int, *, status: int = 10, delay: float = 5
+) -> list[int]:
+    """``count`` runs queued a minute apart (newest last), each started ``delay`` s after its schedule."""
+    cur = await db.execute(
+        """
+        INSERT INTO runs (account_id, job_id, job_type, status, trigger, idempotency_key, takes_slot,
+                          scheduled_at, queued_at, dispatched_at, started_at, finished_at)
+        SELECT %(account)s, %(job)s, 'deploy', %(status)s, 'schedule',
+               concat_ws('-', 'web', %(job)s, g, %(delay)s, %(status)s), true,
+               t, t + interval '1 second', t + interval '2 seconds',
+               CASE WHEN %(status)s = 1 THEN NULL ELSE t + make_interval(secs => %(delay)s) END,
+               CASE WHEN %(status)s IN (10, 20, 30) THEN t + make_interval(secs => %(delay)s + 30) END
+          FROM generate_series(1, %(count)s) g, LATERAL (SELECT now() - make_interval(mins => %(count)s - g + 1) AS t) s
+        RETURNING id
+        """,
+        {"account": account_id, "job": job_id, "status": status, "count": count, "delay": delay},
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def test_pages_need_a_login_and_a_bad_token_is_refused(browser: Browser) -> None:
+    root = await browser.http.get("/")  # the bare address leads to the pages
+    assert (root.status_code, root.headers["location"]) == (307, "/ui/")
+    response = await browser.http.get("/ui/runs?status=queued")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/ui/login?next=%2Fui%2Fruns%3Fstatus%3Dqueued"
+    refused = await browser.login("rp_not-a-token")
+    assert refused.status_code == 401 and "Unknown, revoked or expired token" in refused.text
+    assert "runplane_session" not in refused.headers.get("set-cookie", "")
+    assert (await browser.http.get("/ui/runs")).status_code == 303
+
+
+async def test_login_sets_an_http_only_cookie_and_logout_needs_csrf(browser: Browser) -> None:
+    response = await browser.login()
+    assert response.status_code == 303 and response.headers["location"] == "/ui/runs"
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=lax" in cookie and "path=/ui" in cookie
+    assert (await browser.http.get("/ui/runs")).status_code == 200
+    forged = await browser.http.post("/ui/logout", data={"csrf_token": "0" * 64})
+    assert forged.status_code == 403
+    assert (await browser.http.get("/ui/runs")).status_code == 200
+    out = await browser.post("/ui/logout")
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert (await browser.http.get("/ui/runs")).status_code == 303
+
+
+async def test_login_never_redirects_off_the_site(browser: Browser) -> None:
+    for target in ("https://evil.example/", "//evil.example/ui/", "/api/v2/accounts/"):
+        response = await browser.http.post("/ui/login", data={"token": browser.token, "next": target})
+        assert response.headers["location"] == "/ui/runs"
+
+
+async def test_a_revoked_token_ends_its_session(browser: Browser, settings: Settings, adb: AsyncDb) -> None:
+    token = await create_token(settings, account_id=browser.account_id, scopes=("read_only",))
+    await browser.login(token)
+    assert (await browser.http.get("/ui/jobs")).status_code == 200
+    await adb.execute("UPDATE api_tokens SET revoked_at = now() WHERE account_id = %s AND scopes = '{read_only}'",
+                      (browser.account_id,))  # fmt: skip
+    assert (await browser.http.get("/ui/jobs")).status_code == 303
+
+
+async def test_another_accounts_run_and_job_answer_404(
+    browser: Browser, api: RunningApi, settings: Settings, adb: AsyncDb
+) -> None:
+    other_id, _ = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
+    other_job = await _job(adb, other_id)
+    (other_run,) = await _runs(adb, other_id, other_job, 1, status=3)
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, 'x')",
+        (other_run,),
+    )
+    await browser.login()
+    for path in (
+        f"/ui/runs/{other_run}",
+        f"/ui/runs/{other_run}/logs",
+        f"/ui/runs/{other_run}/artifacts/1/target/manifest.json",
+        f"/ui/jobs/{other_job}",
+        "/ui/runs/999999",
+    ):
+        response = await browser.http.get(path)
+        assert response.status_code == 404, path
+    for path in (f"/ui/runs/{other_run}/cancel", f"/ui/runs/{other_run}/rerun", f"/ui/jobs/{other_job}/run"):
+        assert (await browser.post(path)).status_code == 404, path
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 1
+    assert await scalar(adb, "SELECT cancel_requested_at FROM runs WHERE id = %s", other_run) is None
+    mine = (await browser.http.get(f"/ui/runs?job={other_job}")).text
+    assert f"#{other_run}<" not in mine
+
+
+async def test_cancel_needs_the_forms_csrf_value_and_a_job_admin_token(
+    browser: Browser, settings: Settings, adb: AsyncDb
+) -> None:
+    job_id = await _job(adb, browser.account_id)
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=1)
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert f'value="{browser.csrf}"' in page and 'id="cancel"' in page
+    for form in ({}, {"csrf_token": "nope"}, {"csrf_token": csrf_for("rp_another-token")}):
+        response = await browser.http.post(f"/ui/runs/{run_id}/cancel", data=form)
+        assert response.status_code == 403
+    assert await scalar(adb, "SELECT status FROM runs WHERE id = %s", run_id) == 1
+
+    reader = await create_token(settings, account_id=browser.account_id, scopes=("read_only",))
+    await browser.login(reader)
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert "read only" in page and 'id="cancel"' not in page and 'id="rerun"' not in page
+    response = await browser.http.post(f"/ui/runs/{run_id}/cancel", data={"csrf_token": csrf_for(reader)})
+    assert response.status_code == 403 and "do not allow" in response.text
+    assert await scalar(adb, "SELECT status FROM runs WHERE id = %s", run_id) == 1
+
+    out = await browser.http.post("/ui/logout", data={"csrf_token": csrf_for(reader)})
+    assert out.status_code == 303  # a read-only session can still log out
+    await browser.login()
+    response = await browser.post(f"/ui/runs/{run_id}/cancel")
+    assert response.status_code == 303 and response.headers["location"] == f"/ui/runs/{run_id}"
+    assert await scalar(adb, "SELECT status FROM runs WHERE id = %s", run_id) == 30
+    finished = await browser.post(f"/ui/runs/{run_id}/cancel")
+    assert finished.status_code == 409 and "already finished" in finished.text
+
+
+async def test_runs_come_in_keyset_pages_of_50_newest_first(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    ids = await _runs(adb, browser.account_id, job_id, 120)
+    await browser.login()
+    seen: list[int] = []
+    url: str | None = "/ui/runs"
+    pages = 0
+    while url:
+        page = (await browser.http.get(url)).text
+        seen += [int(x) for x in re.findall(r'<a href="/ui/runs/(\d+)">#', page)]
+        older = re.search(r'<a href="([^"]+)" id="older">', page)
+        url = older.group(1).replace("&amp;", "&") if older else None
+        pages += 1
+    assert pages == 3
+    assert seen == sorted(ids, reverse=True)
+
+
+async def test_filters_by_status_cause_job_and_time(browser: Browser, adb: AsyncDb) -> None:
+    job_a = await _job(adb, browser.account_id, "a")
+    job_b = await _job(adb, browser.account_id, "b")
+    done = await _runs(adb, browser.account_id, job_a, 3)
+    queued = await _runs(adb, browser.account_id, job_b, 2, status=1)
+    await adb.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE status = 1")
+    await browser.login()
+
+    def ids(page: str) -> set[int]:
+        return {int(x) for x in re.findall(r'<a href="/ui/runs/(\d+)">#', page)}
+
+    page = (await browser.http.get("/ui/runs?status=queued")).text
+    assert ids(page) == set(queued) and "waiting for a free run slot" in page
+    assert ids((await browser.http.get(f"/ui/runs?job={job_a}")).text) == set(done)
+    assert ids((await browser.http.get("/ui/runs?cause=api")).text) == set()
+    assert ids((await browser.http.get("/ui/runs?cause=schedule")).text) == set(done + queued)
+    assert ids((await browser.http.get("/ui/runs?since=2000-01-01T00:00&until=2001-01-01T00:00")).text) == set()
+    bad = await browser.http.get("/ui/runs?status=late")
+    assert bad.status_code == 400 and "is not one of" in bad.text
+
+
+async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None:
+    """Each filter's plan walks an index in (queued_at, id) order: no sort of the account's runs."""
+    from api.store import QUERIES
+
+    await adb.execute("SET enable_seqscan = off")
+    base = {"account_id": 1, "job_id": None, "status": None, "trigger": None, "since": None, "until": None}
+    after = {"after_queued_at": "2030-01-01T00:00:00Z", "after_id": 5, "limit": 51}
+    for extra, index in (
+        ({}, "runs_account_queued_idx"),
+        ({"status": 1}, "runs_account_status_queued_idx"),
+        ({"job_id": 7}, "runs_job_queued_idx"),
+        ({"trigger": "api"}, "runs_account_trigger_queued_idx"),
+    ):
+        cur = await adb.execute("EXPLAIN " + QUERIES["runs_page"], {**base, **extra, **after}, prepare=False)
+        plan = "\n".join(row[0] for row in await cur.fetchall())
+        assert index in plan and "Sort" not in plan, plan
+
+
+async def test_the_log_stream_sends_every_chunk_then_ends_with_the_run(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=3)
+    await adb.execute(
+        "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, 1, 0, 'one\n'), (%s, 2, 1, 'two\n')",
+        (run_id, run_id),
+    )
+    await browser.login()
+    events: list[tuple[str, str]] = []
+    async with browser.http.stream("GET", f"/ui/runs/{run_id}/logs", headers={"Last-Event-ID": "1"}) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        event = ""
+        async for line in stream.aiter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((event, line.removeprefix("data: ")))
+                if event == "log":  # the run ends only once the follower has what was there
+                    await adb.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
+                if event == "end":
+                    break
+    assert events == [
+        ("status", '{"status": "running"}'),
+        ("log", json.dumps({"seq": 2, "step": 1, "text": "two\n"})),
+        ("end", '{"status": "success"}'),
+    ]
+
+
+async def test_artifacts_download_as_attachments(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, %s)",
+        (run_id, b'{"nodes": {}}'),
+    )
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    link = re.search(r'href="(/ui/runs/\d+/artifacts/[^"]+)" download', page)
+    assert link is not None
+    response = await browser.http.get(link.group(1))
+    assert response.status_code == 200 and response.content == b'{"nodes": {}}'
+    assert response.headers["content-disposition"] == "attachment; filename*=UTF-8''manifest.json"
+    assert (await browser.http.get(f"/ui/runs/{run_id}/artifacts/2/target/manifest.json")).status_code == 404
+
+
+async def test_a_job_shows_its_schedule_and_runs_now_with_overrides(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id, cron="30 6 * * 1-5", timezone="Europe/Paris")
+    await browser.login()
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert "At 06:30, Monday through Friday" in page
+    fires = re.findall(r"<tr><td>(\w{3} \d{4}-\d\d-\d\d 06:30 CES?T)</td>", page)
+    assert len(fires) == 5 and not {f[:3] for f in fires} & {"Sat", "Sun"}
+    assert 'id="pause-button">Pause<' in page
+    paused = await browser.post(f"/ui/jobs/{job_id}/pause")
+    assert paused.status_code == 303 and paused.headers["location"] == f"/ui/jobs/{job_id}"
+    assert await scalar(adb, "SELECT paused_at IS NOT NULL FROM jobs WHERE id = %s", job_id)
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert 'id="paused">paused<' in page and 'id="pause-button">Unpause<' in page
+    assert (await browser.post(f"/ui/jobs/{job_id}/unpause")).status_code == 303
+    assert not await scalar(adb, "SELECT paused_at IS NOT NULL FROM jobs WHERE id = %s", job_id)
+    response = await browser.post(
+        f"/ui/jobs/{job_id}/run", cause="checking a fix", steps="dbt build -s orders\n\n", threads="3", git_branch="fix"
+    )
+    assert response.status_code == 303
+    run_id = int(response.headers["location"].rsplit("/", 1)[1])
+    overrides = await scalar(adb, "SELECT overrides FROM runs WHERE id = %s", run_id)
+    assert overrides == {"steps": ["dbt build -s orders"], "threads": 3, "git_branch": "fix"}
+    assert (
+        await scalar(adb, "SELECT trigger || ':' || cause FROM runs WHERE id = %s", run_id) == "manual:checking a fix"
+    )
+    refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
+    assert refused.status_code == 400 and "threads" in refused.text
+    rerun = await browser.post(f"/ui/runs/{run_id}/rerun")
+    new_id = int(rerun.headers["location"].rsplit("/", 1)[1])
+    assert await scalar(adb, "SELECT parent_run_id FROM runs WHERE id = %s", new_id) == run_id
+    assert await scalar(adb, "SELECT overrides FROM runs WHERE id = %s", new_id) == overrides
+    assert f'href="/ui/runs/{run_id}" id="parent-run"' in (await browser.http.get(f"/ui/runs/{new_id}")).text
+
+
+async def test_on_time_splits_run_delay_and_counts_what_waits(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    await _runs(adb, browser.account_id, job_id, 6, delay=5)
+    await _runs(adb, browser.account_id, job_id, 3, delay=40)
+    await _runs(adb, browser.account_id, job_id, 1, delay=300)
+    await _runs(adb, browser.account_id, job_id, 2, status=1)
+    await adb.execute("UPDATE runs SET waiting_reason = 'job_already_running' WHERE status = 1")
+    await browser.login()
+    page = (await browser.http.get("/ui/on-time?window=1h")).text
+    assert '<strong id="on-time-ratio">90.0 %</strong> of 10 started runs' in page
+    assert re.search(r"≤ 25 s</td><td class=\"num\">6</td><td class=\"num\">60.0 %", page)
+    assert re.search(r"25–60 s</td><td class=\"num\">3</td>", page)
+    assert re.search(r"&gt; 60 s</td><td class=\"num\">1</td>", page)
+    assert 'waiting for this job&#39;s running run (serial execution)</td><td class="num">2</td>' in page
+    assert (await browser.http.get("/ui/on-time?window=2y")).status_code == 400

@@ -1,0 +1,103 @@
+"""The job options "run source freshness" and "generate docs" with the real dbt project and warehouse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from api.admin import create_token
+from api.server import RunningApi
+from runner.service import run as run_runner
+from runplane.settings import Settings
+from runplane.v1 import common_pb2, runs_pb2
+from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log, start_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
+
+Db = psycopg.Connection[Any]
+OK, ERROR = common_pb2.RUN_STATUS_SUCCESS, common_pb2.RUN_STATUS_ERROR
+
+
+def steps_of(run: runs_pb2.Run) -> list[tuple[str, int, bool]]:
+    return [(s.command, s.status, s.optional) for s in run.steps]
+
+
+async def artifact_paths(client: Client, run_id: int) -> set[tuple[str, int]]:
+    listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run_id))
+    return {(a.path, a.step_index) for a in listed.artifacts}
+
+
+async def test_freshness_first_and_docs_last_and_their_failures_do_not_fail_the_run(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    env = await environment(client, database_url, str(repo))
+    job = await dbt_job(client, env.id, ["dbt build"], generate_docs=True, run_source_freshness=True)
+    assert job.settings.generate_docs and job.settings.run_source_freshness
+
+    # First run: the source table does not exist before the build seeds it, so freshness fails;
+    # the run goes on, builds, and generates the docs.
+    first = await run_job(client, dbt_settings, db, job.id)
+    log = await run_log(client, first.id)
+    assert first.status == OK, log
+    assert steps_of(first) == [
+        ("dbt source freshness", ERROR, True),
+        ("dbt build", OK, False),
+        ("dbt docs generate", OK, True),
+    ]
+    assert "step 1 failed; it is optional, the run goes on" in log
+    assert {("target/catalog.json", 2), ("target/index.html", 2), ("target/run_results.json", 1)} <= (
+        await artifact_paths(client, first.id)
+    )
+
+    # Second run: the source exists now and is fresh enough (warn only): freshness passes and its
+    # sources.json is kept with its step.
+    second = await run_job(client, dbt_settings, db, job.id)
+    assert second.status == OK
+    assert [s.status for s in second.steps] == [OK, OK, OK]
+    sources = await client.runs.GetArtifact(
+        runs_pb2.GetArtifactRequest(run_id=second.id, path="target/sources.json", step_index=0)
+    )
+    assert json.loads(sources.content)["results"][0]["unique_id"] == "source.jaffle_shop.jaffle_raw.raw_orders"
+
+    # A stale source (error_after a day; the orders are from 2018) is reported, not fatal.
+    sources_yml = repo / "models" / "staging" / "sources.yml"
+    sources_yml.write_text(sources_yml.read_text().replace("warn_after: {count: 36500", "error_after: {count: 1"))
+    commit(repo, "sources must be a day fresh")
+    stale = await run_job(client, dbt_settings, db, job.id)
+    assert stale.status == OK
+    assert [s.status for s in stale.steps] == [ERROR, OK, OK]
+    assert "ERROR STALE" in await run_log(client, stale.id)
+
+
+async def test_generate_docs_override_over_grpc_and_rest(
+    client: Client, *, api: RunningApi, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    env = await environment(client, database_url, str(make_repository(tmp_path / "jaffle")))
+    plain = await dbt_job(client, env.id, ["dbt seed"])
+    with_docs = await run_job(client, dbt_settings, db, plain.id, overrides=runs_pb2.RunOverrides(generate_docs=True))
+    assert with_docs.status == OK and with_docs.overrides.generate_docs
+    assert steps_of(with_docs) == [("dbt seed", OK, False), ("dbt docs generate", OK, True)]
+
+    documented = await dbt_job(client, env.id, ["dbt seed"], generate_docs=True)
+    token = await create_token(dbt_settings, account_id=client.account_id)
+    assert api.rest is not None
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {token}"}
+    ) as http:
+        triggered = await http.post(
+            f"/api/v2/accounts/{client.account_id}/jobs/{documented.id}/run/", json={"generate_docs_override": False}
+        )
+        assert triggered.status_code == 200, triggered.text
+        run_id = triggered.json()["data"]["id"]
+        assert await run_runner(dbt_settings, run_id, start_run(db, run_id)) == 0
+        job = (await http.get(f"/api/v2/accounts/{client.account_id}/jobs/{documented.id}/")).json()["data"]
+    assert job["generate_docs"] is True and job["run_generate_sources"] is False
+    without = await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
+    assert without.status == OK
+    assert steps_of(without) == [("dbt seed", OK, False)]  # the override won over the job's option

@@ -1,0 +1,101 @@
+"""runplane on a real Kubernetes node: the API where Pods reach it, a scheduler, a Kubernetes dispatcher.
+
+The API (with the runner API) listens on the node's bridge address, the address Pods reach this
+machine at; the dispatcher gives Pods that address (``runner.api_address``), as the chart gives them
+the runner API Service's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from api.server import RunningApi, start_server
+from runplane.settings import Settings
+from tests.support.kubernetes_cluster import Rest, RestError
+from tests.support.kubernetes_fixtures import Cluster
+from tests.support.processes import Services
+from tests.support.reports import failed
+
+POD_START = 240.0  # a Pod's creation to its runner's claim, on a loaded two-core machine
+
+
+@dataclass
+class KubernetesSystem:
+    settings: Settings
+    api: RunningApi
+    kube: Rest
+    namespace: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.api.host}:{self.api.port}"
+
+    def pod(self, name: str) -> Any:
+        return self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+
+    def pod_names(self) -> list[str]:
+        return self.kube.pod_names(self.namespace)
+
+    def describe_pods(self) -> str:
+        """Each Pod's phase, container states and last log lines: what to read when a test fails."""
+        listed = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")
+        lines = []
+        for pod in listed.get("items", []):
+            name, status = pod["metadata"]["name"], pod.get("status") or {}
+            states = [s.get("state") for s in status.get("containerStatuses") or []]
+            lines.append(f"{name}: {status.get('phase')} {status.get('reason', '')} {states}")
+            try:
+                log = self.kube.text("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}/log?tailLines=30")
+            except RestError as exc:
+                log = f"(no log: {exc})"
+            lines.extend(f"  | {line}" for line in log.splitlines())
+        return "\n".join(lines) or "(no pods)"
+
+
+@asynccontextmanager
+async def running_system(
+    settings: Settings,
+    services: Services,
+    cluster: Cluster,
+    request: pytest.FixtureRequest | None = None,
+    **dispatcher_env: str,
+) -> AsyncIterator[KubernetesSystem]:
+    """The API on the node's bridge address (in this process), a scheduler and a Kubernetes dispatcher."""
+    host = cluster.node.host_ip
+    settings = settings.model_copy(
+        update={
+            "api": settings.api.model_copy(update={"host": host}),
+            "runner": settings.runner.model_copy(update={"api_address": f"{host}:{settings.api.runner_port}"}),
+        }
+    )
+    api = await start_server(settings, port=0)
+    services.with_api = False  # served here
+    try:
+        services.start("scheduler")
+        services.start(
+            "dispatcher",
+            RUNPLANE_DISPATCHER__LAUNCHER="kubernetes",
+            RUNPLANE_DISPATCHER__CLUSTER="east",
+            RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address,
+            RUNPLANE_KUBERNETES__KUBECONFIG=str(cluster.plane.kubeconfig),
+            RUNPLANE_KUBERNETES__NAMESPACE=cluster.namespace,
+            RUNPLANE_KUBERNETES__IMAGE=cluster.image,
+            RUNPLANE_KUBERNETES__IMAGE_PULL_POLICY="Never",
+            RUNPLANE_KUBERNETES__CPU_REQUEST="10m",
+            RUNPLANE_KUBERNETES__SWEEP_INTERVAL="0.5",
+            RUNPLANE_KUBERNETES__POD_RETENTION_SECONDS="1",
+            RUNPLANE_KUBERNETES__ORPHAN_GRACE_SECONDS="1",
+            **dispatcher_env,
+        )
+        system = KubernetesSystem(settings, api, cluster.kube, cluster.namespace)
+        yield system
+        if request is not None and failed(request):
+            print("---- pods ----", system.describe_pods(), sep="\n")
+    finally:
+        services.stop_all()
+        await api.stop(0)
