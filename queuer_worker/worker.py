@@ -160,7 +160,7 @@ class QueuerWorker:
     def _on_revoke(self, message: bus_pb2.Revoke) -> None:
         stamp = Stamp.from_proto(message.stamp)
         if message.drop_all:
-            applied = self.gate.observe_term(stamp.term)
+            applied = self.gate.void_before(stamp)
             if applied:
                 self._drop_older_than(stamp)
             metrics.messages_applied.add(1, {"kind": "drop_all", "applied": applied})
@@ -171,13 +171,16 @@ class QueuerWorker:
         metrics.messages_applied.add(1, {"kind": "revoke", "applied": True})
 
     def _drop_older_than(self, stamp: Stamp) -> None:
-        """Drop every job assigned before ``stamp`` (the worker was declared dead) and re-register."""
+        """Drop every job assigned before ``stamp`` (the worker was declared dead) and re-register.
+
+        The gate refuses older stamps from now on: an Assign of the shared queue taken after this
+        (sent before the worker was declared dead, and given to others since) would otherwise be held
+        here unknown to the leader, who refused its claim while the worker was dead."""
         dropped = 0
         for job_id in self.heap.job_ids():
             applied = self.gate.applied.get(job_id)
             if applied is None or applied < stamp:
                 self.heap.remove(job_id)
-                self.gate.applied[job_id] = stamp
                 dropped += 1
         self._registering_beats = _REGISTERING_BEATS
         log.warning("told to drop everything", extra={"worker_id": self.worker_id, "jobs_dropped": dropped})

@@ -53,6 +53,7 @@ class StampGate:
 
     newest_term: int = 0
     applied: dict[int, Stamp] = field(default_factory=dict)
+    floor: Stamp = ZERO  # nothing at or below it is admitted, for any job (see ``void_before``)
 
     def observe_term(self, term: int) -> bool:
         """Note a term; False when it is older than the newest seen (drop the message)."""
@@ -66,9 +67,17 @@ class StampGate:
         if not self.observe_term(stamp.term):
             return False
         last = self.applied.get(job_id)
-        if last is not None and stamp <= last:
+        if stamp <= self.floor or (last is not None and stamp <= last):
             return False
         self.applied[job_id] = stamp
+        return True
+
+    def void_before(self, stamp: Stamp) -> bool:
+        """Refuse, from now on, every message stamped before ``stamp`` for any job, including those of
+        jobs never seen (an Assign still on its way); False when ``stamp``'s term is older than the newest."""
+        if not self.observe_term(stamp.term):
+            return False
+        self.floor = max(self.floor, stamp)
         return True
 
     def forget(self, job_id: int) -> None:

@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 
 import psycopg
 import pytest
@@ -31,6 +31,16 @@ pytest_plugins = ["tests.support.kubernetes_fixtures"]
 BASE = Settings()
 # Two keys, as after a rotation: the newest encrypts, both decrypt.
 TEST_SECRET_KEYS = f"{generate_key()},{generate_key()}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the test, so a fixture's teardown knows whether the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
 
 
 ADMIN_URL = psycopg.conninfo.make_conninfo(BASE.database_url, dbname="postgres")

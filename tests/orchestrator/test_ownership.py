@@ -13,6 +13,7 @@ from queuer_worker.heap import job_digest
 from runplane.settings import Settings
 from tests.support.polling import eventually
 from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, scalar
+from tests.support.reports import failed
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +21,14 @@ NEVER_SOON = "0 0 1 1 *"  # once a year: these scenarios are about ownership, no
 
 
 @pytest.fixture
-async def cluster(settings: Settings, service_env: dict[str, str], db: Db) -> AsyncIterator[Cluster]:
+async def cluster(
+    request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
+) -> AsyncIterator[Cluster]:
     c = Cluster(settings, service_env)
     try:
         yield c
     finally:
-        await c.cleanup(db)
+        await c.cleanup(db, print_logs=failed(request))
 
 
 def workers_agree(db: Db) -> bool:

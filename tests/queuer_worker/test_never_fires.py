@@ -15,6 +15,7 @@ from runplane.errors import InvalidArgument
 from runplane.settings import Settings
 from tests.support.polling import eventually
 from tests.support.queuer import Cluster, Db, insert_jobs, ownership
+from tests.support.reports import failed
 
 NEVER = ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *"]
 NEVER_SOON = "0 0 1 1 *"
@@ -35,12 +36,14 @@ def test_a_leap_day_schedule_is_accepted_across_a_century() -> None:
 
 
 @pytest.fixture
-async def cluster(settings: Settings, service_env: dict[str, str], db: Db) -> AsyncIterator[Cluster]:
+async def cluster(
+    request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
+) -> AsyncIterator[Cluster]:
     c = Cluster(settings, service_env)
     try:
         yield c
     finally:
-        await c.cleanup(db)
+        await c.cleanup(db, print_logs=failed(request))
 
 
 @pytest.mark.slow

@@ -143,6 +143,21 @@ async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running:
     assert held(running.worker)[some_job] == expected[some_job]
 
 
+async def test_after_drop_everything_an_older_assign_of_an_unseen_job_is_not_held(running: Running) -> None:
+    # A worker declared dead is told to drop everything; an Assign the leader put on the shared queue
+    # before that (and gave to another worker since, having refused this one's claim while it was
+    # dead) must not be held here, unknown to the leader.
+    topo = running.topology
+    await running.publisher.publish(topo.assign, assign(1, Stamp(4, 1), version=1))
+    await eventually(lambda: held(running.worker) == {1: 1}, 10, what="the first Assign")
+    await running.publisher.publish(topo.worker("w-test"), bus_pb2.Revoke(stamp=Stamp(4, 10).to_proto(), drop_all=True))
+    await eventually(lambda: not held(running.worker), 10, what="everything dropped")
+    await running.publisher.publish(topo.assign, assign(2, Stamp(4, 5), version=1))  # sent before the drop
+    await running.publisher.publish(topo.assign, assign(3, Stamp(4, 11), version=1))  # sent after it
+    await eventually(lambda: 3 in held(running.worker), 10, what="the newer Assign")
+    assert held(running.worker) == {3: 1}
+
+
 async def test_missed_fire_within_grace_is_queued_once_on_takeover(running: Running, db: Db, clock: FakeClock) -> None:
     inside, _unassigned, no_grace, known = insert_jobs(db, 4, cron="* * * * *")
     yearly = insert_jobs(db, 1, cron=NEVER_SOON)[0]

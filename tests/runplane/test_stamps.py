@@ -37,3 +37,15 @@ def test_shuffled_duplicated_messages_end_at_the_newest_stamp() -> None:
     assert gate.newest_term == newest_term_seen
     # Whatever the order, every job ends at the newest stamp sent for it.
     assert state == {job: Stamp(2, 7) for job in range(20)}
+
+
+def test_voiding_refuses_older_stamps_of_every_job_even_unseen_ones() -> None:
+    gate = StampGate()
+    assert gate.admit(1, Stamp(1, 3))
+    assert gate.void_before(Stamp(1, 10))
+    assert not gate.admit(1, Stamp(1, 9))  # held before
+    assert not gate.admit(2, Stamp(1, 5))  # never seen: an Assign sent before the voiding
+    assert not gate.admit(3, Stamp(1, 10))
+    assert gate.admit(2, Stamp(1, 11))  # sent after it
+    assert not gate.void_before(Stamp(0, 99))  # an older term voids nothing
+    assert gate.floor == Stamp(1, 10)

@@ -160,10 +160,11 @@ class Cluster:
         for proc in self.procs:
             proc.wait(timeout=10)
 
-    async def cleanup(self, db: Db) -> None:
-        """Kill every process, then delete the scenario's queues (per-worker ones included)."""
+    async def cleanup(self, db: Db, *, print_logs: bool = False) -> None:
+        """Kill every process, then delete the scenario's queues (per-worker ones included); with
+        ``print_logs`` (the test failed) print each process's log tail first."""
         self.stop_all()
-        if os.environ.get("RUNPLANE_TEST_LOGS"):
+        if print_logs or os.environ.get("RUNPLANE_TEST_LOGS"):
             print(self.logs())
         worker_ids = [str(r[0]) for r in db.execute("SELECT worker_id FROM queuer_workers")]
         await delete_queues(self.settings.bus_prefix, worker_ids)

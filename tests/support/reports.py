@@ -1,6 +1,6 @@
 """Whether the test a fixture serves failed: its teardown then prints what to read beside the failure.
 
-``tests/system/conftest.py`` keeps each phase's report on the test item (``report_setup``,
+``tests/conftest.py`` keeps each phase's report on the test item (``report_setup``,
 ``report_call``), as pytest's documentation suggests for fixtures that act on a failure.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,16 +11,6 @@ from tests.support.processes import Services
 from tests.support.reports import failed
 
 LOG_TAIL_LINES = 60
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Keep each phase's report on the test, so a fixture's teardown knows whether the test failed."""
-    report = yield
-    setattr(item, f"report_{report.when}", report)
-    return report
 
 
 @pytest.fixture

@@ -63,6 +63,11 @@ class Runs:
         except RestError as exc:
             if exc.status == 400:  # "waiting to start", "not available": no log before the container runs
                 return ""
+            if exc.status == 404:
+                # The kubelet answers 404 for a Pod bound to it that it has not synced yet; only a Pod
+                # gone from the API server is an error (``pod`` raises then).
+                self.pod(name)
+                return ""
             raise
 
     def create(self, pod: dict[str, Any], request: LaunchRequest) -> None:
