@@ -23,12 +23,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from api.client_webhooks import add_webhook_commands, run_webhook_command
+from runplane.grpc_options import MAX_MESSAGE_BYTES
 from runplane.settings import Settings
 from runplane.types import TERMINAL_STATUSES
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
 
 if TYPE_CHECKING:
     _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]

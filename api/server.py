@@ -32,6 +32,7 @@ from api.webhook_targets import TargetPolicy
 from runplane.bus import Topology
 from runplane.db import Connection, open_pool
 from runplane.errors import ServiceUnavailable
+from runplane.grpc_options import MAX_MESSAGE_BYTES, RUNNER_SERVER
 from runplane.secrets import SecretBox, box_from_settings
 from runplane.settings import Settings
 from runplane.v1 import (
@@ -51,7 +52,6 @@ SERVICE_NAMES = (
     projects_pb2.DESCRIPTOR.services_by_name["ProjectService"].full_name,
     runs_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
 )
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # artifacts travel whole
 POOL_SIZE = 10
 # Time kept back from the drain bound for closing the pool and the bus after the server stops.
 CLOSE_MARGIN_SECONDS = 1.0
@@ -145,13 +145,7 @@ async def start_server(
         bound = server.add_insecure_port(address)
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
-        runner_server = grpc.aio.server(
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        runner_server = grpc.aio.server(options=RUNNER_SERVER)
         runner_service = RunnerService(store, pickups, settings.runner, box)
         await runner_service.warm_up()
         runner_pb2_grpc.add_RunnerServiceServicer_to_server(runner_service, runner_server)

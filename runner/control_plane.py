@@ -26,6 +26,7 @@ from typing import TypeVar
 import grpc
 
 from runplane.errors import RunplaneError
+from runplane.grpc_options import RUNNER_CHANNEL
 from runplane.types import FailureKind, Outcome
 from runplane.v1 import runner_pb2, runner_pb2_grpc
 
@@ -37,7 +38,6 @@ T = TypeVar("T")
 CALL_TIMEOUT = 10.0
 RETRY_FIRST = 0.1
 RETRY_CAP = 2.0
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 _LOST = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 _FAILURE_KINDS = {
@@ -53,17 +53,7 @@ class LeaseLost(RunplaneError):
 def runner_channel(address: str, *, connect: bool = False) -> grpc.aio.Channel:
     """A channel to the runner API; with ``connect``, its connection is started now (without waiting),
     so a runner made ahead of its run finds it open when the run comes."""
-    channel = grpc.aio.insecure_channel(
-        address,
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            # Reconnect soon after an outage: the default backoff grows to minutes, past any lease.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-        ],
-    )
+    channel = grpc.aio.insecure_channel(address, options=RUNNER_CHANNEL)
     if connect:
         channel.get_state(try_to_connect=True)
     return channel
@@ -255,10 +245,7 @@ async def wait_for_run(address: str, pool_token: str, *, wait_seconds: float) ->
 
     Waits through an outage of the runner API (the pool replaces a Pod it does not hear from).
     """
-    channel = grpc.aio.insecure_channel(
-        address,
-        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
-    )
+    channel = grpc.aio.insecure_channel(address, options=RUNNER_CHANNEL)
     stub = runner_pb2_grpc.RunnerServiceStub(channel)
     metadata = (("authorization", f"Bearer {pool_token}"),)
     delay = RETRY_FIRST

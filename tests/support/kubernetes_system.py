@@ -1,12 +1,13 @@
 """runplane on a real Kubernetes node: the API where Pods reach it, a scheduler, a Kubernetes dispatcher.
 
-The API (with the runner API) listens on the node's bridge address, the address Pods reach this
-machine at; the dispatcher gives Pods that address (``runner.api_address``), as the chart gives them
-the runner API Service's name.
+The API process (with the runner API) listens on the node's bridge address, the address Pods reach
+this machine at; the dispatcher gives Pods that address (``runner.api_address``), as the chart gives
+them the runner API Service's name.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,26 +15,25 @@ from typing import Any
 
 import pytest
 
-from api.server import RunningApi, start_server
 from runplane.settings import Settings
 from tests.support.kubernetes_cluster import Rest, RestError
 from tests.support.kubernetes_fixtures import Cluster
-from tests.support.processes import Services
+from tests.support.processes import Services, wait_for_port
 from tests.support.reports import failed
 
 POD_START = 240.0  # a Pod's creation to its runner's claim, on a loaded two-core machine
+API_START = 60.0  # the API process to listen, on a loaded machine
 
 
 @dataclass
 class KubernetesSystem:
     settings: Settings
-    api: RunningApi
     kube: Rest
     namespace: str
 
     @property
     def address(self) -> str:
-        return f"{self.settings.api.host}:{self.api.port}"
+        return f"{self.settings.api.host}:{self.settings.api.port}"
 
     def pod(self, name: str) -> Any:
         return self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
@@ -65,7 +65,7 @@ async def running_system(
     request: pytest.FixtureRequest | None = None,
     **dispatcher_env: str,
 ) -> AsyncIterator[KubernetesSystem]:
-    """The API on the node's bridge address (in this process), a scheduler and a Kubernetes dispatcher."""
+    """The API on the node's bridge address, a scheduler and a Kubernetes dispatcher, each a process."""
     host = cluster.node.host_ip
     settings = settings.model_copy(
         update={
@@ -73,9 +73,12 @@ async def running_system(
             "runner": settings.runner.model_copy(update={"api_address": f"{host}:{settings.api.runner_port}"}),
         }
     )
-    api = await start_server(settings, port=0)
-    services.with_api = False  # served here
     try:
+        services.start(
+            "api", name="api", RUNPLANE_API__HOST=host, RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address
+        )
+        await asyncio.to_thread(wait_for_port, f"{host}:{settings.api.port}", API_START)
+        await asyncio.to_thread(wait_for_port, settings.runner.api_address, API_START)
         services.start("scheduler")
         services.start(
             "dispatcher",
@@ -92,10 +95,9 @@ async def running_system(
             RUNPLANE_KUBERNETES__ORPHAN_GRACE_SECONDS="1",
             **dispatcher_env,
         )
-        system = KubernetesSystem(settings, api, cluster.kube, cluster.namespace)
+        system = KubernetesSystem(settings, cluster.kube, cluster.namespace)
         yield system
         if request is not None and failed(request):
             print("---- pods ----", system.describe_pods(), sep="\n")
     finally:
         services.stop_all()
-        await api.stop(0)

@@ -20,6 +20,7 @@ from runplane.types import RunStatus
 from tests.support.polling import eventually
 from tests.support.processes import Services, wait_for_port
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
+from tests.support.stalling_proxy import StallingProxy
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,46 @@ async def test_a_short_api_outage_does_not_fail_the_run(
         r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s ORDER BY seq", (run_id,))
     )
     assert text == "".join(f"line {i}\n" for i in range(1, 9)) + "second step\n"
+
+
+async def test_a_connection_gone_silent_is_noticed_and_made_again(
+    db: Conn, services: Services, settings: Settings
+) -> None:
+    # The runner's connection stops carrying anything, and nothing closes it (a NAT or conntrack
+    # entry dropped on the way from a Pod). Keepalive pings find it dead and the runner connects
+    # again; without them every call would wait out its deadline on it until the lease was gone.
+    services.start("api", name="api", RUNPLANE_RUNNER__LEASE_SECONDS="40")
+    wait_for_port(settings.runner.api_address)
+    proxy = StallingProxy(settings.runner.api_address)
+    await proxy.start()
+    runner_settings = settings.model_copy(
+        update={
+            "runner": settings.runner.model_copy(
+                update={"api_address": proxy.address, "heartbeat_interval": 1.0, "lease_seconds": 40.0}
+            )
+        }
+    )
+    account = create_account(db)
+    steps = ["for i in $(seq 1 30); do echo line $i; sleep 0.5; done"]
+    run_id = queue_run(db, create_job(db, account, steps=steps))
+    token = make_starting(db, run_id)
+    runner = asyncio.create_task(run(runner_settings, run_id, token))
+    try:
+        await eventually(lambda: run_row(db, run_id)["status"] == RunStatus.RUNNING, 30, what="the claim")
+        await asyncio.sleep(1.0)
+        proxy.stall()
+        assert await asyncio.wait_for(runner, timeout=60) == 0
+    finally:
+        if not runner.done():
+            runner.cancel()
+        await proxy.close()
+    row = run_row(db, run_id)
+    assert row["status"] == RunStatus.SUCCESS, row["status_message"]
+    assert proxy.connections >= 2  # connected again after the stall
+    text = "".join(
+        r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s ORDER BY seq", (run_id,))
+    )
+    assert text == "".join(f"line {i}\n" for i in range(1, 31))
 
 
 async def test_a_runner_that_lost_its_lease_writes_nothing_more(
