@@ -1,4 +1,5 @@
-"""Queuing the runs of one tick: one multi-row INSERT, then a Pickup per account.
+"""Queuing the runs of one tick: multi-row INSERTs of up to ``queuer.insert_chunk`` runs, each
+committed on its own and followed by the Pickups of its accounts.
 
 Runs are keyed ``sched:{job_id}:{unix_ts}`` and inserted ``ON CONFLICT DO NOTHING``, so a fire
 queued twice (two owners during a failover, a redelivered message, a missed fire that was in fact
@@ -75,6 +76,12 @@ def prepare(due: list[tuple[int, int]]) -> PreparedTick:
         # Keys are letters, digits and colons: nothing to quote in an array literal.
         "{" + ",".join(schedule_idempotency_key(job_id, fire) for job_id, fire in due) + "}",
     )
+
+
+def prepare_chunks(due: list[tuple[int, int]], size: int) -> list[PreparedTick]:
+    """``due`` in ticks of at most ``size`` runs: each is queued and committed on its own, so the
+    first runs of a large tick reach the dispatchers while the rest are still being inserted."""
+    return [prepare(due[start : start + size]) for start in range(0, len(due), size)]
 
 
 async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int, int]] | PreparedTick) -> TickResult:

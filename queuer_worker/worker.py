@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare, queue_runs
+from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare_chunks, queue_runs
 from queuer_worker.heap import CronHeap, Definition
 from runplane.bus import AmqpBus, Delivery, Topology
 from runplane.cron import NeverFires
@@ -231,8 +231,9 @@ class QueuerWorker:
                 continue
             # Just before the fire: take what is due then and build the statement's parameters, so
             # at the fire second only the INSERT is left to do.
-            due = self.heap.pop_due(max(head, now))  # late: everything due so far, in one statement
-            tick = prepare(due)
+            due = self.heap.pop_due(max(head, now))  # late: everything due so far
+            chunk = self.settings.queuer.insert_chunk
+            ticks = prepare_chunks(due, chunk)
             if head > self.wall_clock.now():
                 # Messages are still applied meanwhile; what they changed is checked below.
                 await self.wall_clock.sleep(head - self.wall_clock.now(), stop)
@@ -240,8 +241,11 @@ class QueuerWorker:
                     return
             still_due = self.heap.still_due(due)
             if len(still_due) != len(due):
-                tick = prepare(still_due)
-            await self._queue(tick, stop)
+                ticks = prepare_chunks(still_due, chunk)
+            for tick in ticks:
+                await self._queue(tick, stop)
+                if stop.is_set():
+                    break
             never = [
                 Definition(j.job_id, j.version, j.cron, j.timezone, j.grace) for j, _ in self.heap.reschedule(still_due)
             ]
@@ -253,7 +257,8 @@ class QueuerWorker:
                     log.exception("recording a schedule that never fires failed")
 
     async def _queue(self, tick: PreparedTick, stop: asyncio.Event) -> None:
-        """Queue the tick's runs; while Postgres is down, keep trying (bounded backoff) until it is back.
+        """Queue the runs of one chunk of a tick and send their Pickups; while Postgres is down, keep
+        trying (bounded backoff) until it is back.
 
         Runs are keyed by fire, so a tick whose commit was lost with the connection is queued once."""
         backoff = Backoff(first=0.2, cap=5.0)

@@ -51,6 +51,12 @@ class OrchestratorSettings(BaseModel):
 
 class QueuerSettings(BaseModel):
     prefetch: int = Field(16, description="Unacked bus messages a worker takes at once.")
+    insert_chunk: int = Field(
+        10_000,
+        ge=1,
+        description="Runs of one tick inserted and committed together; each chunk's Pickups go out as it commits, "
+        "so dispatch starts before a large tick (the top of the hour) is all queued.",
+    )
 
 
 class SchedulerSettings(BaseModel):

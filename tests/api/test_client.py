@@ -7,9 +7,14 @@ import json
 import sys
 from typing import Any
 
+import pytest
+
 from api.server import RunningApi
 from tests.api.conftest import AsyncDb, Client
 from tests.support.polling import eventually
+
+# Each test starts the client a dozen times, a Python process each: seconds apiece on a loaded machine.
+pytestmark = pytest.mark.slow
 
 
 def client_env(service_env: dict[str, str], api: RunningApi, token: str) -> dict[str, str]:

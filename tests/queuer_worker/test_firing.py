@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from queuer_worker.firing import queue_runs
+from queuer_worker.firing import prepare_chunks, queue_runs
 from runplane.db import Connection, open_pool
 from runplane.settings import Settings
 from tests.support.queuer import Db, insert_accounts, insert_jobs
@@ -142,3 +142,12 @@ async def test_a_run_superseded_because_runplane_was_behind_gives_no_advice(
     message = next(m for key, _, _, m in runs(db, job) if key == f"sched:{job}:{FIRE}")
     assert "runplane was behind" in message and "Nothing needs to change" in message
     assert "over-scheduled" not in message and "slot" not in message
+
+
+def test_a_tick_is_prepared_in_chunks_that_keep_every_fire_once() -> None:
+    due = [(job_id, FIRE) for job_id in range(1, 24)]
+    ticks = prepare_chunks(due, 10)
+    assert [len(t.due) for t in ticks] == [10, 10, 3]
+    assert [pair for t in ticks for pair in t.due] == due
+    assert ticks[2].job_ids == "{21,22,23}" and ticks[2].keys.count("sched:") == 3
+    assert prepare_chunks([], 10) == []

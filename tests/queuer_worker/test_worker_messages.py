@@ -50,6 +50,8 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 async def running(settings: Settings, clock: FakeClock) -> AsyncIterator[Running]:
+    # Ticks of a few dozen runs go in several chunks, each committed with its own Pickups.
+    settings = settings.model_copy(update={"queuer": settings.queuer.model_copy(update={"insert_chunk": 7})})
     pool = await open_pool(settings.database_url, max_size=2)
     bus = await AmqpBus.connect(settings.amqp_url)
     publisher = await AmqpBus.connect(settings.amqp_url)

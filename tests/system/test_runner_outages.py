@@ -31,6 +31,16 @@ def runner_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"runner": runner})
 
 
+def start_run(db: Conn, settings: Settings, steps: list[str]) -> tuple[int, asyncio.Task[int]]:
+    """A run of a new account's job, made starting and given to a runner in this process."""
+    run_id = queue_run(db, create_job(db, create_account(db), steps=steps))
+    return run_id, asyncio.create_task(run(settings, run_id, make_starting(db, run_id)))
+
+
+async def claimed(db: Conn, run_id: int) -> None:
+    await eventually(lambda: run_row(db, run_id)["status"] == RunStatus.RUNNING, 30, what="the claim")
+
+
 @pytest.mark.parametrize("outage", ["stopped", "restarted"])
 async def test_a_short_api_outage_does_not_fail_the_run(
     db: Conn, services: Services, settings: Settings, outage: str
@@ -38,13 +48,10 @@ async def test_a_short_api_outage_does_not_fail_the_run(
     settings = runner_settings(settings)
     api = services.start("api", name="api", RUNPLANE_RUNNER__LEASE_SECONDS="10")
     wait_for_port(settings.runner.api_address)
-    account = create_account(db)
     steps = ["for i in 1 2 3 4 5 6 7 8; do echo line $i; sleep 0.5; done", "echo second step"]
-    run_id = queue_run(db, create_job(db, account, steps=steps))
-    token = make_starting(db, run_id)
-    runner = asyncio.create_task(run(settings, run_id, token))
+    run_id, runner = start_run(db, settings, steps)
     try:
-        await eventually(lambda: run_row(db, run_id)["status"] == RunStatus.RUNNING, 30, what="the claim")
+        await claimed(db, run_id)
         await asyncio.sleep(1.0)
         if outage == "stopped":  # the runner API hangs: calls wait, then are answered
             os.kill(api.pid, signal.SIGSTOP)
@@ -86,13 +93,9 @@ async def test_a_connection_gone_silent_is_noticed_and_made_again(
             )
         }
     )
-    account = create_account(db)
-    steps = ["for i in $(seq 1 30); do echo line $i; sleep 0.5; done"]
-    run_id = queue_run(db, create_job(db, account, steps=steps))
-    token = make_starting(db, run_id)
-    runner = asyncio.create_task(run(runner_settings, run_id, token))
+    run_id, runner = start_run(db, runner_settings, ["for i in $(seq 1 30); do echo line $i; sleep 0.5; done"])
     try:
-        await eventually(lambda: run_row(db, run_id)["status"] == RunStatus.RUNNING, 30, what="the claim")
+        await claimed(db, run_id)
         await asyncio.sleep(1.0)
         proxy.stall()
         assert await asyncio.wait_for(runner, timeout=60) == 0
@@ -115,10 +118,7 @@ async def test_a_runner_that_lost_its_lease_writes_nothing_more(
     settings = runner_settings(settings)
     services.start("api", name="api", RUNPLANE_RUNNER__LEASE_SECONDS="120")
     wait_for_port(settings.runner.api_address)
-    account = create_account(db)
-    run_id = queue_run(db, create_job(db, account, steps=["while true; do echo tick; sleep 0.1; done", "echo never"]))
-    token = make_starting(db, run_id)
-    runner = asyncio.create_task(run(settings, run_id, token))
+    run_id, runner = start_run(db, settings, ["while true; do echo tick; sleep 0.1; done", "echo never"])
     try:
         await eventually(
             lambda: rows(db, "SELECT 1 FROM run_log_chunks WHERE run_id = %s", (run_id,)),
