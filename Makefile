@@ -66,7 +66,7 @@ test-packages:
 FAULTS_LOG := $(VENV)/test-faults.log
 test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
 	@$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
-	$(BIN)/pytest -q -m 'not faults'; rest=$$?; \
+	$(BIN)/pytest -q -m 'not faults' --durations=15; rest=$$?; \
 	wait $$faults; faulted=$$?; \
 	echo; echo "== fault suite (pytest -m faults) =="; cat $(FAULTS_LOG); \
 	echo "== pytest -m 'not faults': exit $$rest; pytest -m faults: exit $$faulted"; \
