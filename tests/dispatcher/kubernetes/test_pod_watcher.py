@@ -238,15 +238,25 @@ async def test_finished_pods_are_deleted_after_retention(cluster: Cluster, db: D
     assert _row(db, run_id)["status"] == RunStatus.SUCCESS  # the watcher never touches a finished run
 
 
-async def test_watch_resumes_across_server_timeouts_without_listing_again(cluster: Cluster, db: Db) -> None:
+async def test_watch_resumes_across_server_timeouts_without_listing_again(
+    control_plane: ControlPlane, runs_namespace: str, database_url: str, db: Db
+) -> None:
     """Each watch ends after ``watch_timeout_seconds`` (2 s); the next resumes from the last version seen."""
-    run_id = _run(db, RunStatus.RUNNING)
-    pod = await _launch(cluster, db, run_id)
-    await eventually(lambda: pod in cluster.watcher.pods, 5.0)
-    await asyncio.sleep(2.5 * cluster.settings.kubernetes.watch_timeout_seconds)  # past two server timeouts
-    await cluster.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
-    await eventually(lambda: _row(db, run_id)["status"] == RunStatus.ERROR, 5.0)
-    assert cluster.watcher.relists == 1
+    started, stop, task, close = await start_cluster(
+        control_plane, runs_namespace, database_url, watch_timeout_seconds=2
+    )
+    try:
+        run_id = _run(db, RunStatus.RUNNING)
+        pod = await _launch(started, db, run_id)
+        await eventually(lambda: pod in started.watcher.pods, 5.0)
+        await asyncio.sleep(2.5 * started.settings.kubernetes.watch_timeout_seconds)  # past two server timeouts
+        await started.set_status(pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
+        await eventually(lambda: _row(db, run_id)["status"] == RunStatus.ERROR, 5.0)
+        assert started.watcher.relists == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+        await close()
 
 
 async def test_watch_410_gone_relists_and_keeps_reconciling(
