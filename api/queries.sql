@@ -366,8 +366,8 @@ SELECT DISTINCT ON (path) path, step_index, octet_length(content) AS size_bytes,
 WHERE run_id = %(run_id)s AND (%(step_index)s::integer IS NULL OR step_index = %(step_index)s)
 ORDER BY path, step_index DESC;
 
--- The web pages: keyset pages of 50 by (queued_at, id), newest first, over the indexes of
--- migration 0008; the on-time view over a window of queued_at.
+-- The web pages: keyset pages of 50 by id, newest first (the indexes are in migration 0017); the
+-- on-time view over a window of queued_at.
 
 -- name: runs_page
 SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attempt, r.waiting_reason,
@@ -379,8 +379,8 @@ SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attem
    AND (%(trigger)s::text IS NULL OR r.trigger = %(trigger)s)
    AND (%(since)s::timestamptz IS NULL OR r.queued_at >= %(since)s)
    AND (%(until)s::timestamptz IS NULL OR r.queued_at < %(until)s)
-   AND (%(after_queued_at)s::timestamptz IS NULL OR (r.queued_at, r.id) < (%(after_queued_at)s, %(after_id)s))
- ORDER BY r.queued_at DESC, r.id DESC
+   AND (%(after_id)s::bigint IS NULL OR r.id < %(after_id)s)
+ ORDER BY r.id DESC
  LIMIT %(limit)s;
 
 -- name: on_time_split

@@ -429,15 +429,14 @@ class Store:
         account_id: AccountId,
         *,
         filters: dict[str, Any],
-        after: tuple[Any, int] | None,
+        after: RunId | None,
         limit: int,
     ) -> list[Row]:
-        """One keyset page of the account's runs, newest first; ``after`` is the last row's (queued_at, id).
+        """One keyset page of the account's runs, newest first; ``after`` is the last row's id.
 
         Not prepared: each call's own plan uses the one index its filters need.
         """
-        after_queued_at, after_id = after if after is not None else (None, None)
-        params = {"account_id": account_id, **filters, "after_queued_at": after_queued_at, "after_id": after_id}
+        params = {"account_id": account_id, **filters, "after_id": after}
         cur = await conn.execute(QUERIES["runs_page"], {**params, "limit": limit}, prepare=False)
         return await cur.fetchall()
 

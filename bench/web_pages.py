@@ -171,7 +171,7 @@ def _plans(url: str, account_id: int, job_id: int) -> dict[str, dict[str, Any]]:
     out = {}
     with psycopg.connect(url, autocommit=True) as conn:
         for name, extra in cases.items():
-            params = {**base, **extra, "after_queued_at": None, "after_id": None, "limit": 51}
+            params = {**base, **extra, "after_id": None, "limit": 51}
             rows = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["runs_page"], params, prepare=False)
             plan = rows.fetchone()[0][0]  # type: ignore[index]
             indexes = sorted(set(re.findall(r'"Index Name": "([^"]+)"', json.dumps(plan))))

@@ -109,13 +109,15 @@ async def logout(who: Posting) -> RedirectResponse:
 # -- runs -----------------------------------------------------------------------------------------
 
 
-def _cursor(value: str | None) -> tuple[datetime, int] | None:
-    """A page's position: ``<queued_at ISO>~<run id>`` of the last row of the page before."""
+def _cursor(value: str | None) -> RunId | None:
+    """A page's position: the id of the last run of the page before.
+
+    Links made when pages were ordered by queue time (``<queued_at>~<id>``) still work: the id is enough.
+    """
     if not value:
         return None
-    at, _, run_id = value.rpartition("~")
     try:
-        return datetime.fromisoformat(at), int(run_id)
+        return RunId(int(value.rpartition("~")[2]))
     except ValueError:
         raise InvalidArgument("after", "is not a position in this list; start from the first page") from None
 
@@ -173,7 +175,7 @@ async def runs(
     older = None
     if more:
         last = rows[-1]
-        older = "/ui/runs?" + urlencode({**query, "after": f"{last['queued_at'].isoformat()}~{last['id']}"})
+        older = "/ui/runs?" + urlencode({**query, "after": str(last["id"])})
     now = datetime.now(UTC)
     return _page(
         request,
