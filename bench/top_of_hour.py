@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 
 from bench.ceiling import measure_ceiling
+from bench.cpu_profile import CpuProfile
 from bench.dispatch_throughput import (
     Processes,
     _cleanup_prefix,
@@ -76,6 +77,7 @@ async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire:
     """At the due second: the queuer's INSERTs of the tick, each chunk's Pickups sent as it commits."""
     # Built before the second, as a worker does.
     ticks = prepare_chunks([(job_id, fire) for job_id in job_ids], base.queuer.insert_chunk)
+    os.environ["PGAPPNAME"] = "queuer"  # this process's connections, in a profile
     pool = await open_pool(url, min_size=1, max_size=2, name="bench-queuer")
     bus = await AmqpBus.connect(base.amqp_url)
     first_pickups = 0.0
@@ -94,7 +96,7 @@ async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire:
         await pool.close()
 
 
-def runplane_case(n: int, accounts: int, timeout: float) -> dict[str, Any]:
+def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False) -> dict[str, Any]:
     base = Settings()
     prefix = f"btoh{uuid.uuid4().hex[:10]}"
     with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
@@ -107,9 +109,14 @@ def runplane_case(n: int, accounts: int, timeout: float) -> dict[str, Any]:
             processes.start("scheduler", "scheduler")
             _wait_for_dispatchers(url, DISPATCHERS)
             fire = int(time.time()) + 2
+            cpu: dict[str, Any] | None = None
+            sampler = CpuProfile(url, {**processes.pids, "queuer (this process)": os.getpid()}) if profile else None
+            if sampler is not None:
+                sampler.start()
             fired = asyncio.run(_fire(base, url, prefix, job_ids, fire))
             with psycopg.connect(url, autocommit=True) as conn:
                 wait_until_started(conn, timeout)
+                cpu = sampler.stop() if sampler is not None else None
                 row = conn.execute(
                     """SELECT count(*), count(started_at),
                               percentile_cont(0.5) WITHIN GROUP (ORDER BY delay),
@@ -137,6 +144,7 @@ def runplane_case(n: int, accounts: int, timeout: float) -> dict[str, Any]:
         "runs_per_s": round(started / last, 1) if last else None,
         "dispatch_runs_per_s": round(started / float(row[5]), 1) if row[5] else None,
         "relaunched": int(row[6]),
+        **({"cpu_profile": cpu} if cpu is not None else {}),
     }
 
 
@@ -176,13 +184,15 @@ def pgqueuer_drain(benchmark: Path) -> dict[str, Any]:
     return {"jobs": int(result["steps"]), "jobs_per_s": round(float(result["rate"]), 1), "driver": result["driver"]}
 
 
-def run(n: int, accounts: list[int], pgqueuer_benchmark: Path | None, timeout: float) -> dict[str, Any]:
+def run(
+    n: int, accounts: list[int], pgqueuer_benchmark: Path | None, timeout: float, profile: bool = False
+) -> dict[str, Any]:
     ceiling = measure_ceiling(CEILING_SECONDS)[0].value
     if not ceiling:
         raise RuntimeError("the pgbench ceiling could not be measured")
     cases = []
     for spread in accounts:
-        case = runplane_case(n, spread, timeout)
+        case = runplane_case(n, spread, timeout, profile)
         case["ratio_to_ceiling"] = round(case["runs_per_s"] / ceiling, 2) if case["runs_per_s"] else None
         case["load_average"] = [round(x, 2) for x in os.getloadavg()]
         cases.append(case)
@@ -211,6 +221,17 @@ def table(results: dict[str, Any]) -> str:
         label = f"pgqueuer drain {peer['jobs']:,}"
         lines.append(f"{label:<28}{peer['jobs_per_s']!s:>10}{peer['ratio_to_ceiling']!s:>12}")
     lines.append(f"pgbench one-row ceiling: {results['ceiling_run_inserts_per_s']} rows/s")
+    for case in results["runplane"]:
+        cpu = case.get("cpu_profile")
+        if not cpu:
+            continue
+        per_run = 1e6 / case["runs_started"] if case["runs_started"] else 0.0
+        lines.append(
+            f"CPU, {case['n']:,} / {case['accounts']:,} acc: {cpu['seconds']} s window, machine {cpu['machine_cpu_s']} "
+            f"CPU s, counted {cpu['counted_cpu_s']} (µs per run started)"
+        )
+        for name, seconds in [*cpu["by_process"].items(), *cpu["postgres_by_statement"].items()]:
+            lines.append(f"  {seconds:>7.2f} s {seconds * per_run:>7.1f} µs  {name}")
     return "\n".join(lines)
 
 
@@ -222,8 +243,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--pgqueuer-benchmark", type=Path, help="a copy of pgqueuer's tools/benchmark.py")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a case may take to start every run")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the CPU of each service and Postgres backend from the due second to the last start",
+    )
     args = parser.parse_args(argv)
-    results = run(args.n, args.accounts, args.pgqueuer_benchmark, args.timeout)
+    results = run(args.n, args.accounts, args.pgqueuer_benchmark, args.timeout, args.profile)
     print(json.dumps(results, indent=2))
     print(table(results))
     return 0
