@@ -74,12 +74,12 @@ LIMIT %(limit)s;
 
 -- name: live_job_ids
 SELECT id FROM jobs
-WHERE account_id = %(account_id)s AND deleted_at IS NULL AND id = ANY(%(job_ids)s::bigint[]);
+WHERE account_id = %(account_id)s AND deleted_at IS NULL AND id = ANY(%(job_ids)b::bigint[]);
 
 -- name: completion_creates_cycle
 -- Would making job_id run on completion of upstream_ids close a loop? Follow the upstream edges.
 WITH RECURSIVE upstream(id) AS (
-    SELECT unnest(%(upstream_ids)s::bigint[])
+    SELECT unnest(%(upstream_ids)b::bigint[])
     UNION
     SELECT t.upstream_job_id FROM job_completion_triggers t JOIN upstream u ON t.job_id = u.id
 )
@@ -87,7 +87,7 @@ SELECT EXISTS (SELECT 1 FROM upstream WHERE id = %(job_id)s) AS cycle;
 
 -- name: completion_triggers
 SELECT job_id, upstream_job_id, statuses FROM job_completion_triggers
-WHERE job_id = ANY(%(job_ids)s::bigint[])
+WHERE job_id = ANY(%(job_ids)b::bigint[])
 ORDER BY job_id, upstream_job_id;
 
 -- name: delete_completion_triggers
@@ -95,7 +95,7 @@ DELETE FROM job_completion_triggers WHERE job_id = %(job_id)s;
 
 -- name: insert_completion_trigger
 INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses)
-VALUES (%(job_id)s, %(upstream_job_id)s, %(statuses)s::smallint[]);
+VALUES (%(job_id)s, %(upstream_job_id)s, %(statuses)b::smallint[]);
 
 -- name: baseline_completion_consumed
 -- Only upstream runs after a trigger is saved count toward a fan-in set; a trigger kept by a save
@@ -119,7 +119,7 @@ UPDATE jobs SET
     defer_to_job_id = %(defer_to_job_id)s, defer_to_environment_id = %(defer_to_environment_id)s,
     run_only_modified = %(run_only_modified)s, completion_mode = %(completion_mode)s,
     -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
-    secret_environment = (secret_environment - %(unset_secrets)s::text[]) || %(set_secrets)s,
+    secret_environment = (secret_environment - %(unset_secrets)b::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
     version = version + 1, updated_at = now()
 WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
@@ -165,13 +165,13 @@ LEFT JOIN LATERAL (
 WHERE id = %(run_id)s AND account_id = %(account_id)s;
 
 -- name: run_steps
-SELECT * FROM run_steps WHERE run_id = ANY(%(run_ids)s::bigint[]) ORDER BY run_id, step_index;
+SELECT * FROM run_steps WHERE run_id = ANY(%(run_ids)b::bigint[]) ORDER BY run_id, step_index;
 
 -- name: list_runs
 SELECT * FROM runs
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
-  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
+  AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]))
   AND (NOT %(retries_exhausted_only)s OR retries_exhausted)
   AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s)
 ORDER BY id DESC
@@ -239,7 +239,7 @@ RETURNING e.id;
 -- name: live_jobs_of_environments
 -- The live jobs that use any of these environments (what stops their deletion).
 SELECT j.id FROM jobs j
- WHERE j.environment_id = ANY(%(environment_ids)s::bigint[]) AND j.deleted_at IS NULL
+ WHERE j.environment_id = ANY(%(environment_ids)b::bigint[]) AND j.deleted_at IS NULL
  ORDER BY j.id LIMIT 10;
 
 -- name: environment_ids_of_project
@@ -306,7 +306,7 @@ RETURNING id, name, run_slots, deactivate_after_failures, pull_request_schema_ma
 SELECT count(*) AS total FROM runs
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
-  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]));
+  AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]));
 
 -- name: list_runs_by_offset
 SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
@@ -316,7 +316,7 @@ LEFT JOIN LATERAL (
 ) env ON true
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
-  AND (cardinality(%(statuses)s::smallint[]) = 0 OR status = ANY(%(statuses)s::smallint[]))
+  AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]))
 ORDER BY
     CASE WHEN %(order_by)s = 'created_at' THEN queued_at END ASC,
     CASE WHEN %(order_by)s = '-created_at' THEN queued_at END DESC,
@@ -357,7 +357,7 @@ SELECT * FROM runs WHERE job_id = %(job_id)s AND account_id = %(account_id)s ORD
 -- name: step_logs
 -- A run's log text per step, for the REST API's run_steps.
 SELECT run_id, step_index, string_agg(text, '' ORDER BY seq) AS text FROM run_log_chunks
-WHERE run_id = ANY(%(run_ids)s::bigint[])
+WHERE run_id = ANY(%(run_ids)b::bigint[])
 GROUP BY run_id, step_index;
 
 -- name: list_artifacts_of_step

@@ -11,7 +11,7 @@ SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_par
 
 -- name: create_steps
 INSERT INTO run_steps (run_id, step_index, command, optional)
-SELECT %(run_id)s, i - 1, c, (i - 1) = ANY(%(optional)s::int[]) FROM unnest(%(commands)s::text[]) WITH ORDINALITY AS s(c, i)
+SELECT %(run_id)s, i - 1, c, (i - 1) = ANY(%(optional)b::int[]) FROM unnest(%(commands)b::text[]) WITH ORDINALITY AS s(c, i)
 ON CONFLICT (run_id, step_index) DO NOTHING
 
 -- name: run_access
@@ -38,7 +38,7 @@ RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
 -- name: insert_log_chunks
 -- A seq already stored is a retry of a call that took effect: skipped.
 INSERT INTO run_log_chunks (run_id, seq, step_index, text)
-SELECT %(run_id)s, s, i, t FROM unnest(%(seqs)s::bigint[], %(step_indexes)s::int[], %(texts)s::text[]) AS v(s, i, t)
+SELECT %(run_id)s, s, i, t FROM unnest(%(seqs)b::bigint[], %(step_indexes)b::int[], %(texts)b::text[]) AS v(s, i, t)
 ON CONFLICT (run_id, seq) DO NOTHING
 
 -- name: step_of_run

@@ -75,7 +75,7 @@ SELECT j.id, p.repository_url
   LEFT JOIN environments e ON e.id = j.environment_id
   LEFT JOIN projects p ON p.id = e.project_id
  WHERE j.account_id = %(account_id)s AND j.deleted_at IS NULL AND j.job_type = 'ci'
-   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR j.id = ANY(%(job_ids)s::bigint[]))
+   AND (cardinality(%(job_ids)b::bigint[]) = 0 OR j.id = ANY(%(job_ids)b::bigint[]))
  ORDER BY j.id;
 
 -- name: jobs_for_git_event
@@ -88,5 +88,5 @@ SELECT j.id, p.repository_url
  WHERE j.account_id = %(account_id)s AND j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL
    AND ((%(kind)s = 'ci' AND j.job_type = 'ci' AND j.on_pull_request)
         OR (%(kind)s = 'merge' AND j.job_type = 'merge' AND j.on_merge))
-   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR j.id = ANY(%(job_ids)s::bigint[]))
+   AND (cardinality(%(job_ids)b::bigint[]) = 0 OR j.id = ANY(%(job_ids)b::bigint[]))
  ORDER BY j.id;

@@ -8,7 +8,7 @@ WITH finished AS (
            started_at = clock_timestamp(),
            finished_at = clock_timestamp(),
            status_message = 'finished by the noop launcher'
-     WHERE id = ANY(%(ids)s::bigint[]) AND status = 2
+     WHERE id = ANY(%(ids)b::bigint[]) AND status = 2
     RETURNING job_id, account_id
 ), reset AS (
     UPDATE jobs SET consecutive_failures = 0

@@ -37,7 +37,7 @@ WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.i
 WITH new AS (
     SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
            j.priority
-    FROM unnest(%(job_ids)s::bigint[]) AS b (id)
+    FROM unnest(%(job_ids)b::bigint[]) AS b (id)
     CROSS JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = b.id LIMIT 1) AS j
     WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM job_ownership o WHERE o.job_id = j.id)
@@ -85,7 +85,7 @@ WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_
 -- fires_after (its new owner may queue a fire missed in between); a new one starts now.
 INSERT INTO job_ownership (job_id, worker_id, state, term, clock, version, fires_after)
 SELECT d.job_id, %(worker_id)s, 'pending', %(term)s, %(clock)s, d.version, %(now)s
-FROM unnest(%(job_ids)s::bigint[], %(versions)s::bigint[]) AS d (job_id, version)
+FROM unnest(%(job_ids)b::bigint[], %(versions)b::bigint[]) AS d (job_id, version)
 ON CONFLICT (job_id) DO UPDATE
 SET worker_id = EXCLUDED.worker_id, state = 'pending', term = EXCLUDED.term, clock = EXCLUDED.clock,
     version = EXCLUDED.version, assigned_at = now();
@@ -107,7 +107,7 @@ RETURNING o.job_id, o.version, (SELECT j.version FROM jobs j WHERE j.id = o.job_
 -- An Update went out: the owner now has these versions, and a later owner must not queue a fire
 -- of the old schedule.
 UPDATE job_ownership o SET version = d.version, fires_after = greatest(o.fires_after, %(now)s)
-FROM unnest(%(job_ids)s::bigint[], %(versions)s::bigint[]) AS d (job_id, version)
+FROM unnest(%(job_ids)b::bigint[], %(versions)b::bigint[]) AS d (job_id, version)
 WHERE o.job_id = d.job_id;
 
 -- name: delete_ownership

@@ -7,7 +7,7 @@
 SELECT id, launch_attempts
   FROM runs
  WHERE id = %(run_id)s
-   AND status = ANY(%(statuses)s::smallint[])
+   AND status = ANY(%(statuses)b::smallint[])
    AND (pod_name = %(pod_name)s OR pod_name = '')
    FOR UPDATE;
 
@@ -23,7 +23,7 @@ SELECT id
 -- A running run needs only the Pod its runner lives in, and so does a run that just ended (its
 -- runner is still exiting). Pods of other runs, or of runs that do not exist, are orphans.
 SELECT p.name
-  FROM unnest(%(run_ids)s::bigint[], %(names)s::text[]) AS p (run_id, name)
+  FROM unnest(%(run_ids)b::bigint[], %(names)b::text[]) AS p (run_id, name)
   JOIN runs r ON r.id = p.run_id
  WHERE r.status = 2
     OR ((r.pod_name = p.name OR r.pod_name = '')

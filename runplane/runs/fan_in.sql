@@ -37,5 +37,5 @@ RETURNING id, account_id
 -- name: consume_fan_in
 INSERT INTO completion_consumed (job_id, upstream_job_id, last_run_id)
 SELECT %(job_id)s, s.upstream_job_id, s.run_id
-  FROM unnest(%(upstream_job_ids)s::bigint[], %(run_ids)s::bigint[]) AS s (upstream_job_id, run_id)
+  FROM unnest(%(upstream_job_ids)b::bigint[], %(run_ids)b::bigint[]) AS s (upstream_job_id, run_id)
 ON CONFLICT (job_id, upstream_job_id) DO UPDATE SET last_run_id = EXCLUDED.last_run_id

@@ -59,7 +59,7 @@ RETURNING q.id, q.account_id, q.job_id, q.pull_request_number, q.schema_name
 SELECT p.job_id FROM pull_request_schemas p JOIN jobs j ON j.id = p.job_id
  WHERE p.account_id = %(account_id)s AND p.pull_request_number = %(pull_request_number)s
    AND j.deleted_at IS NULL
-   AND (cardinality(%(job_ids)s::bigint[]) = 0 OR p.job_id = ANY(%(job_ids)s::bigint[]))
+   AND (cardinality(%(job_ids)b::bigint[]) = 0 OR p.job_id = ANY(%(job_ids)b::bigint[]))
  ORDER BY p.job_id
 
 -- name: stale_pull_request_schemas

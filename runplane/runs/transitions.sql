@@ -23,7 +23,7 @@ RETURNING *
 -- paused jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
 INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
 SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
-FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[], %(keys)s::text[]) AS d (job_id, fire_ts, key)
+FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[]) AS d (job_id, fire_ts, key)
 JOIN jobs j ON j.id = d.job_id
 WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
 ON CONFLICT (idempotency_key) DO NOTHING
@@ -45,7 +45,7 @@ UPDATE runs r
        schema_name = v.schema_name,
        cluster = %(cluster)s,
        dispatcher_id = nullif(%(dispatcher_id)s, '')
-  FROM unnest(%(ids)s::bigint[], %(schemas)s::text[], %(token_hashes)s::bytea[]) AS v(id, schema_name, token_hash)
+  FROM unnest(%(ids)b::bigint[], %(schemas)b::text[], %(token_hashes)b::bytea[]) AS v(id, schema_name, token_hash)
  WHERE r.id = v.id AND r.status = 1
 RETURNING r.id, r.job_id, r.launch_attempts, r.overrides, r.trace_parent,
           (SELECT timeout_seconds FROM jobs j WHERE j.id = r.job_id) AS timeout_seconds,
@@ -104,7 +104,7 @@ WITH waiting AS (
              ELSE 'behind'
            END AS reason
     FROM runs r
-    JOIN unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[]) AS d (job_id, fire_ts)
+    JOIN unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[]) AS d (job_id, fire_ts)
       ON r.job_id = d.job_id AND r.scheduled_at < to_timestamp(d.fire_ts)
     WHERE r.status = 1 AND r.trigger = 'schedule'
     FOR UPDATE OF r
