@@ -75,7 +75,7 @@ class SchedulerSettings(BaseModel):
         "its own; a run that starts or ends sooner has it recorded then, in one write of its row instead of two.",
     )
     behind_backlog: int = Field(
-        10_000,
+        1_000,
         description="Due runs waiting for a first dispatch decision above which dispatch counts as behind (at most "
         "a minute in a row): passes record no run metrics (they come late, never wrong) and leave cron runs to their "
         "queuers' Pickups.",
