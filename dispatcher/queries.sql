@@ -6,9 +6,9 @@ SELECT set_config('lock_timeout', %(ms)s, true), set_config('idle_in_transaction
 
 -- name: lock_accounts
 -- In id order, so two passes over overlapping accounts wait for each other instead of deadlocking.
--- NO KEY UPDATE: runs may still be inserted for these accounts meanwhile (their foreign key takes
--- KEY SHARE); they are seen by a later pass.
-SELECT id, run_slots, memory_mb FROM accounts WHERE id = ANY(%(account_ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
+-- NO KEY UPDATE: jobs may still be created for these accounts meanwhile (their foreign key takes
+-- KEY SHARE), and runs inserted (theirs locks the job's row); a later pass sees those runs.
+SELECT id, run_slots, memory_mb FROM accounts WHERE id = ANY(%(account_ids)b::bigint[]) ORDER BY id FOR NO KEY UPDATE
 
 -- name: account_runs
 -- Everything one pass decides on, in one round trip: the accounts' starting/running runs (active)
@@ -16,10 +16,10 @@ SELECT id, run_slots, memory_mb FROM accounts WHERE id = ANY(%(account_ids)s::bi
 SELECT true AS active, account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number,
        schema_name
   FROM runs
- WHERE account_id = ANY(%(account_ids)s::bigint[]) AND status IN (2, 3)
+ WHERE account_id = ANY(%(account_ids)b::bigint[]) AND status IN (2, 3)
 UNION ALL
 SELECT false, q.*
-  FROM unnest(%(account_ids)s::bigint[]) AS a(id)
+  FROM unnest(%(account_ids)b::bigint[]) AS a(id)
  CROSS JOIN LATERAL (
        SELECT account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
          FROM runs
@@ -33,13 +33,13 @@ SELECT false, q.*
 -- name: set_waiting_reasons
 UPDATE runs r
    SET waiting_reason = v.reason
-  FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS v(id, reason)
+  FROM unnest(%(ids)b::bigint[], %(reasons)b::text[]) AS v(id, reason)
  WHERE r.id = v.id AND r.status = 1 AND r.waiting_reason <> v.reason
 
 -- name: record_launches
 UPDATE runs r
    SET pod_name = v.pod_name, cluster = v.cluster
-  FROM unnest(%(ids)s::bigint[], %(pod_names)s::text[], %(clusters)s::text[]) AS v(id, pod_name, cluster)
+  FROM unnest(%(ids)b::bigint[], %(pod_names)b::text[], %(clusters)b::text[]) AS v(id, pod_name, cluster)
  WHERE r.id = v.id AND r.status IN (2, 3)
 
 -- name: dispatcher_seen
