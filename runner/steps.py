@@ -17,6 +17,7 @@ import contextlib
 import enum
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -99,6 +100,17 @@ async def _start_guard(cwd: str) -> tuple[asyncio.subprocess.Process, int]:
     return guard, write_end
 
 
+def _steps_can_be_interrupted() -> None:
+    """Let the steps this process starts receive SIGINT (dbt cancels its warehouse queries on it).
+
+    A process started with SIGINT ignored (by ``nohup``, or ``&`` in a script) passes that on
+    through every exec, and no shell can undo it, so a cancel would wait out the grace and end in
+    SIGTERM. A handled signal is not inherited: this process takes Python's usual one instead.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 async def run_step(
     command: str,
     *,
@@ -108,6 +120,7 @@ async def run_step(
     control: StepControl,
     limits: Limits,
 ) -> StepResult:
+    _steps_can_be_interrupted()
     guard, lifeline = await _start_guard(cwd)
     try:
         process = await asyncio.create_subprocess_exec(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -90,6 +91,20 @@ async def test_failing_step_skips_the_rest(db: Conn, settings: Settings) -> None
     assert not any(
         "never" in r["text"] for r in rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (run_id,))
     )
+
+
+async def test_a_runner_started_with_sigint_ignored_still_interrupts_its_steps(db: Conn, settings: Settings) -> None:
+    # nohup, or `&` in a script, starts a process with SIGINT ignored, and exec passes that on.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        job = create_job(db, create_account(db), steps=["sleep 30"], timeout_seconds=1)
+        run_id = queue_run(db, job)
+        starting(db, run_id)
+        assert await run(settings, run_id) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    steps = rows(db, "SELECT end_reason FROM run_steps WHERE run_id = %s", (run_id,))
+    assert [s["end_reason"] for s in steps] == ["SIGINT"]
 
 
 async def test_overridden_steps_and_timeout(db: Conn, settings: Settings) -> None:
