@@ -44,6 +44,7 @@ class CpuProfile:
     def __init__(self, database_url: str, processes: dict[str, int], interval: float = 0.2) -> None:
         self._url = database_url
         self._processes = processes
+        self._named = set(processes.values())  # their children are counted apart from them
         self._interval = interval
         self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
@@ -51,7 +52,7 @@ class CpuProfile:
         self._statements: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-profile", daemon=True)
-        self._machine_start = psutil.cpu_times()
+        self._machine_start: Any = None
         self._started = 0.0
         self._elapsed = 0.0
 
@@ -79,12 +80,11 @@ class CpuProfile:
         with psycopg.connect(self._url, autocommit=True) as conn:
             own = conn.info.backend_pid
             while True:
-                named = set(self._processes.values())
                 for name, pid in self._processes.items():
                     self._see(pid, name)
                     with contextlib.suppress(psutil.NoSuchProcess):
                         for child in psutil.Process(pid).children(recursive=True):
-                            if child.pid not in named:
+                            if child.pid not in self._named:
                                 self._see(child.pid, f"{name} (child {child.name()})")
                 rows = conn.execute(
                     """SELECT pid, coalesce(nullif(application_name, ''), backend_type), query, state

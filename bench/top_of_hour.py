@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from bench.ceiling import measure_ceiling
 from bench.cpu_profile import CpuProfile
@@ -77,8 +78,8 @@ async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire:
     """At the due second: the queuer's INSERTs of the tick, each chunk's Pickups sent as it commits."""
     # Built before the second, as a worker does.
     ticks = prepare_chunks([(job_id, fire) for job_id in job_ids], base.queuer.insert_chunk)
-    os.environ["PGAPPNAME"] = "queuer"  # this process's connections, in a profile
-    pool = await open_pool(url, min_size=1, max_size=2, name="bench-queuer")
+    # Named "queuer" in a profile, as the services are by their PGAPPNAME.
+    pool = await open_pool(make_conninfo(url, application_name="queuer"), min_size=1, max_size=2, name="bench-queuer")
     bus = await AmqpBus.connect(base.amqp_url)
     first_pickups = 0.0
     try:

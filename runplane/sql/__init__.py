@@ -4,7 +4,7 @@ A file holds queries separated by ``-- name: <query_name>`` lines (procrastinate
 
 An array parameter is written ``%(name)b::type[]``: psycopg sends it in binary. In text each element
 is quoted by psycopg and parsed again by Postgres, about 9 µs an element against about 1 µs, and a
-dispatch pass or a queuer's tick sends arrays of thousands (``ARRAY_IN_TEXT`` finds a slip).
+dispatch pass or a queuer's tick sends arrays of thousands (``tests/runplane/test_sql.py`` finds a slip).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import re
 from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
-# An array parameter sent as text: a "%(name)s" placeholder cast to an array type.
-ARRAY_IN_TEXT = re.compile(r"%\(\w+\)s::\w+\[\]")
 
 
 def parse_queries(text: str) -> dict[str, str]:

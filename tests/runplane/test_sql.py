@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psycopg
 
-from runplane.sql import ARRAY_IN_TEXT
+# An array parameter sent as text: a "%(name)s" placeholder cast to an array type.
+ARRAY_IN_TEXT = re.compile(r"%\(\w+\)s::\w+\[\]")
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("api", "dispatcher", "orchestrator", "queuer_worker", "runner", "runplane", "scheduler")
