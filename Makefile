@@ -62,11 +62,13 @@ test-packages:
 	deploy/test-packages.sh
 
 # The fault suite (its own private servers) runs beside the rest; its output is kept in a file and
-# printed after the rest's, and either one failing fails the target.
+# printed after the rest's, and either one failing fails the target. The rest runs on TEST_WORKERS
+# pytest-xdist workers: most of its time is spent waiting on processes, servers and dbt, not on CPU.
 FAULTS_LOG := $(VENV)/test-faults.log
+TEST_WORKERS ?= 2
 test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
 	@$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
-	$(BIN)/pytest -q -m 'not faults' --durations=15; rest=$$?; \
+	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=15; rest=$$?; \
 	wait $$faults; faulted=$$?; \
 	echo; echo "== fault suite (pytest -m faults) =="; cat $(FAULTS_LOG); \
 	echo "== pytest -m 'not faults': exit $$rest; pytest -m faults: exit $$faulted"; \

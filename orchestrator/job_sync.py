@@ -59,6 +59,7 @@ class JobSync(Liveness):
             await self._sweep()
             await self._resend_stale_pending()
             await self._reassign_orphans()
+            await self._heal_drift()
 
     async def _sweep(self) -> None:
         async with self._sweeping:

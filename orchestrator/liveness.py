@@ -1,5 +1,6 @@
 """The passing of time, for the leader: workers silent too long are declared dead and their jobs
-reassigned, Assigns nobody claimed are sent again, and loads out of tolerance are rebalanced."""
+reassigned, Assigns nobody claimed are sent again, a worker that does not hold what it owns is sent
+it again, and loads out of tolerance are rebalanced."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import defaultdict
 from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
 from orchestrator.outbox import QUERIES, Outbox, WorkerInfo, optional_str
+from runplane.ownership import job_digest
 from runplane.supervise import sleep_or_stop
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,57 @@ class Liveness(Outbox):
             for start in range(0, len(job_ids), size):
                 async with self._lock:
                     await self._resend(job_ids[start : start + size], worker_id)
+
+    async def _heal_drift(self) -> None:
+        """Assign again everything a worker owns when what it holds has differed from what it owns.
+
+        A worker's heartbeat carries the digest of the (job, version) pairs it holds
+        (``runplane.ownership``); the leader computes the same from the ownership rows. A difference
+        is normal while an Assign or Update is on its way, so only one that lasts a claim timeout,
+        with no Assign pending for the worker, counts: the worker lost jobs (dropped on a message
+        that came late, say) or missed an Update, and would never fire them. The Assign carries a
+        new stamp, so the worker takes it over anything older it applied; jobs it holds already are
+        replaced by the same definition. A worker holding a job it no longer owns also differs; the
+        Assign cannot remove that, and the run of a fire queued twice is one run (its idempotency key).
+        """
+        now = time.monotonic()
+        expected: dict[str, int] = defaultdict(int)
+        owned: dict[str, list[int]] = defaultdict(list)
+        pending: set[str] = set()
+        for row in await self._fetch(QUERIES["claimed_versions"], {}):
+            worker_id = str(row["worker_id"])
+            if row["state"] == "pending":
+                pending.add(worker_id)
+                continue
+            expected[worker_id] ^= job_digest(row["job_id"], row["version"])
+            owned[worker_id].append(row["job_id"])
+        for worker_id, info in list(self.workers.items()):
+            if not info.alive or worker_id in pending or info.owned_digest == expected[worker_id]:
+                info.drifted_since = None
+                continue
+            if info.drifted_since is None:
+                info.drifted_since = now
+                continue
+            if now - info.drifted_since < self.settings.orchestrator.claim_timeout:
+                continue
+            info.drifted_since = None  # looked at again a claim timeout after this Assign is claimed
+            log.warning(
+                "queuer worker does not hold what it owns; assigning its jobs again",
+                extra={"worker_id": worker_id, "jobs_held": info.jobs_owned, "jobs_owned": len(owned[worker_id])},
+            )
+            metrics.workers_drifted.add(1)
+            size = self.settings.orchestrator.assign_batch_size
+            job_ids = owned[worker_id]
+            for start in range(0, len(job_ids), size):
+                async with self._lock:
+                    if not self._is_alive(worker_id):
+                        return  # buried meanwhile: the dead-worker path reassigns its jobs
+                    rows = await self._fetch(
+                        QUERIES["definitions"],
+                        {"job_ids": job_ids[start : start + size], "worker_id": worker_id, "claimed": True},
+                    )
+                    fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                    await self._assign(rows, worker_id=worker_id, fires_after=fires_after)
 
     async def _rebalance(self) -> None:
         """Move jobs (Revoke, then Assign to the new owner's queue) until loads are within tolerance."""

@@ -16,6 +16,7 @@ jobs_assigned = instruments.orchestrator_assigned
 jobs_updated = instruments.orchestrator_updates
 jobs_revoked = instruments.orchestrator_revoked
 workers_declared_dead = instruments.workers_declared_dead
+workers_drifted = instruments.workers_drifted
 
 
 def observe(

@@ -52,6 +52,7 @@ class WorkerInfo:
     alive_since: float
     jobs_owned: int = 0
     owned_digest: int = 0
+    drifted_since: float | None = None  # time.monotonic() since its digest has differed from its rows
 
 
 class Outbox:

@@ -130,5 +130,9 @@ SELECT count(*) AS n FROM job_ownership WHERE state = 'pending';
 SELECT worker_id, array_agg(job_id ORDER BY job_id) AS job_ids
 FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;
 
+-- name: claimed_versions
+-- What each worker owns, as the versions it was sent; and which workers have an Assign pending.
+SELECT worker_id, job_id, version, state FROM job_ownership WHERE worker_id IS NOT NULL;
+
 -- name: claimed_counts
 SELECT worker_id, count(*) AS n FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;

@@ -15,20 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from runplane.cron import NeverFires, next_fire, previous_fire
-
-_MASK = (1 << 63) - 1
-
-
-def job_digest(job_id: int, version: int) -> int:
-    """A 63-bit hash of one (job_id, version) pair (splitmix64), XORed into a worker's digest.
-
-    The XOR over everything a worker holds is order-independent and cheap to keep up to date, so
-    the orchestrator can compare what a worker holds with what Postgres says it owns.
-    """
-    z = (job_id * 0x9E3779B97F4A7C15 + version * 0xD1B54A32D192ED03) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return (z ^ (z >> 31)) & _MASK
+from runplane.ownership import job_digest
 
 
 class OwnedJob:

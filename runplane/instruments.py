@@ -117,6 +117,10 @@ orchestrator_assigned = _counter("runplane.orchestrator.assigned", "Jobs sent in
 orchestrator_updates = _counter("runplane.orchestrator.updates", "Jobs sent in Update messages")
 orchestrator_revoked = _counter("runplane.orchestrator.revoked", "Jobs sent in Revoke messages")
 workers_declared_dead = _counter("runplane.orchestrator.workers_dead", "Queuer workers declared dead")
+workers_drifted = _counter(
+    "runplane.orchestrator.workers_drifted",
+    "Queuer workers found not holding what they own, and sent their jobs again",
+)
 webhook_attempts = _counter(
     "runplane.webhooks.attempts", "Outgoing webhook delivery attempts (result: delivered, failed)"
 )

@@ -60,8 +60,15 @@ SLOW_TIMEOUT = 180
 CLUSTER_FIXTURES = {"control_plane", "second_control_plane", "compacting_control_plane", "node"}
 
 
+# Under pytest-xdist (`-n`, `--dist loadgroup`), the tests on a session's Kubernetes cluster share one
+# worker, so the suite starts one control plane and one node, not one per worker.
+SESSION_CLUSTER_FIXTURES = {"control_plane", "second_control_plane", "node"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if SESSION_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("kubernetes"))
         if item.get_closest_marker("timeout") is not None:
             continue
         if item.get_closest_marker("slow") is not None or CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):

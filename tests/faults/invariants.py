@@ -34,8 +34,9 @@ class Report:
         )
 
 
-def check(db: Db, *, fires: dict[int, list[int]], settle_terminal: bool = True) -> Report:
-    """``fires``: job_id -> every fire time (unix s) that must have exactly one run."""
+def check(db: Db, *, fires: dict[int, list[int]], settle_terminal: bool = True, until: float | None = None) -> Report:
+    """``fires``: job_id -> every fire time (unix s) that must have exactly one run; with ``until``,
+    only runs scheduled by then must have ended (later ones may still be running)."""
     report = Report()
     have: dict[tuple[int, int], int] = {}
     for job_id, fire_ts, n in db.execute(
@@ -51,7 +52,14 @@ def check(db: Db, *, fires: dict[int, list[int]], settle_terminal: bool = True) 
             elif n > 1:
                 report.duplicated.append((job_id, fire))
     if settle_terminal:
-        report.not_terminal = [int(r[0]) for r in db.execute("SELECT id FROM runs WHERE status IN (2, 3)")]
+        report.not_terminal = [
+            int(r[0])
+            for r in db.execute(
+                "SELECT id FROM runs WHERE status IN (2, 3)"
+                " AND (%(until)s::float8 IS NULL OR scheduled_at <= to_timestamp(%(until)s::float8))",
+                {"until": until},
+            )
+        ]
     report.over_slots = [
         int(r[0])
         for r in db.execute(

@@ -300,18 +300,23 @@ def test_a_dispatcher_frozen_inside_its_transaction_holds_nothing_for_long(world
     assert world.exited() == [], world.logs()
 
 
-@pytest.mark.xfail(
-    reason="on a saturated machine (the rest of the suite beside it) a minute's fires after the faults "
-    "above can take longer than 100 s to finish; passes when the machine has room",
-    strict=False,
-)
 def test_every_cron_occurrence_has_exactly_one_run(world: World) -> None:
+    """Every fire since the module began, its faults included, has exactly one run, and each of those
+    runs ended once. Checked up to the first fire after the faults; on a saturated machine (the rest of
+    the suite beside it) that minute's fires can take more than 100 s to finish, and then up to the
+    fire before it, which must have finished: how fast runs start is what each fault's report
+    measures, not this check."""
     fire = next_fire(EVERY_MINUTE, "UTC", time.time())
     try:
         wait_for(lambda: fire_done(world, fire), 100, what=f"the fires of {fire}")
     except AssertionError:
+        print(f"\nthe fires of {fire} had not finished after 100 s; checking up to the fire before")
+        fire -= 60
+    try:
+        wait_for(lambda: fire_done(world, fire), 60, what=f"the fires of {fire}")
+        wait_for(lambda: world.invariants(until=fire).ok, 60, what="every run of those fires to end")
+    except AssertionError:
         print(world.logs())
         raise
-    wait_for(lambda: world.invariants(until=fire).ok, 30, what="every run to end")
     result = world.invariants(until=fire)
     assert result.ok, result

@@ -91,7 +91,7 @@ class World:
 
     def invariants(self, until: float) -> Report:
         with self.db() as conn:
-            return check(conn, fires=self.expected_fires(until))
+            return check(conn, fires=self.expected_fires(until), until=until)
 
     def logs(self) -> str:
         return "\n".join(f"== {name}\n{self.services.log_text(name)[-3000:]}" for name, _ in self.services.processes)

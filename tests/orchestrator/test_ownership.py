@@ -9,8 +9,11 @@ from functools import reduce
 import pytest
 
 from orchestrator.leadership import LEADER_LOCK_KEY
-from queuer_worker.heap import job_digest
+from runplane.bus import AmqpBus, Topology
+from runplane.ownership import job_digest
 from runplane.settings import Settings
+from runplane.stamps import Stamp
+from runplane.v1 import bus_pb2
 from tests.support.polling import eventually
 from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, scalar
 from tests.support.reports import failed
@@ -192,3 +195,34 @@ async def test_a_leader_that_loses_its_lock_connection_steps_down(cluster: Clust
     cluster.kill9(first)
     await eventually(lambda: term(db) == 3, 20, what="term 3")
     assert str(scalar(db, "SELECT leader FROM orchestrator_term")).endswith(f"-{second.pid}")
+
+
+async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(cluster: Cluster, db: Db) -> None:
+    job_ids = insert_jobs(db, 50, cron=NEVER_SOON)
+    cluster.orchestrator()
+    cluster.worker()
+    await eventually(lambda: all_claimed(db, 50) and workers_agree(db), 30, what="jobs claimed")
+    worker_id = scalar(db, "SELECT worker_id FROM queuer_workers WHERE state = 'alive'")
+    newest = Stamp(term(db), int(scalar(db, "SELECT max(clock) FROM job_ownership")) + 1)
+
+    # A Revoke its leader never meant (as one that came late would be): the worker lets ten jobs go,
+    # and Postgres still says it owns them, so nothing would ever fire them.
+    lost = job_ids[:10]
+    bus = await AmqpBus.connect(cluster.settings.amqp_url)
+    try:
+        revoke = bus_pb2.Revoke(stamp=newest.to_proto(), job_ids=lost)
+        await bus.publish(Topology(cluster.settings.bus_prefix).worker(worker_id), revoke)
+    finally:
+        await bus.close()
+    await eventually(
+        lambda: scalar(db, "SELECT jobs_owned FROM queuer_workers WHERE worker_id = %s", (worker_id,)) == 40,
+        10,
+        what="the worker to report holding 40 jobs",
+    )
+    # The leader sees the digest differ for a claim timeout and assigns the worker its jobs again.
+    await eventually(
+        lambda: workers_agree(db) and all_claimed(db, 50) and claimed_counts(db) == {worker_id: 50},
+        40,
+        what="the worker to hold every job it owns again",
+    )
+    assert "does not hold what it owns" in cluster.logs()

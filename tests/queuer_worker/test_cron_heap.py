@@ -6,8 +6,9 @@ import itertools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-from queuer_worker.heap import CronHeap, Definition, job_digest, missed_fire
+from queuer_worker.heap import CronHeap, Definition, missed_fire
 from runplane.cron import next_fire, previous_fire
+from runplane.ownership import job_digest
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -3,11 +3,13 @@ service that dies is restarted with backoff, loudly, and the others keep running
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import psutil
@@ -54,18 +56,41 @@ def up_env(service_env: dict[str, str]) -> Iterator[dict[str, str]]:
     yield env
 
 
-def _start(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "runplane", "up", "--demo"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, str]) -> None:
-    proc = _start(up_env)
+@contextlib.contextmanager
+def _running_up(env: dict[str, str], output: Path) -> Iterator[tuple[subprocess.Popen[str], psutil.Process]]:
+    """``runplane up --demo``, its output in a file (a pipe nobody reads until the end could fill and
+    stop it); whatever happens, it and every process under it are gone afterwards."""
+    with output.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "runplane", "up", "--demo"], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
     up = psutil.Process(proc.pid)
     try:
-        wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, what="every service process")
+        yield proc, up
+    finally:
+        for child in up.children(recursive=True) if up.is_running() else []:
+            child.kill()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _wait_for_every_service(proc: subprocess.Popen[str], up: psutil.Process, output: Path) -> None:
+    wait_for(lambda: proc.poll() is not None or len(_services(up)) == len(EXPECTED), 60, what="every service process")
+    assert proc.poll() is None, f"runplane up exited with {proc.returncode}:\n{output.read_text()[-5000:]}"
+
+
+def _stop(proc: subprocess.Popen[str], output: Path) -> str:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    text = output.read_text()
+    assert proc.returncode == 0, text[-5000:]
+    return text
+
+
+def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "up.log"
+    with _running_up(up_env, log) as (proc, up):
+        _wait_for_every_service(proc, up, log)
         commands = sorted(name for _, name in _services(up))
         assert commands == sorted(EXPECTED)
         wait_for(lambda: _serving(int(up_env["RUNPLANE_API__PORT"])), 60, what="the API to serve")
@@ -73,27 +98,18 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
         base = int(up_env["RUNPLANE_METRICS_PORT"])
         metrics = range(base, base + len(EXPECTED))
         wait_for(lambda: all(listening(port) for port in metrics), 60, what="every service's metrics endpoint")
-        assert proc.poll() is None, proc.communicate()[0]
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-        assert proc.returncode == 0, output
+        assert proc.poll() is None, log.read_text()[-5000:]
+        output = _stop(proc, log)
         assert "demo token:" in output
         assert "stopped" in output
         alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert alive == [], f"orphans left: {alive}"
-    finally:
-        for child in up.children(recursive=True) if up.is_running() else []:
-            child.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
-def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: dict[str, str]) -> None:
-    proc = _start(up_env)
-    up = psutil.Process(proc.pid)
-    try:
-        wait_for(lambda: len(_services(up)) == len(EXPECTED), 60, what="every service process")
+def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "up.log"
+    with _running_up(up_env, log) as (proc, up):
+        _wait_for_every_service(proc, up, log)
         others = {pid for pid, name in _services(up) if name != "scheduler"}
         victim = next(pid for pid, name in _services(up) if name == "scheduler")
         os.kill(victim, signal.SIGKILL)
@@ -104,17 +120,9 @@ def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: di
         )
         assert proc.poll() is None
         assert others <= {pid for pid, _ in _services(up)}, "another service was stopped"
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-        assert proc.returncode == 0, output
+        output = _stop(proc, log)
         assert "scheduler exited with code -9; restarting in 1 s" in output
         assert "restarted scheduler" in output
-    finally:
-        for child in up.children(recursive=True) if up.is_running() else []:
-            child.kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def test_restart_backoff_doubles_to_a_bound_and_starts_over_after_a_stable_run() -> None:

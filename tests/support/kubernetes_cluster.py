@@ -95,10 +95,17 @@ class Rest:
     def merge_patch(self, path: str, body: object) -> Any:
         return self.request("PATCH", path, body, "application/merge-patch+json")
 
-    def pod_names(self, namespace: str, selector: str = "") -> list[str]:
+    def pod_names(self, namespace: str, selector: str = "", *, terminating: bool = True) -> list[str]:
+        """The Pods' names; without ``terminating``, not those whose deletion was asked for (the API
+        server removes such a Pod once its kubelet confirms the containers are gone, which a loaded
+        node can take a minute or more to do)."""
         query = f"?labelSelector={selector}" if selector else ""
         listing = self.get(f"/api/v1/namespaces/{namespace}/pods{query}")
-        return sorted(item["metadata"]["name"] for item in listing["items"])
+        return sorted(
+            item["metadata"]["name"]
+            for item in listing["items"]
+            if terminating or not item["metadata"].get("deletionTimestamp")
+        )
 
     def close(self) -> None:
         self._http.clear()

@@ -41,6 +41,10 @@ class KubernetesSystem:
     def pod_names(self) -> list[str]:
         return self.kube.pod_names(self.namespace)
 
+    def undeleted_pod_names(self) -> list[str]:
+        """The Pods nobody has asked to delete yet."""
+        return self.kube.pod_names(self.namespace, terminating=False)
+
     def describe_pods(self) -> str:
         """Each Pod's phase, container states and last log lines: what to read when a test fails."""
         listed = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")

@@ -97,10 +97,10 @@ async def test_a_run_goes_to_a_waiting_pool_pod_and_the_pool_refills(pooled: Kub
     refilled = await waiting(pooled, besides=frozenset(first))
     assert finished.pod_name not in refilled
     await eventually(
-        lambda: asyncio.to_thread(pooled.pod_names),
+        lambda: asyncio.to_thread(pooled.undeleted_pod_names),
         60,
         until=lambda names: finished.pod_name not in names,
-        what="the used pool Pod to go",
+        what="the used pool Pod's deletion",
     )
 
 

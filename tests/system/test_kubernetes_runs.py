@@ -78,7 +78,10 @@ async def test_a_run_triggered_over_the_api_runs_in_a_real_pod_with_live_logs_an
     assert content.content == b'{"nodes": 3}'
     # The runner exited by itself once the outcome was written; the Pod watcher removes its Pod.
     await eventually(
-        lambda: asyncio.to_thread(system.pod_names), 60, until=lambda names: not names, what="the Pod to go"
+        lambda: asyncio.to_thread(system.undeleted_pod_names),
+        60,
+        until=lambda names: not names,
+        what="the Pod's deletion",
     )
 
 
@@ -123,5 +126,8 @@ async def test_a_run_cancelled_over_the_api_stops_its_runner_in_the_pod(system: 
     assert second.skipped
     # The runner wrote the outcome and left; the Pod watcher then deletes the Pod.
     await eventually(
-        lambda: asyncio.to_thread(system.pod_names), 60, until=lambda names: not names, what="the Pod to go"
+        lambda: asyncio.to_thread(system.undeleted_pod_names),
+        60,
+        until=lambda names: not names,
+        what="the Pod's deletion",
     )
