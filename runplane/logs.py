@@ -11,7 +11,14 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+# Record attributes that are not fields of the line: the standard ones, and uvicorn's copy of its
+# message with terminal colour codes (``color_message``), which a log line must not carry.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:
