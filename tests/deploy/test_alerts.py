@@ -52,7 +52,7 @@ def rules_file(tmp_path: Path) -> Path:
 
 
 def test_the_rules_are_valid_promql(rules_file: Path) -> None:
-    assert "SUCCESS: 8 rules found" in _promtool("check", "rules", rules_file.as_posix())
+    assert "SUCCESS: 9 rules found" in _promtool("check", "rules", rules_file.as_posix())
 
 
 def test_the_rules_name_only_metrics_runplane_exports(rules_file: Path) -> None:
@@ -166,6 +166,28 @@ CASES: list[dict[str, Any]] = [
                     _alert(
                         {"severity": "critical"},
                         "No queuer worker or no dispatcher is up: runs are neither queued nor started",
+                    )
+                ],
+            ),
+        ],
+    },
+    {  # the leader assigned a worker its jobs again once, at minute 10; nothing before
+        "input_series": [
+            _series("runplane_orchestrator_workers_drifted_total", {"job": JOB, "pod": "o-1"}, "0x9 1x50"),
+            *HEALTHY_COMPONENTS,
+        ],
+        "alert_rule_test": [
+            _alerts("RunplaneQueuerWorkerLostJobs", "9m", []),
+            _alerts(
+                "RunplaneQueuerWorkerLostJobs",
+                "12m",
+                [
+                    _alert(
+                        WARNING,
+                        "The leader found a queuer worker not holding jobs it owns 1 times in 30 minutes and assigned"
+                        " them again",
+                        "Fires of those jobs between the loss and the new Assign were queued only within their"
+                        " missed-run grace; the orchestrator's log names the worker.",
                     )
                 ],
             ),
