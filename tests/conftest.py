@@ -65,10 +65,15 @@ CLUSTER_FIXTURES = {"control_plane", "second_control_plane", "compacting_control
 SESSION_CLUSTER_FIXTURES = {"control_plane", "second_control_plane", "node"}
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, so the group is there before pytest-xdist reads the groups in its own
+    # pytest_collection_modifyitems.
+    if SESSION_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.xdist_group("kubernetes"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SESSION_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("kubernetes"))
         if item.get_closest_marker("timeout") is not None:
             continue
         if item.get_closest_marker("slow") is not None or CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
