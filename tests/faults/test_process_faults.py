@@ -317,6 +317,7 @@ def test_every_cron_occurrence_has_exactly_one_run(world: World) -> None:
         wait_for(lambda: world.invariants(until=fire).ok, 60, what="every run of those fires to end")
     except AssertionError:
         print(world.logs())
+        print(_ownership_view(world, fire))
         raise
     result = world.invariants(until=fire)
     assert result.ok, result
@@ -327,3 +328,21 @@ def test_every_cron_occurrence_has_exactly_one_run(world: World) -> None:
         if "does not hold what it owns" in line
     ]
     print(f"\nfault report: a queuer worker was found not holding jobs it owns {len(healed)} times", *healed, sep="\n")
+
+
+def _ownership_view(world: World, fire: int) -> str:
+    """What to read when fires are missing: who owns each job of a missing fire, and what each worker
+    reports holding, next to what it owns."""
+    with world.db() as conn:
+        missing = conn.execute(
+            "SELECT o.job_id, o.worker_id, o.state FROM job_ownership o WHERE NOT EXISTS (SELECT 1 FROM runs r"
+            " WHERE r.job_id = o.job_id AND r.trigger = 'schedule' AND r.scheduled_at = to_timestamp(%s))",
+            (fire,),
+        ).fetchall()
+        workers = conn.execute(
+            "SELECT w.worker_id, w.state, w.jobs_owned, (SELECT count(*) FROM job_ownership o"
+            " WHERE o.worker_id = w.worker_id AND o.state = 'claimed') FROM queuer_workers w ORDER BY 1"
+        ).fetchall()
+    lines = [f"jobs with no run of {fire} (job, owner, state): {missing}"]
+    lines += [f"worker {w}: {state}, reports holding {held}, owns {owned}" for w, state, held, owned in workers]
+    return "\n".join(lines)
