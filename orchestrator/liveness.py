@@ -87,11 +87,11 @@ class Liveness(Outbox):
         A worker's heartbeat carries the digest of the (job, version) pairs it holds
         (``runplane.ownership``); the leader computes the same from the ownership rows. A difference
         is normal while an Assign or Update is on its way, so only one that lasts a claim timeout,
-        with no Assign pending for the worker, counts: the worker lost jobs (dropped on a message
-        that came late, say) or missed an Update, and would never fire them. The Assign carries a
-        new stamp, so the worker takes it over anything older it applied; jobs it holds already are
-        replaced by the same definition. A worker holding a job it no longer owns also differs; the
-        Assign cannot remove that, and the run of a fire queued twice is one run (its idempotency key).
+        with no Assign pending for the worker, counts: the worker lost jobs or missed an Update, and
+        would never fire them. The Assign carries a new stamp, so the worker takes it over anything
+        older it applied; jobs it holds already are replaced by the same definition. A worker holding
+        a job it no longer owns also differs; the Assign cannot remove that, and the run of a fire
+        queued twice is one run (its idempotency key).
         """
         now = time.monotonic()
         expected: dict[str, int] = defaultdict(int)

@@ -2,12 +2,10 @@
 
 The worker keeps it up to date as its heap changes and reports it in every heartbeat; the leader
 computes the same number from the ownership rows, so a worker that does not hold what it owns
-(jobs it dropped on a late message, an Update it never applied) is noticed and sent them again.
+(jobs it lost, an Update it never applied) is noticed and sent them again.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 _MASK = (1 << 63) - 1
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -20,11 +18,3 @@ def job_digest(job_id: int, version: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
     return (z ^ (z >> 31)) & _MASK
-
-
-def held_digest(jobs: Iterable[tuple[int, int]]) -> int:
-    """The digest of a worker holding ``jobs``, (job_id, version) pairs."""
-    digest = 0
-    for job_id, version in jobs:
-        digest ^= job_digest(job_id, version)
-    return digest
