@@ -1,10 +1,22 @@
-"""The gRPC API: accounts, tokens, jobs and runs.
+"""The control plane's API process: its doors, and the use cases and store every door shares.
 
-- ``server``: the grpc.aio server (JobService, RunService, health checking, reflection) and its drain.
-- ``auth``: bearer tokens (stored as sha256) and the account every call is scoped to.
-- ``errors``: the one mapping from runplane errors to gRPC status codes.
-- ``validation`` / ``paging``: what clients send, checked before anything is written.
-- ``jobs`` / ``runs``: the two services; ``pickup_publisher``: the Pickup hint to dispatchers after a trigger.
-- ``store`` + ``queries.sql``: every read and write of Postgres; ``convert``: rows to messages.
-- ``admin``: ``runplane admin`` and the demo seed; ``client``: ``python -m api.client``.
+Doors (each a folder; they meet only in the use cases below):
+
+- ``grpc/``: the public gRPC API (JobService, ProjectService, RunService), health checking,
+  reflection, and the process root that starts every server of the API process (``grpc/server.py``).
+- ``rest/``: the dbt Cloud–compatible REST API (v2) and the webhook subscriptions' REST calls.
+- ``web/``: the web pages for people, served by the REST server under ``/ui/``.
+- ``runner/``: the runner API (RunnerService): hostile callers, its own port, a token per run.
+- ``webhooks/``: webhooks out (subscriptions, the outbox's deliveries, where they may go) and Git
+  webhooks in (pull request and merge events that start CI and merge runs).
+
+Use cases and the store, shared by every door:
+
+- ``triggering`` / ``cancelling`` / ``pausing`` / ``rerunning`` / ``pull_requests``: one home per rule.
+- ``lookup``: one job, run or artifact of an account; ``validation`` / ``projects_validation``: what
+  callers send, checked before anything is written; ``scopes`` / ``auth``: tokens and what they may do.
+- ``pickup_publisher``: the Pickup hint to dispatchers after a trigger.
+- ``store`` + ``queries.sql``: the shared reads and writes of Postgres (a door's own queries sit in
+  its folder: ``runner/queries.sql``, ``webhooks/queries.sql``).
+- ``admin``: the operator tasks behind ``runplane admin``.
 """

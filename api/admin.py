@@ -10,10 +10,10 @@ from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.scopes import parse_scopes
 from api.store import Store
 from api.validation import CompletionTriggerSpec, JobSpec, bounded, text
-from runplane.db import Connection, open_pool
-from runplane.errors import InvalidArgument, NotFound
-from runplane.settings import Settings
-from runplane.types import AccountId, JobId, JobType, RunStatus
+from runplane.adapters.db import Connection, open_pool
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, JobId, JobType, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ async def seed_demo(settings: Settings, name: str, project: DemoProject | None =
 
 @dataclass(frozen=True)
 class DemoProject:
-    """Where the demo's dbt project and its warehouse are (made by ``runplane.demo``)."""
+    """Where the demo's dbt project and its warehouse are (made by ``runplane.commands.demo``)."""
 
     repository_url: str
     warehouse: dict[str, str]  # postgres profile fields: host, port, user, dbname

@@ -19,11 +19,11 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from api.errors import status_boundary
+from api.grpc.errors import status_boundary
 from api.scopes import TokenGrant, check_scope
-from runplane import tracing
-from runplane.errors import InvalidArgument, Unauthenticated
-from runplane.types import AccountId
+from runplane.adapters import tracing
+from runplane.basics.errors import InvalidArgument, Unauthenticated
+from runplane.basics.types import AccountId
 
 # Services that answer without a token.
 OPEN_SERVICES = (

@@ -6,9 +6,9 @@ import logging
 
 from api.lookup import existing_run
 from api.store import Row, Store
-from runplane import instruments
-from runplane.errors import FailedPrecondition
-from runplane.types import AccountId, RunStatus
+from runplane.adapters import instruments
+from runplane.basics.errors import FailedPrecondition
+from runplane.basics.types import AccountId, RunStatus
 
 log = logging.getLogger(__name__)
 CANCELLED_BEFORE_START = "Cancelled on request before it started."

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from api.store import Row, Store
 from api.validation import positive_id, text
-from runplane.db import Connection
-from runplane.errors import InvalidArgument, NotFound
-from runplane.types import AccountId, RunId
+from runplane.adapters.db import Connection
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.types import AccountId, RunId
 
 MAX_ARTIFACT_PATH = 1024
 

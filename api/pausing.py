@@ -14,7 +14,7 @@ import logging
 from api.lookup import existing_job
 from api.store import Row, Store
 from api.validation import positive_id
-from runplane.types import AccountId, JobId
+from runplane.basics.types import AccountId, JobId
 
 log = logging.getLogger(__name__)
 

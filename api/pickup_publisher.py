@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from runplane.bus import AmqpBus, Topology
+from runplane.adapters.bus import AmqpBus, Topology
 from runplane.runs.pickups import send_pickups
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from api.validation import MAX_NAME, MAX_THREADS, environment, git_branch, matching, positive_id, text
-from runplane.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
-from runplane.errors import InvalidArgument
+from runplane.basics.errors import InvalidArgument
+from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
 from runplane.v1 import projects_pb2
 
 MAX_URL = 2048

@@ -12,9 +12,9 @@ import logging
 from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.validation import bounded
-from runplane.errors import NotFound
+from runplane.basics.errors import NotFound
+from runplane.basics.types import AccountId
 from runplane.runs.pull_requests import queue_schema_drop, schema_jobs_of_pull_request
-from runplane.types import AccountId
 
 log = logging.getLogger(__name__)
 

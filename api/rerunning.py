@@ -20,8 +20,8 @@ from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.triggering import trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec
-from runplane.errors import FailedPrecondition
-from runplane.types import AccountId, JobId, RunStatus, Trigger
+from runplane.basics.errors import FailedPrecondition
+from runplane.basics.types import AccountId, JobId, RunStatus, Trigger
 
 RETRY_STATE_DIR = ".runplane/retry-state"
 RUN_RESULTS = "target/run_results.json"

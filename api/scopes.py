@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from runplane.errors import InvalidArgument, PermissionDenied
-from runplane.types import AccountId
+from runplane.basics.errors import InvalidArgument, PermissionDenied
+from runplane.basics.types import AccountId
 
 
 class Scope(enum.StrEnum):

@@ -17,12 +17,12 @@ from psycopg_pool import AsyncConnectionPool
 from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.scopes import TokenGrant
 from api.validation import JobSpec
-from runplane.db import Connection, transaction
-from runplane.errors import Contention, FailedPrecondition, ServiceUnavailable
+from runplane.adapters.db import Connection, transaction
+from runplane.basics.errors import Contention, FailedPrecondition, ServiceUnavailable
+from runplane.basics.secrets import SecretBox
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from runplane.runs.transitions import TRANSITIONS
-from runplane.secrets import SecretBox
 from runplane.sql import load_queries
-from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ import uuid
 from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides
-from runplane import tracing
-from runplane.db import Connection
-from runplane.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.adapters import tracing
+from runplane.adapters.db import Connection
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.types import AccountId, JobId, JobType, Trigger, ci_schema, takes_run_slot
 from runplane.runs.pull_requests import record_pull_request_schema, supersede_older_ci_runs, superseded_message
-from runplane.types import AccountId, JobId, JobType, Trigger, ci_schema, takes_run_slot
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from runplane.cron import validate_cron, validate_fires, validate_timezone
-from runplane.errors import InvalidArgument
-from runplane.secrets import is_secret_name
-from runplane.types import (
+from runplane.basics.cron import validate_cron, validate_fires, validate_timezone
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.secrets import is_secret_name
+from runplane.basics.types import (
     JOB_TYPE_FROM_PROTO,
     TERMINAL_STATUSES,
     TRIGGER_FROM_PROTO,

@@ -35,9 +35,9 @@ import psutil
 import psycopg
 
 from bench.sandbox import delete_prefixed_keys, temporary_database
-from runplane.bus import AmqpBus, Topology
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.basics.settings import Settings
 from runplane.runs.pickups import pickup
-from runplane.settings import Settings
 from tests.support.ports import free_port
 
 TARGET_RUNS_PER_SECOND = 2000

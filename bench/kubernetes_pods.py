@@ -36,8 +36,8 @@ import urllib3
 
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.launcher import LaunchRequest
-from runplane.settings import DispatcherSettings, KubernetesSettings, Settings
-from runplane.types import AccountId, JobId, RunId
+from runplane.basics.settings import DispatcherSettings, KubernetesSettings, Settings
+from runplane.basics.types import AccountId, JobId, RunId
 from tests.support.kubernetes_cluster import ControlPlane, Node
 
 RESULTS = Path(__file__).resolve().parent / "results"

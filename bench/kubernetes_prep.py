@@ -39,7 +39,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from api.server import start_server
+from api.grpc.server import start_server
 from bench.kubernetes_pods import IMAGES, NAMESPACE, Watch, cluster, percentile, write_figures
 from bench.sandbox import temporary_database, unique_name
 from dispatcher.kubernetes.launcher import KubernetesLauncher
@@ -48,9 +48,9 @@ from dispatcher.kubernetes.pool import PooledLauncher, WarmPools
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.service import Dispatcher
-from runplane.db import Connection, fetch_one, open_pool
-from runplane.locks import RedisAccountLocks
-from runplane.settings import (
+from runplane.adapters.db import Connection, fetch_one, open_pool
+from runplane.adapters.locks import RedisAccountLocks
+from runplane.basics.settings import (
     ApiSettings,
     DispatcherSettings,
     KubernetesSettings,
@@ -58,7 +58,7 @@ from runplane.settings import (
     Settings,
     WarmPoolSettings,
 )
-from runplane.types import AccountId
+from runplane.basics.types import AccountId
 from tests.support.kubernetes_cluster import ControlPlane, Node
 from tests.support.ports import free_port
 

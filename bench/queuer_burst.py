@@ -25,9 +25,9 @@ import aio_pika
 import psutil
 import psycopg
 
-from runplane.bus import Topology
-from runplane.migrate import migrate
-from runplane.settings import Settings
+from runplane.adapters.bus import Topology
+from runplane.basics.settings import Settings
+from runplane.commands.migrate import migrate
 
 ACCOUNTS_PER_JOBS = 100  # one account per 100 jobs, at most 1,000 accounts
 

@@ -26,7 +26,7 @@ import psycopg
 from api.admin import create_account
 from bench.sandbox import temporary_database, wait_until
 from bench.services import RunplaneServices
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from tests.support.ports import free_port
 
 POLL_INTERVAL = 5.0  # seconds between polls of one waiting Airflow task (DbtCloudRunJobOperator's check_interval)

@@ -25,7 +25,7 @@ import psycopg
 
 from bench.sandbox import temporary_database
 from runner.control_plane import RunnerApi
-from runplane.run_tokens import new_run_token, run_token_hash
+from runplane.basics.run_tokens import new_run_token, run_token_hash
 from tests.support.ports import free_port
 
 LINE = "x" * 79 + "\n"

@@ -17,8 +17,8 @@ import psycopg
 import redis
 from psycopg import sql
 
-from runplane.migrate import migrate
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
+from runplane.commands.migrate import migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

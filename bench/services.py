@@ -14,8 +14,8 @@ import psycopg
 
 from bench.records import Unavailable
 from bench.sandbox import child_env, delete_prefixed_keys, kill_hard, log_tail, start, stop, unique_name
-from runplane.bus import AmqpBus, Topology
-from runplane.settings import Settings
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.basics.settings import Settings
 
 ENTRY_POINTS = {"orchestrator": "orchestrator.service", "queuer-worker": "queuer_worker.service"}
 

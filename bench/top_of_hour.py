@@ -47,10 +47,10 @@ from bench.dispatch_throughput import (
 )
 from bench.sandbox import admin_url, temporary_database
 from queuer_worker.firing import prepare_chunks, queue_runs
-from runplane.bus import AmqpBus, Topology
-from runplane.db import open_pool
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
 from runplane.runs.pickups import send_pickups
-from runplane.settings import Settings
 
 RUN_SLOTS = 10
 TARGET_P99_SECONDS = 10.0

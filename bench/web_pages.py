@@ -36,7 +36,7 @@ from api.admin import create_account
 from api.store import QUERIES
 from bench.sandbox import child_env, temporary_database, unique_name, wait_until
 from bench.services import RunplaneServices
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from tests.support.ports import free_port
 
 CHROMIUM = "/usr/bin/chromium"

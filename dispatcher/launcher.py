@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from runplane.types import AccountId, JobId, RunId
+from runplane.basics.types import AccountId, JobId, RunId
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Launcher(Protocol):
     name: str
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
-        """Start a runner for the run; raise ``runplane.errors.LaunchError`` when it cannot."""
+        """Start a runner for the run; raise ``runplane.basics.errors.LaunchError`` when it cannot."""
         ...
 
     async def close(self) -> None: ...

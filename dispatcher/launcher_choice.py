@@ -11,10 +11,10 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.noop_launcher import NoopLauncher
-from runplane import supervise
-from runplane.db import Connection
-from runplane.errors import InvalidArgument
-from runplane.settings import Settings
+from runplane.adapters.db import Connection
+from runplane.basics import supervise
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.settings import Settings
 
 if TYPE_CHECKING:  # imported when chosen: the Kubernetes client is heavy
     from dispatcher.kubernetes.gate import ClusterGate

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.errors import LaunchError
-from runplane.settings import Settings
+from runplane.basics.errors import LaunchError
+from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.db import Connection, connect, database_errors
-from runplane.errors import LaunchError, RunplaneError
+from runplane.adapters.db import Connection, connect, database_errors
+from runplane.basics.errors import LaunchError, RunplaneError
 from runplane.sql import load_queries
 
 Q = load_queries("dispatcher", "noop.sql")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from runplane.types import JobId, JobType, RunId, WaitingReason, ci_schema
+from runplane.basics.types import JobId, JobType, RunId, WaitingReason, ci_schema
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A consumer takes the Pickups waiting for it (up to its prefetch, gathering for at most
 ``dispatcher.batch_wait``) and dispatches the accounts they name in passes of at most
 ``dispatcher.batch_accounts``. A pass takes the accounts' Redis locks in one round trip (an account
-whose lock another dispatcher holds is skipped and handed back to that holder, ``runplane.locks``),
+whose lock another dispatcher holds is skipped and handed back to that holder, ``runplane.adapters.locks``),
 then in one Postgres transaction locks the account rows ``FOR NO KEY UPDATE`` in id order, reads
 every account's starting/running runs and due queued runs in one query, decides each account
 (``run_slots.plan_dispatch``), records why runs wait, cancels superseded merge runs, and moves the
@@ -36,21 +36,21 @@ from dispatcher.launcher_choice import companion, intake_gate, make_launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.noop_launcher import NoopLauncher
 from dispatcher.run_slots import ActiveRun, DispatchPlan, QueuedRun, plan_dispatch
-from runplane import instruments, tracing
-from runplane.bus import AmqpBus, Bus, Topology
-from runplane.db import Connection, fetch_all, open_pool
-from runplane.errors import Contention, LaunchError, ServiceUnavailable
-from runplane.locks import AccountLocks, RedisAccountLocks
-from runplane.run_tokens import new_run_token, run_token_hash
+from runplane.adapters import instruments, tracing
+from runplane.adapters.bus import AmqpBus, Bus, Topology
+from runplane.adapters.db import Connection, fetch_all, open_pool
+from runplane.adapters.locks import AccountLocks, RedisAccountLocks
+from runplane.basics.errors import Contention, LaunchError, ServiceUnavailable
+from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.settings import Settings
+from runplane.basics.supervise import sleep_or_stop, spawn
+from runplane.basics.types import AccountId, JobId, JobType, Outcome, RunId, RunStatus
 from runplane.runs.finish import finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms, pickup_accounts
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
-from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.supervise import sleep_or_stop, spawn
-from runplane.types import AccountId, JobId, JobType, Outcome, RunId, RunStatus
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Dispatcher:
         self._redis_failures = 0
         instruments.lock_attempts.add(len(held.accounts), {"result": "acquired"})
         if held.skipped:
-            # Their holder sends them a Pickup again when it releases (``runplane.locks``).
+            # Their holder sends them a Pickup again when it releases (``runplane.adapters.locks``).
             instruments.lock_attempts.add(len(held.skipped), {"result": "held"})
             instruments.pickups_dropped.add(len(held.skipped))
         started: list[Started] = []

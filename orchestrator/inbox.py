@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 
 from orchestrator.job_sync import JobSync
 from orchestrator.outbox import QUERIES, WorkerInfo
-from runplane.bus import Delivery
+from runplane.adapters.bus import Delivery
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from psycopg.rows import tuple_row
 
 from orchestrator.liveness import Liveness
 from orchestrator.outbox import QUERIES, Outgoing, Row, optional_str
-from runplane.db import Connection
-from runplane.supervise import sleep_or_stop, wait_any
+from runplane.adapters.db import Connection
+from runplane.basics.supervise import sleep_or_stop, wait_any
 
 _NOTIFY_DEBOUNCE = 0.05
 

@@ -18,8 +18,8 @@ import time
 
 from orchestrator.inbox import Inbox
 from orchestrator.outbox import QUERIES, WorkerInfo
-from runplane.db import connect
-from runplane.supervise import spawn
+from runplane.adapters.db import connect
+from runplane.basics.supervise import spawn
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import asyncio
 import logging
 from typing import SupportsInt, cast
 
-from runplane.db import Connection, connect, database_errors
-from runplane.errors import RunplaneError, ServiceUnavailable
+from runplane.adapters.db import Connection, connect, database_errors
+from runplane.basics.errors import RunplaneError, ServiceUnavailable
+from runplane.basics.supervise import sleep_or_stop
 from runplane.sql import load_queries
-from runplane.supervise import sleep_or_stop
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
 from orchestrator.outbox import QUERIES, Outbox, WorkerInfo, optional_str
-from runplane.ownership import job_digest
-from runplane.supervise import sleep_or_stop
+from runplane.basics.ownership import job_digest
+from runplane.basics.supervise import sleep_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Liveness(Outbox):
         """Assign again everything a worker owns when what it holds has differed from what it owns.
 
         A worker's heartbeat carries the digest of the (job, version) pairs it holds
-        (``runplane.ownership``); the leader computes the same from the ownership rows. A difference
+        (``runplane.basics.ownership``); the leader computes the same from the ownership rows. A difference
         is normal while an Assign or Update is on its way, so only one that lasts a claim timeout,
         with no Assign pending for the worker, counts: the worker lost jobs or missed an Update, and
         would never fire them. The Assign carries a new stamp, so the worker takes it over anything

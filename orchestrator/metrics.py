@@ -1,6 +1,6 @@
 """The orchestrator's metrics: counters of what it sends, and gauges read from the leader's state.
 
-Instruments are declared in ``runplane.instruments`` (one catalogue for every service and the
+Instruments are declared in ``runplane.adapters.instruments`` (one catalogue for every service and the
 dashboard); this module only feeds them.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from runplane import instruments
+from runplane.adapters import instruments
 
 jobs_assigned = instruments.orchestrator_assigned
 jobs_updated = instruments.orchestrator_updates

@@ -19,14 +19,14 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import metrics
-from runplane.bus import AmqpBus, Topology
-from runplane.db import Connection
-from runplane.settings import Settings
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.adapters.db import Connection
+from runplane.basics.settings import Settings
+from runplane.basics.stamps import LogicalClock, Stamp
+from runplane.basics.types import JOB_TYPE_TO_PROTO, JobType
+from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
 from runplane.sql import load_queries
-from runplane.stamps import LogicalClock, Stamp
-from runplane.types import JOB_TYPE_TO_PROTO, JobType
 from runplane.v1 import bus_pb2
-from runplane.wall_clock import SYSTEM_CLOCK, WallClock
 
 QUERIES = load_queries("orchestrator")
 

@@ -14,12 +14,12 @@ import socket
 
 from orchestrator import leadership
 from orchestrator.leader import Leader
-from runplane.bus import AmqpBus
-from runplane.db import close_pool, open_pool
-from runplane.outages import Backoff, is_transient
-from runplane.settings import Settings
-from runplane.supervise import sleep_or_stop, spawn
-from runplane.wall_clock import SYSTEM_CLOCK, WallClock
+from runplane.adapters.bus import AmqpBus
+from runplane.adapters.db import close_pool, open_pool
+from runplane.adapters.outages import Backoff, is_transient
+from runplane.basics.settings import Settings
+from runplane.basics.supervise import sleep_or_stop, spawn
+from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import SupportsInt, cast
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from runplane import instruments
-from runplane.db import Connection
+from runplane.adapters import instruments
+from runplane.adapters.db import Connection
+from runplane.basics.types import schedule_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
-from runplane.types import schedule_idempotency_key
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Per-job state is kept small (a ``__slots__`` object, interned cron and zone strings, one heap
 tuple): a worker holds hundreds of thousands of jobs. Next fire times are computed on demand by
-``runplane.cron`` (cached per expression), never held as per-job iterators.
+``runplane.basics.cron`` (cached per expression), never held as per-job iterators.
 
 Heap entries are ``(fire_ts, job_id)``; an entry whose job is gone or was rescheduled is skipped
 when it reaches the top (lazy deletion), so updates and revokes are O(1).
@@ -14,8 +14,8 @@ import heapq
 import sys
 from dataclasses import dataclass
 
-from runplane.cron import NeverFires, next_fire, previous_fire
-from runplane.ownership import job_digest
+from runplane.basics.cron import NeverFires, next_fire, previous_fire
+from runplane.basics.ownership import job_digest
 
 
 class OwnedJob:

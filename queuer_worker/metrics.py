@@ -1,4 +1,4 @@
-"""The queuer worker's metrics. Instruments are declared in ``runplane.instruments``.
+"""The queuer worker's metrics. Instruments are declared in ``runplane.adapters.instruments``.
 
 Runs queued and their trigger lag are not counted here: the scheduler loop makes them from the run
 rows once per run, whoever queued it.
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from runplane import instruments
+from runplane.adapters import instruments
 
 messages_applied = instruments.worker_messages
 

@@ -9,9 +9,9 @@ import socket
 import uuid
 
 from queuer_worker.worker import QueuerWorker
-from runplane.bus import AmqpBus
-from runplane.db import open_pool
-from runplane.settings import Settings
+from runplane.adapters.bus import AmqpBus
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
 

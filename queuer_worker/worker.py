@@ -20,17 +20,17 @@ from psycopg_pool import AsyncConnectionPool
 from queuer_worker import metrics
 from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare_chunks, queue_runs
 from queuer_worker.heap import CronHeap, Definition
-from runplane.bus import AmqpBus, Delivery, Topology
-from runplane.cron import NeverFires
-from runplane.db import Connection
-from runplane.errors import ServiceUnavailable
-from runplane.outages import Backoff, is_transient
+from runplane.adapters.bus import AmqpBus, Delivery, Topology
+from runplane.adapters.db import Connection
+from runplane.adapters.outages import Backoff, is_transient
+from runplane.basics.cron import NeverFires
+from runplane.basics.errors import ServiceUnavailable
+from runplane.basics.settings import Settings
+from runplane.basics.stamps import Stamp, StampGate
+from runplane.basics.supervise import sleep_or_stop, spawn, wait_any
+from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
 from runplane.runs.pickups import send_pickups
-from runplane.settings import Settings
-from runplane.stamps import Stamp, StampGate
-from runplane.supervise import sleep_or_stop, spawn, wait_any
 from runplane.v1 import bus_pb2
-from runplane.wall_clock import SYSTEM_CLOCK, WallClock
 
 log = logging.getLogger(__name__)
 

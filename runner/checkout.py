@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runplane.errors import RunplaneError
-from runplane.secrets import mask
+from runplane.basics.errors import RunplaneError
+from runplane.basics.secrets import mask
 
 GIT_TIMEOUT_SECONDS = 300.0
 

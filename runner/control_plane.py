@@ -25,9 +25,9 @@ from typing import TypeVar
 
 import grpc
 
-from runplane.errors import RunplaneError
-from runplane.grpc_options import RUNNER_CHANNEL
-from runplane.types import FailureKind, Outcome
+from runplane.adapters.grpc_options import RUNNER_CHANNEL
+from runplane.basics.errors import RunplaneError
+from runplane.basics.types import FailureKind, Outcome
 from runplane.v1 import runner_pb2, runner_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from runplane.dbt_context import DbtContext
-from runplane.errors import RunplaneError
+from runplane.basics.errors import RunplaneError
+from runplane.dbt.context import DbtContext
 
 # Taken from the runner's environment when set; everything else a step sees is set here.
 ALLOWED_FROM_HOST = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "SSL_CERT_DIR")

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from runner.control_plane import runner_channel
 from runner.run_user import become_run_user
 from runner.service import run
-from runplane import logs
-from runplane.settings import Settings
+from runplane.basics import logs
+from runplane.basics.settings import Settings
 
 MAX_LINE = 4096  # far above ``<run_id> <token>``; a longer line is refused whole
 
@@ -76,7 +76,7 @@ def _spare(settings: Settings, assignment: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(2, 1)  # stdout is the launcher's pipe: the run must never write into it
         os.close(devnull)
-        from runplane.tracing import setup_tracing, shutdown_tracing
+        from runplane.adapters.tracing import setup_tracing, shutdown_tracing
 
         setup_tracing("runner", settings.otlp_endpoint)  # imports first: the run's uid may not read them
         try:

@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 
 from runner.profile import ProjectError
-from runplane.dbt_context import DROP_SCHEMA_MACRO
-from runplane.types import CI_SCHEMA_PREFIX
+from runplane.basics.types import CI_SCHEMA_PREFIX
+from runplane.dbt.context import DROP_SCHEMA_MACRO
 
 DROP_SCHEMA_SQL = f"""\
 {{% macro {DROP_SCHEMA_MACRO}() %}}

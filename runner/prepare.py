@@ -22,9 +22,9 @@ from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, step_environment
 from runner.macros import add_drop_schema_macro
 from runner.profile import ProjectError, project_directory, write_profile
 from runner.steps import Limits, StepControl, StepEnd, run_step
-from runplane.dbt_context import DbtContext
-from runplane.errors import RunplaneError
-from runplane.secrets import mask
+from runplane.basics.errors import RunplaneError
+from runplane.basics.secrets import mask
+from runplane.dbt.context import DbtContext
 
 PACKAGE_FILES = ("packages.yml", "dependencies.yml")
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import yaml
 
-from runplane.connections import (
+from runplane.basics.errors import RunplaneError
+from runplane.dbt.connections import (
     ConnectionFieldError,
     adapter_fields,
     check_secret_fields,
     secret_env_name,
     typed_profile_fields,
 )
-from runplane.dbt_context import DbtContext
-from runplane.errors import RunplaneError
+from runplane.dbt.context import DbtContext
 
 
 class ProjectError(RunplaneError):

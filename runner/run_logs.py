@@ -18,8 +18,8 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from runplane.secrets import MASK
-from runplane.supervise import wait_any
+from runplane.basics.secrets import MASK
+from runplane.basics.supervise import wait_any
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.settings import RunnerSettings
+from runplane.basics.settings import RunnerSettings
 
 LEASES = Path("/run/runplane-uids")
 

@@ -47,12 +47,12 @@ from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.state_files import StateFileError, place_state_file
 from runner.steps import Limits, StepControl, StepEnd, run_step
-from runplane import tracing
-from runplane.dbt_context import DbtContext, from_proto
-from runplane.secrets import MASK
-from runplane.settings import Settings
-from runplane.supervise import wait_any
-from runplane.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
+from runplane.adapters import tracing
+from runplane.basics.secrets import MASK
+from runplane.basics.settings import Settings
+from runplane.basics.supervise import wait_any
+from runplane.basics.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
+from runplane.dbt.context import DbtContext, from_proto
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runplane.errors import RunplaneError
+from runplane.basics.errors import RunplaneError
 
 
 class StateFileError(RunplaneError):

@@ -1,3 +1,3 @@
-from runplane.cli import main
+from runplane.commands.cli import main
 
 raise SystemExit(main())

@@ -14,15 +14,15 @@ import time
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane import instruments
-from runplane.bus import AmqpBus, Bus, Topology
-from runplane.db import Connection, open_pool
-from runplane.outages import Backoff, is_transient
+from runplane.adapters import instruments
+from runplane.adapters.bus import AmqpBus, Bus, Topology
+from runplane.adapters.db import Connection, open_pool
+from runplane.adapters.outages import Backoff, is_transient
+from runplane.basics.settings import Settings
+from runplane.basics.supervise import sleep_or_stop
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
 from runplane.runs.pull_requests import sweep_pull_request_schemas
-from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.supervise import sleep_or_stop
 from scheduler.metrics import observe_runs
 from scheduler.on_time import OnTimeGauge
 from scheduler.reaper import reap_lost, reap_starting

@@ -19,10 +19,10 @@ from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane import instruments
-from runplane.db import Connection
+from runplane.adapters import instruments
+from runplane.adapters.db import Connection
+from runplane.basics.types import RunStatus
 from runplane.sql import load_queries
-from runplane.types import RunStatus
 
 Q = load_queries("scheduler", "metrics.sql")
 

@@ -10,9 +10,10 @@ import time
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane import instruments, on_time
-from runplane.db import Connection
-from runplane.settings import SchedulerSettings
+from runplane.adapters import instruments
+from runplane.adapters.db import Connection
+from runplane.basics import on_time
+from runplane.basics.settings import SchedulerSettings
 from runplane.sql import load_queries
 
 Q = load_queries("runplane.sql", "status.sql")

@@ -19,14 +19,14 @@ import logging
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.bus import Bus
-from runplane.db import Connection
+from runplane.adapters.bus import Bus
+from runplane.adapters.db import Connection
+from runplane.basics.settings import Settings
+from runplane.basics.types import RUNNER_LOST, FailureKind, Outcome, RunStatus
 from runplane.runs.finish import end_run
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
-from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import RUNNER_LOST, FailureKind, Outcome, RunStatus
 
 log = logging.getLogger(__name__)
 

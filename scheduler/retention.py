@@ -15,7 +15,7 @@ import logging
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.db import Connection
+from runplane.adapters.db import Connection
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from api.server import RunningApi, start_server
-from runplane import redis_keys
-from runplane.migrate import migrate
-from runplane.preflight import ensure_services
-from runplane.secrets import generate_key
-from runplane.settings import Settings
+from api.grpc.server import RunningApi, start_server
+from runplane.basics import redis_keys
+from runplane.basics.secrets import generate_key
+from runplane.basics.settings import Settings
+from runplane.commands.migrate import migrate
+from runplane.commands.preflight import ensure_services
 from tests.support.ports import free_port
 
 pytest_plugins = ["tests.support.kubernetes_fixtures"]
@@ -210,7 +210,7 @@ async def delete_queues(prefix: str) -> None:
     """Delete every queue a test made (names start with its prefix)."""
     import aio_pika
 
-    from runplane.bus import Topology
+    from runplane.adapters.bus import Topology
 
     connection = await aio_pika.connect(BASE.amqp_url)
     try:

@@ -18,16 +18,16 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.git_events import GitHooks
 from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
 from api.web import errors, pages
-from api.webhook_subscriptions import Subscriptions
-from api.webhook_targets import TargetPolicy
-from runplane.errors import RunplaneError
-from runplane.secrets import SecretBox
+from api.webhooks.git_events import GitHooks
+from api.webhooks.subscriptions import Subscriptions
+from api.webhooks.targets import TargetPolicy
+from runplane.basics.errors import RunplaneError
+from runplane.basics.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 

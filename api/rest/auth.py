@@ -10,8 +10,8 @@ from fastapi.security import APIKeyHeader
 from api.auth import token_from_header, token_hash
 from api.scopes import check_scope, required_http_scope
 from api.store import Store
-from runplane.errors import NotFound, Unauthenticated
-from runplane.types import AccountId
+from runplane.basics.errors import NotFound, Unauthenticated
+from runplane.basics.types import AccountId
 
 # Declared as an API key header so the OpenAPI document says how to authenticate.
 _authorization = APIKeyHeader(name="Authorization", auto_error=False, description="Token <token> or Bearer <token>")

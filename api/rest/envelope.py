@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from runplane.errors import (
+from runplane.basics.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -19,7 +19,7 @@ from runplane.errors import (
 
 T = TypeVar("T")
 
-# The one mapping from runplane errors to HTTP status codes (gRPC's is in api.errors).
+# The one mapping from runplane errors to HTTP status codes (gRPC's is in api.grpc.errors).
 HTTP_CODES: list[tuple[type[RunplaneError], int]] = [
     (InvalidArgument, 400),
     (Unauthenticated, 401),

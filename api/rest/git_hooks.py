@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from api.git_events import GitHooks
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, success
+from api.webhooks.git_events import GitHooks
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_BODY = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB

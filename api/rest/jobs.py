@@ -12,7 +12,7 @@ from api.rest import params, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.store import Row, Store
-from runplane.errors import NotFound
+from runplane.basics.errors import NotFound
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100

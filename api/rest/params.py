@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from runplane.errors import InvalidArgument
-from runplane.types import RunStatus
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.types import RunStatus
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
 # What dbt Cloud's include_related accepts for a run; environment and repository answer null here.

@@ -18,9 +18,9 @@ from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pa
 from api.store import Row, Store
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
-from runplane.db import Connection
-from runplane.errors import InvalidArgument, NotFound
-from runplane.types import AccountId, JobId, RunId, RunStatus, Trigger
+from runplane.adapters.db import Connection
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus, Trigger
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from runplane.errors import ServiceUnavailable
-from runplane.settings import ApiSettings
+from runplane.basics.errors import ServiceUnavailable
+from runplane.basics.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT = 15.0

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.store import Row
-from runplane.types import JobType, RunStatus
+from runplane.basics.types import JobType, RunStatus
 
 # dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
 JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merge", JobType.ADHOC: "other"}

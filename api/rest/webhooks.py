@@ -11,7 +11,7 @@ from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, success
 from api.rest.shapes import stamp
 from api.store import Row
-from api.webhook_subscriptions import Subscriptions, subscription_spec
+from api.webhooks.subscriptions import Subscriptions, subscription_spec
 
 router = APIRouter(responses=ERROR_RESPONSES)
 BASE = "/api/v3/accounts/{account_id}/webhooks"

@@ -29,9 +29,9 @@ from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
 from api.web import views
 from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for
-from runplane.errors import InvalidArgument
-from runplane.supervise import sleep_or_stop
-from runplane.types import JobId, RunId, RunStatus, Trigger
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.supervise import sleep_or_stop
+from runplane.basics.types import JobId, RunId, RunStatus, Trigger
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")

@@ -19,8 +19,8 @@ from fastapi import Depends, Form, Request
 from api.auth import token_hash
 from api.scopes import Scope, TokenGrant, check_scope
 from api.store import Store
-from runplane.errors import PermissionDenied, Unauthenticated
-from runplane.types import AccountId
+from runplane.basics.errors import PermissionDenied, Unauthenticated
+from runplane.basics.types import AccountId
 
 COOKIE = "runplane_session"
 CSRF_FIELD = "csrf_token"

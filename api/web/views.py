@@ -8,8 +8,8 @@ from typing import Any
 
 from cron_descriptor import Options, get_description
 
-from runplane import cron
-from runplane.types import RunStatus, WaitingReason
+from runplane.basics import cron
+from runplane.basics.types import RunStatus, WaitingReason
 
 WAITING_WORDS = {
     WaitingReason.NONE: "due: waiting for the scheduler",

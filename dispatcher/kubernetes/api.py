@@ -20,9 +20,9 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from runplane.errors import RunplaneError, ServiceUnavailable
+from runplane.basics.errors import RunplaneError, ServiceUnavailable
+from runplane.basics.settings import KubernetesSettings
 from runplane.runs.retries import backoff
-from runplane.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
 

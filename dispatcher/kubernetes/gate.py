@@ -21,8 +21,8 @@ import kubernetes.client
 
 from dispatcher.kubernetes import api as kubernetes_api
 from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
-from runplane import supervise
-from runplane.settings import Settings
+from runplane.basics import supervise
+from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
 

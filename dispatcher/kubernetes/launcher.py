@@ -23,8 +23,8 @@ from dispatcher.kubernetes import api as kubernetes_api
 from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.pods import build_pod, build_token_secret, pod_name
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.errors import LaunchError
-from runplane.settings import Settings
+from runplane.basics.errors import LaunchError
+from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
 

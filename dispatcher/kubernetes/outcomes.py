@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.db import Connection
+from runplane.adapters.db import Connection
+from runplane.basics.settings import Settings
+from runplane.basics.types import MEMORY_LIMIT_ERROR, RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 from runplane.runs.finish import finish_run
 from runplane.runs.relaunch import runner_never_started
 from runplane.runs.retries import RetryPolicy
-from runplane.settings import Settings
 from runplane.sql import load_queries
-from runplane.types import MEMORY_LIMIT_ERROR, RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 
 QUERIES = load_queries("dispatcher.kubernetes")
 

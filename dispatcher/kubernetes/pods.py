@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.launcher import LaunchRequest
-from runplane.settings import KubernetesSettings
-from runplane.types import RunId
+from runplane.basics.settings import KubernetesSettings
+from runplane.basics.types import RunId
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "runplane"

@@ -31,11 +31,11 @@ from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import CLUSTER, MANAGED_BY, MANAGER, run_labels, runner_pod, token_secret
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane import supervise
-from runplane.db import Connection, fetch_one
-from runplane.errors import ServiceUnavailable
-from runplane.run_tokens import new_run_token, run_token_hash
-from runplane.settings import Settings, WarmPoolSettings
+from runplane.adapters.db import Connection, fetch_one
+from runplane.basics import supervise
+from runplane.basics.errors import ServiceUnavailable
+from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.settings import Settings, WarmPoolSettings
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,9 @@ from kubernetes.watch.watch import iter_resp_lines
 from dispatcher.kubernetes import api as kubernetes_api
 from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.pods import SELECTOR, PodState, PodView, view_pod
-from runplane import supervise
-from runplane.settings import Settings
-from runplane.types import RunId
+from runplane.basics import supervise
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunId
 
 log = logging.getLogger(__name__)
 

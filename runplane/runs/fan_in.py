@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from runplane.db import Connection
+from runplane.adapters.db import Connection
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from runplane.sql import load_queries
-from runplane.types import AccountId, JobId, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 

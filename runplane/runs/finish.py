@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane import instruments
-from runplane.bus import Bus, Topology
-from runplane.db import Connection
+from runplane.adapters import instruments
+from runplane.adapters.bus import Bus, Topology
+from runplane.adapters.db import Connection
+from runplane.basics.types import AccountId, JobId, Outcome, RunId, RunStatus
 from runplane.runs.fan_in import queue_fan_ins
 from runplane.runs.pickups import hint_pickups
 from runplane.runs.retries import RetryPolicy, queue_retry
 from runplane.runs.transitions import TRANSITIONS
-from runplane.types import AccountId, JobId, Outcome, RunId, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,11 @@ from collections.abc import Iterable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from runplane import instruments, redis_keys
-from runplane.bus import Bus, Topology
-from runplane.errors import ServiceUnavailable
-from runplane.settings import Settings
+from runplane.adapters import instruments
+from runplane.adapters.bus import Bus, Topology
+from runplane.basics import redis_keys
+from runplane.basics.errors import ServiceUnavailable
+from runplane.basics.settings import Settings
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.bus import Bus, Topology
-from runplane.db import Connection
-from runplane.dbt_context import DROP_SCHEMA_MACRO
+from runplane.adapters.bus import Bus, Topology
+from runplane.adapters.db import Connection
+from runplane.basics.types import AccountId, JobId, RunId
+from runplane.dbt.context import DROP_SCHEMA_MACRO
 from runplane.runs.pickups import hint_pickups
 from runplane.sql import load_queries
-from runplane.types import AccountId, JobId, RunId
 
 log = logging.getLogger(__name__)
 

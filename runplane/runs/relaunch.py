@@ -17,13 +17,13 @@ import logging
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.bus import Bus
-from runplane.db import Connection
+from runplane.adapters.bus import Bus
+from runplane.adapters.db import Connection
+from runplane.basics.settings import Settings
+from runplane.basics.types import FailureKind, Outcome, RunStatus
 from runplane.runs.finish import end_run, finish_run
 from runplane.runs.retries import RetryPolicy, backoff
 from runplane.runs.transitions import TRANSITIONS
-from runplane.settings import Settings
-from runplane.types import FailureKind, Outcome, RunStatus
 
 log = logging.getLogger(__name__)
 

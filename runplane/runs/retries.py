@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import psycopg.types.json
 
-from runplane.db import Connection
+from runplane.adapters.db import Connection
+from runplane.basics.settings import RunnerSettings
+from runplane.basics.types import FailureKind, RunId, retry_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
-from runplane.settings import RunnerSettings
-from runplane.types import FailureKind, RunId, retry_idempotency_key
 
 Q = TRANSITIONS
 

@@ -180,7 +180,7 @@ ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id
 
 -- name: queue_completion_triggers
--- One run per downstream job and upstream run: the key is runplane.types.completion_idempotency_key.
+-- One run per downstream job and upstream run: the key is runplane.basics.types.completion_idempotency_key.
 INSERT INTO runs (account_id, job_id, job_type, trigger, cause, idempotency_key, upstream_run_id,
                   priority, takes_slot, scheduled_at)
 SELECT j.account_id, j.id, j.job_type, 'completion',

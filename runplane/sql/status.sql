@@ -78,7 +78,7 @@ LIMIT 50;
 
 -- name: accounts_on_time
 -- Per account with runs queued in the window: runs that started or can no longer be on time, and
--- how many of those were on time (runplane/on_time.py). One index range per account
+-- how many of those were on time (runplane/basics/on_time.py). One index range per account
 -- (runs_account_queued_idx), so the cost follows the window, not the history.
 SELECT a.id AS account_id, a.name AS account_name, w.considered, w.on_time
 FROM accounts a

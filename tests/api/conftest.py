@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.client import channel
-from api.server import RunningApi, start_server
-from runplane.settings import Settings
+from api.grpc.server import RunningApi, start_server
+from client.cli import channel
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc
 
 AsyncDb = psycopg.AsyncConnection[tuple[Any, ...]]

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from api.admin import DEMO_JOBS, create_account, create_token, seed_demo
-from api.server import RunningApi
-from runplane.errors import InvalidArgument, NotFound
-from runplane.settings import Settings
+from api.grpc.server import RunningApi
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import AsyncDb, connect, deploy_job, scalar
 

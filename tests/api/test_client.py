@@ -1,4 +1,4 @@
-"""The command-line client (``python -m api.client``) against the in-process server."""
+"""The command-line client (``python -m client``) against the in-process server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from tests.api.conftest import AsyncDb, Client
 from tests.support.polling import eventually
 
@@ -30,7 +30,7 @@ async def start(env: dict[str, str], *args: str, json_output: bool = True) -> as
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "api.client",
+        "client",
         *(("--json",) if json_output else ()),
         *args,
         env=env,

@@ -19,10 +19,10 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.git_events import is_repository, repository_path
-from api.server import RunningApi, start_server
-from runplane.secrets import generate_key
-from runplane.settings import Settings
+from api.grpc.server import RunningApi, start_server
+from api.webhooks.git_events import is_repository, repository_path
+from runplane.basics.secrets import generate_key
+from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
 
 HEAD_SHA = "ec26c3e57ca3a959ca5aad62de7213c562f8c821"

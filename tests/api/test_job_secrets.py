@@ -6,9 +6,9 @@ import json
 
 import grpc
 
-from api.server import start_server
-from runplane.secrets import SecretBox
-from runplane.settings import Settings
+from api.grpc.server import start_server
+from runplane.basics.secrets import SecretBox
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, connect, deploy_job, scalar, status_of
 from tests.conftest import TEST_SECRET_KEYS

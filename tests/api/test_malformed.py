@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from api.client import channel
-from api.server import RunningApi
+from api.grpc.server import RunningApi
+from client.cli import channel
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import Client
 from tests.api.conftest import status_of as call_status

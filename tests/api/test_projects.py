@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.client import channel
-from api.server import RunningApi
-from runplane.settings import Settings
+from api.grpc.server import RunningApi
+from client.cli import channel
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc
 from tests.api.conftest import status_of
 

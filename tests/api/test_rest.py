@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from api.admin import create_account, create_token
-from api.server import RunningApi
-from runplane.settings import Settings
+from api.grpc.server import RunningApi
+from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
 
 

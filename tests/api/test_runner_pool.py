@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from dispatcher.kubernetes.pool import QUERIES
-from runplane.run_tokens import new_run_token, run_token_hash
-from runplane.types import RunStatus
+from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.types import RunStatus
 from runplane.v1 import runner_pb2, runner_pb2_grpc
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row
 

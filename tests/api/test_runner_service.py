@@ -17,13 +17,13 @@ import grpc
 import pytest
 from psycopg.types.json import Jsonb
 
-from api.runner_service import RunnerService
-from api.server import RunningApi
+from api.grpc.server import RunningApi
+from api.runner.service import RunnerService
 from api.store import Store
-from runplane.run_tokens import new_run_token
-from runplane.secrets import SecretBox
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from runplane.basics.run_tokens import new_run_token
+from runplane.basics.secrets import SecretBox
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
 from tests.conftest import TEST_SECRET_KEYS
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row

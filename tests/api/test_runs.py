@@ -10,10 +10,10 @@ import aio_pika
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from api.server import start_server
-from runplane.bus import Topology
+from api.grpc.server import start_server
+from runplane.adapters.bus import Topology
+from runplane.basics.settings import Settings
 from runplane.runs.pickups import pickup_accounts
-from runplane.settings import Settings
 from runplane.v1 import bus_pb2, common_pb2, jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, connect, deploy_job, scalar, status_of
 

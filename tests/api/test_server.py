@@ -11,9 +11,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from api.client import channel
-from api.errors import status_of
-from runplane.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceUnavailable, Unauthenticated
+from api.grpc.errors import status_of
+from client.cli import channel
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceUnavailable, Unauthenticated
 from runplane.v1 import jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, deploy_job
 from tests.api.conftest import status_of as call_status
@@ -27,10 +27,10 @@ async def test_an_unexpected_error_is_internal_logged_and_the_server_keeps_servi
     job = await client.jobs.CreateJob(deploy_job())
     run = await client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=job.id))
     await adb.execute("ALTER TABLE artifacts RENAME TO artifacts_elsewhere")
-    with caplog.at_level(logging.ERROR, logger="api.errors"):
+    with caplog.at_level(logging.ERROR, logger="api.grpc.errors"):
         code, details = await call_status(client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id)))
     assert code is grpc.StatusCode.INTERNAL and details == "internal error"  # no internals leak to clients
-    [record] = [r for r in caplog.records if r.name == "api.errors"]
+    [record] = [r for r in caplog.records if r.name == "api.grpc.errors"]
     assert record.exc_info is not None and "ListArtifacts" in record.getMessage()
     await adb.execute("ALTER TABLE artifacts_elsewhere RENAME TO artifacts")
     listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))

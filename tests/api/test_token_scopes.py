@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from api.admin import create_account, create_token, revoke_token
-from api.server import RunningApi
-from runplane.errors import InvalidArgument, NotFound
-from runplane.settings import Settings
+from api.grpc.server import RunningApi
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.settings import Settings
 from runplane.v1 import jobs_pb2
 from tests.api.conftest import AsyncDb, connect, deploy_job, scalar, status_of
 

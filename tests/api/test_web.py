@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from api.admin import create_account, create_token
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from api.web.session import csrf_for
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
 
 

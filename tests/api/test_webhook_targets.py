@@ -13,12 +13,12 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from api.admin import create_account
-from api.webhook_deliveries import WebhookDeliverer
-from api.webhook_targets import TargetPolicy, TargetRefused
-from runplane.db import Connection, close_pool, open_pool
-from runplane.errors import InvalidArgument
-from runplane.secrets import SecretBox
-from runplane.settings import Settings
+from api.webhooks.deliveries import WebhookDeliverer
+from api.webhooks.targets import TargetPolicy, TargetRefused
+from runplane.adapters.db import Connection, close_pool, open_pool
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.secrets import SecretBox
+from runplane.basics.settings import Settings
 
 REFUSED = [
     "127.0.0.1",

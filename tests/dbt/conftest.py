@@ -18,11 +18,11 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.client import channel
-from api.server import RunningApi, start_server
+from api.grpc.server import RunningApi, start_server
+from client.cli import channel
 from runner.service import run as run_runner
-from runplane.secrets import generate_key
-from runplane.settings import Settings
+from runplane.basics.secrets import generate_key
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
 from tests.support.records import make_starting
 

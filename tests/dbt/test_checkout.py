@@ -15,8 +15,8 @@ import grpc
 import psycopg
 import pytest
 
-from api.server import RunningApi
-from runplane.settings import Settings
+from api.grpc.server import RunningApi
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, projects_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, git, make_repository, run_job, run_log, warehouse
 

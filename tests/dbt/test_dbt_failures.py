@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from runner.service import run as run_runner
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
 from tests.dbt.conftest import (
     Client,

@@ -10,8 +10,8 @@ import grpc
 import psycopg
 import pytest
 
-from api.run_spec import DEFER_STATE_DIR
-from runplane.settings import Settings
+from api.runner.run_spec import DEFER_STATE_DIR
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log, tables
 

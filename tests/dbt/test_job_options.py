@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from api.admin import create_token
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from runner.service import run as run_runner
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log, start_run
 

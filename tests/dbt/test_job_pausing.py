@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from api.admin import update_account_settings
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.dbt.conftest import Client, dbt_job, environment, make_repository, run_job
 

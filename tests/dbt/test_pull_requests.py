@@ -17,11 +17,11 @@ import psycopg
 import pytest
 
 from api.admin import create_token, update_account_settings
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from runner.service import run as run_runner
-from runplane.db import open_pool
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
 from runplane.runs.pull_requests import DROP_SCHEMA_STEP, superseded_message, sweep_pull_request_schemas
-from runplane.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.dbt.conftest import (
     Client,

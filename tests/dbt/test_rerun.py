@@ -13,7 +13,7 @@ import pytest
 
 from api.rerunning import RETRY_STATE_DIR
 from runner.service import run as run_runner
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_log, start_run, tables
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runplane import instruments
+from runplane.adapters import instruments
 from tests.deploy.test_chart import helm
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runplane.settings import Settings, WarmPoolSettings
+from runplane.basics.settings import Settings, WarmPoolSettings
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION, REAL_KUBE_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from runplane import instruments
+from runplane.adapters import instruments
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "runplane.json"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runplane.cli import _parser
+from runplane.commands.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -41,7 +41,7 @@ def test_images_run_the_runplane_console_script_as_non_root(name: str) -> None:
     path = DOCKER / name
     assert exec_form(last(path, "ENTRYPOINT")) == ["runplane"]
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
-    assert scripts["runplane"] == "runplane.cli:main"
+    assert scripts["runplane"] == "runplane.commands.cli:main"
     user = last(path, "USER").split(":")[0]
     assert user not in ("root", "0") and int(user) >= 1000
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from runplane.locks import RedisAccountLocks
-from runplane.settings import Settings
+from runplane.adapters.locks import RedisAccountLocks
+from runplane.basics.settings import Settings
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import redis
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.service import Dispatcher
-from runplane.bus import AmqpBus
-from runplane.db import open_pool
-from runplane.locks import RedisAccountLocks
+from runplane.adapters.bus import AmqpBus
+from runplane.adapters.db import open_pool
+from runplane.adapters.locks import RedisAccountLocks
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, RunStatus
 from runplane.runs.pickups import pickup, pickup_accounts, pickups
-from runplane.settings import Settings
-from runplane.types import AccountId, RunStatus
 from runplane.v1 import bus_pb2
 from tests.support.launchers import HoldingLauncher
 from tests.support.pickups import waiting_pickup_accounts

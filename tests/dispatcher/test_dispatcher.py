@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.service import Dispatcher
-from runplane.db import open_pool
-from runplane.errors import LaunchError
-from runplane.locks import RedisAccountLocks
-from runplane.settings import Settings
-from runplane.types import AccountId, RunStatus
+from runplane.adapters.db import open_pool
+from runplane.adapters.locks import RedisAccountLocks
+from runplane.basics.errors import LaunchError
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, RunStatus
 from tests.support.launchers import HoldingLauncher
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row, statuses
 
@@ -123,7 +123,7 @@ def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
     from dispatcher.launcher_choice import companion, intake_gate, make_launcher
     from dispatcher.local_launcher import LocalLauncher
     from dispatcher.noop_launcher import NoopLauncher
-    from runplane.errors import InvalidArgument
+    from runplane.basics.errors import InvalidArgument
 
     pool = object()
     assert isinstance(make_launcher(settings, pool), LocalLauncher)  # type: ignore[arg-type]

@@ -12,12 +12,12 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from api.server import RunningApi
+from api.grpc.server import RunningApi
 from dispatcher.launcher import Launcher, LaunchRequest
 from dispatcher.local_launcher import LocalLauncher
-from runplane.errors import LaunchError
-from runplane.settings import Settings
-from runplane.types import AccountId, JobId, RunId, RunStatus
+from runplane.basics.errors import LaunchError
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.support.launchers import HoldingLauncher
 from tests.support.polling import eventually
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row

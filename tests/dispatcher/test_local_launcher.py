@@ -14,8 +14,8 @@ import pytest
 
 from dispatcher.launcher import LaunchRequest
 from dispatcher.local_launcher import LocalLauncher, closed_to_others
-from runplane.settings import Settings
-from runplane.types import AccountId, JobId, RunId, RunStatus
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.support.polling import eventually
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from dispatcher.run_slots import ActiveRun, QueuedRun, plan_dispatch
-from runplane.types import JobId, JobType, RunId, WaitingReason, ci_schema
+from runplane.basics.types import JobId, JobType, RunId, WaitingReason, ci_schema
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import aio_pika
 import psycopg
 
-from runplane.bus import Topology
+from runplane.adapters.bus import Topology
 from tests.faults.test_process_faults import SERVICES
 from tests.faults.world import World, make_world
 

@@ -16,9 +16,9 @@ import aio_pika
 import psutil
 import pytest
 
-from runplane.bus import Topology
-from runplane.cron import next_fire
-from runplane.settings import Settings
+from runplane.adapters.bus import Topology
+from runplane.basics.cron import next_fire
+from runplane.basics.settings import Settings
 from tests.faults.world import BASIC, EVERY_MINUTE, World, fire_done, make_world, probe_run, run_delay_p99
 from tests.support.polling import wait_for
 

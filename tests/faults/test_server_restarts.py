@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from runplane.cron import next_fire
+from runplane.basics.cron import next_fire
 from tests.faults.world import BASIC, EVERY_MINUTE, FAST, World, fire_done, make_world, probe_run, run_delay_p99
 from tests.support.polling import wait_for
 

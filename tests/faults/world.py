@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psycopg
 
-from runplane.cron import fires_between
-from runplane.migrate import migrate
+from runplane.basics.cron import fires_between
+from runplane.commands.migrate import migrate
 from tests.faults.invariants import Db, Report, check
 from tests.faults.servers import OwnPostgres, OwnRabbit, OwnRedis
 from tests.support.polling import wait_for

@@ -9,10 +9,10 @@ from functools import reduce
 import pytest
 
 from orchestrator.leadership import LEADER_LOCK_KEY
-from runplane.bus import AmqpBus, Topology
-from runplane.ownership import job_digest
-from runplane.settings import Settings
-from runplane.stamps import Stamp
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.basics.ownership import job_digest
+from runplane.basics.settings import Settings
+from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
 from tests.support.polling import eventually
 from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, scalar

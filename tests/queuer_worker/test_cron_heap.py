@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from queuer_worker.heap import CronHeap, Definition, missed_fire
-from runplane.cron import next_fire, previous_fire
-from runplane.ownership import job_digest
+from runplane.basics.cron import next_fire, previous_fire
+from runplane.basics.ownership import job_digest
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

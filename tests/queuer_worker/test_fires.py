@@ -26,9 +26,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import service as orchestrator
 from queuer_worker.worker import QueuerWorker
-from runplane.bus import AmqpBus
-from runplane.db import Connection, open_pool
-from runplane.settings import Settings
+from runplane.adapters.bus import AmqpBus
+from runplane.adapters.db import Connection, open_pool
+from runplane.basics.settings import Settings
 from tests.orchestrator.test_ownership import NEVER_SOON, all_claimed, within, workers_agree
 from tests.support.pickups import waiting_pickup_accounts
 from tests.support.polling import eventually

@@ -9,8 +9,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker.firing import prepare_chunks, queue_runs
-from runplane.db import Connection, open_pool
-from runplane.settings import Settings
+from runplane.adapters.db import Connection, open_pool
+from runplane.basics.settings import Settings
 from tests.support.queuer import Db, insert_accounts, insert_jobs
 
 FIRE = 1_900_000_020 // 60 * 60  # a minute boundary

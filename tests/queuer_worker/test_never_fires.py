@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from runplane.cron import NeverFires, next_fire, validate_fires
-from runplane.errors import InvalidArgument
-from runplane.settings import Settings
+from runplane.basics.cron import NeverFires, next_fire, validate_fires
+from runplane.basics.errors import InvalidArgument
+from runplane.basics.settings import Settings
 from tests.support.polling import eventually
 from tests.support.queuer import Cluster, Db, insert_jobs, ownership
 from tests.support.reports import failed

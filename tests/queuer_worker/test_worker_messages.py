@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from queuer_worker.worker import QueuerWorker
-from runplane.bus import AmqpBus, Topology
-from runplane.db import open_pool
-from runplane.settings import Settings
-from runplane.stamps import Stamp
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
+from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
 from tests.support.pickups import waiting_pickup_accounts
 from tests.support.polling import eventually

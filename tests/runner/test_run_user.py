@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from runner.run_user import RunUser, lease_run_user
-from runplane.settings import RunnerSettings
+from runplane.basics.settings import RunnerSettings
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="leasing run uids needs root")

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from runner.service import run as run_with_token
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from tests.support.polling import eventually
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row
 

@@ -14,9 +14,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 
-from runplane.bus import MAX_DELIVERIES, AmqpBus, Delivery, Handler, Topology
-from runplane.errors import ServiceUnavailable
-from runplane.settings import Settings
+from runplane.adapters.bus import MAX_DELIVERIES, AmqpBus, Delivery, Handler, Topology
+from runplane.basics.errors import ServiceUnavailable
+from runplane.basics.settings import Settings
 from runplane.v1 import bus_pb2
 from tests.support.polling import eventually
 

@@ -6,8 +6,8 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from runplane.db import connect, database_errors, open_pool
-from runplane.errors import Contention, DatabaseError, ServiceUnavailable
+from runplane.adapters.db import connect, database_errors, open_pool
+from runplane.basics.errors import Contention, DatabaseError, ServiceUnavailable
 
 
 async def test_a_refused_statement_is_a_database_error_caused_by_psycopgs(database_url: str) -> None:

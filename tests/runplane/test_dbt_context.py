@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from runner.dbt_env import dbt_cloud_variables
-from runplane.dbt_context import context_from_row, from_proto, to_proto
-from runplane.types import JobType, Trigger
+from runplane.basics.types import JobType, Trigger
+from runplane.dbt.context import context_from_row, from_proto, to_proto
 
 
 def row(**changes: Any) -> dict[str, Any]:

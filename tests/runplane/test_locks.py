@@ -3,8 +3,8 @@ the "again" marks that hand a skipped account back to its holder."""
 
 from __future__ import annotations
 
-from runplane.locks import RedisAccountLocks
-from runplane.settings import Settings
+from runplane.adapters.locks import RedisAccountLocks
+from runplane.basics.settings import Settings
 from tests.support.polling import eventually
 
 

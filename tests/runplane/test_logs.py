@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from runplane.logs import JsonFormatter, TextFormatter
+from runplane.basics.logs import JsonFormatter, TextFormatter
 
 
 def _record(**extra: object) -> logging.LogRecord:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from runplane.errors import FailedPrecondition
-from runplane.migrate import migrate, migrations
+from runplane.basics.errors import FailedPrecondition
+from runplane.commands.migrate import migrate, migrations
 from tests.conftest import ADMIN_URL, _db_url, _drop
 
 SCHEMA_QUERY = """

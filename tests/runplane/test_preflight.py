@@ -8,8 +8,8 @@ import sys
 
 import redis
 
-from runplane.preflight import ensure_services
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
+from runplane.commands.preflight import ensure_services
 from tests.support.ports import free_port
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import runplane.process_privacy
+import runplane.basics.process_privacy
 from tests.support.files import readable_by_all
 
 NOBODY = 65534
 # Readable by any user (an interpreter under /root may not be), as for the probe of a run step.
 SYSTEM_PYTHON = "/usr/bin/python3"
-MODULE = readable_by_all(Path(runplane.process_privacy.__file__))
+MODULE = readable_by_all(Path(runplane.basics.process_privacy.__file__))
 # The holder: a secret in its environment, undumpable or not as told, then it waits for stdin to close.
 HOLDER = f"""
 import runpy, sys

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from runplane.stamps import LogicalClock, Stamp, StampGate
+from runplane.basics.stamps import LogicalClock, Stamp, StampGate
 
 
 def test_stamps_order_by_term_then_clock() -> None:

@@ -9,7 +9,7 @@ import sys
 
 import psycopg
 
-from runplane.status import snapshot
+from runplane.commands.status import snapshot
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -87,8 +87,8 @@ def test_run_delay_percentiles_follow_the_rows(db: Conn, database_url: str) -> N
 
 
 async def test_status_shows_the_dead_letter_queue(database_url: str, prefix: str, _cleanup_bus: None) -> None:
-    from runplane.bus import AmqpBus, Topology
-    from runplane.settings import Settings
+    from runplane.adapters.bus import AmqpBus, Topology
+    from runplane.basics.settings import Settings
     from runplane.v1 import bus_pb2
 
     bus = await AmqpBus.connect(Settings().amqp_url)

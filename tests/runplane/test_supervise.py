@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runplane.supervise import TaskEnded, spawn, wait_any
+from runplane.basics.supervise import TaskEnded, spawn, wait_any
 
 
 async def test_an_eternal_task_that_returns_before_stop_fails_its_group() -> None:

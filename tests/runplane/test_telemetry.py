@@ -14,8 +14,8 @@ from tests.support.ports import free_port
 
 SCRIPT = """
 import sys, time
-from runplane.telemetry import setup_metrics
-from runplane import instruments as m
+from runplane.adapters.telemetry import setup_metrics
+from runplane.adapters import instruments as m
 setup_metrics("test", int(sys.argv[1]), host="127.0.0.1")
 attrs = {"trigger": "schedule", "job_type": "deploy"}
 for delay in (3.0, 30.0, 90.0):

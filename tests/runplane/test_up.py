@@ -126,7 +126,7 @@ def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: di
 
 
 def test_restart_backoff_doubles_to_a_bound_and_starts_over_after_a_stable_run() -> None:
-    from runplane.up import RESTART_BACKOFF_CAP, RESTART_STABLE_AFTER, Child, restart_delay
+    from runplane.commands.up import RESTART_BACKOFF_CAP, RESTART_STABLE_AFTER, Child, restart_delay
 
     child = Child("scheduler", [], {})
     delays = [restart_delay(child, now=1.0) for _ in range(8)]

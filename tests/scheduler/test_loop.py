@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
-from runplane.bus import AmqpBus, Topology
-from runplane.db import open_pool
+from runplane.adapters.bus import AmqpBus, Topology
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from runplane.runs.pickups import PendingPickups
-from runplane.settings import Settings
-from runplane.types import RunStatus
 from scheduler.loop import SchedulerLoop
 from tests.support.ports import free_port
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row

@@ -8,7 +8,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from runplane.db import open_pool
+from runplane.adapters.db import open_pool
 from scheduler import metrics
 
 Db = psycopg.Connection[tuple[object, ...]]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from runplane import instruments
-from runplane.db import open_pool
-from runplane.settings import SchedulerSettings
-from runplane.status import snapshot
+from runplane.adapters import instruments
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import SchedulerSettings
+from runplane.commands.status import snapshot
 from scheduler.on_time import OnTimeGauge
 
 Db = psycopg.Connection[tuple[object, ...]]

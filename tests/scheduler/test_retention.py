@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.db import Connection, open_pool
-from runplane.settings import Settings
+from runplane.adapters.db import Connection, open_pool
+from runplane.basics.settings import Settings
 from scheduler.retention import delete_expired_runs
 from tests.support.records import Conn, create_account, create_job, queue_run, rows
 

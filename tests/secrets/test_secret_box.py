@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from runplane.secrets import (
+from runplane.basics.secrets import (
     MASK,
     SecretBox,
     SecretKeyError,
@@ -21,7 +21,7 @@ from runplane.secrets import (
     load_or_create_key_file,
     mask,
 )
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 
 
 def test_round_trip_and_ciphertext_hides_the_value() -> None:

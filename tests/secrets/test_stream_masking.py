@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.run_logs import StreamMasker
-from runplane.secrets import mask
+from runplane.basics.secrets import mask
 
 _TEXT = st.text(alphabet="abcs3*-\n", max_size=60)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from tests.support.kubernetes_cluster import Rest, RestError
 from tests.support.kubernetes_fixtures import Cluster
 from tests.support.processes import Services, wait_for_port

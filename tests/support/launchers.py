@@ -6,7 +6,7 @@ Its conformance with the real launchers is tested in tests/dispatcher/test_launc
 from __future__ import annotations
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.errors import LaunchError
+from runplane.basics.errors import LaunchError
 
 
 class HoldingLauncher:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import aio_pika
 
-from runplane.bus import Topology, decode
+from runplane.adapters.bus import Topology, decode
+from runplane.basics.settings import Settings
 from runplane.runs.pickups import pickup_accounts
-from runplane.settings import Settings
 from runplane.v1 import bus_pb2
 
 

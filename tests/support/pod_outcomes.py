@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runplane.types import RunId, RunStatus
+from runplane.basics.types import RunId, RunStatus
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from runplane.bus import AmqpBus, Topology
+from runplane.adapters.bus import AmqpBus, Topology
 from runplane.v1 import bus_pb2
 from tests.support.polling import wait_for
 from tests.support.ports import free_port, listening, listening_by

@@ -14,8 +14,8 @@ from typing import Any
 import aio_pika
 import psycopg
 
-from runplane.bus import Topology
-from runplane.settings import Settings
+from runplane.adapters.bus import Topology
+from runplane.basics.settings import Settings
 from tests.support.polling import eventually
 from tests.support.wall_clock import FakeClock
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from runplane.run_tokens import new_run_token, run_token_hash
-from runplane.secrets import SecretBox
+from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.secrets import SecretBox
 from tests.conftest import TEST_SECRET_KEYS
 
 Conn = psycopg.Connection[Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from runplane.supervise import wait_any
+from runplane.basics.supervise import wait_any
 
 
 class FakeClock:

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 import redis
 
-from runplane import redis_keys
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from runplane.basics import redis_keys
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from tests.support.polling import wait_for
 from tests.support.processes import OwnRedis, Services, publish_pickup
 from tests.support.records import Conn, all_terminal, create_account, create_job, queue_run, rows, run_row

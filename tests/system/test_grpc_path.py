@@ -9,10 +9,10 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.client import channel
-from api.server import RunningApi, start_server
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from api.grpc.server import RunningApi, start_server
+from client.cli import channel
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 from tests.support.polling import eventually
 from tests.support.processes import Services

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.client import channel
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from client.cli import channel
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 from tests.support.kubernetes_cluster import ClusterError, Node
 from tests.support.kubernetes_fixtures import Cluster

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runplane.types import RunStatus
+from runplane.basics.types import RunStatus
 from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import (

@@ -23,7 +23,7 @@ import pytest
 import trustme
 
 from api.admin import create_account
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
 from tests.support.processes import Services

@@ -23,8 +23,8 @@ from schemathesis.generation.modes import GenerationMode
 
 from api.admin import create_account
 from api.rest.app import create_app
-from runplane.secrets import generate_key
-from runplane.settings import Settings
+from runplane.basics.secrets import generate_key
+from runplane.basics.settings import Settings
 from tests.support.ports import free_port
 from tests.support.processes import Services
 

@@ -10,10 +10,10 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.admin import create_account
-from api.client import channel
-from api.server import start_server
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from api.grpc.server import start_server
+from client.cli import channel
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 from tests.support.polling import wait_for
 from tests.support.processes import Services

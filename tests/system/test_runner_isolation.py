@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from runplane.settings import RunnerSettings
-from runplane.types import RunStatus
+from runplane.basics.settings import RunnerSettings
+from runplane.basics.types import RunStatus
 from tests.support.files import readable_by_all
 from tests.support.polling import wait_for
 from tests.support.processes import Services

@@ -15,8 +15,8 @@ import signal
 import pytest
 
 from runner.service import run
-from runplane.settings import Settings
-from runplane.types import RunStatus
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunStatus
 from tests.support.polling import eventually
 from tests.support.processes import Services, wait_for_port
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from api.admin import create_account
-from runplane.settings import Settings
+from runplane.basics.settings import Settings
 from tests.support.ports import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt]

@@ -23,8 +23,8 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from runplane.secrets import generate_key
-from runplane.settings import Settings
+from runplane.basics.secrets import generate_key
+from runplane.basics.settings import Settings
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
 from tests.support.processes import Services
@@ -193,7 +193,7 @@ def test_subscriptions_are_per_account_and_checked(rest: tuple[httpx.Client, int
     assert [s["id"] for s in http.get(f"{base}/subscriptions").json()["data"]] == [made["id"]]
     token = http.headers["Authorization"].split()[1]
     cli = subprocess.run(
-        [sys.executable, "-m", "api.client", "--json", "webhook-list", "--account", str(account_id)],
+        [sys.executable, "-m", "client", "--json", "webhook-list", "--account", str(account_id)],
         env={**os.environ, "RUNPLANE_TOKEN": token, "RUNPLANE_REST_URL": str(http.base_url)},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -12,7 +12,7 @@ import kubernetes.client
 import pytest
 
 from dispatcher.kubernetes.api import without_client_retries
-from runplane.settings import DispatcherSettings, KubernetesSettings, SchedulerSettings, Settings
+from runplane.basics.settings import DispatcherSettings, KubernetesSettings, SchedulerSettings, Settings
 
 NAMESPACE = "runs"
 KUBE_VERSION = "1.31"  # the chart's newest kubeVersion; every manifest is validated against this schema

@@ -11,8 +11,8 @@ import pytest
 from google.protobuf.message import Message
 
 from dispatcher.kubernetes.gate import ClusterGate
-from runplane.bus import AmqpBus, Delivery
-from runplane.settings import Settings
+from runplane.adapters.bus import AmqpBus, Delivery
+from runplane.basics.settings import Settings
 from runplane.v1 import bus_pb2
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane

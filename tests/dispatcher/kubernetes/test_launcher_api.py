@@ -23,8 +23,8 @@ from dispatcher.kubernetes.api import CallRetries
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import SELECTOR
 from dispatcher.launcher import LaunchRequest
-from runplane.errors import LaunchError
-from runplane.types import AccountId, JobId, RunId
+from runplane.basics.errors import LaunchError
+from runplane.basics.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import NAMESPACE, client_config, k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest, service_account_token
 

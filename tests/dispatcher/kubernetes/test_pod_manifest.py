@@ -11,8 +11,8 @@ import pytest
 from dispatcher.kubernetes.launcher import _pod_create_limiter
 from dispatcher.kubernetes.pods import PodState, build_pod, build_token_secret, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
-from runplane.settings import KubernetesSettings
-from runplane.types import AccountId, JobId, RunId
+from runplane.basics.settings import KubernetesSettings
+from runplane.basics.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION
 
 REQUEST = LaunchRequest(

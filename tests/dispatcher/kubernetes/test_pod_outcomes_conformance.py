@@ -18,9 +18,9 @@ import pytest
 
 from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
 from dispatcher.kubernetes.watch import PodOutcomes
-from runplane.db import open_pool
-from runplane.settings import Settings
-from runplane.types import RunId, RunStatus
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
+from runplane.basics.types import RunId, RunStatus
 from tests.support.pod_outcomes import RecordedOutcomes, TwinRun
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row
 

@@ -22,10 +22,10 @@ from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
-from runplane.db import open_pool
-from runplane.run_tokens import new_run_token
-from runplane.settings import Settings
-from runplane.types import AccountId, JobId, RunId, RunStatus
+from runplane.adapters.db import open_pool
+from runplane.basics.run_tokens import new_run_token
+from runplane.basics.settings import Settings
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest
 from tests.support.polling import eventually

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dispatcher.kubernetes.pool import POOL, WarmPools
-from runplane.db import open_pool
-from runplane.settings import WarmPoolSettings
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import WarmPoolSettings
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest
 from tests.support.records import Conn, create_account, create_job, queue_run

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.db import Connection, open_pool
+from runplane.adapters.db import Connection, open_pool
+from runplane.basics.settings import Settings
+from runplane.basics.types import FailureKind, Outcome
 from runplane.runs.fan_in import fan_in_idempotency_key
 from runplane.runs.finish import finish_run
 from runplane.runs.retries import RetryPolicy
-from runplane.settings import Settings
-from runplane.types import FailureKind, Outcome
 from tests.support.records import Conn, create_account, create_job, queue_run, rows
 
 POLICY = RetryPolicy(backoff_base=10.0, backoff_cap=40.0)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from runplane.db import open_pool
+from runplane.adapters.db import open_pool
+from runplane.basics.settings import Settings
+from runplane.basics.types import FailureKind, Outcome, RunStatus, completion_idempotency_key, retry_idempotency_key
 from runplane.runs.finish import DEFAULT_DEACTIVATE_AFTER_FAILURES, end_run, finish_run
 from runplane.runs.retries import RetryPolicy
-from runplane.settings import Settings
-from runplane.types import FailureKind, Outcome, RunStatus, completion_idempotency_key, retry_idempotency_key
 from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 POLICY = RetryPolicy(backoff_base=10.0, backoff_cap=40.0)

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from runplane.run_tokens import new_run_token, run_token_hash
+from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.runs.transitions import TRANSITIONS
 from tests.support.records import create_account, create_job, queue_run
 

@@ -1,0 +1,179 @@
+"""ProjectService: an account's dbt projects (git repositories) and their environments.
+
+Secret fields (the git credential, a connection's password or keyfile) are encrypted with the
+configured keys (``RUNPLANE_SECRET_KEYS``, :mod:`runplane.basics.secrets`) before they are stored, and never
+returned: a project says whether its credential is set, an environment which secret fields are.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from api.auth import current_account
+from api.grpc import convert
+from api.projects_validation import environment_spec, project_spec
+from api.store import Store
+from api.validation import positive_id
+from runplane.adapters.db import Connection
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.secrets import SecretBox, SecretKeyError, box_from_settings
+from runplane.basics.settings import Settings
+from runplane.v1 import projects_pb2, projects_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self._store = store
+        self._settings = settings
+
+    def _box(self) -> SecretBox:
+        """The keys, read when a secret is first stored: an API without keys serves everything else."""
+        try:
+            return box_from_settings(self._settings)
+        except SecretKeyError as exc:
+            raise FailedPrecondition(f"secrets cannot be stored: {exc}") from exc
+
+    async def CreateProject(self, request: projects_pb2.CreateProjectRequest, context: Context) -> projects_pb2.Project:
+        account_id = current_account()
+        spec = project_spec(request)
+        credential = self._box().encrypt(spec.credential) if spec.credential else ""
+        async with self._store.transaction() as conn:
+            row = await self._store.insert_project(conn, account_id, spec, credential)
+        log.info("project created", extra={"account_id": account_id, "project_id": row["id"]})
+        return convert.project(row)
+
+    async def GetProject(self, request: projects_pb2.GetProjectRequest, context: Context) -> projects_pb2.Project:
+        account_id = current_account()
+        project_id = positive_id(request.project_id, "project_id")
+        async with self._store.connection() as conn:
+            row = await self._store.get_project(conn, account_id, project_id)
+        if row is None:
+            raise NotFound(f"project {project_id} not found")
+        return convert.project(row)
+
+    async def ListProjects(
+        self, request: projects_pb2.ListProjectsRequest, context: Context
+    ) -> projects_pb2.ListProjectsResponse:
+        account_id = current_account()
+        async with self._store.connection() as conn:
+            rows = await self._store.list_projects(conn, account_id)
+        return projects_pb2.ListProjectsResponse(projects=[convert.project(r) for r in rows])
+
+    async def CreateEnvironment(
+        self, request: projects_pb2.CreateEnvironmentRequest, context: Context
+    ) -> projects_pb2.Environment:
+        account_id = current_account()
+        spec = environment_spec(request)
+        secrets = {name: self._box().encrypt(value) for name, value in spec.connection_secrets.items()}
+        async with self._store.transaction() as conn:
+            if await self._store.get_project(conn, account_id, spec.project_id) is None:
+                raise InvalidArgument("project_id", f"project {spec.project_id} not found")
+            row = await self._store.insert_environment(conn, account_id, spec, secrets)
+        log.info(
+            "environment created",
+            extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row["id"]},
+        )
+        return convert.environment(row)
+
+    async def GetEnvironment(
+        self, request: projects_pb2.GetEnvironmentRequest, context: Context
+    ) -> projects_pb2.Environment:
+        account_id = current_account()
+        environment_id = positive_id(request.environment_id, "environment_id")
+        async with self._store.connection() as conn:
+            row = await self._store.get_environment(conn, account_id, environment_id)
+        if row is None:
+            raise NotFound(f"environment {environment_id} not found")
+        return convert.environment(row)
+
+    async def ListEnvironments(
+        self, request: projects_pb2.ListEnvironmentsRequest, context: Context
+    ) -> projects_pb2.ListEnvironmentsResponse:
+        account_id = current_account()
+        if request.project_id < 0:
+            raise InvalidArgument("project_id", "must be a project id, or 0 for every project")
+        async with self._store.connection() as conn:
+            rows = await self._store.list_environments(conn, account_id, request.project_id or None)
+        return projects_pb2.ListEnvironmentsResponse(environments=[convert.environment(r) for r in rows])
+
+    async def UpdateProject(self, request: projects_pb2.UpdateProjectRequest, context: Context) -> projects_pb2.Project:
+        account_id = current_account()
+        project_id = positive_id(request.project_id, "project_id")
+        async with self._store.transaction() as conn:
+            current = await self._store.get_project(conn, account_id, project_id, for_update=True)
+            if current is None:
+                raise NotFound(f"project {project_id} not found")
+            spec = project_spec(request, stored_kind=str(current["git_credential_kind"]))
+            if spec.credential_kind == "none":
+                credential: str | None = ""
+            elif spec.credential:
+                credential = self._box().encrypt(spec.credential)
+            else:
+                credential = None  # the stored one, of the same kind
+            row = await self._store.update_project(conn, account_id, project_id, spec, credential)
+        assert row is not None
+        log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
+        return convert.project(row)
+
+    async def DeleteProject(
+        self, request: projects_pb2.DeleteProjectRequest, context: Context
+    ) -> projects_pb2.DeleteProjectResponse:
+        account_id = current_account()
+        project_id = positive_id(request.project_id, "project_id")
+        async with self._store.transaction() as conn:
+            if await self._store.get_project(conn, account_id, project_id, for_update=True) is None:
+                raise NotFound(f"project {project_id} not found")
+            environment_ids = await self._store.environment_ids_of_project(conn, project_id)
+            await self._refuse_while_used(conn, environment_ids, f"project {project_id}")
+            await self._store.delete_project(conn, account_id, project_id)
+        log.info("project deleted", extra={"account_id": account_id, "project_id": project_id})
+        return projects_pb2.DeleteProjectResponse()
+
+    async def UpdateEnvironment(
+        self, request: projects_pb2.UpdateEnvironmentRequest, context: Context
+    ) -> projects_pb2.Environment:
+        account_id = current_account()
+        environment_id = positive_id(request.environment_id, "environment_id")
+        async with self._store.transaction() as conn:
+            current = await self._store.get_environment(conn, account_id, environment_id, for_update=True)
+            if current is None:
+                raise NotFound(f"environment {environment_id} not found")
+            spec = environment_spec(request, project_id=int(current["project_id"]))
+            stored: dict[str, str] = dict(current["connection_secrets"])
+            for name in request.clear_secret_fields:
+                if name not in stored:
+                    raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")
+                del stored[name]
+            secrets = {
+                **stored,
+                **{name: self._box().encrypt(value) for name, value in spec.connection_secrets.items()},
+            }
+            row = await self._store.update_environment(conn, account_id, environment_id, spec, secrets)
+        assert row is not None
+        log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
+        return convert.environment(row)
+
+    async def DeleteEnvironment(
+        self, request: projects_pb2.DeleteEnvironmentRequest, context: Context
+    ) -> projects_pb2.DeleteEnvironmentResponse:
+        account_id = current_account()
+        environment_id = positive_id(request.environment_id, "environment_id")
+        async with self._store.transaction() as conn:
+            if await self._store.get_environment(conn, account_id, environment_id, for_update=True) is None:
+                raise NotFound(f"environment {environment_id} not found")
+            await self._refuse_while_used(conn, [environment_id], f"environment {environment_id}")
+            await self._store.delete_environment(conn, account_id, environment_id)
+        log.info("environment deleted", extra={"account_id": account_id, "environment_id": environment_id})
+        return projects_pb2.DeleteEnvironmentResponse()
+
+    async def _refuse_while_used(self, conn: Connection, environment_ids: list[int], what: str) -> None:
+        jobs = await self._store.live_jobs_of_environments(conn, environment_ids) if environment_ids else []
+        if jobs:
+            named = ", ".join(str(j) for j in jobs)
+            raise FailedPrecondition(f"{what} is used by jobs {named}: delete them or move them to another environment")

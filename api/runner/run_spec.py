@@ -1,0 +1,149 @@
+"""What a runner is told about its run (``runplane.v1.RunSpec``), made from the claimed run's row.
+
+Run overrides are applied here, once, so the runner never needs the rules; secret environment
+variables are decrypted here, for this runner alone, and listed in ``masked_values`` so the runner
+replaces them with ``*****`` in everything it uploads. A job with an environment also gets its
+``DbtContext`` (``runplane.dbt.context``), its connection secrets and git credential decrypted here
+and masked the same way.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from runplane.adapters.db import Connection
+from runplane.basics.secrets import SecretBox, SecretKeyError
+from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
+from runplane.dbt.context import DbtContext, context_from_row, to_proto
+from runplane.dbt.context import run_override as override
+from runplane.sql import load_queries
+from runplane.v1 import runner_pb2
+
+Q = load_queries("api.runner")
+
+SOURCE_FRESHNESS_STEP = "dbt source freshness"
+GENERATE_DOCS_STEP = "dbt docs generate"
+DEFER_STATE_DIR = ".runplane/defer-state"
+DEFER_MANIFEST = f"{DEFER_STATE_DIR}/manifest.json"
+# dbt commands that take --defer --state, and those of them that take a node selection.
+DEFERRABLE = {"build", "run", "test", "seed", "snapshot", "compile", "clone", "show", "ls", "list"}
+SELECTING = DEFERRABLE - {"show"}
+
+
+async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str], str]) -> DbtContext | None:
+    """The DbtContext of a run, or None when its job has no environment (plain commands)."""
+    cur = await conn.execute(Q["dbt_context"], {"run_id": run_id})
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return context_from_row(row, decrypt)
+
+
+def build_run_spec(
+    row: dict[str, Any],
+    *,
+    lease_id: str,
+    lease_seconds: float,
+    heartbeat_interval: float,
+    box: SecretBox | None,
+    dbt: DbtContext | None = None,
+) -> runner_pb2.RunSpec:
+    """The spec of a claimed run. ``box`` may be None only when the job has no secret. ``dbt``: the
+    run's context when its job has an environment, secrets already decrypted."""
+    overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
+    steps, optional = job_steps(row, overrides, dbt)
+    environment = {str(k): str(v) for k, v in (row["environment"] or {}).items()}
+    secrets = decrypt_secret_environment(row["secret_environment"] or {}, box)
+    environment.update(secrets)
+    masked = set(secrets.values()) | set(dbt.secrets() if dbt is not None else ())
+    spec = runner_pb2.RunSpec(
+        run_id=int(row["id"]),
+        account_id=int(row["account_id"]),
+        job_id=int(row["job_id"]),
+        steps=steps,
+        environment=environment,
+        masked_values=sorted(masked),
+        threads=int(override(overrides, "threads") or row["threads"]),
+        schema=str(override(overrides, "schema") or row["schema_name"] or ""),
+        target_name=str(override(overrides, "target_name") or row["target_name"] or ""),
+        git_branch=str(override(overrides, "git_branch") or row["git_branch"] or ""),
+        pull_request_number=int(row["pull_request_number"] or 0),
+        cause=str(row["cause"] or ""),
+        timeout_seconds=int(override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),
+        memory_mb=int(row["memory_mb"]),
+        cancel_requested=row["cancel_requested_at"] is not None,
+        trace_parent=str(row["trace_parent"] or ""),
+        lease_id=lease_id,
+        lease_seconds=lease_seconds,
+        heartbeat_interval=heartbeat_interval,
+        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
+        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
+        optional_steps=optional,
+        state_files=[runner_pb2.StateFile(**f) for f in overrides.get("state_files") or []],
+    )
+    if dbt is not None:
+        spec.dbt.CopyFrom(to_proto(dbt))
+    return spec
+
+
+def job_steps(row: dict[str, Any], overrides: dict[str, Any], dbt: DbtContext | None) -> tuple[list[str], list[int]]:
+    """The run's steps with the job options around them, and the indexes of the optional ones.
+
+    A dbt job's "run source freshness" adds ``dbt source freshness`` first and "generate docs" (the
+    run's ``generate_docs`` override, else the job's) adds ``dbt docs generate`` last; neither one's
+    failure fails the run. A schema drop run gets neither.
+    """
+    steps = [str(step) for step in override(overrides, "steps") or row["steps"]]
+    if dbt is None or dbt.drop_schema:
+        return steps, []
+    if overrides.get("defer"):
+        steps = [deferred_step(step, only_modified=bool(row["run_only_modified"])) for step in steps]
+    optional: list[int] = []
+    if row["run_source_freshness"] and not overrides.get("resume"):
+        steps.insert(0, SOURCE_FRESHNESS_STEP)
+        optional.append(0)
+    docs = overrides.get("generate_docs")
+    if docs if docs is not None else row["generate_docs"]:
+        steps.append(GENERATE_DOCS_STEP)
+        optional.append(len(steps) - 1)
+    return steps, optional
+
+
+def deferred_step(command: str, *, only_modified: bool) -> str:
+    """A dbt step with ``--defer --state`` (and, for Slim CI, ``--select state:modified+`` when it
+    selects nothing itself); any other step as it is."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    if len(words) < 2 or words[0] != "dbt" or words[1] not in DEFERRABLE or "--state" in words:
+        return command
+    extra = ["--defer", "--state", DEFER_STATE_DIR]
+    selects = {"-s", "--select", "-m", "--models", "--selector"} & set(words)
+    if only_modified and words[1] in SELECTING and not selects:
+        extra += ["--select", "state:modified+"]
+    return shlex.join([*words, *extra])
+
+
+def decrypter(box: SecretBox | None) -> Callable[[str], str]:
+    """Opens a stored secret; without keys configured, says so when a secret is there to open."""
+
+    def decrypt(token: str) -> str:
+        if box is None:
+            raise SecretKeyError(
+                "the run's environment or project has secrets but no RUNPLANE_SECRET_KEYS are configured"
+            )
+        return box.decrypt(token)
+
+    return decrypt
+
+
+def decrypt_secret_environment(stored: dict[str, Any], box: SecretBox | None) -> dict[str, str]:
+    """Secret variables' plaintext from their stored ciphertext."""
+    if not stored:
+        return {}
+    if box is None:
+        raise SecretKeyError("the job has secrets but no RUNPLANE_SECRET_KEYS are configured")
+    return {str(name): box.decrypt(str(token)) for name, token in stored.items()}

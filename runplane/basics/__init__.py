@@ -1,0 +1,9 @@
+"""The basics every part shares, with no outside system behind them.
+
+- ``types``: the design's words as types (ids, statuses, job types, triggers); ``errors``: the root exception.
+- ``settings``: typed ``RUNPLANE_*`` settings; ``logs``: logging set-up; ``supervise``: supervised tasks
+  and a bounded drain; ``wall_clock``: the current time and sleeping on it; ``process_privacy``.
+- ``cron``: cron maths; ``stamps``: term and logical clock; ``ownership``: a queuer worker's digest.
+- ``secrets``: encryption at rest and masking; ``run_tokens``: per-run tokens.
+- ``redis_keys``: every Redis key; ``on_time``: on time per account.
+"""

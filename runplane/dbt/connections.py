@@ -1,0 +1,110 @@
+"""Warehouse connections: which profile fields each adapter takes, their types, and which are secret.
+
+One home for the shape of a connection: the API validates an environment's connection with
+:func:`typed_profile_fields` (a wrong type is ``INVALID_ARGUMENT`` naming the field), and the runner
+turns the same stored text into the typed values of ``profiles.yml`` with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from runplane.basics.errors import RunplaneError
+
+
+class ConnectionFieldError(RunplaneError):
+    """A connection field that is unknown, missing or of the wrong type; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+@dataclass(frozen=True)
+class AdapterFields:
+    required: frozenset[str]
+    strings: frozenset[str]
+    integers: frozenset[str]
+    booleans: frozenset[str]
+    secrets: frozenset[str]  # encrypted at rest; reach dbt as DBT_ENV_SECRET_* variables
+    required_secrets: frozenset[str]
+    choices: Mapping[str, frozenset[str]]
+    profile_defaults: Mapping[str, str | int] = field(default_factory=dict)  # what the adapter insists on
+
+
+ADAPTERS: Mapping[str, AdapterFields] = {
+    "postgres": AdapterFields(
+        required=frozenset({"host", "user", "dbname"}),
+        strings=frozenset({"host", "user", "dbname", "search_path", "role", "sslmode", "sslrootcert"}),
+        integers=frozenset({"port", "connect_timeout", "keepalives_idle", "retries"}),
+        booleans=frozenset(),
+        secrets=frozenset({"password"}),
+        required_secrets=frozenset(),
+        choices={"sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})},
+        # dbt-postgres requires the key even where the server trusts its clients.
+        profile_defaults={"password": "", "port": 5432},
+    ),
+}
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+
+def adapter_fields(adapter_type: str) -> AdapterFields:
+    try:
+        return ADAPTERS[adapter_type]
+    except KeyError:
+        known = ", ".join(sorted(ADAPTERS))
+        raise ConnectionFieldError("adapter_type", f"{adapter_type!r} is not supported (supported: {known})") from None
+
+
+def typed_profile_fields(adapter_type: str, fields: Mapping[str, str]) -> dict[str, str | int | bool]:
+    """The non-secret fields with their profile types; raises ConnectionFieldError on bad input."""
+    schema = adapter_fields(adapter_type)
+    out: dict[str, str | int | bool] = {}
+    for name, value in fields.items():
+        field = f"fields[{name}]"
+        if name in schema.secrets:
+            raise ConnectionFieldError(field, "is a secret: send it in secret_fields")
+        if name in schema.integers:
+            try:
+                number = int(value.strip())
+            except ValueError:
+                raise ConnectionFieldError(field, f"must be an integer (got {value[:40]!r})") from None
+            if number < 0 or number > 2**31 - 1:
+                raise ConnectionFieldError(field, f"must be between 0 and {2**31 - 1}")
+            out[name] = number
+        elif name in schema.booleans:
+            if value.lower() not in _TRUE | _FALSE:
+                raise ConnectionFieldError(field, f"must be true or false (got {value[:40]!r})")
+            out[name] = value.lower() in _TRUE
+        elif name in schema.strings:
+            allowed = schema.choices.get(name)
+            if allowed is not None and value not in allowed:
+                raise ConnectionFieldError(field, f"must be one of {', '.join(sorted(allowed))}")
+            out[name] = value
+        else:
+            known = ", ".join(sorted(schema.strings | schema.integers | schema.booleans))
+            raise ConnectionFieldError(field, f"is not a {adapter_type} field (known: {known})")
+    for name in sorted(schema.required - set(fields)):
+        raise ConnectionFieldError(f"fields[{name}]", "is required")
+    return out
+
+
+def check_secret_fields(adapter_type: str, secrets: Mapping[str, str]) -> None:
+    schema = adapter_fields(adapter_type)
+    for name in secrets:
+        if name not in schema.secrets:
+            raise ConnectionFieldError(
+                f"secret_fields[{name}]",
+                f"is not a secret field of {adapter_type} (known: {', '.join(sorted(schema.secrets))})",
+            )
+    for name in sorted(schema.required_secrets - set(secrets)):
+        raise ConnectionFieldError(f"secret_fields[{name}]", "is required")
+
+
+def secret_env_name(field: str) -> str:
+    """The variable that carries a secret field to dbt; dbt scrubs ``DBT_ENV_SECRET_*`` from its logs."""
+    return f"DBT_ENV_SECRET_RUNPLANE_{field.upper()}"

@@ -1,0 +1,213 @@
+"""What a run of a job with an environment needs to run dbt: one home for assembling it.
+
+The control plane (which knows projects, environments, jobs and runs) builds a :class:`DbtContext`
+for a run from its row (:func:`context_from_row`, loaded by ``api.runner.run_spec.load_dbt_context`` at the
+claim) and sends it in the run's ``RunSpec``; the runner gets it whole and prepares the run from it
+(checkout, profile, step environment) without reading anything else. The precedence rules live
+here: run override > job setting > environment default, and a CI run's schema is always its
+pull-request schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runplane.basics.types import (
+    JOB_TYPE_FROM_PROTO,
+    JOB_TYPE_TO_PROTO,
+    TRIGGER_FROM_PROTO,
+    TRIGGER_TO_PROTO,
+    JobType,
+    Trigger,
+)
+from runplane.v1 import projects_pb2
+
+DEFAULT_THREADS = 4
+# The macro a pull request's schema drop run calls (runplane.runs.pull_requests; runner/macros.py).
+DROP_SCHEMA_MACRO = "runplane_drop_pull_request_schema"
+
+
+@dataclass(frozen=True)
+class DbtContext:
+    """Everything a runner needs to check out a project and run dbt in an environment.
+
+    The secret fields (``git_credential``, ``connection_secrets``) hold plain text: the value is
+    built for one run, travels only to its runner, and is masked in everything the run writes.
+    """
+
+    run_id: int
+    job_id: int
+    account_id: int
+    project_id: int
+    environment_id: int
+    environment_type: str  # deployment | development
+    job_type: JobType
+    trigger: Trigger
+    cause: str
+    repository_url: str
+    subdirectory: str
+    git_credential_kind: str  # none | token | ssh_key
+    git_credential: str = field(repr=False)
+    git_sha: str  # requested commit; empty: the branch's head
+    git_branch: str  # empty: the repository's default branch
+    dbt_version: str
+    adapter_type: str
+    connection: Mapping[str, str]
+    connection_secrets: Mapping[str, str] = field(repr=False)
+    target_name: str
+    schema: str
+    threads: int
+    variables: Mapping[str, str]
+    pull_request_number: int | None
+    drop_schema: bool = False  # a pull request's schema drop run (runplane.runs.pull_requests)
+
+    def secrets(self) -> list[str]:
+        """The values to mask wherever the run writes text."""
+        values = [self.git_credential, *self.connection_secrets.values()]
+        return [v for v in values if v]
+
+    def run_reason_category(self) -> str:
+        """dbt Cloud's category of the trigger: scheduled, github_pull_request, retry or other."""
+        match self.trigger:
+            case Trigger.SCHEDULE:
+                return "scheduled"
+            case Trigger.CI | Trigger.MERGE:
+                return "github_pull_request"
+            case Trigger.RETRY:
+                return "retry"
+            case _:
+                return "other"
+
+    def invocation_context(self) -> str:
+        """dbt Cloud's invocation context: ci for pull-request runs, else prod or dev by environment."""
+        if self.job_type is JobType.CI:
+            return "ci"
+        return "prod" if self.environment_type == "deployment" else "dev"
+
+
+def effective_run_reason(trigger: Trigger, cause: str) -> str:
+    """What dbt Cloud exports as ``DBT_CLOUD_RUN_REASON``: the cause, else the trigger in words."""
+    if cause.strip():
+        return cause.strip()
+    return {
+        Trigger.SCHEDULE: "Scheduled",
+        Trigger.API: "Triggered via API",
+        Trigger.MANUAL: "Run now",
+        Trigger.CI: "Pull request",
+        Trigger.MERGE: "Merged pull request",
+        Trigger.COMPLETION: "Another job finished",
+        Trigger.RETRY: "Retry",
+    }[trigger]
+
+
+def run_override(overrides: Mapping[str, Any], name: str) -> Any:
+    """A run override by its proto field name (stored snake_case or camelCase)."""
+    head, *rest = name.split("_")
+    camel = head + "".join(part.title() for part in rest)
+    return overrides.get(name) or overrides.get(camel)
+
+
+def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> DbtContext:
+    """The run's DbtContext from the ``dbt_context`` row, secrets decrypted with ``decrypt``."""
+    overrides: Mapping[str, Any] = row["overrides"] if isinstance(row["overrides"], dict) else {}
+    job_type = JobType(row["job_type"])
+    if job_type is JobType.CI:
+        schema = str(row["run_schema"])  # set at trigger time: the pull request's own schema
+    else:
+        schema = str(run_override(overrides, "schema") or row["job_schema"] or row["environment_schema"])
+    pull_request = row["pull_request_number"]
+    trigger = Trigger(row["trigger"])
+    return DbtContext(
+        run_id=int(row["run_id"]),
+        job_id=int(row["job_id"]),
+        account_id=int(row["account_id"]),
+        project_id=int(row["project_id"]),
+        environment_id=int(row["environment_id"]),
+        environment_type=str(row["environment_type"]),
+        job_type=job_type,
+        trigger=trigger,
+        cause=effective_run_reason(trigger, str(row["cause"] or "")),
+        repository_url=str(row["repository_url"]),
+        subdirectory=str(row["subdirectory"]),
+        git_credential_kind=str(row["git_credential_kind"]),
+        git_credential=decrypt(row["git_credential"]) if row["git_credential"] else "",
+        git_sha=str(run_override(overrides, "git_sha") or ""),
+        git_branch=str(run_override(overrides, "git_branch") or row["job_git_branch"] or row["environment_git_branch"]),
+        dbt_version=str(run_override(overrides, "dbt_version") or row["dbt_version"]),
+        adapter_type=str(row["adapter_type"]),
+        connection={str(k): str(v) for k, v in dict(row["connection"]).items()},
+        connection_secrets={str(k): decrypt(str(v)) for k, v in dict(row["connection_secrets"]).items()},
+        target_name=str(
+            run_override(overrides, "target_name") or row["job_target_name"] or row["environment_target_name"]
+        ),
+        schema=schema,
+        threads=int(
+            run_override(overrides, "threads") or row["job_threads"] or row["environment_threads"] or DEFAULT_THREADS
+        ),
+        variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
+        pull_request_number=int(pull_request) if pull_request else None,
+        drop_schema=job_type is JobType.CI and bool(overrides.get("drop_schema")),
+    )
+
+
+def to_proto(context: DbtContext) -> projects_pb2.DbtContext:
+    """The message that carries a DbtContext to the run's runner."""
+    return projects_pb2.DbtContext(
+        run_id=context.run_id,
+        job_id=context.job_id,
+        account_id=context.account_id,
+        project_id=context.project_id,
+        environment_id=context.environment_id,
+        environment_type=context.environment_type,
+        job_type=JOB_TYPE_TO_PROTO[context.job_type],  # type: ignore[arg-type]
+        trigger=TRIGGER_TO_PROTO[context.trigger],  # type: ignore[arg-type]
+        cause=context.cause,
+        repository_url=context.repository_url,
+        subdirectory=context.subdirectory,
+        git_credential_kind=context.git_credential_kind,
+        git_credential=context.git_credential,
+        git_sha=context.git_sha,
+        git_branch=context.git_branch,
+        dbt_version=context.dbt_version,
+        adapter_type=context.adapter_type,
+        connection=dict(context.connection),
+        connection_secrets=dict(context.connection_secrets),
+        target_name=context.target_name,
+        schema=context.schema,
+        threads=context.threads,
+        variables=dict(context.variables),
+        pull_request_number=context.pull_request_number or 0,
+        drop_schema=context.drop_schema,
+    )
+
+
+def from_proto(message: projects_pb2.DbtContext) -> DbtContext:
+    return DbtContext(
+        run_id=message.run_id,
+        job_id=message.job_id,
+        account_id=message.account_id,
+        project_id=message.project_id,
+        environment_id=message.environment_id,
+        environment_type=message.environment_type,
+        job_type=JOB_TYPE_FROM_PROTO[message.job_type],
+        trigger=TRIGGER_FROM_PROTO[message.trigger],
+        cause=message.cause,
+        repository_url=message.repository_url,
+        subdirectory=message.subdirectory,
+        git_credential_kind=message.git_credential_kind,
+        git_credential=message.git_credential,
+        git_sha=message.git_sha,
+        git_branch=message.git_branch,
+        dbt_version=message.dbt_version,
+        adapter_type=message.adapter_type,
+        connection=dict(message.connection),
+        connection_secrets=dict(message.connection_secrets),
+        target_name=message.target_name,
+        schema=message.schema,
+        threads=message.threads,
+        variables=dict(message.variables),
+        pull_request_number=message.pull_request_number or None,
+        drop_schema=message.drop_schema,
+    )
