@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from runplane.basics.cron import NeverFires, next_fire, previous_fire
@@ -73,6 +74,10 @@ class CronHeap:
 
     def job_ids(self) -> list[int]:
         return list(self._jobs)
+
+    def jobs(self) -> Iterable[OwnedJob]:
+        """The owned jobs, each with its pending fire (for the forecast of demand)."""
+        return self._jobs.values()
 
     def assign(self, defn: Definition, *, last_fire_ts: int, now: float) -> int:
         """Take (or replace) a job; returns its next fire, which is the missed fire when one is due.

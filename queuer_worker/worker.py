@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
 from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare_chunks, queue_runs
+from queuer_worker.forecast import Forecaster
 from queuer_worker.heap import CronHeap, Definition
 from runplane.adapters.bus import AmqpBus, Delivery, Topology
 from runplane.adapters.db import Connection
@@ -66,6 +67,7 @@ class QueuerWorker:
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
         self._registering_beats = _REGISTERING_BEATS
+        self.forecaster = Forecaster(settings.forecast, pool, worker_id)
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
 
     @property
@@ -86,15 +88,25 @@ class QueuerWorker:
             spawn(group, "queuer:own-queue", self._consume_own(stop), eternal=True, stop=stop)
             spawn(group, "queuer:heartbeat", self._heartbeat(stop), eternal=True, stop=stop)
             spawn(group, "queuer:fire", self._fire_loop(stop), eternal=True, stop=stop)
+            spawn(
+                group,
+                "queuer:forecast",
+                self.forecaster.run(self.heap.jobs, self.wall_clock.now, stop),
+                eternal=True,
+                stop=stop,
+            )
 
     # -- messages ---------------------------------------------------------------------------------
 
     async def on_message(self, message: Message, _delivery: Delivery) -> None:
         if isinstance(message, bus_pb2.Assign):
+            self.forecaster.forget(assignment.job.job_id for assignment in message.jobs)
             await self._on_assign(message)
         elif isinstance(message, bus_pb2.Update):
+            self.forecaster.forget([message.job.job.job_id])
             await self._on_update(message)
         elif isinstance(message, bus_pb2.Revoke):
+            self.forecaster.forget(message.job_ids)
             self._on_revoke(message)
         else:
             log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})

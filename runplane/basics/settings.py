@@ -59,6 +59,27 @@ class QueuerSettings(BaseModel):
     )
 
 
+class ForecastSettings(BaseModel):
+    """The forecast of demand: fires due per minute over the next minutes, by runner kind."""
+
+    interval: float = Field(5.0, gt=0, description="Seconds between two forecasts a queuer worker publishes.")
+    minutes: int = Field(5, ge=1, le=60, description="Minutes ahead a forecast covers (the current one included).")
+    stale_after: float = Field(
+        30.0, gt=0, description="Seconds after which a worker's forecast no longer counts (the worker is gone)."
+    )
+    kinds_refresh: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a worker keeps a job's runner kind (an environment's dbt version, an account's memory) "
+        "before reading it again; a job's Assign or Update reads it again at once.",
+    )
+    api_window: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds of API-triggered runs whose rate per minute is added to every forecast minute.",
+    )
+
+
 class SchedulerSettings(BaseModel):
     interval: float = Field(1.0, description="Seconds between scheduler-loop passes.")
     sweep_grace: float = Field(
@@ -111,6 +132,19 @@ class DispatcherSettings(BaseModel):
     local_fork_server: bool = Field(
         True, description="local launcher: fork runners from a pre-loaded process; false: a fresh process per run."
     )
+    local_spares_min: int = Field(
+        1, ge=1, description="local launcher: runners the fork server keeps started and waiting when no peak is due."
+    )
+    local_spares_max: int = Field(
+        64,
+        ge=1,
+        description="local launcher: most started runners waiting, however large the forecast (each holds a process "
+        "and a connection to the runner API).",
+    )
+    local_lead_seconds: float = Field(
+        20.0, ge=0, description="local launcher: the spares grow to the forecast of a minute this long before it."
+    )
+    local_pool_interval: float = Field(1.0, gt=0, description="local launcher: seconds between looks at the forecast.")
 
 
 class WarmPoolSettings(BaseModel):
@@ -189,6 +223,12 @@ class KubernetesSettings(BaseModel):
         300.0, description="A pool Pod that has not called the runner API this long after its creation is replaced."
     )
     pool_creates_per_pass: int = Field(8, ge=1, description="Pool Pods created per look, at most.")
+    pool_lead_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="Pools grow to the forecast of a minute at least this long before it; longer when the forecast "
+        "cannot be created in time at the pool's measured create rate.",
+    )
 
 
 class RunnerSettings(BaseModel):
@@ -269,6 +309,7 @@ class Settings(BaseSettings):
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    forecast: ForecastSettings = ForecastSettings()
     dispatcher: DispatcherSettings = DispatcherSettings()
     runner: RunnerSettings = RunnerSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()

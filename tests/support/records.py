@@ -63,6 +63,22 @@ def create_job(
     return int(row[0])
 
 
+def create_environment(db: Conn, account_id: int, dbt_version: str) -> int:
+    """A deployment environment of a new project of the account, with the given dbt version."""
+    project = db.execute(
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
+        (account_id,),
+    ).fetchone()
+    assert project is not None
+    row = db.execute(
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " schema_name) VALUES (%s, %s, 'prod', 'deployment', %s, 'postgres', 'analytics') RETURNING id",
+        (account_id, project[0], dbt_version),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def queue_run(
     db: Conn,
     job_id: int,

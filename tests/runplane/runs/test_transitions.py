@@ -9,24 +9,9 @@ from psycopg.rows import dict_row
 
 from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.runs.transitions import TRANSITIONS
-from tests.support.records import create_account, create_job, queue_run
+from tests.support.records import create_account, create_environment, create_job, queue_run
 
 Db = psycopg.Connection[Any]
-
-
-def _environment(db: Db, account_id: int, dbt_version: str) -> int:
-    project = db.execute(
-        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
-        (account_id,),
-    ).fetchone()
-    assert project is not None
-    row = db.execute(
-        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
-        " schema_name) VALUES (%s, %s, 'prod', 'deployment', %s, 'postgres', 'analytics') RETURNING id",
-        (account_id, project[0], dbt_version),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _start(db: Db, run_ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -47,7 +32,9 @@ def _start(db: Db, run_ids: list[int]) -> dict[int, dict[str, Any]]:
 def test_start_runs_names_the_dbt_a_run_asked_for_else_its_environments(db: Db) -> None:
     account_id = create_account(db, run_slots=5)
     job_id = create_job(db, account_id)
-    db.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (_environment(db, account_id, "1.10"), job_id))
+    db.execute(
+        "UPDATE jobs SET environment_id = %s WHERE id = %s", (create_environment(db, account_id, "1.10"), job_id)
+    )
     plain = queue_run(db, job_id)
     overridden = queue_run(db, job_id, overrides={"dbt_version": "1.9"})
     started = _start(db, [plain, overridden])
