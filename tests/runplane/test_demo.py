@@ -1,0 +1,71 @@
+"""The demo's git repository and warehouse belong to one install: two installs on one machine (one
+user, one Postgres) never share them, and a restart keeps the repository and its commits."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from runplane.basics.settings import Settings
+from runplane.commands.demo import (
+    EXAMPLE_PROJECT,
+    MAX_IDENTIFIER,
+    demo_repository,
+    demo_repository_path,
+    warehouse_database,
+)
+
+
+def _settings(dbname: str) -> Settings:
+    return Settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{dbname}")
+
+
+def _head(path: Path, rev: str = "HEAD") -> str:
+    return subprocess.run(["git", "-C", str(path), "rev-parse", rev], check=True, capture_output=True, text=True).stdout
+
+
+def _example(path: Path, text: str) -> Path:
+    (path / "models").mkdir(parents=True, exist_ok=True)
+    (path / "dbt_project.yml").write_text("name: demo\n")
+    (path / "models" / "a.sql").write_text(text)
+    return path
+
+
+def test_two_installs_of_one_user_get_repositories_of_their_own() -> None:
+    one = demo_repository_path(_settings("runplane"), install=Path("/srv/one/examples/jaffle_shop"))
+    other = demo_repository_path(_settings("runplane"), install=Path("/srv/two/examples/jaffle_shop"))
+    other_database = demo_repository_path(_settings("runplane_b"), install=Path("/srv/one/examples/jaffle_shop"))
+    assert len({one, other, other_database}) == 3
+
+
+def test_two_installs_on_one_postgres_get_warehouses_of_their_own() -> None:
+    assert warehouse_database(_settings("runplane")) == "runplane_demo_warehouse"
+    assert warehouse_database(_settings("runplane_second")) == "runplane_second_demo_warehouse"
+    long_names = {warehouse_database(_settings("x" * 60 + suffix)) for suffix in ("a", "b")}
+    assert len(long_names) == 2
+    assert all(len(name.encode()) <= MAX_IDENTIFIER for name in long_names)
+
+
+def test_a_restart_keeps_the_repository_and_commits_only_a_change(tmp_path: Path) -> None:
+    source = _example(tmp_path / "source", "select 1\n")
+    repository = tmp_path / "demo" / "jaffle_shop"
+    url = demo_repository(repository, source)
+    assert url == f"file://{repository}"
+    first = _head(repository)
+    marker = repository / ".git" / "kept"
+    marker.write_text("")
+
+    demo_repository(repository, source)
+    assert _head(repository) == first, "an unchanged example made a new commit"
+    assert marker.exists(), "the repository was made again"
+
+    (source / "models" / "a.sql").write_text("select 2\n")
+    (source / "models" / "b.sql").write_text("select 3\n")
+    demo_repository(repository, source)
+    assert _head(repository) != first
+    assert _head(repository, "HEAD~1") == first
+    assert (repository / "models" / "a.sql").read_text() == "select 2\n"
+
+
+def test_the_demo_finds_the_example_project() -> None:
+    assert (EXAMPLE_PROJECT / "dbt_project.yml").is_file(), EXAMPLE_PROJECT
