@@ -70,7 +70,7 @@ def create_app(
         if code == 503:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
         if errors.is_page(request):
-            return errors.page(request, code, str(exc), exc)
+            return await errors.page(request, code, str(exc), exc)
         return error_response(code, str(exc))
 
     @app.exception_handler(RequestValidationError)
@@ -79,13 +79,13 @@ def create_app(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()[:5]
         )
         if errors.is_page(request):
-            return errors.page(request, 400, problems or "invalid request")
+            return await errors.page(request, 400, problems or "invalid request")
         return error_response(400, problems or "invalid request")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if errors.is_page(request):
-            return errors.page(request, exc.status_code, str(exc.detail))
+            return await errors.page(request, exc.status_code, str(exc.detail))
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

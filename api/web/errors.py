@@ -18,7 +18,7 @@ def is_page(request: Request) -> bool:
     return request.url.path.startswith(PREFIX) or request.url.path == PREFIX.rstrip("/")
 
 
-def page(request: Request, code: int, message: str, exc: Exception | None = None) -> Response:
+async def page(request: Request, code: int, message: str, exc: Exception | None = None) -> Response:
     """The error page; without a working session, the login form (coming back here after a GET)."""
     if isinstance(exc, LoginRequired) or code == 401:
         back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -26,6 +26,6 @@ def page(request: Request, code: int, message: str, exc: Exception | None = None
         if request.url.path.endswith("/logs"):  # an event stream cannot follow a redirect to a form
             return Response(message, status_code=401, media_type="text/plain")
         return RedirectResponse("/ui/login?" + urlencode({"next": target}), status_code=303)
-    response = pages.error_page(request, code, TITLES.get(code, "Something went wrong"), message)
+    response = await pages.error_page(request, code, TITLES.get(code, "Something went wrong"), message)
     response.status_code = code
     return response

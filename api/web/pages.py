@@ -12,7 +12,7 @@ import mimetypes
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -24,18 +24,21 @@ from fastapi.templating import Jinja2Templates
 from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
 from api.pausing import set_paused
+from api.rerunning import rerun_from_failure
 from api.store import Store
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
 from api.web import views
-from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for
-from runplane.basics.errors import InvalidArgument
+from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for, viewer
+from runplane.basics.errors import InvalidArgument, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-templates.env.globals.update(duration=views.duration, when=views.when, status_name=views.status_name)
+templates.env.globals.update(
+    duration=views.duration, when=views.when, status_name=views.status_name, step_status=views.step_status
+)
 PAGE_SIZE = 50
 LOG_BATCH = 500
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -55,9 +58,28 @@ def _store(request: Request) -> Store:
     return store
 
 
-def _page(request: Request, name: str, who: Viewer | None, **context: Any) -> HTMLResponse:
+async def _page(request: Request, name: str, who: Viewer | None, **context: Any) -> HTMLResponse:
+    """A page in the layout: the account's name in the header, times in the viewer's zone."""
+    account_name = ""
+    if who is not None:
+        store = _store(request)
+        async with store.connection() as conn:
+            account = await store.get_account(conn, who.account_id)
+        account_name = str(account["name"]) if account else ""
+    zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
     return templates.TemplateResponse(
-        request, name, {"who": who, "csrf_field": CSRF_FIELD, "path": request.url.path, **context}
+        request,
+        name,
+        {
+            "who": who,
+            "account_name": account_name,
+            "zone": zone,
+            "zone_name": str(zone),
+            "csrf_field": CSRF_FIELD,
+            "path": request.url.path,
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            **context,
+        },
     )
 
 
@@ -80,7 +102,7 @@ async def home() -> RedirectResponse:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
-    return _page(request, "login.html", None, next=_safe_next(next), error="")
+    return await _page(request, "login.html", None, next=_safe_next(next), error="")
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -89,12 +111,24 @@ async def login(
 ) -> Response:
     grant = await grant_for(_store(request), token)
     if grant is None:
-        page = _page(request, "login.html", None, next=_safe_next(next), error="Unknown, revoked or expired token.")
+        page = await _page(
+            request, "login.html", None, next=_safe_next(next), error="Unknown, revoked or expired token."
+        )
         page.status_code = 401
         return page
     response = _see_other(_safe_next(next))
     response.set_cookie(
         COOKIE, token.strip(), httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
+    )
+    return response
+
+
+@router.get("/time-zone")
+async def time_zone(zone: Annotated[str, Query(max_length=64)], next: str = "/ui/runs") -> RedirectResponse:
+    """Show times in ``zone`` (an IANA name; UTC for one this machine does not know) from now on."""
+    response = _see_other(_safe_next(next))
+    response.set_cookie(
+        views.ZONE_COOKIE, str(views.viewer_zone(zone)), max_age=366 * 86400, samesite="lax", path="/ui"
     )
     return response
 
@@ -122,15 +156,24 @@ def _cursor(value: str | None) -> RunId | None:
         raise InvalidArgument("after", "is not a position in this list; start from the first page") from None
 
 
-def _time(value: str | None, field: str) -> datetime | None:
-    """A filter's time as ``datetime-local`` sends it (read as UTC), or an ISO time with a zone."""
+def _time(value: str | None, field: str, zone: tzinfo) -> datetime | None:
+    """A filter's time as ``datetime-local`` sends it (in the viewer's zone), or an ISO time with a zone."""
     if not value:
         return None
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise InvalidArgument(field, f"{value[:40]!r} is not a time (YYYY-MM-DDTHH:MM)") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=zone)
+
+
+def _job_id(value: str | None) -> int | None:
+    """The filter's job: empty for all jobs (what the form's "all jobs" sends)."""
+    if not value or not value.strip():
+        return None
+    if not value.strip().isdigit() or not 1 <= int(value) < 2**63:
+        raise InvalidArgument("job", f"{value[:20]!r} is not one of this account's jobs")
+    return int(value)
 
 
 def _choice(value: str | None, allowed: dict[str, Any], field: str) -> Any:
@@ -150,19 +193,21 @@ async def runs(
     request: Request,
     who: Looking,
     *,
-    job: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    job: Annotated[str | None, Query(max_length=20)] = None,
     status: str | None = None,
     cause: str | None = None,
     since: str | None = None,
     until: str | None = None,
     after: Annotated[str | None, Query(max_length=80)] = None,
 ) -> HTMLResponse:
+    zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
+    job_id = _job_id(job)
     filters = {
-        "job_id": job,
+        "job_id": job_id,
         "status": _choice(status, STATUSES, "status"),
         "trigger": _choice(cause, TRIGGERS, "cause"),
-        "since": _time(since, "since"),
-        "until": _time(until, "until"),
+        "since": _time(since, "since", zone),
+        "until": _time(until, "until", zone),
     }
     store = _store(request)
     async with store.connection() as conn:
@@ -170,14 +215,14 @@ async def runs(
         jobs = await store.job_names(conn, who.account_id)
     more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
     query = {
-        k: v for k, v in {"job": job, "status": status, "cause": cause, "since": since, "until": until}.items() if v
+        k: v for k, v in {"job": job_id, "status": status, "cause": cause, "since": since, "until": until}.items() if v
     }
     older = None
     if more:
         last = rows[-1]
         older = "/ui/runs?" + urlencode({**query, "after": str(last["id"])})
     now = datetime.now(UTC)
-    return _page(
+    return await _page(
         request,
         "runs.html",
         who,
@@ -203,7 +248,7 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
     step_views = [
         (s, views.seconds(s["finished_at"] or (now if s["started_at"] else None), s["started_at"])) for s in steps
     ]
-    return _page(
+    return await _page(
         request,
         "run.html",
         who,
@@ -214,6 +259,7 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps=step_views,
         artifacts=artifacts,
         terminal=RunStatus(row["status"]).is_terminal,
+        failed=row["status"] == RunStatus.ERROR,
         quote=quote,
     )
 
@@ -307,6 +353,13 @@ async def rerun(request: Request, who: Changing, run_id: int) -> RedirectRespons
     return _see_other(f"/ui/runs/{row['id']}")
 
 
+@router.post("/runs/{run_id}/rerun-from-failure")
+async def rerun_failed(request: Request, who: Changing, run_id: int) -> RedirectResponse:
+    """dbt Cloud's "Rerun from failure": the failed step and the ones after it (``api.rerunning``)."""
+    row = await rerun_from_failure(_store(request), request.app.state.pickups, who.account_id, run_id)
+    return _see_other(f"/ui/runs/{row['id']}")
+
+
 # -- jobs -----------------------------------------------------------------------------------------
 
 
@@ -318,7 +371,7 @@ async def jobs(request: Request, who: Looking, after: Annotated[int | None, Quer
         more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
         latest = {r["id"]: await store.latest_run_of_job(conn, who.account_id, r["id"]) for r in rows}
     now = time.time()
-    return _page(
+    return await _page(
         request,
         "jobs.html",
         who,
@@ -334,7 +387,7 @@ async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
         row = await existing_job(store, conn, who.account_id, job_id)
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=10)
     now = datetime.now(UTC)
-    return _page(
+    return await _page(
         request,
         "job.html",
         who,
@@ -376,8 +429,10 @@ async def run_now(
     target_name: Annotated[str, Form()] = "",
     threads: Annotated[str, Form()] = "",
     timeout_seconds: Annotated[str, Form()] = "",
+    pull_request_number: Annotated[str, Form()] = "",
 ) -> RedirectResponse:
-    """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given."""
+    """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
+    a CI job's run names its pull request."""
     overrides = checked_overrides(
         RunOverridesSpec(
             steps=_lines(steps),
@@ -387,6 +442,7 @@ async def run_now(
             target_name=target_name.strip() or None,
             threads=_number(threads, "threads"),
             timeout_seconds=_number(timeout_seconds, "timeout_seconds"),
+            pull_request_number=_number(pull_request_number, "pull_request_number"),
         ),
         lambda name: name,
     )
@@ -423,7 +479,7 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
         name: (int(split[name]), 100.0 * int(split[name]) / started if started else 0.0)
         for name in ("within_25s", "within_60s", "late")
     }
-    return _page(
+    return await _page(
         request,
         "on_time.html",
         who,
@@ -437,6 +493,10 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
     )
 
 
-def error_page(request: Request, code: int, title: str, message: str) -> HTMLResponse:
-    """The error page (without the menu: it is shown whether or not the session works)."""
-    return _page(request, "error.html", None, code=code, title=title, message=message)
+async def error_page(request: Request, code: int, title: str, message: str) -> HTMLResponse:
+    """The error page, inside the layout with its menu when the session works."""
+    try:
+        who: Viewer | None = await viewer(request)
+    except RunplaneError:
+        who = None
+    return await _page(request, "error.html", who, code=code, title=title, message=message)

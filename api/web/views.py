@@ -1,15 +1,22 @@
-"""What a page shows of a row: the delays of DESIGN.md, durations in words, statuses by name."""
+"""What a page shows of a row: the delays of DESIGN.md, durations in words, statuses by name, times
+in the viewer's time zone."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfoNotFoundError
 
 from cron_descriptor import Options, get_description
+from jinja2 import pass_context
+from jinja2.runtime import Context
+from markupsafe import Markup
 
 from runplane.basics import cron
 from runplane.basics.types import RunStatus, WaitingReason
+
+ZONE_COOKIE = "runplane_tz"
 
 WAITING_WORDS = {
     WaitingReason.NONE: "due: waiting for the scheduler",
@@ -43,8 +50,37 @@ def duration(value: float | None) -> str:
     return f"{int(value // 3600)} h {int(value % 3600 // 60):02d} m"
 
 
-def when(value: datetime | None) -> str:
-    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def viewer_zone(name: str | None) -> tzinfo:
+    """The zone the viewer asked for (an IANA name from the cookie), UTC for none or an unknown one."""
+    if not name:
+        return UTC
+    try:
+        return cron.zone(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return UTC
+
+
+def _zoned(value: datetime, zone: tzinfo) -> str:
+    return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+@pass_context
+def when(context: Context, value: datetime | None) -> Markup:
+    """A time in the viewer's zone, its UTC time in the title and the machine-readable instant."""
+    if value is None:
+        return Markup("—")
+    zone = context.get("zone", UTC)
+    utc = value.astimezone(UTC)
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(
+        utc.strftime("%Y-%m-%dT%H:%M:%SZ"), _zoned(utc, UTC), _zoned(utc, zone)
+    )
+
+
+def step_status(step: dict[str, Any], run_terminal: bool) -> str:
+    """A step's status by name; one that never started in a finished run was skipped."""
+    if step["skipped"] or (run_terminal and step["started_at"] is None):
+        return "skipped"
+    return status_name(step["status"])
 
 
 @dataclass(frozen=True)

@@ -335,3 +335,116 @@ async def test_on_time_splits_run_delay_and_counts_what_waits(browser: Browser, 
     assert re.search(r"&gt; 60 s</td><td class=\"num\">1</td>", page)
     assert 'waiting for this job&#39;s running run (serial execution)</td><td class="num">2</td>' in page
     assert (await browser.http.get("/ui/on-time?window=2y")).status_code == 400
+
+
+async def _steps(db: AsyncDb, run_id: int, *steps: tuple[str, int, bool]) -> None:
+    """The run's steps as ``(command, status, started)``; a step not started has no times."""
+    for index, (command, status, started) in enumerate(steps):
+        await db.execute(
+            "INSERT INTO run_steps (run_id, step_index, command, status, exit_code, started_at, finished_at)"
+            " VALUES (%s, %s, %s, %s, %s, CASE WHEN %s THEN now() END, CASE WHEN %s AND %s <> 1 THEN now() END)",
+            (run_id, index, command, status, {10: 0, 20: 1}.get(status), started, started, status),
+        )
+
+
+async def test_a_failed_dbt_run_offers_rerun_from_its_failure(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id, steps=["dbt seed", "dbt build"])
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    await _steps(adb, run_id, ("dbt seed", 10, True), ("dbt build", 20, True))
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 1, '{}')",
+        (run_id,),
+    )
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert f'action="/ui/runs/{run_id}/rerun-from-failure"' in page and 'id="rerun-from-failure"' in page
+    response = await browser.post(f"/ui/runs/{run_id}/rerun-from-failure")
+    assert response.status_code == 303
+    new_id = int(response.headers["location"].rsplit("/", 1)[1])
+    row = await (
+        await adb.execute("SELECT trigger, parent_run_id, overrides FROM runs WHERE id = %s", (new_id,))
+    ).fetchone()
+    assert row is not None and row[0] == "retry" and row[1] == run_id
+    assert row[2]["steps"] == ["dbt retry --state .runplane/retry-state"] and row[2]["resume"] is True
+
+    # A run that succeeded has nothing to resume: only "Rerun" (every step again) is offered.
+    (done_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    page = (await browser.http.get(f"/ui/runs/{done_id}")).text
+    assert 'id="rerun"' in page and 'id="rerun-from-failure"' not in page
+
+
+async def test_run_now_on_a_ci_job_asks_for_its_pull_request(browser: Browser, adb: AsyncDb) -> None:
+    job_id = int(
+        await scalar(
+            adb,
+            "INSERT INTO jobs (account_id, name, job_type, steps) VALUES (%s, 'checks', 'ci', '{echo}') RETURNING id",
+            browser.account_id,
+        )
+    )
+    await browser.login()
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert 'name="pull_request_number"' in page
+    response = await browser.post(f"/ui/jobs/{job_id}/run", pull_request_number="42", cause="checking PR 42")
+    assert response.status_code == 303, response.text
+    run_id = int(response.headers["location"].rsplit("/", 1)[1])
+    assert await scalar(adb, "SELECT pull_request_number FROM runs WHERE id = %s", run_id) == 42
+    missing = await browser.post(f"/ui/jobs/{job_id}/run")
+    assert missing.status_code == 400 and "pull request" in missing.text
+
+
+async def test_the_runs_filter_with_every_field_left_empty_lists_all_runs(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    ids = await _runs(adb, browser.account_id, job_id, 2)
+    await browser.login()
+    # What the filter form sends with "all jobs", "any" status and cause, and no times.
+    response = await browser.http.get("/ui/runs?job=&status=&cause=&since=&until=")
+    assert response.status_code == 200, response.text
+    assert {int(x) for x in re.findall(r'<a href="/ui/runs/(\d+)">#', response.text)} == set(ids)
+
+
+async def test_steps_that_never_ran_show_as_skipped_in_a_finished_run(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id, steps=["dbt seed", "dbt build", "dbt test"])
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    await _steps(adb, run_id, ("dbt seed", 20, True), ("dbt build", 1, False), ("dbt test", 1, False))
+    await adb.execute("UPDATE run_steps SET skipped = true WHERE run_id = %s AND step_index = 1", (run_id,))
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    steps = page[page.index('id="steps"') : page.index("</table>", page.index('id="steps"'))]
+    assert steps.count(">skipped</span>") == 2 and ">queued</span>" not in steps
+
+
+async def test_a_paused_job_shows_as_paused_without_next_runs(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id, cron="0 * * * *")
+    await adb.execute("UPDATE jobs SET paused_at = now() WHERE id = %s", (job_id,))
+    await browser.login()
+    jobs = (await browser.http.get("/ui/jobs")).text
+    row = re.search(rf'<tr>\s*<td><a href="/ui/jobs/{job_id}">.*?</tr>', jobs, re.S)
+    assert row is not None and ">paused<" in row.group(0) and "active" not in row.group(0)
+    assert "UTC" not in row.group(0).split("</td>")[3]  # no next run time
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert 'id="next-fires"' not in page and "Every hour" in page
+
+
+async def test_the_header_names_the_account(browser: Browser) -> None:
+    await browser.login()
+    page = (await browser.http.get("/ui/runs")).text
+    assert 'id="account-name">acme<' in page and f"account {browser.account_id}" not in page
+
+
+async def test_times_show_in_the_viewers_time_zone_with_utc_at_hand(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    await adb.execute("UPDATE runs SET scheduled_at = '2026-01-15 12:00:00+00' WHERE id = %s", (run_id,))
+    await browser.login()
+    await browser.http.get("/ui/time-zone", params={"zone": "Asia/Tokyo"})  # what the page's script asks
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert (
+        '<time datetime="2026-01-15T12:00:00Z" title="2026-01-15 12:00:00 UTC">2026-01-15 21:00:00 JST</time>' in page
+    )
+    switched = await browser.http.get("/ui/time-zone", params={"zone": "UTC", "next": f"/ui/runs/{run_id}"})
+    assert switched.status_code == 303 and switched.headers["location"] == f"/ui/runs/{run_id}"
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert ">2026-01-15 12:00:00 UTC</time>" in page
+    await browser.http.get("/ui/time-zone", params={"zone": "Not/AZone"})  # an unknown zone shows UTC
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    assert ">2026-01-15 12:00:00 UTC</time>" in page and "times in UTC" in page
