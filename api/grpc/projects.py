@@ -1,4 +1,5 @@
-"""ProjectService: an account's dbt projects (git repositories) and their environments.
+"""ProjectService: an account's dbt projects (git repositories) and their environments (created and
+updated in ``api.project_definitions``, shared with the web pages).
 
 Secret fields (the git credential, a connection's password or keyfile) are encrypted with the
 configured keys (``RUNPLANE_SECRET_KEYS``, :mod:`runplane.basics.secrets`) before they are stored, and never
@@ -13,7 +14,7 @@ import grpc
 
 from api.auth import current_account
 from api.grpc import convert
-from api.projects_validation import environment_spec, project_spec
+from api.project_definitions import create_environment, create_project, update_environment, update_project
 from api.store import Store
 from api.validation import positive_id
 from runplane.adapters.db import Connection
@@ -40,13 +41,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
             raise FailedPrecondition(f"secrets cannot be stored: {exc}") from exc
 
     async def CreateProject(self, request: projects_pb2.CreateProjectRequest, context: Context) -> projects_pb2.Project:
-        account_id = current_account()
-        spec = project_spec(request)
-        credential = self._box().encrypt(spec.credential) if spec.credential else ""
-        async with self._store.transaction() as conn:
-            row = await self._store.insert_project(conn, account_id, spec, credential)
-        log.info("project created", extra={"account_id": account_id, "project_id": row["id"]})
-        return convert.project(row)
+        return convert.project(await create_project(self._store, self._box, current_account(), request))
 
     async def GetProject(self, request: projects_pb2.GetProjectRequest, context: Context) -> projects_pb2.Project:
         account_id = current_account()
@@ -68,18 +63,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def CreateEnvironment(
         self, request: projects_pb2.CreateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
-        account_id = current_account()
-        spec = environment_spec(request)
-        secrets = {name: self._box().encrypt(value) for name, value in spec.connection_secrets.items()}
-        async with self._store.transaction() as conn:
-            if await self._store.get_project(conn, account_id, spec.project_id) is None:
-                raise InvalidArgument("project_id", f"project {spec.project_id} not found")
-            row = await self._store.insert_environment(conn, account_id, spec, secrets)
-        log.info(
-            "environment created",
-            extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row["id"]},
-        )
-        return convert.environment(row)
+        return convert.environment(await create_environment(self._store, self._box, current_account(), request))
 
     async def GetEnvironment(
         self, request: projects_pb2.GetEnvironmentRequest, context: Context
@@ -103,23 +87,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         return projects_pb2.ListEnvironmentsResponse(environments=[convert.environment(r) for r in rows])
 
     async def UpdateProject(self, request: projects_pb2.UpdateProjectRequest, context: Context) -> projects_pb2.Project:
-        account_id = current_account()
-        project_id = positive_id(request.project_id, "project_id")
-        async with self._store.transaction() as conn:
-            current = await self._store.get_project(conn, account_id, project_id, for_update=True)
-            if current is None:
-                raise NotFound(f"project {project_id} not found")
-            spec = project_spec(request, stored_kind=str(current["git_credential_kind"]))
-            if spec.credential_kind == "none":
-                credential: str | None = ""
-            elif spec.credential:
-                credential = self._box().encrypt(spec.credential)
-            else:
-                credential = None  # the stored one, of the same kind
-            row = await self._store.update_project(conn, account_id, project_id, spec, credential)
-        assert row is not None
-        log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
-        return convert.project(row)
+        return convert.project(await update_project(self._store, self._box, current_account(), request))
 
     async def DeleteProject(
         self, request: projects_pb2.DeleteProjectRequest, context: Context
@@ -138,26 +106,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def UpdateEnvironment(
         self, request: projects_pb2.UpdateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
-        account_id = current_account()
-        environment_id = positive_id(request.environment_id, "environment_id")
-        async with self._store.transaction() as conn:
-            current = await self._store.get_environment(conn, account_id, environment_id, for_update=True)
-            if current is None:
-                raise NotFound(f"environment {environment_id} not found")
-            spec = environment_spec(request, project_id=int(current["project_id"]))
-            stored: dict[str, str] = dict(current["connection_secrets"])
-            for name in request.clear_secret_fields:
-                if name not in stored:
-                    raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")
-                del stored[name]
-            secrets = {
-                **stored,
-                **{name: self._box().encrypt(value) for name, value in spec.connection_secrets.items()},
-            }
-            row = await self._store.update_environment(conn, account_id, environment_id, spec, secrets)
-        assert row is not None
-        log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
-        return convert.environment(row)
+        return convert.environment(await update_environment(self._store, self._box, current_account(), request))
 
     async def DeleteEnvironment(
         self, request: projects_pb2.DeleteEnvironmentRequest, context: Context

@@ -13,32 +13,26 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
-from fastapi.templating import Jinja2Templates
 
 from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
 from api.pausing import set_paused
 from api.rerunning import rerun_from_failure
-from api.store import Store
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
 from api.web import views
-from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for, viewer
+from api.web.layout import page, see_other, store_of
+from api.web.session import COOKIE, Changing, Looking, Posting, Viewer, grant_for, viewer
 from runplane.basics.errors import InvalidArgument, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-templates.env.globals.update(
-    duration=views.duration, when=views.when, status_name=views.status_name, step_status=views.step_status
-)
 PAGE_SIZE = 50
 LOG_BATCH = 500
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -53,40 +47,6 @@ class WebConfig:
     draining: asyncio.Event
 
 
-def _store(request: Request) -> Store:
-    store: Store = request.app.state.store
-    return store
-
-
-async def _page(request: Request, name: str, who: Viewer | None, **context: Any) -> HTMLResponse:
-    """A page in the layout: the account's name in the header, times in the viewer's zone."""
-    account_name = ""
-    if who is not None:
-        store = _store(request)
-        async with store.connection() as conn:
-            account = await store.get_account(conn, who.account_id)
-        account_name = str(account["name"]) if account else ""
-    zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
-    return templates.TemplateResponse(
-        request,
-        name,
-        {
-            "who": who,
-            "account_name": account_name,
-            "zone": zone,
-            "zone_name": str(zone),
-            "csrf_field": CSRF_FIELD,
-            "path": request.url.path,
-            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
-            **context,
-        },
-    )
-
-
-def _see_other(url: str) -> RedirectResponse:
-    return RedirectResponse(url, status_code=303)
-
-
 def _safe_next(value: str) -> str:
     """Only a path of these pages: a login link must not send the browser elsewhere."""
     return value if value.startswith("/ui/") and not value.startswith("//") and "\\" not in value else "/ui/runs"
@@ -97,26 +57,26 @@ def _safe_next(value: str) -> str:
 
 @router.get("/", response_class=HTMLResponse)
 async def home() -> RedirectResponse:
-    return _see_other("/ui/runs")
+    return see_other("/ui/runs")
 
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
-    return await _page(request, "login.html", None, next=_safe_next(next), error="")
+    return await page(request, "login.html", None, next=_safe_next(next), error="")
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(
     request: Request, token: Annotated[str, Form(max_length=500)] = "", next: Annotated[str, Form()] = "/ui/runs"
 ) -> Response:
-    grant = await grant_for(_store(request), token)
+    grant = await grant_for(store_of(request), token)
     if grant is None:
-        page = await _page(
+        answer = await page(
             request, "login.html", None, next=_safe_next(next), error="Unknown, revoked or expired token."
         )
-        page.status_code = 401
-        return page
-    response = _see_other(_safe_next(next))
+        answer.status_code = 401
+        return answer
+    response = see_other(_safe_next(next))
     response.set_cookie(
         COOKIE, token.strip(), httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
     )
@@ -126,7 +86,7 @@ async def login(
 @router.get("/time-zone")
 async def time_zone(zone: Annotated[str, Query(max_length=64)], next: str = "/ui/runs") -> RedirectResponse:
     """Show times in ``zone`` (an IANA name; UTC for one this machine does not know) from now on."""
-    response = _see_other(_safe_next(next))
+    response = see_other(_safe_next(next))
     response.set_cookie(
         views.ZONE_COOKIE, str(views.viewer_zone(zone)), max_age=366 * 86400, samesite="lax", path="/ui"
     )
@@ -135,7 +95,7 @@ async def time_zone(zone: Annotated[str, Query(max_length=64)], next: str = "/ui
 
 @router.post("/logout")
 async def logout(who: Posting) -> RedirectResponse:
-    response = _see_other("/ui/login")
+    response = see_other("/ui/login")
     response.delete_cookie(COOKIE, path="/ui")
     return response
 
@@ -209,7 +169,7 @@ async def runs(
         "since": _time(since, "since", zone),
         "until": _time(until, "until", zone),
     }
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         rows = await store.runs_page(conn, who.account_id, filters=filters, after=_cursor(after), limit=PAGE_SIZE + 1)
         jobs = await store.job_names(conn, who.account_id)
@@ -222,7 +182,7 @@ async def runs(
         last = rows[-1]
         older = "/ui/runs?" + urlencode({**query, "after": str(last["id"])})
     now = datetime.now(UTC)
-    return await _page(
+    return await page(
         request,
         "runs.html",
         who,
@@ -238,7 +198,7 @@ async def runs(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         row = await existing_run(store, conn, who.account_id, run_id)
         steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
@@ -248,7 +208,7 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
     step_views = [
         (s, views.seconds(s["finished_at"] or (now if s["started_at"] else None), s["started_at"])) for s in steps
     ]
-    return await _page(
+    return await page(
         request,
         "run.html",
         who,
@@ -271,7 +231,7 @@ async def run_logs(request: Request, who: Looking, run_id: int) -> StreamingResp
 
     A reconnecting browser sends ``Last-Event-ID`` (the last seq it got) and resumes after it.
     """
-    store = _store(request)
+    store = store_of(request)
     config: WebConfig = request.app.state.web
     after_seq = _last_event_id(request)
     async with store.connection() as conn:
@@ -325,7 +285,7 @@ def _last_event_id(request: Request) -> int:
 @router.get("/runs/{run_id}/artifacts/{step}/{path:path}")
 async def artifact(request: Request, who: Looking, run_id: int, step: int, path: str) -> Response:
     """One artifact of one step (1-based), as a download."""
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         row = await run_artifact(store, conn, who.account_id, run_id, path, step_index=step - 1)
     name = path.rsplit("/", 1)[-1]
@@ -338,26 +298,26 @@ async def artifact(request: Request, who: Looking, run_id: int, step: int, path:
 
 @router.post("/runs/{run_id}/cancel")
 async def cancel(request: Request, who: Changing, run_id: int) -> RedirectResponse:
-    row = await cancel_run(_store(request), who.account_id, run_id)
-    return _see_other(f"/ui/runs/{row['id']}")
+    row = await cancel_run(store_of(request), who.account_id, run_id)
+    return see_other(f"/ui/runs/{row['id']}")
 
 
 @router.post("/runs/{run_id}/rerun")
 async def rerun(request: Request, who: Changing, run_id: int) -> RedirectResponse:
     """A new run of the job with this run's overrides; it records this run as the one it reruns."""
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         source = await existing_run(store, conn, who.account_id, run_id)
     spec = rerun_spec(source["job_id"], source, Trigger.MANUAL)
     row, _ = await trigger_run(store, request.app.state.pickups, who.account_id, spec, parent_run_id=source["id"])
-    return _see_other(f"/ui/runs/{row['id']}")
+    return see_other(f"/ui/runs/{row['id']}")
 
 
 @router.post("/runs/{run_id}/rerun-from-failure")
 async def rerun_failed(request: Request, who: Changing, run_id: int) -> RedirectResponse:
     """dbt Cloud's "Rerun from failure": the failed step and the ones after it (``api.rerunning``)."""
-    row = await rerun_from_failure(_store(request), request.app.state.pickups, who.account_id, run_id)
-    return _see_other(f"/ui/runs/{row['id']}")
+    row = await rerun_from_failure(store_of(request), request.app.state.pickups, who.account_id, run_id)
+    return see_other(f"/ui/runs/{row['id']}")
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -365,13 +325,13 @@ async def rerun_failed(request: Request, who: Changing, run_id: int) -> Redirect
 
 @router.get("/jobs", response_class=HTMLResponse)
 async def jobs(request: Request, who: Looking, after: Annotated[int | None, Query(ge=1)] = None) -> HTMLResponse:
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         rows = await store.list_jobs(conn, who.account_id, after_id=after, limit=PAGE_SIZE + 1)
         more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
         latest = {r["id"]: await store.latest_run_of_job(conn, who.account_id, r["id"]) for r in rows}
     now = time.time()
-    return await _page(
+    return await page(
         request,
         "jobs.html",
         who,
@@ -382,12 +342,12 @@ async def jobs(request: Request, who: Looking, after: Annotated[int | None, Quer
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, who.account_id, job_id)
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=10)
     now = datetime.now(UTC)
-    return await _page(
+    return await page(
         request,
         "job.html",
         who,
@@ -447,21 +407,21 @@ async def run_now(
         lambda name: name,
     )
     spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, text(cause, "cause", max_length=MAX_CAUSE), None, overrides)
-    row, _ = await trigger_run(_store(request), request.app.state.pickups, who.account_id, spec)
-    return _see_other(f"/ui/runs/{row['id']}")
+    row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
+    return see_other(f"/ui/runs/{row['id']}")
 
 
 @router.post("/jobs/{job_id}/pause")
 async def pause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
     """Pause the job: neither its schedule nor a trigger queues it; run now still does."""
-    await set_paused(_store(request), who.account_id, job_id, paused=True)
-    return _see_other(f"/ui/jobs/{job_id}")
+    await set_paused(store_of(request), who.account_id, job_id, paused=True)
+    return see_other(f"/ui/jobs/{job_id}")
 
 
 @router.post("/jobs/{job_id}/unpause")
 async def unpause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
-    await set_paused(_store(request), who.account_id, job_id, paused=False)
-    return _see_other(f"/ui/jobs/{job_id}")
+    await set_paused(store_of(request), who.account_id, job_id, paused=False)
+    return see_other(f"/ui/jobs/{job_id}")
 
 
 # -- on time --------------------------------------------------------------------------------------
@@ -470,7 +430,7 @@ async def unpause(request: Request, who: Changing, job_id: int) -> RedirectRespo
 @router.get("/on-time", response_class=HTMLResponse)
 async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLResponse:
     span = _choice(window, WINDOWS, "window")
-    store = _store(request)
+    store = store_of(request)
     async with store.connection() as conn:
         split = await store.on_time_split(conn, who.account_id, datetime.now(UTC) - span)
         waiting = await store.waiting_now(conn, who.account_id)
@@ -479,7 +439,7 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
         name: (int(split[name]), 100.0 * int(split[name]) / started if started else 0.0)
         for name in ("within_25s", "within_60s", "late")
     }
-    return await _page(
+    return await page(
         request,
         "on_time.html",
         who,
@@ -499,4 +459,4 @@ async def error_page(request: Request, code: int, title: str, message: str) -> H
         who: Viewer | None = await viewer(request)
     except RunplaneError:
         who = None
-    return await _page(request, "error.html", who, code=code, title=title, message=message)
+    return await page(request, "error.html", who, code=code, title=title, message=message)

@@ -1,0 +1,94 @@
+"""Saving projects and environments: the one home of what a create or an update checks and writes,
+for gRPC's ``ProjectService`` and the web pages' forms.
+
+Secret fields (the git credential, a connection's password or keyfile) are encrypted with the box
+that ``box`` returns before the store sees them; it is asked for only when a secret is written, so
+an API without keys serves everything else. A credential or secret field left out of an update
+keeps the stored one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from api.projects_validation import environment_spec, project_spec
+from api.store import Row, Store
+from api.validation import positive_id
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.secrets import SecretBox
+from runplane.basics.types import AccountId
+from runplane.v1 import projects_pb2
+
+log = logging.getLogger(__name__)
+
+BoxOf = Callable[[], SecretBox]
+
+
+async def create_project(
+    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateProjectRequest
+) -> Row:
+    spec = project_spec(request)
+    credential = box().encrypt(spec.credential) if spec.credential else ""
+    async with store.transaction() as conn:
+        row = await store.insert_project(conn, account_id, spec, credential)
+    log.info("project created", extra={"account_id": account_id, "project_id": row["id"]})
+    return row
+
+
+async def update_project(
+    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
+) -> Row:
+    project_id = positive_id(request.project_id, "project_id")
+    async with store.transaction() as conn:
+        current = await store.get_project(conn, account_id, project_id, for_update=True)
+        if current is None:
+            raise NotFound(f"project {project_id} not found")
+        spec = project_spec(request, stored_kind=str(current["git_credential_kind"]))
+        if spec.credential_kind == "none":
+            credential: str | None = ""
+        elif spec.credential:
+            credential = box().encrypt(spec.credential)
+        else:
+            credential = None  # the stored one, of the same kind
+        row = await store.update_project(conn, account_id, project_id, spec, credential)
+    assert row is not None
+    log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
+    return row
+
+
+async def create_environment(
+    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateEnvironmentRequest
+) -> Row:
+    spec = environment_spec(request)
+    secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
+    async with store.transaction() as conn:
+        if await store.get_project(conn, account_id, spec.project_id) is None:
+            raise InvalidArgument("project_id", f"project {spec.project_id} not found")
+        row = await store.insert_environment(conn, account_id, spec, secrets)
+    log.info(
+        "environment created",
+        extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row["id"]},
+    )
+    return row
+
+
+async def update_environment(
+    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateEnvironmentRequest
+) -> Row:
+    environment_id = positive_id(request.environment_id, "environment_id")
+    async with store.transaction() as conn:
+        current = await store.get_environment(conn, account_id, environment_id, for_update=True)
+        if current is None:
+            raise NotFound(f"environment {environment_id} not found")
+        spec = environment_spec(request, project_id=int(current["project_id"]))
+        stored: dict[str, str] = dict(current["connection_secrets"])
+        for name in request.clear_secret_fields:
+            if name not in stored:
+                raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")
+            del stored[name]
+        secrets = {**stored, **{name: box().encrypt(value) for name, value in spec.connection_secrets.items()}}
+        row = await store.update_environment(conn, account_id, environment_id, spec, secrets)
+    assert row is not None
+    log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
+    return row
