@@ -25,6 +25,7 @@ from api.grpc.runs import RunService
 from api.pickup_publisher import PickupPublisher
 from api.rest.app import create_app
 from api.rest.server import RestServer, start_rest
+from api.runner.run_token import RunTokenInterceptor
 from api.runner.service import RunnerService
 from api.store import Store
 from api.webhooks.deliveries import WebhookDeliverer
@@ -145,7 +146,7 @@ async def start_server(
         bound = server.add_insecure_port(address)
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
-        runner_server = grpc.aio.server(options=RUNNER_SERVER)
+        runner_server = grpc.aio.server(interceptors=[RunTokenInterceptor()], options=RUNNER_SERVER)
         runner_service = RunnerService(store, pickups, settings.runner, box)
         await runner_service.warm_up()
         runner_pb2_grpc.add_RunnerServiceServicer_to_server(runner_service, runner_server)

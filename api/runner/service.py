@@ -5,8 +5,9 @@ API: the network policy can then let runner Pods reach this port and nothing els
 services never see a run token. The API process already holds the store, the pool and the pickup
 publisher that finishing a run needs, and scales out the same way, so no new process is needed.
 
-Authentication is the run token (``authorization: Bearer rpr_…``), checked against the run's
-stored sha256 by every statement. A token of another run is PERMISSION_DENIED; a run that is not
+Authentication is the run token (``authorization: Bearer rpr_…``): the interceptor in ``run_token``
+reads it for every call, and every statement checks it against the run's stored sha256 (for the
+writes, one place: ``RunnerService._leased``). A token of another run is PERMISSION_DENIED; a run that is not
 (or no longer) starting/running under this lease is FAILED_PRECONDITION. Writes take the run row
 ``FOR SHARE`` for the length of their transaction, so a reaper that takes the lease waits for a
 write in flight and every write after it finds the lease gone. Calls are idempotent, so a runner
@@ -17,19 +18,20 @@ step and path, a claim by its lease id, an outcome already written by the same l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import posixpath
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from api.auth import bearer_token
-from api.grpc.errors import status_boundary
 from api.pickup_publisher import PickupPublisher
 from api.runner.run_spec import DEFER_MANIFEST, build_run_spec, decrypter, load_dbt_context
+from api.runner.run_token import caller_token
 from api.store import Store
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
@@ -74,7 +76,22 @@ class PoolRunner:
     run_id: int | None
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A run held under its lease for one transaction (see ``RunnerService._leased``)."""
+
+    conn: Connection
+    step_count: int
+
+    def check_step(self, index: int) -> None:
+        if not 0 <= index < self.step_count:
+            raise InvalidArgument("step_index", f"the run has steps 0 to {self.step_count - 1}")
+
+
 class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
+    """The RPCs; served behind :class:`api.runner.run_token.RunTokenInterceptor`, which reads each call's
+    token and maps what the RPCs raise to status codes."""
+
     def __init__(self, store: Store, pickups: PickupPublisher, runner: RunnerSettings, box: SecretBox | None) -> None:
         self._store = store
         self._pickups = pickups
@@ -98,216 +115,197 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     # --- claim and lease
 
     async def Claim(self, request: runner_pb2.ClaimRequest, context: Context) -> runner_pb2.RunSpec:
-        async with status_boundary(context, "Claim"):
-            token = _token_hash(context)
-            lease_id = _lease_id(request.lease_id)
-            params = {"run_id": request.run_id, "token_hash": token, "lease_id": lease_id}
-            async with self._store.transaction() as conn:
-                cur = await conn.execute(
-                    TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds}
-                )
-                claimed = await cur.fetchone() is not None
-                if claimed:
-                    await conn.execute(Q["record_deferral"], {"run_id": request.run_id, "dest": DEFER_MANIFEST})
-                cur = await conn.execute(Q["claimed_run"], params)
-                row = await cur.fetchone()
-                if row is None:  # not ours: say why (a retried claim of our own lease finds its row above)
-                    await _refuse(conn, request.run_id, token, lease_id, claiming=True)
-                assert row is not None
-                dbt = await load_dbt_context(conn, request.run_id, decrypter(self._box))
-                spec = build_run_spec(
-                    row,
-                    lease_id=lease_id,
-                    lease_seconds=self._runner.lease_seconds,
-                    heartbeat_interval=self._runner.heartbeat_interval,
-                    box=self._box,
-                    dbt=dbt,
-                )
-                if claimed:
-                    await conn.execute(
-                        Q["create_steps"],
-                        {"run_id": request.run_id, "commands": list(spec.steps), "optional": list(spec.optional_steps)},
-                    )
-            log.info(
-                "run claimed",
-                extra={
-                    "run_id": spec.run_id,
-                    "job_id": spec.job_id,
-                    "account_id": spec.account_id,
-                    "again": not claimed,
-                },
+        token = caller_token()
+        lease_id = _lease_id(request.lease_id)
+        params = {"run_id": request.run_id, "token_hash": token, "lease_id": lease_id}
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds})
+            claimed = await cur.fetchone() is not None
+            if claimed:
+                await conn.execute(Q["record_deferral"], {"run_id": request.run_id, "dest": DEFER_MANIFEST})
+            cur = await conn.execute(Q["claimed_run"], params)
+            row = await cur.fetchone()
+            if row is None:  # not ours: say why (a retried claim of our own lease finds its row above)
+                await _refuse(conn, request.run_id, token, lease_id, claiming=True)
+            assert row is not None
+            dbt = await load_dbt_context(conn, request.run_id, decrypter(self._box))
+            spec = build_run_spec(
+                row,
+                lease_id=lease_id,
+                lease_seconds=self._runner.lease_seconds,
+                heartbeat_interval=self._runner.heartbeat_interval,
+                box=self._box,
+                dbt=dbt,
             )
-            return spec
-        raise AssertionError("unreachable: the boundary aborts")
+            if claimed:
+                await conn.execute(
+                    Q["create_steps"],
+                    {"run_id": request.run_id, "commands": list(spec.steps), "optional": list(spec.optional_steps)},
+                )
+        log.info(
+            "run claimed",
+            extra={
+                "run_id": spec.run_id,
+                "job_id": spec.job_id,
+                "account_id": spec.account_id,
+                "again": not claimed,
+            },
+        )
+        return spec
 
     async def RenewLease(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.LeaseResponse:
-        async with status_boundary(context, "RenewLease"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            params = {
-                "run_id": request.run_id,
-                "token_hash": token,
-                "lease_id": lease_id,
-                "lease_seconds": self._runner.lease_seconds,
-            }
-            async with self._store.transaction() as conn:
-                cur = await conn.execute(Q["renew_lease"], params)
-                row = await cur.fetchone()
-                if row is None:
-                    await _refuse(conn, request.run_id, token, lease_id)
-                assert row is not None
-            return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
-        raise AssertionError("unreachable: the boundary aborts")
+        token, lease_id = caller_token(), _lease_id(request.lease_id)
+        params = {
+            "run_id": request.run_id,
+            "token_hash": token,
+            "lease_id": lease_id,
+            "lease_seconds": self._runner.lease_seconds,
+        }
+        async with self._store.transaction() as conn:
+            cur = await conn.execute(Q["renew_lease"], params)
+            row = await cur.fetchone()
+            if row is None:
+                await _refuse(conn, request.run_id, token, lease_id)
+            assert row is not None
+        return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
 
     async def ReadCancel(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.LeaseResponse:
-        async with status_boundary(context, "ReadCancel"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            async with self._store.connection() as conn:
-                cur = await conn.execute(Q["run_access"], {"run_id": request.run_id, "token_hash": token})
-                row = await cur.fetchone()
-                _check_access(row, request.run_id, lease_id)
-                assert row is not None
-            return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
-        raise AssertionError("unreachable: the boundary aborts")
+        token, lease_id = caller_token(), _lease_id(request.lease_id)
+        async with self._store.connection() as conn:
+            cur = await conn.execute(Q["run_access"], {"run_id": request.run_id, "token_hash": token})
+            row = await cur.fetchone()
+            _check_access(row, request.run_id, lease_id)
+            assert row is not None
+        return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
 
     # --- writes under the lease
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, run_id: int, lease_id: str) -> AsyncIterator[Lease]:
+        """A transaction in which the run is the caller's: its token and ``lease_id`` match the run's row,
+        which stays locked ``FOR SHARE`` until the transaction ends. Refused with the reason otherwise."""
+        lease_id = _lease_id(lease_id)
+        async with self._store.transaction() as conn:
+            yield Lease(conn, await _lock_lease(conn, run_id, caller_token(), lease_id))
 
     async def AppendLogs(
         self, request: runner_pb2.AppendLogsRequest, context: Context
     ) -> runner_pb2.AppendLogsResponse:
-        async with status_boundary(context, "AppendLogs"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            chunks = list(request.chunks)
-            _validate_chunks(chunks)
-            async with self._store.transaction() as conn:
-                step_count = await _lock_lease(conn, request.run_id, token, lease_id)
-                for chunk in chunks:
-                    _step_in_range(chunk.step_index, step_count)
-                cur = await conn.execute(
-                    Q["insert_log_chunks"],
-                    {
-                        "run_id": request.run_id,
-                        "seqs": [c.seq for c in chunks],
-                        "step_indexes": [c.step_index for c in chunks],
-                        "texts": [c.text for c in chunks],
-                    },
-                )
-                stored = cur.rowcount
-            return runner_pb2.AppendLogsResponse(stored=max(0, stored))
-        raise AssertionError("unreachable: the boundary aborts")
+        chunks = list(request.chunks)
+        _validate_chunks(chunks)
+        async with self._leased(request.run_id, request.lease_id) as lease:
+            for chunk in chunks:
+                lease.check_step(chunk.step_index)
+            cur = await lease.conn.execute(
+                Q["insert_log_chunks"],
+                {
+                    "run_id": request.run_id,
+                    "seqs": [c.seq for c in chunks],
+                    "step_indexes": [c.step_index for c in chunks],
+                    "texts": [c.text for c in chunks],
+                },
+            )
+            stored = cur.rowcount
+        return runner_pb2.AppendLogsResponse(stored=max(0, stored))
 
     async def SetStepStatus(
         self, request: runner_pb2.SetStepStatusRequest, context: Context
     ) -> runner_pb2.SetStepStatusResponse:
-        async with status_boundary(context, "SetStepStatus"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            run_id, index = request.run_id, request.step_index
-            async with self._store.transaction() as conn:
-                _step_in_range(index, await _lock_lease(conn, run_id, token, lease_id))
-                step = {"run_id": run_id, "step_index": index}
-                match request.state:
-                    case runner_pb2.STEP_STATE_STARTED:
-                        cur = await conn.execute(Q["step_started"], step)
-                        if await cur.fetchone() is None:
-                            current = await _step(conn, run_id, index)
-                            if current["status"] != RunStatus.RUNNING:  # a retry of a start that took effect is fine
-                                raise FailedPrecondition(
-                                    f"step {index} cannot start: it is {_step_state(current)}"
-                                    " or an earlier step has not ended"
-                                )
-                    case runner_pb2.STEP_STATE_FINISHED:
-                        status = _finished_status(request.status)
-                        exit_code = request.exit_code if request.HasField("exit_code") else None
-                        end_reason = request.end_reason[:MAX_END_REASON]
-                        cur = await conn.execute(
-                            Q["step_finished"],
-                            {**step, "status": int(status), "exit_code": exit_code, "end_reason": end_reason},
-                        )
-                        if await cur.fetchone() is None:
-                            current = await _step(conn, run_id, index)
-                            if (current["status"], current["exit_code"]) != (status, exit_code):
-                                raise FailedPrecondition(f"step {index} cannot finish: it is {_step_state(current)}")
-                    case runner_pb2.STEP_STATE_SKIPPED:
-                        await conn.execute(Q["steps_skipped"], {"run_id": run_id, "from_index": index})
-                    case _:
-                        raise InvalidArgument("state", "must be STARTED, FINISHED or SKIPPED")
-            return runner_pb2.SetStepStatusResponse()
-        raise AssertionError("unreachable: the boundary aborts")
+        run_id, index = request.run_id, request.step_index
+        async with self._leased(run_id, request.lease_id) as lease:
+            lease.check_step(index)
+            conn = lease.conn
+            step = {"run_id": run_id, "step_index": index}
+            match request.state:
+                case runner_pb2.STEP_STATE_STARTED:
+                    cur = await conn.execute(Q["step_started"], step)
+                    if await cur.fetchone() is None:
+                        current = await _step(conn, run_id, index)
+                        if current["status"] != RunStatus.RUNNING:  # a retry of a start that took effect is fine
+                            raise FailedPrecondition(
+                                f"step {index} cannot start: it is {_step_state(current)}"
+                                " or an earlier step has not ended"
+                            )
+                case runner_pb2.STEP_STATE_FINISHED:
+                    status = _finished_status(request.status)
+                    exit_code = request.exit_code if request.HasField("exit_code") else None
+                    end_reason = request.end_reason[:MAX_END_REASON]
+                    cur = await conn.execute(
+                        Q["step_finished"],
+                        {**step, "status": int(status), "exit_code": exit_code, "end_reason": end_reason},
+                    )
+                    if await cur.fetchone() is None:
+                        current = await _step(conn, run_id, index)
+                        if (current["status"], current["exit_code"]) != (status, exit_code):
+                            raise FailedPrecondition(f"step {index} cannot finish: it is {_step_state(current)}")
+                case runner_pb2.STEP_STATE_SKIPPED:
+                    await conn.execute(Q["steps_skipped"], {"run_id": run_id, "from_index": index})
+                case _:
+                    raise InvalidArgument("state", "must be STARTED, FINISHED or SKIPPED")
+        return runner_pb2.SetStepStatusResponse()
 
     async def UploadArtifact(
         self, request: runner_pb2.UploadArtifactRequest, context: Context
     ) -> runner_pb2.UploadArtifactResponse:
-        async with status_boundary(context, "UploadArtifact"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            path = _artifact_path(request.path)
-            if len(request.content) > MAX_ARTIFACT_BYTES:
-                raise InvalidArgument("content", f"artifacts are at most {MAX_ARTIFACT_BYTES} bytes")
-            async with self._store.transaction() as conn:
-                _step_in_range(request.step_index, await _lock_lease(conn, request.run_id, token, lease_id))
-                await conn.execute(
-                    Q["upsert_artifact"],
-                    {
-                        "run_id": request.run_id,
-                        "path": path,
-                        "step_index": request.step_index,
-                        "content": request.content,
-                    },
-                )
-            return runner_pb2.UploadArtifactResponse()
-        raise AssertionError("unreachable: the boundary aborts")
+        path = _artifact_path(request.path)
+        if len(request.content) > MAX_ARTIFACT_BYTES:
+            raise InvalidArgument("content", f"artifacts are at most {MAX_ARTIFACT_BYTES} bytes")
+        async with self._leased(request.run_id, request.lease_id) as lease:
+            lease.check_step(request.step_index)
+            await lease.conn.execute(
+                Q["upsert_artifact"],
+                {
+                    "run_id": request.run_id,
+                    "path": path,
+                    "step_index": request.step_index,
+                    "content": request.content,
+                },
+            )
+        return runner_pb2.UploadArtifactResponse()
 
     async def FetchStateFile(
         self, request: runner_pb2.FetchStateFileRequest, context: Context
     ) -> runner_pb2.FetchStateFileResponse:
-        async with status_boundary(context, "FetchStateFile"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            async with self._store.transaction() as conn:
-                await _lock_lease(conn, request.run_id, token, lease_id)
-                # Only a file the run was given (its row says which), of a run of the same account.
-                cur = await conn.execute(Q["state_file"], {"run_id": request.run_id, "index": request.index})
-                row = await cur.fetchone()
-            if row is None:
-                raise NotFound(f"run {request.run_id} has no state file {request.index} (or its source run is gone)")
-            return runner_pb2.FetchStateFileResponse(content=bytes(row["content"]))  # type: ignore[call-overload]
-        raise AssertionError("unreachable: the boundary aborts")
+        async with self._leased(request.run_id, request.lease_id) as lease:
+            # Only a file the run was given (its row says which), of a run of the same account.
+            cur = await lease.conn.execute(Q["state_file"], {"run_id": request.run_id, "index": request.index})
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"run {request.run_id} has no state file {request.index} (or its source run is gone)")
+        return runner_pb2.FetchStateFileResponse(content=bytes(row["content"]))  # type: ignore[call-overload]
 
     async def RecordGitSha(
         self, request: runner_pb2.RecordGitShaRequest, context: Context
     ) -> runner_pb2.RecordGitShaResponse:
-        async with status_boundary(context, "RecordGitSha"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            if not _GIT_SHA.fullmatch(request.git_sha):
-                raise InvalidArgument("git_sha", "7 to 64 lowercase hex digits")
-            async with self._store.transaction() as conn:
-                await _lock_lease(conn, request.run_id, token, lease_id)
-                await conn.execute(Q["record_git_sha"], {"run_id": request.run_id, "git_sha": request.git_sha})
-            return runner_pb2.RecordGitShaResponse()
-        raise AssertionError("unreachable: the boundary aborts")
+        if not _GIT_SHA.fullmatch(request.git_sha):
+            raise InvalidArgument("git_sha", "7 to 64 lowercase hex digits")
+        async with self._leased(request.run_id, request.lease_id) as lease:
+            await lease.conn.execute(Q["record_git_sha"], {"run_id": request.run_id, "git_sha": request.git_sha})
+        return runner_pb2.RecordGitShaResponse()
 
     async def Finish(self, request: runner_pb2.FinishRequest, context: Context) -> runner_pb2.FinishResponse:
-        async with status_boundary(context, "Finish"):
-            token, lease_id = _token_hash(context), _lease_id(request.lease_id)
-            status = _finished_status(request.status)
-            failure = _FAILURE_KINDS.get(request.failure)
-            if status is RunStatus.ERROR and failure is None:
-                raise InvalidArgument("failure", "an error needs a failure kind (STEP or INFRASTRUCTURE)")
-            outcome = Outcome(status, request.message[:10_000], failure if status is RunStatus.ERROR else None)
-            async with self._store.transaction() as conn:
-                if await _already_finished(conn, request.run_id, token, lease_id, status):
-                    return runner_pb2.FinishResponse()  # a retry of a finish that took effect
-                await _lock_lease(conn, request.run_id, token, lease_id)
-                finished = await finish_run(
-                    conn,
-                    request.run_id,
-                    outcome,
-                    policy=self._policy,
-                    from_statuses=(RunStatus.RUNNING,),
-                    lease_owner=lease_id,
-                )
-                assert finished is not None  # the lease is locked: the compare-and-set cannot lose
-            for account_id in sorted(finished.pickup_accounts):
-                await self._pickups.publish(account_id)  # a hint: the scheduler loop resends
-            return runner_pb2.FinishResponse(retry_run_id=finished.retry_run_id or 0)
-        raise AssertionError("unreachable: the boundary aborts")
+        token, lease_id = caller_token(), _lease_id(request.lease_id)
+        status = _finished_status(request.status)
+        failure = _FAILURE_KINDS.get(request.failure)
+        if status is RunStatus.ERROR and failure is None:
+            raise InvalidArgument("failure", "an error needs a failure kind (STEP or INFRASTRUCTURE)")
+        outcome = Outcome(status, request.message[:10_000], failure if status is RunStatus.ERROR else None)
+        async with self._store.transaction() as conn:
+            if await _already_finished(conn, request.run_id, token, lease_id, status):
+                return runner_pb2.FinishResponse()  # a retry of a finish that took effect
+            await _lock_lease(conn, request.run_id, token, lease_id)
+            finished = await finish_run(
+                conn,
+                request.run_id,
+                outcome,
+                policy=self._policy,
+                from_statuses=(RunStatus.RUNNING,),
+                lease_owner=lease_id,
+            )
+            assert finished is not None  # the lease is locked: the compare-and-set cannot lose
+        for account_id in sorted(finished.pickup_accounts):
+            await self._pickups.publish(account_id)  # a hint: the scheduler loop resends
+        return runner_pb2.FinishResponse(retry_run_id=finished.retry_run_id or 0)
 
     # --- warm pool Pods
 
@@ -319,24 +317,22 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
         The Pod's heartbeat is written when the call comes in and every ``pool_seen_interval`` while
         it waits; in between the call only reads (a few waiting Pods cost a few reads a second).
         """
-        async with status_boundary(context, "WaitForRun"):
-            token = _token_hash(context)
-            deadline = time.monotonic() + min(max(request.wait_seconds, 0.0), MAX_POOL_WAIT)
-            seen_at = 0.0
-            while True:
-                async with self._store.connection() as conn:
-                    row = await fetch_one(conn, Q["pool_runner_waiting"], {"token_hash": token}, PoolRunner)
-                    if row is None:
-                        raise PermissionDenied("this token is not a waiting pool Pod's")
-                    if row.run_id is not None:
-                        return await self._hand_over(conn, row.name, row.run_id)
-                    if time.monotonic() - seen_at >= self._runner.pool_seen_interval:
-                        await conn.execute(Q["pool_runner_seen"], {"name": row.name})
-                        seen_at = time.monotonic()
-                if time.monotonic() >= deadline:
-                    return runner_pb2.WaitForRunResponse()
-                await asyncio.sleep(min(self._runner.pool_poll_interval, max(0.0, deadline - time.monotonic())))
-        raise AssertionError("unreachable: the boundary aborts")
+        token = caller_token()
+        deadline = time.monotonic() + min(max(request.wait_seconds, 0.0), MAX_POOL_WAIT)
+        seen_at = 0.0
+        while True:
+            async with self._store.connection() as conn:
+                row = await fetch_one(conn, Q["pool_runner_waiting"], {"token_hash": token}, PoolRunner)
+                if row is None:
+                    raise PermissionDenied("this token is not a waiting pool Pod's")
+                if row.run_id is not None:
+                    return await self._hand_over(conn, row.name, row.run_id)
+                if time.monotonic() - seen_at >= self._runner.pool_seen_interval:
+                    await conn.execute(Q["pool_runner_seen"], {"name": row.name})
+                    seen_at = time.monotonic()
+            if time.monotonic() >= deadline:
+                return runner_pb2.WaitForRunResponse()
+            await asyncio.sleep(min(self._runner.pool_poll_interval, max(0.0, deadline - time.monotonic())))
 
     async def _hand_over(self, conn: Connection, name: str, run_id: int) -> runner_pb2.WaitForRunResponse:
         run_token = new_run_token()
@@ -347,10 +343,6 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             raise FailedPrecondition(f"run {run_id} is no longer starting for pool Pod {name}")
         log.info("run handed to a pool pod", extra={"run_id": run_id, "pod": name})
         return runner_pb2.WaitForRunResponse(run_id=run_id, token=run_token)
-
-
-def _token_hash(context: Context) -> bytes:
-    return run_token_hash(bearer_token(context.invocation_metadata()))
 
 
 def _lease_id(value: str) -> str:
@@ -416,11 +408,6 @@ def _validate_chunks(chunks: list[runner_pb2.RunnerLogChunk]) -> None:
         total += len(chunk.text)
     if total > MAX_LOG_CALL_CHARS:
         raise InvalidArgument("chunks", f"at most {MAX_LOG_CALL_CHARS} characters per call")
-
-
-def _step_in_range(index: int, step_count: int) -> None:
-    if not 0 <= index < step_count:
-        raise InvalidArgument("step_index", f"the run has steps 0 to {step_count - 1}")
 
 
 async def _step(conn: Connection, run_id: int, index: int) -> dict[str, Any]:
