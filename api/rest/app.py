@@ -22,7 +22,7 @@ from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
-from api.web import errors, pages
+from api.web import errors, forms, pages
 from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
 from api.webhooks.targets import TargetPolicy
@@ -53,10 +53,11 @@ def create_app(
     )
     app.state.store = store
     app.state.pickups = pickups
+    app.state.box = box  # the web forms encrypt secrets with it
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
-    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router, pages.router):
+    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router, forms.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 

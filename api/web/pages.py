@@ -26,6 +26,7 @@ from api.rerunning import rerun_from_failure
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
 from api.web import views
+from api.web.form_fields import lines, number
 from api.web.layout import page, see_other, store_of
 from api.web.session import COOKIE, Changing, Looking, Posting, Viewer, grant_for, viewer
 from runplane.basics.errors import InvalidArgument, RunplaneError
@@ -362,19 +363,6 @@ def _job_filter(job_id: int) -> dict[str, Any]:
     return {"job_id": job_id, "status": None, "trigger": None, "since": None, "until": None}
 
 
-def _lines(value: str) -> list[str] | None:
-    lines = [line.strip() for line in value.splitlines() if line.strip()]
-    return lines or None
-
-
-def _number(value: str, field: str) -> int | None:
-    if not value.strip():
-        return None
-    if not value.strip().isdigit():
-        raise InvalidArgument(field, f"{value[:20]!r} is not a whole number")
-    return int(value)
-
-
 @router.post("/jobs/{job_id}/run")
 async def run_now(
     request: Request,
@@ -395,14 +383,14 @@ async def run_now(
     a CI job's run names its pull request."""
     overrides = checked_overrides(
         RunOverridesSpec(
-            steps=_lines(steps),
+            steps=lines(steps),
             git_branch=git_branch.strip() or None,
             git_sha=git_sha.strip() or None,
             schema=schema_name.strip() or None,
             target_name=target_name.strip() or None,
-            threads=_number(threads, "threads"),
-            timeout_seconds=_number(timeout_seconds, "timeout_seconds"),
-            pull_request_number=_number(pull_request_number, "pull_request_number"),
+            threads=number(threads, "threads"),
+            timeout_seconds=number(timeout_seconds, "timeout_seconds"),
+            pull_request_number=number(pull_request_number, "pull_request_number"),
         ),
         lambda name: name,
     )

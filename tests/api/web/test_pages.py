@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-import httpx
-import pytest
 
 from api.admin import create_account, create_token
 from api.grpc.server import RunningApi
@@ -17,31 +12,7 @@ from api.web.session import csrf_for
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
-
-
-@dataclass
-class Browser:
-    http: httpx.AsyncClient
-    account_id: int
-    token: str
-
-    @property
-    def csrf(self) -> str:
-        return csrf_for(self.token)
-
-    async def login(self, token: str | None = None) -> httpx.Response:
-        return await self.http.post("/ui/login", data={"token": token or self.token, "next": "/ui/runs"})
-
-    async def post(self, path: str, **form: str) -> httpx.Response:
-        return await self.http.post(path, data={"csrf_token": self.csrf, **form})
-
-
-@pytest.fixture
-async def browser(api: RunningApi, settings: Settings) -> AsyncIterator[Browser]:
-    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
-    assert api.rest is not None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
-        yield Browser(http, account_id, token)
+from tests.api.web.conftest import Browser
 
 
 async def _job(db: AsyncDb, account_id: int, name: str = "nightly", **cols: object) -> int:

@@ -1,0 +1,66 @@
+"""What a form sends, read as the APIs' requests expect it, and the APIs' errors put back next to the
+field that caused them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from runplane.basics.errors import InvalidArgument
+
+_CONNECTION_FIELD = re.compile(r"connection\.(?:secret_)?fields\[(\w+)\]")
+
+
+def lines(value: str) -> list[str] | None:
+    """The non-empty lines of a text area, stripped; None for none."""
+    out = [line.strip() for line in value.splitlines() if line.strip()]
+    return out or None
+
+
+def number(value: str, name: str) -> int | None:
+    """A whole number typed into a field; None when it was left empty."""
+    if not value.strip():
+        return None
+    if not re.fullmatch(r"-?\d{1,18}", value.strip()):
+        raise InvalidArgument(name, f"{value.strip()[:20]!r} is not a whole number")
+    return int(value)
+
+
+def variables(value: str, name: str) -> dict[str, str]:
+    """``NAME=value`` lines (empty lines skipped); the value may hold further ``=`` signs."""
+    out: dict[str, str] = {}
+    for i, line in enumerate(value.splitlines(), start=1):
+        if not line.strip():
+            continue
+        key, sep, rest = line.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgument(name, f"line {i} is not NAME=value")
+        out[key.strip()] = rest
+    return out
+
+
+def field_of(api_field: str) -> str:
+    """The form field an API error names: ``settings.threads`` → ``threads``, ``steps[2]`` → ``steps``,
+    ``connection.fields[host]`` → ``conn_host``."""
+    connection = _CONNECTION_FIELD.fullmatch(api_field)
+    if connection:
+        return f"conn_{connection.group(1)}"
+    return api_field.split("[", 1)[0].rsplit(".", 1)[-1]
+
+
+@dataclass
+class FormErrors:
+    """The errors of one submitted form: by field when the form has it, else for the whole form."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    general: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, exc: InvalidArgument, known: set[str], aliases: dict[str, str] | None = None) -> FormErrors:
+        """``aliases`` maps the API's name of a field to the form's where they differ."""
+        name = field_of(exc.field)
+        name = (aliases or {}).get(name, name)
+        message = str(exc).removeprefix(f"{exc.field}: ")
+        if name in known:
+            return cls(fields={name: message})
+        return cls(general=[f"{exc.field}: {message}"])

@@ -1,0 +1,433 @@
+"""The forms that make and change jobs, projects and environments.
+
+A form becomes the same request the gRPC API takes and is checked and saved by the same use cases
+(``api.validation``, ``api.projects_validation``, ``api.job_definitions``,
+``api.project_definitions``). An edit starts from what is stored, so settings the form does not show
+(priority, completion triggers, ...) stay as they are. What the checks refuse comes back on the form,
+next to its field, with what was typed; secrets are write-only: never shown, kept when left empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from starlette.datastructures import FormData
+
+from api.job_definitions import create_job, update_job
+from api.lookup import existing_job
+from api.project_definitions import create_environment, create_project, update_environment, update_project
+from api.store import Row, Store
+from api.validation import MAX_IDEMPOTENCY_KEY, job_spec, text
+from api.web.form_fields import FormErrors, lines, number, variables
+from api.web.layout import page, see_other, store_of
+from api.web.session import Changing, Looking, Viewer
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.secrets import SecretBox
+from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType
+from runplane.dbt.connections import adapter_fields
+from runplane.v1 import jobs_pb2, projects_pb2
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+JOB_FIELDS = {
+    "name", "job_type", "environment_id", "steps", "cron", "timezone", "on_pull_request", "on_merge",
+    "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
+    "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
+}  # fmt: skip
+PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
+ADAPTER = "postgres"
+CONNECTION_FIELDS = ("host", "port", "user", "dbname", "sslmode", "search_path")
+ENVIRONMENT_FIELDS = {
+    "name", "environment_type", "dbt_version", "git_branch", "adapter_type", "target_name", "schema",
+    "threads", "variables", "clear_secret_fields", "project_id", *(f"conn_{f}" for f in CONNECTION_FIELDS),
+    "conn_password",
+}  # fmt: skip
+CREDENTIAL_KINDS = {
+    "none": projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
+    "token": projects_pb2.GIT_CREDENTIAL_KIND_TOKEN,
+    "ssh_key": projects_pb2.GIT_CREDENTIAL_KIND_SSH_KEY,
+}
+ENVIRONMENT_TYPES = {
+    "deployment": projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+    "development": projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT,
+}
+
+
+def _box(request: Request) -> SecretBox:
+    box: SecretBox | None = request.app.state.box
+    if box is None:
+        raise FailedPrecondition("secrets cannot be stored: this server has no RUNPLANE_SECRET_KEYS")
+    return box
+
+
+def _choice(form: FormData, name: str, allowed: dict[str, Any]) -> Any:
+    value = str(form.get(name, ""))
+    if value not in allowed:
+        raise InvalidArgument(name, f"choose one of {', '.join(allowed)}")
+    return allowed[value]
+
+
+def _text(form: FormData, name: str) -> str:
+    return str(form.get(name, ""))
+
+
+def _checked(form: FormData, name: str) -> bool:
+    return name in form
+
+
+def _id(form: FormData, name: str) -> int:
+    """A select of ids; empty for none (0, as the API's requests say)."""
+    return number(_text(form, name), name) or 0
+
+
+FIELD_ALIASES = {"schedule": "cron"}  # triggers.schedule: the cron field says it
+
+
+async def _refused(
+    request: Request, who: Viewer, template: str, exc: InvalidArgument, known: set[str], **context: Any
+) -> HTMLResponse:
+    """The form again, with what was typed and the error next to its field (secrets are not echoed)."""
+    form = await request.form()
+    values = {k: str(v) for k, v in form.items() if k not in {"git_credential", "conn_password", "csrf_token"}}
+    answer = await page(
+        request, template, who, values=values, errors=FormErrors.of(exc, known, FIELD_ALIASES), **context
+    )
+    answer.status_code = 400
+    return answer
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+
+def _job_values(job: Row | None) -> dict[str, str]:
+    if job is None:
+        return {"job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex}
+    flags = ("on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified")
+    return {
+        "name": job["name"],
+        "job_type": job["job_type"],
+        "environment_id": str(job["environment_id"] or ""),
+        "steps": "\n".join(job["steps"]),
+        "cron": job["cron"] or "",
+        "timezone": job["timezone"] or "UTC",
+        "threads": str(job["threads"] or ""),
+        "timeout_seconds": str(job["timeout_seconds"] or ""),
+        "target_name": job["target_name"],
+        "schema": job["schema_name"],
+        "git_branch": job["git_branch"],
+        "defer_to_job_id": str(job["defer_to_job_id"] or ""),
+        "retry_max_attempts": str(job["retry_max_attempts"] or ""),
+        "environment": "\n".join(f"{k}={v}" for k, v in sorted(job["environment"].items())),
+        "version": str(job["version"]),
+        **{k: "on" for k in flags if job[k]},
+    }
+
+
+JOB_TYPES = {t.value: JOB_TYPE_TO_PROTO[t] for t in JobType}
+COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+
+
+def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -> jobs_pb2.Job:
+    """The job the form describes; what it does not show is kept from ``stored`` (None: a new job)."""
+    job = jobs_pb2.Job()
+    s, t = job.settings, job.triggers
+    if stored is None:
+        s.missed_run_grace_seconds = -1  # the default, as a request without settings gets
+    else:
+        s.retry_on_step_failure = stored["retry_on_step_failure"]
+        s.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
+        s.priority = stored["priority"]
+        s.defer_to_environment_id = stored["defer_to_environment_id"] or 0
+        t.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+        t.on_completion.extend(
+            jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
+            for c in completion
+        )
+    job.name = _text(form, "name")
+    job.job_type = _choice(form, "job_type", JOB_TYPES)
+    job.steps.extend(lines(_text(form, "steps")) or [])
+    cron = _text(form, "cron").strip()
+    if cron:
+        t.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron, timezone=_text(form, "timezone").strip()))
+    t.on_pull_request = _checked(form, "on_pull_request")
+    t.on_merge = _checked(form, "on_merge")
+    s.environment_id = _id(form, "environment_id")
+    s.threads = number(_text(form, "threads"), "threads") or 0
+    s.timeout_seconds = number(_text(form, "timeout_seconds"), "timeout_seconds") or 0
+    s.retry_max_attempts = number(_text(form, "retry_max_attempts"), "retry_max_attempts") or 0
+    s.target_name = _text(form, "target_name").strip()
+    s.schema = _text(form, "schema").strip()
+    s.git_branch = _text(form, "git_branch").strip()
+    s.generate_docs = _checked(form, "generate_docs")
+    s.run_source_freshness = _checked(form, "run_source_freshness")
+    s.defer_to_job_id = _id(form, "defer_to_job_id")
+    s.run_only_modified = _checked(form, "run_only_modified")
+    # Plain variables as the form lists them; a secret (DBT_ENV_SECRET_*) not named is kept.
+    s.environment.update(variables(_text(form, "environment"), "environment"))
+    return job
+
+
+async def _job_choices(store: Store, account_id: AccountId, job_id: int | None = None) -> dict[str, Any]:
+    """The environments a job may run in and the jobs it may defer to, as a select's options."""
+    async with store.connection() as conn:
+        environments = await store.list_environments(conn, account_id, None)
+        jobs = await store.job_names(conn, account_id)
+    return {
+        "environment_options": [("", "none: plain commands")] + [(str(e["id"]), e["name"]) for e in environments],
+        "defer_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
+    }
+
+
+async def _stored_job(store: Store, account_id: AccountId, job_id: int) -> tuple[Row, list[Row]]:
+    """The job as stored, with its completion triggers."""
+    async with store.connection() as conn:
+        row = await existing_job(store, conn, account_id, job_id)
+        triggers = await store.completion_triggers(conn, [row["id"]])
+    return row, triggers[row["id"]]
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+async def new_job(request: Request, who: Looking) -> HTMLResponse:
+    choices = await _job_choices(store_of(request), who.account_id)
+    return await page(request, "job_form.html", who, job=None, values=_job_values(None), errors=FormErrors(), **choices)
+
+
+@router.post("/jobs/new", response_model=None)
+async def create_job_form(request: Request, who: Changing) -> Response:
+    form = await request.form()
+    store = store_of(request)
+    try:
+        definition = _job_definition(form, None, [])
+        spec = job_spec(
+            jobs_pb2.CreateJobRequest(
+                name=definition.name,
+                job_type=definition.job_type,
+                steps=definition.steps,
+                triggers=definition.triggers,
+                settings=definition.settings,
+            )
+        )
+        key = text(_text(form, "create_key"), "create_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+        row = await create_job(store, who.account_id, spec, create_key=key and f"web:{key}")
+    except InvalidArgument as exc:
+        choices = await _job_choices(store, who.account_id)
+        return await _refused(request, who, "job_form.html", exc, JOB_FIELDS, job=None, **choices)
+    return see_other(f"/ui/jobs/{row['id']}")
+
+
+@router.get("/jobs/{job_id}/edit", response_class=HTMLResponse)
+async def edit_job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
+    store = store_of(request)
+    job, _ = await _stored_job(store, who.account_id, job_id)
+    choices = await _job_choices(store, who.account_id, job_id)
+    return await page(request, "job_form.html", who, job=job, values=_job_values(job), errors=FormErrors(), **choices)
+
+
+@router.post("/jobs/{job_id}/edit", response_model=None)
+async def update_job_form(request: Request, who: Changing, job_id: int) -> Response:
+    form = await request.form()
+    store = store_of(request)
+    stored, completion = await _stored_job(store, who.account_id, job_id)
+    try:
+        definition = _job_definition(form, stored, completion)
+        spec = job_spec(
+            jobs_pb2.UpdateJobRequest(
+                job_id=job_id,
+                name=definition.name,
+                job_type=definition.job_type,
+                steps=definition.steps,
+                triggers=definition.triggers,
+                settings=definition.settings,
+            )
+        )
+        expected = number(_text(form, "version"), "version") or 0
+        await update_job(store, who.account_id, JobId(job_id), spec, expected_version=expected)
+    except InvalidArgument as exc:
+        choices = await _job_choices(store, who.account_id, job_id)
+        return await _refused(request, who, "job_form.html", exc, JOB_FIELDS, job=stored, **choices)
+    return see_other(f"/ui/jobs/{job_id}")
+
+
+# -- projects and environments --------------------------------------------------------------------
+
+
+@router.get("/projects", response_class=HTMLResponse)
+async def projects(request: Request, who: Looking) -> HTMLResponse:
+    store = store_of(request)
+    async with store.connection() as conn:
+        rows = await store.list_projects(conn, who.account_id)
+        environments = await store.list_environments(conn, who.account_id, None)
+    by_project: dict[int, list[Row]] = {r["id"]: [] for r in rows}
+    for environment in environments:
+        by_project.setdefault(environment["project_id"], []).append(environment)
+    return await page(request, "projects.html", who, projects=[(r, by_project[r["id"]]) for r in rows])
+
+
+async def _project(store: Store, account_id: AccountId, project_id: int) -> Row:
+    async with store.connection() as conn:
+        row = await store.get_project(conn, account_id, project_id)
+    if row is None:
+        raise NotFound(f"project {project_id} not found")
+    return row
+
+
+def _project_values(row: Row | None) -> dict[str, str]:
+    if row is None:
+        return {"git_credential_kind": "none"}
+    return {k: str(row[k]) for k in ("name", "repository_url", "subdirectory", "git_credential_kind")}
+
+
+def _project_request(form: FormData) -> dict[str, Any]:
+    return {
+        "name": _text(form, "name"),
+        "repository_url": _text(form, "repository_url"),
+        "subdirectory": _text(form, "subdirectory"),
+        "git_credential_kind": _choice(form, "git_credential_kind", CREDENTIAL_KINDS),
+        "git_credential": _text(form, "git_credential").strip(),
+    }
+
+
+@router.get("/projects/new", response_class=HTMLResponse)
+async def new_project(request: Request, who: Looking) -> HTMLResponse:
+    return await page(
+        request, "project_form.html", who, project=None, values=_project_values(None), errors=FormErrors()
+    )
+
+
+@router.post("/projects/new", response_model=None)
+async def create_project_form(request: Request, who: Changing) -> Response:
+    form = await request.form()
+    try:
+        message = projects_pb2.CreateProjectRequest(**_project_request(form))
+        row = await create_project(store_of(request), lambda: _box(request), who.account_id, message)
+    except InvalidArgument as exc:
+        return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=None)
+    return see_other(f"/ui/projects#project-{row['id']}")
+
+
+@router.get("/projects/{project_id}/edit", response_class=HTMLResponse)
+async def edit_project(request: Request, who: Looking, project_id: int) -> HTMLResponse:
+    row = await _project(store_of(request), who.account_id, project_id)
+    return await page(request, "project_form.html", who, project=row, values=_project_values(row), errors=FormErrors())
+
+
+@router.post("/projects/{project_id}/edit", response_model=None)
+async def update_project_form(request: Request, who: Changing, project_id: int) -> Response:
+    form = await request.form()
+    store = store_of(request)
+    row = await _project(store, who.account_id, project_id)
+    try:
+        message = projects_pb2.UpdateProjectRequest(project_id=project_id, **_project_request(form))
+        await update_project(store, lambda: _box(request), who.account_id, message)
+    except InvalidArgument as exc:
+        return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=row)
+    return see_other(f"/ui/projects#project-{project_id}")
+
+
+def _environment_values(row: Row | None) -> dict[str, str]:
+    if row is None:
+        return {"environment_type": "deployment", "target_name": "default", "threads": "4", "conn_port": "5432"}
+    values = {
+        "name": row["name"],
+        "environment_type": row["environment_type"],
+        "dbt_version": row["dbt_version"],
+        "git_branch": row["git_branch"],
+        "target_name": row["target_name"],
+        "schema": row["schema_name"],
+        "threads": str(row["threads"]),
+        "variables": "\n".join(f"{k}={v}" for k, v in sorted(row["variables"].items())),
+    }
+    values.update({f"conn_{k}": str(v) for k, v in row["connection"].items()})
+    return values
+
+
+def _environment_request(form: FormData) -> dict[str, Any]:
+    password = _text(form, "conn_password")
+    return {
+        "name": _text(form, "name"),
+        "environment_type": _choice(form, "environment_type", ENVIRONMENT_TYPES),
+        "dbt_version": _text(form, "dbt_version"),
+        "git_branch": _text(form, "git_branch"),
+        "connection": projects_pb2.Connection(
+            adapter_type=ADAPTER,
+            fields={f: _text(form, f"conn_{f}").strip() for f in CONNECTION_FIELDS if _text(form, f"conn_{f}").strip()},
+            secret_fields={"password": password} if password else {},
+        ),
+        "target_name": _text(form, "target_name"),
+        "schema": _text(form, "schema"),
+        "threads": number(_text(form, "threads"), "threads") or 0,
+        "variables": variables(_text(form, "variables"), "variables"),
+    }
+
+
+async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Row:
+    async with store.connection() as conn:
+        row = await store.get_environment(conn, account_id, environment_id)
+    if row is None:
+        raise NotFound(f"environment {environment_id} not found")
+    return row
+
+
+async def _environment_context(store: Store, who: Viewer, project: Row, environment: Row | None) -> dict[str, Any]:
+    async with store.connection() as conn:
+        environments = await store.list_environments(conn, who.account_id, None)
+    return {
+        "project": project,
+        "environment": environment,
+        "dbt_versions": sorted({str(e["dbt_version"]) for e in environments}),  # offered as suggestions
+        "sslmode_options": [("", "default")] + [(m, m) for m in sorted(adapter_fields(ADAPTER).choices["sslmode"])],
+    }
+
+
+@router.get("/projects/{project_id}/environments/new", response_class=HTMLResponse)
+async def new_environment(request: Request, who: Looking, project_id: int) -> HTMLResponse:
+    project = await _project(store_of(request), who.account_id, project_id)
+    values = _environment_values(None)
+    context = await _environment_context(store_of(request), who, project, None)
+    return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
+
+
+@router.post("/projects/{project_id}/environments/new", response_model=None)
+async def create_environment_form(request: Request, who: Changing, project_id: int) -> Response:
+    form = await request.form()
+    store = store_of(request)
+    project = await _project(store, who.account_id, project_id)
+    try:
+        message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form))
+        await create_environment(store, lambda: _box(request), who.account_id, message)
+    except InvalidArgument as exc:
+        context = await _environment_context(store, who, project, None)
+        return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
+    return see_other(f"/ui/projects#project-{project_id}")
+
+
+@router.get("/environments/{environment_id}/edit", response_class=HTMLResponse)
+async def edit_environment(request: Request, who: Looking, environment_id: int) -> HTMLResponse:
+    store = store_of(request)
+    environment = await _environment(store, who.account_id, environment_id)
+    project = await _project(store, who.account_id, environment["project_id"])
+    context = await _environment_context(store, who, project, environment)
+    values = _environment_values(environment)
+    return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
+
+
+@router.post("/environments/{environment_id}/edit", response_model=None)
+async def update_environment_form(request: Request, who: Changing, environment_id: int) -> Response:
+    form = await request.form()
+    store = store_of(request)
+    environment = await _environment(store, who.account_id, environment_id)
+    project = await _project(store, who.account_id, environment["project_id"])
+    try:
+        message = projects_pb2.UpdateEnvironmentRequest(
+            environment_id=environment_id,
+            clear_secret_fields=["password"] if _checked(form, "clear_password") else [],
+            **_environment_request(form),
+        )
+        await update_environment(store, lambda: _box(request), who.account_id, message)
+    except InvalidArgument as exc:
+        context = await _environment_context(store, who, project, environment)
+        return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
+    return see_other(f"/ui/projects#project-{project['id']}")

@@ -1,0 +1,240 @@
+"""Making and changing projects, environments and jobs from the web pages: the APIs' own checks, every
+refusal next to its field with the typed input kept, secrets write-only, an edit keeping what the
+form does not show."""
+
+from __future__ import annotations
+
+import re
+
+from api.admin import create_token
+from api.web.session import csrf_for
+from runplane.basics.settings import Settings
+from tests.api.conftest import AsyncDb, scalar
+from tests.api.web.conftest import Browser
+
+TOKEN = "ghp_not-a-real-token-0123456789"
+PASSWORD = "s3cret-warehouse-password"
+SECRET_VALUE = "a-secret-api-key-value"
+
+
+def _id(response_location: str, pattern: str) -> int:
+    found = re.search(pattern, response_location)
+    assert found, response_location
+    return int(found.group(1))
+
+
+async def _project(browser: Browser, adb: AsyncDb) -> int:
+    response = await browser.post(
+        "/ui/projects/new",
+        name="analytics",
+        repository_url="https://github.com/acme/analytics.git",
+        subdirectory="",
+        git_credential_kind="token",
+        git_credential=TOKEN,
+    )
+    assert response.status_code == 303, response.text
+    return int(await scalar(adb, "SELECT id FROM projects WHERE name = 'analytics'"))
+
+
+async def _environment(browser: Browser, adb: AsyncDb, project_id: int) -> int:
+    response = await browser.post(
+        f"/ui/projects/{project_id}/environments/new",
+        name="production",
+        environment_type="deployment",
+        dbt_version="1.10",
+        conn_host="127.0.0.1",
+        conn_port="5432",
+        conn_user="dbt",
+        conn_dbname="warehouse",
+        conn_password=PASSWORD,
+        target_name="prod",
+        schema="analytics",
+        threads="8",
+        variables="DBT_PROFILE_FLAG=1",
+    )
+    assert response.status_code == 303, response.text
+    return int(await scalar(adb, "SELECT id FROM environments WHERE name = 'production'"))
+
+
+async def test_a_project_an_environment_and_a_job_made_from_the_pages(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    assert 'id="new-project"' in (await browser.http.get("/ui/projects")).text
+    project_id = await _project(browser, adb)
+    stored = await scalar(adb, "SELECT git_credential FROM projects WHERE id = %s", project_id)
+    assert stored and TOKEN not in stored  # encrypted at rest
+    environment_id = await _environment(browser, adb, project_id)
+    row = await (
+        await adb.execute(
+            "SELECT connection, connection_secrets, target_name, schema_name, threads FROM environments WHERE id = %s",
+            (environment_id,),
+        )
+    ).fetchone()
+    assert row is not None
+    assert row[0] == {"host": "127.0.0.1", "port": "5432", "user": "dbt", "dbname": "warehouse"}
+    assert set(row[1]) == {"password"} and PASSWORD not in str(row[1])
+    assert row[2:] == ("prod", "analytics", 8)
+
+    new = (await browser.http.get("/ui/jobs/new")).text
+    assert f'<option value="{environment_id}" >production</option>' in new
+    key = re.search(r'name="create_key" value="(\w+)"', new)
+    assert key is not None
+    form = {
+        "name": "nightly build",
+        "job_type": "deploy",
+        "environment_id": str(environment_id),
+        "steps": "dbt seed\ndbt build\n",
+        "cron": "0 6 * * 1-5",
+        "timezone": "Europe/Paris",
+        "threads": "",
+        "generate_docs": "on",
+        "environment": f"PLAIN=visible\nDBT_ENV_SECRET_API_KEY={SECRET_VALUE}",
+        "create_key": key.group(1),
+    }
+    response = await browser.post("/ui/jobs/new", **form)
+    assert response.status_code == 303, response.text
+    job_id = _id(response.headers["location"], r"/ui/jobs/(\d+)$")
+    again = await browser.post("/ui/jobs/new", **form)  # the same form sent twice makes one job
+    assert again.headers["location"] == response.headers["location"]
+    job = await (
+        await adb.execute(
+            "SELECT steps, cron, timezone, environment_id, generate_docs, environment, secret_environment"
+            " FROM jobs WHERE id = %s",
+            (job_id,),
+        )
+    ).fetchone()
+    assert job is not None
+    assert job[:5] == (["dbt seed", "dbt build"], "0 6 * * 1-5", "Europe/Paris", environment_id, True)
+    assert job[5] == {"PLAIN": "visible"} and set(job[6]) == {"DBT_ENV_SECRET_API_KEY"}
+    assert SECRET_VALUE not in str(job[6])
+
+    # Edit pages show no secret: neither the project's token, the password, nor the secret variable.
+    for path in (
+        f"/ui/projects/{project_id}/edit",
+        f"/ui/environments/{environment_id}/edit",
+        f"/ui/jobs/{job_id}/edit",
+    ):
+        page = (await browser.http.get(path)).text
+        assert TOKEN not in page and PASSWORD not in page and SECRET_VALUE not in page, path
+    edit = (await browser.http.get(f"/ui/jobs/{job_id}/edit")).text
+    assert "DBT_ENV_SECRET_API_KEY" in edit and 'value="nightly build"' in edit
+
+
+async def test_a_refused_form_shows_the_error_at_its_field_with_what_was_typed(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    response = await browser.post(
+        "/ui/jobs/new", name="mine", job_type="deploy", steps="dbt build", threads="1000", cron="0 6 * * *"
+    )
+    assert response.status_code == 400
+    page = response.text
+    assert re.search(r'<p class="field-error" id="e-threads">must be between 0 and 64 \(got 1000\)</p>', page)
+    assert 'name="name" type="text" value="mine"' in page and ">dbt build</textarea>" in page
+    assert 'value="1000"' in page and 'aria-invalid="true" aria-describedby="e-threads"' in page
+    assert 'href="/ui/runs"' in page  # inside the layout, with its menu
+    assert await scalar(adb, "SELECT count(*) FROM jobs") == 0
+
+    for form, field, words in (
+        ({"cron": "61 * * * *"}, "cron", "not a valid cron"),
+        ({"timezone": "Mars/Olympus", "cron": "0 * * * *"}, "timezone", "is not an IANA time zone"),
+        ({"steps": ""}, "steps", "a job needs at least one step"),
+        ({"job_type": "ci", "cron": "0 * * * *"}, "cron", "run on pull requests"),
+        ({"environment": "no equals sign"}, "environment", "line 1 is not NAME=value"),
+    ):
+        fields = {"name": "mine", "job_type": "deploy", "steps": "dbt build", **form}
+        refused = await browser.post("/ui/jobs/new", **fields)
+        assert refused.status_code == 400, (form, refused.text[-500:])
+        error = re.search(r'id="e-(\w+)">([^<]*)<', refused.text)
+        assert error is not None and error.group(1) == field and words in error.group(2), (form, error)
+
+    refused = await browser.post(
+        "/ui/projects/new", name="p", repository_url="ftp://example.com/x.git", git_credential_kind="token",
+        git_credential=TOKEN,
+    )  # fmt: skip
+    assert refused.status_code == 400 and 'id="e-repository_url"' in refused.text
+    assert TOKEN not in refused.text  # a secret is never sent back, even on a refused form
+    project_id = await _project(browser, adb)
+    refused = await browser.post(
+        f"/ui/projects/{project_id}/environments/new", name="e", environment_type="deployment", dbt_version="1.10",
+        conn_user="dbt", conn_dbname="w", schema="s", conn_port="not-a-port", conn_host="db",
+    )  # fmt: skip
+    assert refused.status_code == 400 and re.search(r'id="e-conn_port">must be an integer', refused.text)
+    assert 'name="conn_host" type="text" value="db"' in refused.text
+
+
+async def test_editing_keeps_what_the_form_does_not_show_and_secrets_left_empty(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    project_id = await _project(browser, adb)
+    environment_id = await _environment(browser, adb, project_id)
+    upstream = int(
+        await scalar(
+            adb,
+            "INSERT INTO jobs (account_id, name, job_type, steps) VALUES (%s, 'upstream', 'deploy', '{echo}')"
+            " RETURNING id",
+            browser.account_id,
+        )
+    )
+    response = await browser.post(
+        "/ui/jobs/new", name="downstream", job_type="deploy", steps="dbt build", environment_id=str(environment_id),
+        environment=f"DBT_ENV_SECRET_KEY={SECRET_VALUE}",
+    )  # fmt: skip
+    job_id = _id(response.headers["location"], r"/ui/jobs/(\d+)$")
+    await adb.execute("UPDATE jobs SET priority = 7 WHERE id = %s", (job_id,))
+    await adb.execute(
+        "INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses) VALUES (%s, %s, '{10}')",
+        (job_id, upstream),
+    )
+    secret_before = await scalar(adb, "SELECT secret_environment FROM jobs WHERE id = %s", job_id)
+    version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
+    edit = (await browser.http.get(f"/ui/jobs/{job_id}/edit")).text
+    assert f'name="version" value="{version}"' in edit
+    saved = await browser.post(
+        f"/ui/jobs/{job_id}/edit", name="downstream v2", job_type="deploy", steps="dbt build\ndbt test",
+        environment_id=str(environment_id), environment="", version=str(version),
+    )  # fmt: skip
+    assert saved.status_code == 303 and saved.headers["location"] == f"/ui/jobs/{job_id}"
+    row = await (
+        await adb.execute("SELECT name, steps, priority, secret_environment FROM jobs WHERE id = %s", (job_id,))
+    ).fetchone()
+    assert row == ("downstream v2", ["dbt build", "dbt test"], 7, secret_before)
+    assert (
+        await scalar(adb, "SELECT upstream_job_id FROM job_completion_triggers WHERE job_id = %s", job_id) == upstream
+    )
+
+    stale = await browser.post(
+        f"/ui/jobs/{job_id}/edit", name="late edit", job_type="deploy", steps="dbt build", version=str(version)
+    )
+    assert stale.status_code == 409 and "read it again" in stale.text and 'href="/ui/jobs"' in stale.text
+
+    # An environment saved with the password left empty keeps it; the box asks to remove it.
+    before = await scalar(adb, "SELECT connection_secrets FROM environments WHERE id = %s", environment_id)
+    kept = await browser.post(
+        f"/ui/environments/{environment_id}/edit", name="production", environment_type="deployment",
+        dbt_version="1.11", conn_host="db.internal", conn_user="dbt", conn_dbname="warehouse", schema="analytics",
+    )  # fmt: skip
+    assert kept.status_code == 303, kept.text
+    row = await (
+        await adb.execute(
+            "SELECT connection_secrets, dbt_version, connection->>'host' FROM environments WHERE id = %s",
+            (environment_id,),
+        )
+    ).fetchone()
+    assert row == (before, "1.11", "db.internal")
+    cleared = await browser.post(
+        f"/ui/environments/{environment_id}/edit", name="production", environment_type="deployment",
+        dbt_version="1.11", conn_host="db.internal", conn_user="dbt", conn_dbname="warehouse", schema="analytics",
+        clear_password="on",
+    )  # fmt: skip
+    assert cleared.status_code == 303
+    assert await scalar(adb, "SELECT connection_secrets FROM environments WHERE id = %s", environment_id) == {}
+
+
+async def test_a_read_only_token_sees_no_forms_and_cannot_save(
+    browser: Browser, settings: Settings, adb: AsyncDb
+) -> None:
+    reader = await create_token(settings, account_id=browser.account_id, scopes=("read_only",))
+    await browser.login(reader)
+    assert 'id="new-job"' not in (await browser.http.get("/ui/jobs")).text
+    refused = await browser.http.post(
+        "/ui/jobs/new", data={"csrf_token": csrf_for(reader), "name": "x", "job_type": "deploy", "steps": "echo"}
+    )
+    assert refused.status_code == 403
+    assert await scalar(adb, "SELECT count(*) FROM jobs") == 0
