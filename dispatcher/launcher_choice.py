@@ -71,7 +71,7 @@ def companion(settings: Settings, pool: AsyncConnectionPool[Connection]) -> Kube
         return KubernetesCompanion(watcher)
     from dispatcher.kubernetes.pool import WarmPools
 
-    return KubernetesCompanion(watcher, WarmPools(settings, pool))
+    return KubernetesCompanion(watcher, WarmPools(settings, pool, active_pods=watcher.active_count))
 
 
 def intake_gate(settings: Settings, watcher: KubernetesCompanion | None) -> ClusterGate | None:

@@ -112,20 +112,33 @@ class ForkServer:
 
     async def fork(self, run_id: int, token: str) -> int:
         async with self._lock:
-            process = await self._ensure_started()
-            assert process.stdin is not None and process.stdout is not None
-            try:
-                process.stdin.write(f"{run_id} {token}\n".encode())
-                await process.stdin.drain()
-                answer = await asyncio.wait_for(process.stdout.readline(), timeout=FORK_SERVER_ANSWER_TIMEOUT)
-            except (OSError, TimeoutError) as exc:
-                await self._discard(process)
-                raise LaunchError(f"runner fork server did not answer: {exc!r}", retryable=True) from exc
+            process, answer = await self._ask(f"{run_id} {token}\n".encode())
             parts = answer.split()
             if len(parts) != 2 or int(parts[0]) != run_id or int(parts[1]) <= 0:
                 await self._discard(process)
                 raise LaunchError(f"runner fork server answered {answer!r}", retryable=True)
             return int(parts[1])
+
+    async def set_spares(self, count: int) -> None:
+        """Ask the server to keep ``count`` runners started and waiting (it forks or lets go of spares)."""
+        async with self._lock:
+            process, answer = await self._ask(f"spares {count}\n".encode())
+            if answer.split() != [b"spares", str(count).encode()]:
+                await self._discard(process)
+                raise LaunchError(f"runner fork server answered {answer!r}", retryable=True)
+
+    async def _ask(self, line: bytes) -> tuple[asyncio.subprocess.Process, bytes]:
+        """Send one line and read the server's answer (the caller holds the lock)."""
+        process = await self._ensure_started()
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(line)
+            await process.stdin.drain()
+            answer = await asyncio.wait_for(process.stdout.readline(), timeout=FORK_SERVER_ANSWER_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            await self._discard(process)
+            raise LaunchError(f"runner fork server did not answer: {exc!r}", retryable=True) from exc
+        return process, answer
 
     async def _discard(self, process: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -176,6 +189,13 @@ class LocalLauncher:
         """Load the fork server ahead of the first run."""
         if self._fork_server is not None:
             await self._fork_server.start()
+
+    async def set_spares(self, count: int) -> bool:
+        """Keep ``count`` runners started and waiting; False when runners are not forked (nothing to keep)."""
+        if self._fork_server is None:
+            return False
+        await self._fork_server.set_spares(count)
+        return True
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
         if not request.token:

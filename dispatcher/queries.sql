@@ -49,3 +49,8 @@ ON CONFLICT (dispatcher_id) DO UPDATE SET last_seen_at = now(), dispatched = EXC
 
 -- name: dispatcher_gone
 DELETE FROM dispatchers WHERE dispatcher_id = %(dispatcher_id)s
+
+-- name: due_queued_runs
+-- Due queued runs, any kind: the queue the local launcher's spares serve (runs_queued_idx).
+SELECT count(*)::bigint AS queued FROM runs
+WHERE status = 1 AND scheduled_at <= now() AND (not_before IS NULL OR not_before <= now())

@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launcher_choice import companion, intake_gate, make_launcher
 from dispatcher.local_launcher import LocalLauncher
+from dispatcher.local_spares import LocalSpares
 from dispatcher.noop_launcher import NoopLauncher
 from dispatcher.run_slots import ActiveRun, DispatchPlan, QueuedRun, plan_dispatch
 from runplane.adapters import instruments, tracing
@@ -431,6 +432,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             watcher = companion(settings, pool)
             if watcher is not None:
                 spawn(group, f"dispatcher:{launcher.name}:watch", watcher.run(stop), eternal=True, stop=stop)
+            if isinstance(launcher, LocalLauncher) and settings.dispatcher.local_fork_server:
+                spares = LocalSpares(settings, pool, launcher)
+                spawn(group, "dispatcher:local:spares", spares.run(stop), eternal=True, stop=stop)
             gate = intake_gate(settings, watcher)
             if gate is not None:
                 spawn(group, f"dispatcher:{launcher.name}:gate", gate.run(stop), eternal=True, stop=stop)

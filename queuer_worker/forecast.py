@@ -91,7 +91,7 @@ class Forecaster:
             for job_id, kind in found.items():
                 self._kinds[job_id] = self._interned.setdefault(kind, kind)
         counts = fires_by_minute(in_window, self._kinds, now=now, minutes=self._settings.minutes)
-        await publish_forecast(self._pool, self._worker_id, counts)
+        await publish_forecast(self._pool, self._worker_id, counts, now=now)
         self.published = counts
         return counts
 

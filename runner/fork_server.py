@@ -12,6 +12,11 @@ to the runner API (gRPC's start in a fresh child and the connection cost about a
 of the prep time together), and waits on a pipe of its own. A run's line goes down that pipe; the
 spare switches to the run's uid and claims it at once, and the server forks the next spare.
 
+The server keeps one spare, or as many as its last line ``spares N`` asked (answered ``spares N``):
+the dispatcher raises N ahead of a forecast peak (``dispatcher/local_spares.py``) and lowers it
+after, so a peak's runs find started runners instead of waiting for forks. A spare above N gets EOF
+on its pipe and leaves.
+
 Started as ``python -m runner.fork_server`` with the runner's allow-listed environment (no
 control-plane credential); the tokens arrive only through the pipe. The server keeps no token: it
 reads each line into one buffer, passes it on and wipes it before it forks the next spare, so a
@@ -34,6 +39,7 @@ from runplane.basics import logs
 from runplane.basics.settings import Settings
 
 MAX_LINE = 4096  # far above ``<run_id> <token>``; a longer line is refused whole
+MAX_SPARES = 10_000  # a bound on ``spares N`` whatever the dispatcher asks
 
 
 @dataclass(frozen=True)
@@ -176,13 +182,31 @@ def _give(child: Spare, line: memoryview) -> bool:
         os.close(child.pipe)
 
 
+def _spares_line(line: memoryview) -> int:
+    """N of a line ``spares N`` (how many runners to keep started and waiting), 0 when it is not one."""
+    head, _, count = bytes(line).strip().partition(b" ")
+    if head != b"spares" or not count.isdigit():
+        return 0
+    return min(int(count), MAX_SPARES)
+
+
+def _resize(settings: Settings, spares: list[Spare], target: int) -> None:
+    """Fork spares up to ``target``, or close the pipes of the newest above it (EOF: they leave)."""
+    while len(spares) < target:
+        spares.append(_fork_spare(settings))
+    while len(spares) > target:
+        with contextlib.suppress(OSError):
+            os.close(spares.pop().pipe)
+
+
 def main() -> int:
     settings = Settings()
     logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the dispatcher; EOF stops us
     answers = sys.stdout
-    spare: Spare | None = _fork_spare(settings)
+    target = 1
+    spares: list[Spare] = [_fork_spare(settings)]  # oldest first: the longest connected goes first
     answers.write("ready\n")  # everything is imported and a runner waits: a run starts at once
     answers.flush()
     buffer = bytearray(MAX_LINE)
@@ -191,22 +215,22 @@ def main() -> int:
             with memoryview(buffer) as view:
                 line = view[: max(length, 0)]
                 run_id = _run_id(line)
-                if run_id <= 0:
-                    print("fork server: expected '<run_id> <token>'", file=sys.stderr, flush=True)  # never echo a token
-                    answers.write("0 0\n")
-                else:
-                    if spare is None:
-                        spare = _fork_spare(settings)
+                if run_id > 0:
+                    spare = spares.pop(0) if spares else _fork_spare(settings)
                     pid = _hand_over(settings, spare, line)
-                    spare = None
                     answers.write(f"{run_id} {pid}\n")
+                elif (count := _spares_line(line)) > 0:
+                    target = count
+                    answers.write(f"spares {target}\n")
+                else:
+                    print("fork server: expected '<run_id> <token>' or 'spares N'", file=sys.stderr, flush=True)
+                    answers.write("0 0\n")  # never echo a token
                 line.release()
             buffer[:] = bytes(MAX_LINE)  # the token is gone before the next spare is forked
             answers.flush()
-            if spare is None:
-                spare = _fork_spare(settings)
+            _resize(settings, spares, target)
     finally:
-        if spare is not None:
+        for spare in spares:
             with contextlib.suppress(OSError):
                 os.close(spare.pipe)  # EOF: the spare leaves
     return 0

@@ -1,8 +1,11 @@
 """Warm Pod pools: started runner Pods wait on the runner API, so a dispatched run starts at once.
 
 ``WarmPools.run(stop)`` keeps each pool of ``kubernetes.warm_pools`` (one kind of Pod: image and
-memory) between its minimum and maximum, following the queue: as many idle Pods as there are due
-queued runs that fit, at least ``min_size``, at most ``max_size``. Each pool Pod gets a token of its
+memory) between its minimum and maximum, following the forecast and the queue
+(``dispatcher/pool_sizing.py``): ahead of a minute with runs due it grows to their number, a lead
+time before the minute (at least ``pool_lead_seconds``, longer when the Pods cannot be created in
+time at the rate this keeper measured), and back to the queue's size after, at least ``min_size``,
+at most ``max_size``, and within the room ``capacity`` leaves. Each pool Pod gets a token of its
 own (a per-Pod Secret, stored hashed in ``pool_runners``) that is good for one thing: waiting for
 one run (``RunnerService.WaitForRun``). Pods that stop calling are replaced; idle Pods above the
 size are retired oldest first.
@@ -20,6 +23,8 @@ import asyncio
 import json
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +36,14 @@ from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import CLUSTER, MANAGED_BY, MANAGER, run_labels, runner_pod, token_secret
 from dispatcher.launcher import LaunchRequest, LaunchResult
+from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics import supervise
 from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.settings import Settings, WarmPoolSettings
+from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
+from runplane.demand.forecast import Forecast, RunnerKind, read_forecast
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -56,14 +64,18 @@ def pool_image(pool: WarmPoolSettings, settings: Settings) -> str:
     return k8s.dbt_images.get(pool.dbt_version, k8s.image)
 
 
+def fits_pool(pool: WarmPoolSettings, settings: Settings, kind: RunnerKind) -> bool:
+    """Whether a run of ``kind`` would get a Pod like the pool's (image and memory)."""
+    k8s = settings.kubernetes
+    return pool.memory_mb == kind.memory_mb and pool_image(pool, settings) == k8s.dbt_images.get(
+        kind.dbt_version, k8s.image
+    )
+
+
 def fitting_pool(request: LaunchRequest, settings: Settings) -> WarmPoolSettings | None:
     """The pool whose Pods are what this run's own Pod would be (image and memory), if any."""
-    k8s = settings.kubernetes
-    image = k8s.dbt_images.get(request.dbt_version, k8s.image)
-    for pool in k8s.warm_pools:
-        if pool.memory_mb == request.memory_mb and pool_image(pool, settings) == image:
-            return pool
-    return None
+    kind = RunnerKind(request.dbt_version, request.memory_mb)
+    return next((pool for pool in settings.kubernetes.warm_pools if fits_pool(pool, settings, kind)), None)
 
 
 class WarmPools:
@@ -75,11 +87,19 @@ class WarmPools:
         db: AsyncConnectionPool[Connection],
         *,
         configuration: kubernetes.client.Configuration | None = None,
+        active_pods: Callable[[], int] | None = None,
+        wall_clock: WallClock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._k8s = settings.kubernetes
         self._cluster = settings.dispatcher.cluster
         self._db = db
+        self._active_pods = active_pods
+        self._clock = wall_clock
+        # Pool Pods created per second, as measured (creates of a pass over the time they took); until
+        # measured, what the settings allow.
+        self.create_rate = self._k8s.pool_creates_per_pass / self._k8s.pool_interval
+        self.plans: dict[str, PoolPlan] = {}  # the last look at each pool (observability and tests)
         config = configuration if configuration is not None else kubernetes_api.configuration(self._k8s)
         self._api_client = kubernetes.client.ApiClient(config)
         self._core = kubernetes.client.CoreV1Api(self._api_client)
@@ -101,12 +121,16 @@ class WarmPools:
 
     async def keep(self) -> None:
         """One look at every pool."""
+        forecast = self._settings.forecast
         async with self._db.connection() as conn:
             await conn.execute(QUERIES["pool_runners_done"], {"cluster": self._cluster})
+            demand = await read_forecast(
+                conn, now=self._clock.now(), stale_after=forecast.stale_after, api_window=forecast.api_window
+            )
         for pool in self._k8s.warm_pools:
-            await self._keep(pool)
+            await self._keep(pool, demand)
 
-    async def _keep(self, pool: WarmPoolSettings) -> None:
+    async def _keep(self, pool: WarmPoolSettings, demand: Forecast) -> None:
         params = {"cluster": self._cluster, "pool": pool.name}
         async with self._db.connection() as conn:
             cur = await conn.execute(
@@ -120,7 +144,24 @@ class WarmPools:
             log.info("pool pod silent; replacing it", extra={"pod": name, "pool": pool.name})
             await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
         assert size is not None
-        target = max(pool.min_size, min(pool.max_size, size.queued))
+        plan = plan_pool(
+            demand,
+            lambda kind: fits_pool(pool, self._settings, kind),
+            now=self._clock.now(),
+            lead=self._k8s.pool_lead_seconds,
+            idle=size.idle,
+            queued=size.queued,
+            min_size=pool.min_size,
+            max_size=pool.max_size,
+            create_rate=self.create_rate,
+            horizon_minutes=self._settings.forecast.minutes,
+            room=None
+            if self._k8s.capacity <= 0 or self._active_pods is None
+            else self._k8s.capacity - self._active_pods(),
+        )
+        self.plans[pool.name] = plan
+        record_plan(plan, pool=pool.name, cluster=self._cluster, idle=size.idle)
+        target = plan.target
         if size.idle > target:
             async with self._db.connection() as conn:
                 cur = await conn.execute(QUERIES["pool_runners_retire"], {**params, "count": size.idle - target})
@@ -129,7 +170,11 @@ class WarmPools:
                 await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
         missing = min(target - size.idle, self._k8s.pool_creates_per_pass)
         if missing > 0:
+            started = time.monotonic()
             await asyncio.gather(*(self._create(pool) for _ in range(missing)))
+            if missing == self._k8s.pool_creates_per_pass:  # a full pass: the rate this cluster gives
+                took = max(time.monotonic() - started, self._k8s.pool_interval)
+                self.create_rate = 0.5 * self.create_rate + 0.5 * missing / took
 
     async def _create(self, pool: WarmPoolSettings) -> None:
         """A pool Pod: its row (the runner API knows its token), its Secret, the Pod; the Pod owns the Secret."""

@@ -143,6 +143,18 @@ accounts_by_on_time_ratio = _gauge(
     "every account with runs in the window). A few series whatever the number of accounts; runplane status names "
     "the worst ones",
 )
+pool_idle = _gauge(
+    "runplane.pool.idle", "Started runners of a pool not given a run yet: waiting or starting (pool, cluster)"
+)
+pool_target = _gauge("runplane.pool.target", "The size a pool is being brought to (pool, cluster)")
+pool_forecast = _gauge(
+    "runplane.pool.forecast",
+    "The most runs of a pool's kind due in one minute within its lead time, cron fires and API rate (pool, cluster)",
+)
+pool_queued = _gauge("runplane.pool.queued", "Due runs queued for a pool's kind (pool, cluster)")
+pool_lead_time = _gauge(
+    "runplane.pool.lead_time", "Seconds before a minute a pool holds that minute's forecast (pool, cluster)", unit="s"
+)
 
 # -- gauges read from a process's own state when scraped (callbacks given by the service) ---------
 OBSERVED_GAUGES: dict[str, tuple[str, str]] = {  # name -> (description, unit)

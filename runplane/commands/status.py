@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -22,11 +23,13 @@ from runplane.adapters.bus import Topology, dead_letter_count
 from runplane.adapters.db import redact
 from runplane.basics import on_time
 from runplane.basics.errors import ServiceUnavailable
-from runplane.basics.settings import Settings
+from runplane.basics.settings import ForecastSettings, Settings
+from runplane.demand.forecast import MINUTE, minute_of
 from runplane.sql import load_queries
 
 QUERIES = load_queries("runplane.sql", "status.sql")
 WORST_ACCOUNTS = 10
+DEMAND_MINUTES_BACK = 5
 STATUS_NAMES = {1: "queued", 2: "starting", 3: "running", 10: "success", 20: "error", 30: "cancelled"}
 
 
@@ -49,6 +52,10 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         accounts = conn.execute(
             QUERIES["accounts_on_time"], {**params, "on_time_seconds": on_time.ON_TIME_SECONDS}
         ).fetchall()
+        demand = conn.execute(
+            QUERIES["demand"], _demand_params(bus.forecast if bus is not None else ForecastSettings(), time.time())
+        ).fetchall()
+        pools = conn.execute(QUERIES["pools"]).fetchall()
     started = int(delays.get("started") or 0)
 
     def share(n: Any) -> float | None:
@@ -70,8 +77,24 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         "dispatchers": [{k: _plain(v) for k, v in d.items()} for d in dispatchers],
         "waiting": [{k: _plain(v) for k, v in w.items()} for w in waiting],
         "worst_on_time": _worst_on_time(accounts),
+        "demand": [{**row, "minute": _minute_text(int(row["minute"]))} for row in demand],
+        "pools": [{k: _plain(v) for k, v in p.items()} for p in pools],
         **({"dead_letters": _dead_letters(bus)} if bus is not None else {}),
     }
+
+
+def _demand_params(forecast: ForecastSettings, now: float) -> dict[str, float]:
+    """The minutes the status view sets forecast beside what happened: a few back, the forecast's ahead."""
+    current = minute_of(now)
+    return {
+        "from_minute": current - DEMAND_MINUTES_BACK * MINUTE,
+        "to_minute": current + (forecast.minutes - 1) * MINUTE,
+        "stale_after": forecast.stale_after,
+    }
+
+
+def _minute_text(minute: int) -> str:
+    return datetime.fromtimestamp(minute, UTC).strftime("%H:%M")
 
 
 def _worst_on_time(rows: list[dict[str, Any]], count: int = WORST_ACCOUNTS) -> list[dict[str, Any]]:
@@ -162,7 +185,17 @@ def _render(snap: dict[str, Any]) -> Any:
     for x in snap["worst_on_time"]:
         ratio = fmt(x["on_time_ratio"] * 100, " %")
         worst.add_row(f"{x['account_id']} {x['account_name']}", fmt(x["considered"]), ratio)
-    parts: list[Any] = [head, delays, pct, workers, dispatchers, waiting, worst]
+    demand = Table(title="cron runs per minute (UTC): forecast, due, started")
+    for column in ("minute", "forecast", "due", "started"):
+        demand.add_column(column)
+    for x in snap["demand"]:
+        demand.add_row(x["minute"], fmt(x["forecast"]), fmt(x["due"]), fmt(x["started"]))
+    pools = Table(title="warm pools")
+    for column in ("cluster", "pool", "waiting or starting", "given a run"):
+        pools.add_column(column)
+    for x in snap["pools"]:
+        pools.add_row(x["cluster"], x["pool"], fmt(x["idle"]), fmt(x["given"]))
+    parts: list[Any] = [head, delays, pct, demand, pools, workers, dispatchers, waiting, worst]
     if "dead_letters" in snap:
         dead = Table(title="bus")
         dead.add_column("dead-letter queue")

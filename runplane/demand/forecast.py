@@ -78,12 +78,16 @@ async def read_forecast(conn: Connection, *, now: float, stale_after: float, api
 
 
 async def publish_forecast(
-    pool: AsyncConnectionPool[Connection], worker_id: str, counts: Mapping[tuple[RunnerKind, int], int]
+    pool: AsyncConnectionPool[Connection], worker_id: str, counts: Mapping[tuple[RunnerKind, int], int], *, now: float
 ) -> None:
-    """Replace ``worker_id``'s forecast with ``counts`` (fires per (kind, minute)) in one transaction."""
-    keys = list(counts)
+    """Replace ``worker_id``'s forecast of the minutes after the current one with ``counts`` (fires per
+    (kind, minute)), in one transaction. The current minute's rows stay as they were forecast before
+    it began: by now its fires are being queued and are leaving the heap."""
+    current = minute_of(now)
+    keys = [key for key in counts if key[1] > current]
     async with transaction(pool) as conn:
-        await conn.execute(QUERIES["withdraw"], {"worker_id": worker_id})
+        await conn.execute(QUERIES["withdraw"], {"worker_id": worker_id, "current_minute": current})
+        await conn.execute(QUERIES["still_publishing"], {"worker_id": worker_id})
         if keys:
             await conn.execute(
                 QUERIES["publish"],

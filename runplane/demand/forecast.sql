@@ -19,16 +19,22 @@ WHERE r.trigger = 'api' AND r.queued_at > now() - make_interval(secs => %(window
 GROUP BY 1, 2;
 
 -- name: publish
--- One worker's forecast, replacing the one it published before (the caller holds a transaction).
+-- One worker's forecast of the minutes to come (the caller holds a transaction, after withdraw).
 INSERT INTO demand_forecast (worker_id, dbt_version, memory_mb, minute, fires)
 SELECT %(worker_id)s, f.dbt_version, f.memory_mb, f.minute, f.fires
 FROM unnest(%(dbt_versions)b::text[], %(memory_mbs)b::integer[], %(minutes)b::bigint[], %(fires)b::integer[])
      AS f (dbt_version, memory_mb, minute, fires);
 
 -- name: withdraw
--- A worker's previous forecast; also any worker's that went stale an hour ago (it is gone).
+-- A worker's forecast of the minutes to come, about to be replaced. The rows of the current minute
+-- and those before stay as forecast before the minute began (what the pools hold during it, and
+-- what `runplane status` sets beside what happened); they are kept an hour.
 DELETE FROM demand_forecast
-WHERE worker_id = %(worker_id)s OR published_at < now() - interval '1 hour';
+WHERE (worker_id = %(worker_id)s AND minute > %(current_minute)s) OR minute < %(current_minute)s - 3600;
+
+-- name: still_publishing
+-- The worker's rows kept from before count as long as the worker publishes.
+UPDATE demand_forecast SET published_at = now() WHERE worker_id = %(worker_id)s;
 
 -- name: runner_kinds
 -- The runner kind of each job: its environment's dbt version (empty: plain commands) and its

@@ -92,3 +92,33 @@ CROSS JOIN LATERAL (
     WHERE r.account_id = a.id AND r.queued_at >= now() - make_interval(secs => %(window_seconds)s)
 ) w
 WHERE w.considered > 0;
+
+-- name: demand
+-- Per minute, from a few minutes back to the forecast's end: cron fires forecast (by the queuer
+-- workers publishing now; a minute keeps what was forecast before it began), cron runs that were due
+-- then, and how many of those have started.
+WITH minutes AS (
+    SELECT generate_series(%(from_minute)s::bigint, %(to_minute)s::bigint, 60) AS minute
+), forecast AS (
+    SELECT minute, sum(fires)::bigint AS fires FROM demand_forecast
+    WHERE published_at > now() - make_interval(secs => %(stale_after)s)
+      AND minute BETWEEN %(from_minute)s AND %(to_minute)s
+    GROUP BY minute
+), due AS (
+    SELECT (floor(extract(epoch FROM scheduled_at) / 60) * 60)::bigint AS minute, count(*) AS runs,
+           count(started_at) AS started
+    FROM runs
+    WHERE trigger = 'schedule' AND scheduled_at >= to_timestamp(%(from_minute)s)
+      AND scheduled_at < to_timestamp(%(to_minute)s + 60)
+    GROUP BY 1
+)
+SELECT m.minute, coalesce(f.fires, 0)::bigint AS forecast, coalesce(d.runs, 0)::bigint AS due,
+       coalesce(d.started, 0)::bigint AS started
+FROM minutes m LEFT JOIN forecast f USING (minute) LEFT JOIN due d USING (minute)
+ORDER BY m.minute;
+
+-- name: pools
+-- Warm Pod pools now: Pods waiting or starting, and Pods given a run not yet over.
+SELECT cluster, pool, count(*) FILTER (WHERE assigned_at IS NULL) AS idle,
+       count(*) FILTER (WHERE assigned_at IS NOT NULL) AS given
+FROM pool_runners GROUP BY cluster, pool ORDER BY cluster, pool;

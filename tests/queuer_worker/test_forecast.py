@@ -165,6 +165,8 @@ async def test_workers_publish_and_readers_sum_the_fresh_ones_with_the_api_rate(
                 "UPDATE demand_forecast SET published_at = now() - interval '1 minute' WHERE worker_id = 'worker-2'"
             )
             fresh = await read_forecast(conn, now=now, stale_after=30, api_window=600)
+            await one.publish([], now + MINUTE)  # a minute on, its heap empty: the minutes after are withdrawn
+            later = await read_forecast(conn, now=now + MINUTE, stale_after=30, api_window=600)
     finally:
         await pool.close()
 
@@ -177,6 +179,8 @@ async def test_workers_publish_and_readers_sum_the_fresh_ones_with_the_api_rate(
     every_minute = {m: 2 for m in minutes if m > now}
     assert forecast.fires[plain_kind] == every_minute
     assert fresh.fires[plain_kind] == {m: 1 for m in minutes if m > now}  # worker-2 went stale
+    # The minute under way keeps what was forecast before it began; the minutes after it are gone.
+    assert later.fires[plain_kind] == {start + MINUTE: 1}
     assert forecast.api_per_minute == pytest.approx({dbt_kind: 2.0})
     even = [m for m in minutes if m > now and m % 120 == 0]
     assert all(fresh.due(m, lambda k: k == dbt_kind) == 1 + 2 for m in even)  # its fire plus the API rate

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import psycopg
 
@@ -105,3 +106,27 @@ async def test_status_shows_the_dead_letter_queue(database_url: str, prefix: str
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0
     assert json.loads(out)["dead_letters"] == {"queue": f"{prefix}.dead-letter", "messages": 2}
+
+
+def test_status_sets_the_forecast_beside_the_runs_that_were_due_and_the_pools(db: Conn, database_url: str) -> None:
+    _arrange(db)  # four cron runs due 200 s ago, all started
+    current = int(time.time()) // 60 * 60
+    row = db.execute("SELECT extract(epoch FROM min(scheduled_at))::bigint FROM runs WHERE trigger = 'schedule'")
+    due_minute = int(str((row.fetchone() or (0,))[0])) // 60 * 60
+    db.execute(
+        "INSERT INTO demand_forecast (worker_id, dbt_version, memory_mb, minute, fires) VALUES"
+        " ('w1', '', 1024, %s, 4), ('w1', '', 1024, %s, 9), ('w2', '1.10', 4096, %s, 3)",
+        (due_minute, current + 120, current + 120),
+    )
+    db.execute(
+        "INSERT INTO pool_runners (name, cluster, pool, token_hash, assigned_at) VALUES"
+        " ('p1', 'east', 'small', 'a', NULL), ('p2', 'east', 'small', 'b', NULL), ('p3', 'east', 'small', 'c', now())"
+    )
+    snap = snapshot(database_url)
+    by_minute = {row["minute"]: row for row in snap["demand"]}
+    text = time.strftime("%H:%M", time.gmtime(due_minute))
+    assert by_minute[text] == {"minute": text, "forecast": 4, "due": 4, "started": 4}
+    ahead = time.strftime("%H:%M", time.gmtime(current + 120))
+    assert by_minute[ahead] == {"minute": ahead, "forecast": 12, "due": 0, "started": 0}
+    assert len(snap["demand"]) == 5 + 5  # five minutes back, the current one and four ahead
+    assert snap["pools"] == [{"cluster": "east", "pool": "small", "idle": 2, "given": 1}]

@@ -1,0 +1,92 @@
+"""The local launcher's warm pool: runners the fork server keeps started and waiting (its spares).
+
+One machine runs every kind of run, so the local pool serves them all: it follows the whole forecast
+and the whole due queue (``dispatcher/pool_sizing.py``), between ``dispatcher.local_spares_min`` and
+``local_spares_max``. Ahead of a minute with runs due (``local_lead_seconds`` before it, longer when
+the spares the peak lacks cannot be forked in time at ``FORK_RATE``), the fork server is asked for
+that many spares; after the minute they go back to the minimum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.local_launcher import LocalLauncher
+from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
+from runplane.adapters.db import Connection
+from runplane.basics import supervise
+from runplane.basics.errors import LaunchError, ServiceUnavailable
+from runplane.basics.settings import Settings
+from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
+from runplane.demand.forecast import read_forecast
+from runplane.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("dispatcher")
+POOL_NAME = "local"
+# Spares the fork server starts per second (a fork of the pre-loaded server, its child's connection
+# to the runner API), on a busy two-core machine: only decides how far ahead a large peak is warmed.
+FORK_RATE = 50.0
+
+
+class LocalSpares:
+    """Sizes the fork server's spares to the forecast and the queue. Run ``run(stop)`` as a task."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: AsyncConnectionPool[Connection],
+        launcher: LocalLauncher,
+        *,
+        wall_clock: WallClock = SYSTEM_CLOCK,
+    ) -> None:
+        self._settings = settings
+        self._db = db
+        self._launcher = launcher
+        self._clock = wall_clock
+        self.spares = 1  # what the fork server keeps (it starts with one)
+        self.plan: PoolPlan | None = None  # the last look (observability and tests)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while True:
+            try:
+                await self.keep()
+            except (ServiceUnavailable, LaunchError) as exc:
+                log.warning("local spares not sized this time", extra={"error": str(exc)})
+            if await supervise.sleep_or_stop(stop, self._settings.dispatcher.local_pool_interval):
+                return
+
+    async def keep(self) -> None:
+        """One look: read the forecast and the queue, and ask the fork server for the size they need."""
+        config, forecast = self._settings.dispatcher, self._settings.forecast
+        now = self._clock.now()
+        async with self._db.connection() as conn:
+            demand = await read_forecast(
+                conn, now=now, stale_after=forecast.stale_after, api_window=forecast.api_window
+            )
+            cur = await conn.execute(QUERIES["due_queued_runs"])
+            row = await cur.fetchone()
+        queued = int(str(row["queued"])) if row is not None else 0
+        plan = plan_pool(
+            demand,
+            lambda _kind: True,
+            now=now,
+            lead=config.local_lead_seconds,
+            idle=self.spares,
+            queued=queued,
+            min_size=config.local_spares_min,
+            max_size=config.local_spares_max,
+            create_rate=FORK_RATE,
+            horizon_minutes=forecast.minutes,
+        )
+        self.plan = plan
+        if plan.target != self.spares:
+            if not await self._launcher.set_spares(plan.target):
+                return
+            log.info("local spares resized", extra={"spares": plan.target, "forecast": plan.forecast})
+            self.spares = plan.target
+        record_plan(plan, pool=POOL_NAME, cluster=self._settings.dispatcher.cluster, idle=self.spares)
