@@ -80,7 +80,7 @@ def create_app(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()[:5]
         )
         if errors.is_page(request):
-            return await errors.page(request, 400, problems or "invalid request")
+            return await errors.page(request, 400, errors.in_words(exc.errors()))
         return error_response(400, problems or "invalid request")
 
     @app.exception_handler(HTTPException)

@@ -441,10 +441,10 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
     )
 
 
-async def error_page(request: Request, code: int, title: str, message: str) -> HTMLResponse:
+async def error_page(request: Request, code: int, title: str, message: str, what_now: str) -> HTMLResponse:
     """The error page, inside the layout with its menu when the session works."""
     try:
         who: Viewer | None = await viewer(request)
     except RunplaneError:
         who = None
-    return await page(request, "error.html", who, code=code, title=title, message=message)
+    return await page(request, "error.html", who, code=code, title=title, message=message, what_now=what_now)

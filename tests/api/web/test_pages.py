@@ -419,3 +419,18 @@ async def test_times_show_in_the_viewers_time_zone_with_utc_at_hand(browser: Bro
     await browser.http.get("/ui/time-zone", params={"zone": "Not/AZone"})  # an unknown zone shows UTC
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
     assert ">2026-01-15 12:00:00 UTC</time>" in page and "times in UTC" in page
+
+
+async def test_error_pages_keep_the_menu_and_speak_in_words(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    bad = await browser.http.get("/ui/runs/abc")
+    assert bad.status_code == 400
+    assert '<div class="error" id="problem" role="alert">The run id in the address must be a whole number.</div>' in (
+        bad.text
+    )
+    assert 'href="/ui/jobs"' in bad.text and 'id="account-name">acme<' in bad.text
+    missing = await browser.http.get("/ui/jobs/999999")
+    assert missing.status_code == 404 and 'id="what-now">It is not in this account' in missing.text
+    job_id = await _job(adb, browser.account_id)
+    refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
+    assert refused.status_code == 400 and "Threads: must be between 1 and 64 (got 1000)" in refused.text
