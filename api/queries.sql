@@ -379,6 +379,17 @@ SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attem
    AND (%(trigger)s::text IS NULL OR r.trigger = %(trigger)s)
    AND (%(since)s::timestamptz IS NULL OR r.queued_at >= %(since)s)
    AND (%(until)s::timestamptz IS NULL OR r.queued_at < %(until)s)
+   -- The on-time page's buckets of run delay (as on_time_split counts them) and its reasons to wait.
+   AND (%(delay)s::text IS NULL OR CASE %(delay)s
+        WHEN 'within_25s' THEN r.started_at - r.scheduled_at <= interval '25 seconds'
+        WHEN 'within_60s' THEN r.started_at - r.scheduled_at > interval '25 seconds'
+                           AND r.started_at - r.scheduled_at <= interval '60 seconds'
+        WHEN 'late' THEN r.started_at - r.scheduled_at > interval '60 seconds'
+        WHEN 'late_own' THEN r.started_at - r.scheduled_at > interval '60 seconds'
+                         AND (r.started_at - r.scheduled_at) - (r.dispatched_at - r.queued_at) <= interval '60 seconds'
+        WHEN 'late_platform' THEN (r.started_at - r.scheduled_at) - (r.dispatched_at - r.queued_at) > interval '60 seconds'
+        END)
+   AND (%(waiting)s::text IS NULL OR (r.status = 1 AND r.waiting_reason = %(waiting)s))
    AND (%(after_id)s::bigint IS NULL OR r.id < %(after_id)s)
  ORDER BY r.id DESC
  LIMIT %(limit)s;
@@ -390,6 +401,13 @@ SELECT count(*) AS started,
        count(*) FILTER (WHERE started_at - scheduled_at > interval '25 seconds'
                           AND started_at - scheduled_at <= interval '60 seconds') AS within_60s,
        count(*) FILTER (WHERE started_at - scheduled_at > interval '60 seconds') AS late,
+       -- Late runs that the account's own limits made late (without their wait for a run slot or
+       -- their job's previous run they would have been on time), and those the platform made late.
+       count(*) FILTER (WHERE started_at - scheduled_at > interval '60 seconds'
+                          AND (started_at - scheduled_at) - (dispatched_at - queued_at) <= interval '60 seconds')
+         AS late_own,
+       count(*) FILTER (WHERE (started_at - scheduled_at) - (dispatched_at - queued_at) > interval '60 seconds')
+         AS late_platform,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)) AS delay_p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - scheduled_at)) AS delay_p99,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - dispatched_at)) AS prep_p50,

@@ -436,7 +436,7 @@ class Store:
 
         Not prepared: each call's own plan uses the one index its filters need.
         """
-        params = {"account_id": account_id, **filters, "after_id": after}
+        params = {"account_id": account_id, "delay": None, "waiting": None, **filters, "after_id": after}
         cur = await conn.execute(QUERIES["runs_page"], {**params, "limit": limit}, prepare=False)
         return await cur.fetchall()
 

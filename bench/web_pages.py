@@ -160,6 +160,8 @@ def _plans(url: str, account_id: int, job_id: int) -> dict[str, dict[str, Any]]:
         "trigger": None,
         "since": None,
         "until": None,
+        "delay": None,
+        "waiting": None,
     }
     cases: dict[str, dict[str, object]] = {
         "no filter": {},

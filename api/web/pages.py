@@ -31,13 +31,14 @@ from api.web.layout import page, see_other, store_of
 from api.web.session import COOKIE, Changing, Looking, Posting, Viewer, grant_for, viewer
 from runplane.basics.errors import InvalidArgument, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
-from runplane.basics.types import JobId, RunId, RunStatus, Trigger
+from runplane.basics.types import JobId, RunId, RunStatus, Trigger, WaitingReason
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE_SIZE = 50
 LOG_BATCH = 500
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 PING_SECONDS = 15.0
+REFRESH_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ def _choice(value: str | None, allowed: dict[str, Any], field: str) -> Any:
 
 
 STATUSES = {s.name.lower(): int(s) for s in RunStatus}
+WAITING = {str(w.value): str(w.value) for w in WaitingReason if w.value}
 TRIGGERS = {t.value: t.value for t in Trigger}
 
 
@@ -159,6 +161,8 @@ async def runs(
     cause: str | None = None,
     since: str | None = None,
     until: str | None = None,
+    delay: str | None = None,
+    waiting: str | None = None,
     after: Annotated[str | None, Query(max_length=80)] = None,
 ) -> HTMLResponse:
     zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
@@ -169,15 +173,16 @@ async def runs(
         "trigger": _choice(cause, TRIGGERS, "cause"),
         "since": _time(since, "since", zone),
         "until": _time(until, "until", zone),
+        "delay": _choice(delay, {k: k for k in views.DELAY_WORDS}, "delay"),
+        "waiting": _choice(waiting, WAITING, "waiting"),
     }
     store = store_of(request)
     async with store.connection() as conn:
         rows = await store.runs_page(conn, who.account_id, filters=filters, after=_cursor(after), limit=PAGE_SIZE + 1)
         jobs = await store.job_names(conn, who.account_id)
     more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
-    query = {
-        k: v for k, v in {"job": job_id, "status": status, "cause": cause, "since": since, "until": until}.items() if v
-    }
+    asked = {"job": job_id, "status": status, "cause": cause, "since": since, "until": until, "delay": delay}
+    query = {k: v for k, v in {**asked, "waiting": waiting}.items() if v}
     older = None
     if more:
         last = rows[-1]
@@ -192,6 +197,7 @@ async def runs(
         statuses=list(STATUSES),
         triggers=list(TRIGGERS),
         query=query,
+        shown_as=views.DELAY_WORDS.get(delay or "") or (views.WAITING_WORDS[WaitingReason(waiting)] if waiting else ""),
         first=("/ui/runs?" + urlencode(query)) if after else None,
         older=older,
     )
@@ -417,15 +423,17 @@ async def unpause(request: Request, who: Changing, job_id: int) -> RedirectRespo
 
 @router.get("/on-time", response_class=HTMLResponse)
 async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLResponse:
+    """The on-time split of the window, each bucket and reason linked to its runs; it reloads itself."""
     span = _choice(window, WINDOWS, "window")
     store = store_of(request)
+    since = (datetime.now(UTC) - span).replace(microsecond=0)
     async with store.connection() as conn:
-        split = await store.on_time_split(conn, who.account_id, datetime.now(UTC) - span)
+        split = await store.on_time_split(conn, who.account_id, since)
         waiting = await store.waiting_now(conn, who.account_id)
     started = int(split["started"])
     shares = {
         name: (int(split[name]), 100.0 * int(split[name]) / started if started else 0.0)
-        for name in ("within_25s", "within_60s", "late")
+        for name in ("within_25s", "within_60s", "late", "late_own", "late_platform")
     }
     return await page(
         request,
@@ -438,6 +446,11 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
         shares=shares,
         on_time_ratio=(shares["within_25s"][0] + shares["within_60s"][0]) / started if started else None,
         waiting=[(w, views.WAITING_WORDS.get(w["waiting_reason"], w["waiting_reason"])) for w in waiting],
+        runs_of=lambda **asked: "/ui/runs?" + urlencode(asked),
+        since=since.isoformat(),
+        delay_words=views.DELAY_WORDS,
+        own_waits=views.OWN_WAITS,
+        refresh_seconds=REFRESH_SECONDS,
     )
 
 

@@ -27,6 +27,20 @@ WAITING_WORDS = {
 }
 
 
+# The on-time page's buckets of run delay (DESIGN.md: on time when ≤ 60 s), as the runs filter names them.
+DELAY_WORDS = {
+    "within_25s": "started ≤ 25 s after their time",
+    "within_60s": "started 25–60 s after their time",
+    "late": "started more than 60 s late",
+    "late_own": "late because they waited for the account's own run slots or their job's previous run",
+    "late_platform": "late because of the platform (trigger lag and prep time over 60 s)",
+}
+
+
+# Whose limit a queued run waits for: the account's own (run slots, serial execution) or the platform's.
+OWN_WAITS = frozenset({WaitingReason.NO_RUN_SLOT, WaitingReason.JOB_ALREADY_RUNNING, WaitingReason.MERGE_IN_PROGRESS})
+
+
 def status_name(code: int) -> str:
     return RunStatus(code).name.lower()
 

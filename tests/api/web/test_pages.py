@@ -199,6 +199,7 @@ async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None
     await adb.execute("ANALYZE runs")
     await adb.execute("SET enable_seqscan = off")
     base = {"account_id": account_id, "job_id": None, "status": None, "trigger": None, "since": None, "until": None}
+    base |= {"delay": None, "waiting": None}
     after = {"after_id": 2**62, "limit": 51}
     for extra, indexes in (
         # On this small history walking all runs by id is as cheap; either walk is in id order.
@@ -301,10 +302,9 @@ async def test_on_time_splits_run_delay_and_counts_what_waits(browser: Browser, 
     await browser.login()
     page = (await browser.http.get("/ui/on-time?window=1h")).text
     assert '<strong id="on-time-ratio">90.0 %</strong> of 10 started runs' in page
-    assert re.search(r"≤ 25 s</td><td class=\"num\">6</td><td class=\"num\">60.0 %", page)
-    assert re.search(r"25–60 s</td><td class=\"num\">3</td>", page)
-    assert re.search(r"&gt; 60 s</td><td class=\"num\">1</td>", page)
-    assert 'waiting for this job&#39;s running run (serial execution)</td><td class="num">2</td>' in page
+    assert re.search(r'id="runs-within_25s"[^>]*>6</a></td>\s*<td class="num">60.0 %', page)
+    assert re.search(r'id="runs-within_60s"[^>]*>3</a>', page) and re.search(r'id="runs-late"[^>]*>1</a>', page)
+    assert re.search(r"waiting for this job&#39;s running run \(serial execution\)</td>.*?>2</a>", page, re.S)
     assert (await browser.http.get("/ui/on-time?window=2y")).status_code == 400
 
 
@@ -434,3 +434,39 @@ async def test_error_pages_keep_the_menu_and_speak_in_words(browser: Browser, ad
     job_id = await _job(adb, browser.account_id)
     refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
     assert refused.status_code == 400 and "Threads: must be between 1 and 64 (got 1000)" in refused.text
+
+
+async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_whose_wait(
+    browser: Browser, adb: AsyncDb
+) -> None:
+    job_id = await _job(adb, browser.account_id)
+    on_time = await _runs(adb, browser.account_id, job_id, 2, delay=5)
+    (platform_late,) = await _runs(adb, browser.account_id, job_id, 1, delay=300)
+    (own_late,) = await _runs(adb, browser.account_id, job_id, 1, delay=400)
+    # This one waited for a run slot until a second before it started: the account's own limit.
+    await adb.execute("UPDATE runs SET dispatched_at = started_at - interval '1 second' WHERE id = %s", (own_late,))
+    queued = await _runs(adb, browser.account_id, job_id, 2, status=1)
+    await adb.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE id = %s", (queued[0],))
+    await browser.login()
+    page = (await browser.http.get("/ui/on-time?window=1h")).text
+    assert '<meta http-equiv="refresh" content="30">' in page
+
+    def linked(key: str) -> tuple[int, str]:
+        found = re.search(rf'<a href="([^"]+)" id="{key}"[^>]*>(\d+)</a>', page)
+        assert found is not None, key
+        return int(found.group(2)), found.group(1).replace("&amp;", "&")
+
+    def ids(url: str) -> set[int]:
+        return {int(x) for x in re.findall(r'<a href="/ui/runs/(\d+)">#', url)}
+
+    for key, expected in (
+        ("runs-within_25s", set(on_time)),
+        ("runs-late", {platform_late, own_late}),
+        ("runs-late_own", {own_late}),
+        ("runs-late_platform", {platform_late}),
+        ("waiting-no_run_slot", {queued[0]}),
+    ):
+        count, url = linked(key)
+        listed = (await browser.http.get(url)).text
+        assert count == len(expected) and ids(listed) == expected, (key, url)
+    assert "the account’s own" in page and "the platform’s" in page
