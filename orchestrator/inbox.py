@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from google.protobuf.message import Message
 
 from orchestrator.job_sync import JobSync
-from orchestrator.outbox import QUERIES, WorkerInfo
+from orchestrator.outbox import WorkerInfo
 from runplane.adapters.bus import Delivery
+from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
@@ -35,14 +35,11 @@ class Inbox(JobSync):
                 log.warning("unexpected message on the orchestrator queue", extra={"type": type(message).__name__})
 
     async def _on_live_heartbeat(self, info: WorkerInfo, beat: bus_pb2.Heartbeat) -> None:
-        info.last_seen = time.monotonic()
+        info.last_seen = self.monotonic.now()
         info.jobs_owned = beat.jobs_owned
         info.owned_digest = beat.owned_digest
         # Only while the row says alive: a burial that got in first stays a burial.
-        await self._execute(
-            QUERIES["beat"],
-            {"worker_id": beat.worker_id, "jobs_owned": beat.jobs_owned, "owned_digest": info.owned_digest},
-        )
+        await self.store.beat(beat.worker_id, beat.jobs_owned, info.owned_digest)
 
     async def _on_heartbeat(self, beat: bus_pb2.Heartbeat) -> None:
         """A beat from a worker not known to be alive (the caller holds the lock)."""
@@ -55,7 +52,7 @@ class Inbox(JobSync):
             # Declared dead (or unknown to us): whatever it holds was given to others.
             await self._drop_all(worker_id)
             return
-        now = time.monotonic()
+        now = self.monotonic.now()
         info = WorkerInfo(True, now, now)
         self.workers[worker_id] = info
         log.info("queuer worker registered", extra={"worker_id": worker_id})
@@ -63,10 +60,7 @@ class Inbox(JobSync):
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
         info.owned_digest = beat.owned_digest
-        await self._execute(
-            QUERIES["heartbeat"],
-            {"worker_id": worker_id, "jobs_owned": beat.jobs_owned, "owned_digest": info.owned_digest},
-        )
+        await self.store.heartbeat(worker_id, beat.jobs_owned, info.owned_digest)
 
     async def _drop_all(self, worker_id: str) -> None:
         stamp = self.clock.tick()
@@ -76,22 +70,20 @@ class Inbox(JobSync):
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id
         job_ids = list(claimed.job_ids)
-        stamp = (claimed.stamp.term, claimed.stamp.clock)
+        stamp = Stamp.from_proto(claimed.stamp)
         if not self._is_alive(claimer):
             # Refused: what a dead worker took from the shared queue goes out again to the others.
-            rows = await self._fetch(QUERIES["ownership"], {"job_ids": job_ids})
-            unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and (r["term"], r["clock"]) == stamp]
+            rows = await self.store.ownership(job_ids)
+            unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
             if unclaimed:
                 await self._resend(unclaimed, None)
             return
         # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
-        accepted = await self._fetch(
-            QUERIES["claim"], {"worker_id": claimer, "job_ids": job_ids, "term": stamp[0], "clock": stamp[1]}
-        )
+        accepted = await self.store.claim(claimer, job_ids, stamp)
         if len(accepted) < len(job_ids):
             taken = {r["job_id"] for r in accepted}
             rest = [job_id for job_id in job_ids if job_id not in taken]
-            rows = await self._fetch(QUERIES["ownership"], {"job_ids": rest})
+            rows = await self.store.ownership(rest)
             # A job it holds already is a duplicate or older claim; any other was deleted,
             # deactivated or given to another worker since, and the claimer must let it go.
             holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
@@ -101,5 +93,5 @@ class Inbox(JobSync):
         # An update that arrived while the claim was pending goes to the owner now.
         behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
         if behind:
-            fresh = await self._fetch(QUERIES["job_states"], {"job_ids": behind})
+            fresh = await self.store.job_states(behind)
             await self._publish_assigns(await self._sync_locked(fresh))

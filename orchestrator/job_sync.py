@@ -4,32 +4,24 @@ of versions; ownership is brought in line with what the jobs say, in short holds
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import defaultdict
 
-from psycopg.rows import tuple_row
-
 from orchestrator.liveness import Liveness
-from orchestrator.outbox import QUERIES, Outgoing, Row, optional_str
-from runplane.adapters.db import Connection
+from orchestrator.outbox import Outgoing, optional_str
+from orchestrator.ownership_store import Row
 from runplane.basics.supervise import sleep_or_stop, wait_any
 
 _NOTIFY_DEBOUNCE = 0.05
 
 
 class JobSync(Liveness):
-    async def _listen(self, conn: Connection, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            async for notify in conn.notifies(timeout=0.5):
-                try:
-                    payload = json.loads(notify.payload)
-                except ValueError:
-                    continue
-                if notify.channel == "runplane_jobs":
-                    self._dirty.add(int(payload["job_id"]))
-                else:
-                    self._dirty_accounts.add(int(payload["account_id"]))
-                self._changed.set()
+    async def _listen(self, stop: asyncio.Event) -> None:
+        async for kind, key in self.store.changes(stop):
+            if kind == "job":
+                self._dirty.add(key)
+            else:
+                self._dirty_accounts.add(key)
+            self._changed.set()
 
     async def _sync_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -44,8 +36,7 @@ class JobSync(Liveness):
             job_ids, self._dirty = self._dirty, set()
             accounts, self._dirty_accounts = self._dirty_accounts, set()
             for account_id in accounts:
-                rows = await self._fetch(QUERIES["account_jobs"], {"account_id": account_id})
-                job_ids.update(r["id"] for r in rows)
+                job_ids.update(await self.store.account_jobs(account_id))
             if job_ids:
                 await self._sync(sorted(job_ids))
 
@@ -63,13 +54,7 @@ class JobSync(Liveness):
 
     async def _sweep(self) -> None:
         async with self._sweeping:
-            await self._sync(await self._drift())
-
-    async def _drift(self) -> list[int]:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(QUERIES["drift"])
-            return [job_id for (job_id,) in await cur.fetchall()]
+            await self._sync(await self.store.drift())
 
     async def _sync(self, job_ids: list[int]) -> None:
         """Bring ownership in line with what the jobs say, one batch per hold of the lock.
@@ -85,7 +70,7 @@ class JobSync(Liveness):
                 assigned = {r["job_id"] for assign in outgoing for r in assign.rows}
                 rest = [job_id for job_id in batch if job_id not in assigned]
                 if rest:
-                    rows = await self._fetch(QUERIES["job_states"], {"job_ids": rest})
+                    rows = await self.store.job_states(rest)
                     outgoing += await self._sync_locked(rows)
             # Recorded as pending under the lock; built and sent outside it, so that claims of the
             # previous batch are taken meanwhile. Nothing decides on a pending shared-queue Assign
@@ -99,9 +84,7 @@ class JobSync(Liveness):
             return []  # assigned when the first worker registers
         stamp = self.clock.tick()
         now = int(self.wall_clock.now())
-        rows = await self._fetch(
-            QUERIES["assign_new"], {"job_ids": job_ids, "term": stamp.term, "clock": stamp.clock, "now": now}
-        )
+        rows = await self.store.assign_new(job_ids, stamp, now)
         if not rows:
             return []
         return [Outgoing(self.topology.assign, rows, stamp, {r["job_id"]: now for r in rows})]
@@ -120,7 +103,7 @@ class JobSync(Liveness):
             elif row["owned"] and row["state"] == "claimed" and row["version"] != row["sent_version"]:
                 changed.append(row)
         for worker_id, job_ids in gone.items():
-            await self._execute(QUERIES["delete_ownership"], {"job_ids": job_ids})
+            await self.store.delete_ownership(job_ids)
             # A pending Assign on the shared queue has no owner yet: its claim will be refused.
             if worker_id is not None:
                 await self._revoke(worker_id, job_ids)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from orchestrator.inbox import Inbox
-from orchestrator.outbox import QUERIES, WorkerInfo
-from runplane.adapters.db import connect
+from orchestrator.outbox import WorkerInfo
 from runplane.basics.supervise import spawn
 
 log = logging.getLogger(__name__)
@@ -29,32 +27,25 @@ class Leader(Inbox):
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._load()
-        listen_conn = await connect(self.settings.database_url)
-        try:
-            await listen_conn.execute("LISTEN runplane_jobs")
-            await listen_conn.execute("LISTEN runplane_accounts")
-            async with asyncio.TaskGroup() as group:
-                spawn(group, "orchestrator:listen", self._listen(listen_conn, stop), eternal=True, stop=stop)
-                spawn(
-                    group,
-                    "orchestrator:inbox",
-                    self.bus.consume(self.topology.orchestrator, self.on_message, prefetch=64, stop=stop),
-                    eternal=True,
-                    stop=stop,
-                )
-                spawn(group, "orchestrator:sync", self._sync_loop(stop), eternal=True, stop=stop)
-                spawn(group, "orchestrator:reconcile", self._reconcile_loop(stop), eternal=True, stop=stop)
-                spawn(group, "orchestrator:liveness", self._liveness_loop(stop), eternal=True, stop=stop)
-        finally:
-            await listen_conn.close()
+        async with asyncio.TaskGroup() as group:
+            spawn(group, "orchestrator:listen", self._listen(stop), eternal=True, stop=stop)
+            spawn(
+                group,
+                "orchestrator:inbox",
+                self.bus.consume(self.topology.orchestrator, self.on_message, prefetch=64, stop=stop),
+                eternal=True,
+                stop=stop,
+            )
+            spawn(group, "orchestrator:sync", self._sync_loop(stop), eternal=True, stop=stop)
+            spawn(group, "orchestrator:reconcile", self._reconcile_loop(stop), eternal=True, stop=stop)
+            spawn(group, "orchestrator:liveness", self._liveness_loop(stop), eternal=True, stop=stop)
 
     async def _load(self) -> None:
         """Take over the workers a previous leader knew; give the live ones a full grace period."""
-        now = time.monotonic()
-        async with self.pool.connection() as conn:
-            for row in await (await conn.execute(QUERIES["workers"])).fetchall():
-                alive = row["state"] == "alive"
-                self.workers[str(row["worker_id"])] = WorkerInfo(alive, now, now)
+        now = self.monotonic.now()
+        for row in await self.store.workers():
+            alive = row["state"] == "alive"
+            self.workers[str(row["worker_id"])] = WorkerInfo(alive, now, now)
         log.info(
             "leading",
             extra={"term": self.term, "leader": self.leader_id, "workers": sum(w.alive for w in self.workers.values())},

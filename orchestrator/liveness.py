@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 
 from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
-from orchestrator.outbox import QUERIES, Outbox, WorkerInfo, optional_str
+from orchestrator.outbox import Outbox, WorkerInfo, optional_str
 from runplane.basics.ownership import job_digest
 from runplane.basics.supervise import sleep_or_stop
 
@@ -29,7 +28,7 @@ class Liveness(Outbox):
                 await self._rebalance()
 
     async def _declare_dead(self) -> None:
-        now = time.monotonic()
+        now = self.monotonic.now()
         dead = [w for w, i in self.workers.items() if i.alive and now - i.last_seen > self._dead_after]
         for worker_id in dead:
             await self._bury(worker_id)
@@ -37,20 +36,19 @@ class Liveness(Outbox):
     async def _bury(self, worker_id: str) -> None:
         """Declare a worker dead: delete its queue and reassign everything it owned."""
         async with self._lock:
-            now = time.monotonic()
+            now = self.monotonic.now()
             info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
             info.alive = False
-            await self._execute(QUERIES["mark_dead"], {"worker_id": worker_id})
+            await self.store.mark_dead(worker_id)
             await self.bus.delete(self.topology.worker(worker_id))
-            job_ids = [r["job_id"] for r in await self._fetch(QUERIES["owned_by"], {"worker_id": worker_id})]
+            job_ids = await self.store.owned_by(worker_id)
         log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
         metrics.workers_declared_dead.add(1)
         await self._reassign(job_ids, worker_id)
 
     async def _reassign_orphans(self) -> None:
         """Jobs still owned by workers that are not alive (a previous leader died mid-way)."""
-        for row in await self._fetch(QUERIES["owners"], {}):
-            worker_id = str(row["worker_id"])
+        for worker_id in await self.store.owners():
             if not self._is_alive(worker_id):
                 await self._bury(worker_id)
 
@@ -60,15 +58,12 @@ class Liveness(Outbox):
         for start in range(0, len(job_ids), size):
             async with self._lock:
                 # Only what the dead worker still owns: the batch may have changed since.
-                rows = await self._fetch(
-                    QUERIES["definitions"],
-                    {"job_ids": job_ids[start : start + size], "worker_id": dead, "claimed": False},
-                )
+                rows = await self.store.definitions(job_ids[start : start + size], dead, claimed=False)
                 fires_after = {r["job_id"]: r["fires_after"] for r in rows}
                 await self._assign(rows, worker_id=None, fires_after=fires_after)
 
     async def _resend_stale_pending(self) -> None:
-        rows = await self._fetch(QUERIES["stale_pending"], {"timeout": self.settings.orchestrator.claim_timeout})
+        rows = await self.store.stale_pending(self.settings.orchestrator.claim_timeout)
         by_target: dict[str | None, list[int]] = defaultdict(list)
         for row in rows:
             by_target[optional_str(row["worker_id"])].append(row["job_id"])
@@ -93,11 +88,11 @@ class Liveness(Outbox):
         a job it no longer owns also differs; the Assign cannot remove that, and the run of a fire
         queued twice is one run (its idempotency key).
         """
-        now = time.monotonic()
+        now = self.monotonic.now()
         expected: dict[str, int] = defaultdict(int)
         owned: dict[str, list[int]] = defaultdict(list)
         pending: set[str] = set()
-        for row in await self._fetch(QUERIES["claimed_versions"], {}):
+        for row in await self.store.claimed_versions():
             worker_id = str(row["worker_id"])
             if row["state"] == "pending":
                 pending.add(worker_id)
@@ -125,10 +120,7 @@ class Liveness(Outbox):
                 async with self._lock:
                     if not self._is_alive(worker_id):
                         return  # buried meanwhile: the dead-worker path reassigns its jobs
-                    rows = await self._fetch(
-                        QUERIES["definitions"],
-                        {"job_ids": job_ids[start : start + size], "worker_id": worker_id, "claimed": True},
-                    )
+                    rows = await self.store.definitions(job_ids[start : start + size], worker_id, claimed=True)
                     fires_after = {r["job_id"]: r["fires_after"] for r in rows}
                     await self._assign(rows, worker_id=worker_id, fires_after=fires_after)
 
@@ -136,23 +128,21 @@ class Liveness(Outbox):
         """Move jobs (Revoke, then Assign to the new owner's queue) until loads are within tolerance."""
         if not self._alive():
             return
-        pending = await self._fetch(QUERIES["pending_count"], {})
-        if pending and pending[0]["n"]:
+        if await self.store.pending_count():
             return  # wait until every Assign is claimed: counts are not final before
-        settled = time.monotonic() - self.settings.orchestrator.heartbeat_interval
+        settled = self.monotonic.now() - self.settings.orchestrator.heartbeat_interval
         if any(i.alive_since > settled for i in self.workers.values() if i.alive):
             return  # a worker just joined; let it take its share of any Assigns first
         counts = {w: 0 for w in self._alive()}
-        for row in await self._fetch(QUERIES["claimed_counts"], {}):
-            if str(row["worker_id"]) in counts:
-                counts[str(row["worker_id"])] = row["n"]
+        for worker_id, n in (await self.store.claimed_counts()).items():
+            if worker_id in counts:
+                counts[worker_id] = n
         if balanced(counts, self.settings.orchestrator.rebalance_tolerance):
             return
         owned: dict[str, list[int]] = {w: [] for w in counts}
-        for row in await self._fetch(QUERIES["claimed_by_worker"], {}):
-            worker_id = str(row["worker_id"])
+        for worker_id, job_ids in (await self.store.claimed_by_worker()).items():
             if worker_id in owned:
-                owned[worker_id] = list(row["job_ids"])
+                owned[worker_id] = job_ids
         moves = plan_moves(owned, self.settings.orchestrator.rebalance_tolerance)
         if not moves:
             return
@@ -163,10 +153,7 @@ class Liveness(Outbox):
                 async with self._lock:
                     if not (self._is_alive(move.donor) and self._is_alive(move.target)):
                         return  # the next pass plans again
-                    rows = await self._fetch(
-                        QUERIES["definitions"],
-                        {"job_ids": move.job_ids[start : start + size], "worker_id": move.donor, "claimed": True},
-                    )
+                    rows = await self.store.definitions(move.job_ids[start : start + size], move.donor, claimed=True)
                     if not rows:
                         continue
                     # Revoke first, then Assign: the new owner queues a fire that fell in between

@@ -10,29 +10,21 @@ workers, lost Assigns, imbalance) < ``job_sync`` (job changes) < ``inbox`` (mess
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from google.protobuf.message import Message
-from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import metrics
-from runplane.adapters.bus import AmqpBus, Topology
-from runplane.adapters.db import Connection
+from orchestrator.ownership_store import OwnershipStore, Row
+from runplane.adapters.bus import Bus, Topology
 from runplane.basics.settings import Settings
 from runplane.basics.stamps import LogicalClock, Stamp
 from runplane.basics.types import JOB_TYPE_TO_PROTO, JobType
-from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
-from runplane.sql import load_queries
+from runplane.basics.wall_clock import SYSTEM_CLOCK, SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from runplane.v1 import bus_pb2
 
-QUERIES = load_queries("orchestrator")
-
 _PUBLISH_CONCURRENCY = 64
-
-Row = dict[str, Any]  # psycopg's values: int for bigint, str for text
 
 
 @dataclass(frozen=True)
@@ -48,11 +40,11 @@ class Outgoing:
 @dataclass
 class WorkerInfo:
     alive: bool
-    last_seen: float  # time.monotonic() of its last heartbeat (or of this leader's start)
+    last_seen: float  # monotonic time of its last heartbeat (or of this leader's start)
     alive_since: float
     jobs_owned: int = 0
     owned_digest: int = 0
-    drifted_since: float | None = None  # time.monotonic() since its digest has differed from its rows
+    drifted_since: float | None = None  # monotonic time since its digest has differed from its rows
 
 
 class Outbox:
@@ -61,16 +53,18 @@ class Outbox:
     def __init__(
         self,
         settings: Settings,
-        pool: AsyncConnectionPool[Connection],
-        bus: AmqpBus,
+        store: OwnershipStore,
+        bus: Bus,
         term: int,
         leader_id: str,
         *,
         wall_clock: WallClock = SYSTEM_CLOCK,
+        monotonic: MonotonicClock = SYSTEM_MONOTONIC,
     ) -> None:
         self.settings = settings
         self.wall_clock = wall_clock  # the fire times a new owner queues after (``fires_after``)
-        self.pool = pool
+        self.monotonic = monotonic  # heartbeats, deadlines and timeouts
+        self.store = store
         self.bus = bus
         self.leader_id = leader_id
         self.clock = LogicalClock(term)
@@ -86,7 +80,7 @@ class Outbox:
         self._dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals
         metrics.observe(
             lambda: self.clock.term,
-            lambda: {w: time.monotonic() - i.last_seen for w, i in self.workers.items() if i.alive},
+            lambda: {w: self.monotonic.now() - i.last_seen for w, i in self.workers.items() if i.alive},
             lambda: {w: i.jobs_owned for w, i in self.workers.items() if i.alive},
         )
 
@@ -109,16 +103,12 @@ class Outbox:
         for start in range(0, len(rows), size):
             batch = rows[start : start + size]
             stamp = self.clock.tick()
-            await self._execute(
-                QUERIES["upsert_pending"],
-                {
-                    "job_ids": [r["job_id"] for r in batch],
-                    "versions": [r["version"] for r in batch],
-                    "worker_id": worker_id,
-                    "term": stamp.term,
-                    "clock": stamp.clock,
-                    "now": int(self.wall_clock.now()),
-                },
+            await self.store.upsert_pending(
+                [r["job_id"] for r in batch],
+                [r["version"] for r in batch],
+                worker_id,
+                stamp,
+                int(self.wall_clock.now()),
             )
             outgoing.append(Outgoing(queue, batch, stamp, fires_after))
         return outgoing
@@ -137,7 +127,7 @@ class Outbox:
         and when every worker had been told so, the same message sent again would be refused
         forever. A late claim of the old stamp no longer matches and is revoked from its sender.
         """
-        rows = await self._fetch(QUERIES["pending_definitions"], {"job_ids": job_ids, "worker_id": worker_id})
+        rows = await self.store.pending_definitions(job_ids, worker_id)
         if rows:
             fires_after = {r["job_id"]: r["fires_after"] for r in rows}
             await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
@@ -161,13 +151,8 @@ class Outbox:
             )
         await self._publish_many(messages)
         if sendable:
-            await self._execute(
-                QUERIES["sent_versions"],
-                {
-                    "job_ids": [r["job_id"] for r in sendable],
-                    "versions": [r["version"] for r in sendable],
-                    "now": int(self.wall_clock.now()),
-                },
+            await self.store.sent_versions(
+                [r["job_id"] for r in sendable], [r["version"] for r in sendable], int(self.wall_clock.now())
             )
             metrics.jobs_updated.add(len(sendable))
 
@@ -183,15 +168,6 @@ class Outbox:
     def _is_alive(self, worker_id: str | None) -> bool:
         info = self.workers.get(worker_id) if worker_id is not None else None
         return info is not None and info.alive
-
-    async def _fetch(self, query: str, params: dict[str, object]) -> list[Row]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall()
-
-    async def _execute(self, query: str, params: dict[str, object]) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(query, params)
 
 
 def _assign_message(rows: Iterable[Row], stamp: Stamp, fires_after: dict[int, int]) -> bus_pb2.Assign:

@@ -14,6 +14,7 @@ import socket
 
 from orchestrator import leadership
 from orchestrator.leader import Leader
+from orchestrator.ownership_store import PostgresOwnershipStore
 from runplane.adapters.bus import AmqpBus
 from runplane.adapters.db import close_pool, open_pool
 from runplane.adapters.outages import Backoff, is_transient
@@ -59,7 +60,8 @@ async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event, wa
         try:
             bus = await AmqpBus.connect(settings.amqp_url)
             try:
-                leader = Leader(settings, pool, bus, term, leader_id, wall_clock=wall_clock)
+                store = PostgresOwnershipStore(pool, settings.database_url)
+                leader = Leader(settings, store, bus, term, leader_id, wall_clock=wall_clock)
                 async with asyncio.TaskGroup() as group:
                     spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)
                     spawn(group, "orchestrator:leader", leader.run(stop), eternal=True, stop=stop)

@@ -8,6 +8,8 @@ import os
 import socket
 import uuid
 
+from queuer_worker.forecast import Forecaster
+from queuer_worker.runs_store import PostgresRunsStore
 from queuer_worker.worker import QueuerWorker
 from runplane.adapters.bus import AmqpBus
 from runplane.adapters.db import open_pool
@@ -28,7 +30,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         bus = await AmqpBus.connect(settings.amqp_url)
         try:
             log.info("queuer worker starting", extra={"worker_id": worker_id})
-            await QueuerWorker(settings, bus, pool, worker_id).run(stop)
+            forecaster = Forecaster(settings.forecast, pool, worker_id)
+            await QueuerWorker(settings, bus, PostgresRunsStore(pool), worker_id, forecaster=forecaster).run(stop)
         finally:
             await bus.close()
     finally:

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Iterable
 
 from google.protobuf.message import Message
-from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.firing import PreparedTick, deactivate_never_fires, prepare_chunks, queue_runs
+from queuer_worker.firing import PreparedTick, prepare_chunks
 from queuer_worker.forecast import Forecaster
 from queuer_worker.heap import CronHeap, Definition
-from runplane.adapters.bus import AmqpBus, Delivery, Topology
-from runplane.adapters.db import Connection
+from queuer_worker.runs_store import RunsStore
+from runplane.adapters.bus import Bus, Delivery, Topology
 from runplane.adapters.outages import Backoff, is_transient
 from runplane.basics.cron import NeverFires
 from runplane.basics.errors import ServiceUnavailable
@@ -50,15 +49,16 @@ class QueuerWorker:
     def __init__(
         self,
         settings: Settings,
-        bus: AmqpBus,
-        pool: AsyncConnectionPool[Connection],
+        bus: Bus,
+        runs: RunsStore,
         worker_id: str,
         *,
         wall_clock: WallClock = SYSTEM_CLOCK,
+        forecaster: Forecaster | None = None,
     ) -> None:
         self.settings = settings
         self.bus = bus
-        self.pool = pool
+        self.runs = runs
         self.worker_id = worker_id
         self.topology = Topology(settings.bus_prefix)
         self.heap = CronHeap()
@@ -67,7 +67,7 @@ class QueuerWorker:
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
         self._registering_beats = _REGISTERING_BEATS
-        self.forecaster = Forecaster(settings.forecast, pool, worker_id)
+        self.forecaster = forecaster  # what this worker's heap will fire, published (none: not published)
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
 
     @property
@@ -88,30 +88,35 @@ class QueuerWorker:
             spawn(group, "queuer:own-queue", self._consume_own(stop), eternal=True, stop=stop)
             spawn(group, "queuer:heartbeat", self._heartbeat(stop), eternal=True, stop=stop)
             spawn(group, "queuer:fire", self._fire_loop(stop), eternal=True, stop=stop)
-            spawn(
-                group,
-                "queuer:forecast",
-                self.forecaster.run(self.heap.jobs, self.wall_clock.now, stop),
-                eternal=True,
-                stop=stop,
-            )
+            if self.forecaster is not None:
+                spawn(
+                    group,
+                    "queuer:forecast",
+                    self.forecaster.run(self.heap.jobs, self.wall_clock.now, stop),
+                    eternal=True,
+                    stop=stop,
+                )
 
     # -- messages ---------------------------------------------------------------------------------
 
     async def on_message(self, message: Message, _delivery: Delivery) -> None:
         if isinstance(message, bus_pb2.Assign):
-            self.forecaster.forget(assignment.job.job_id for assignment in message.jobs)
+            self._changed_kinds(assignment.job.job_id for assignment in message.jobs)
             await self._on_assign(message)
         elif isinstance(message, bus_pb2.Update):
-            self.forecaster.forget([message.job.job.job_id])
+            self._changed_kinds([message.job.job.job_id])
             await self._on_update(message)
         elif isinstance(message, bus_pb2.Revoke):
-            self.forecaster.forget(message.job_ids)
+            self._changed_kinds(message.job_ids)
             self._on_revoke(message)
         else:
             log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})
         self._wake.set()
         self._held_changed.set()
+
+    def _changed_kinds(self, job_ids: Iterable[int]) -> None:
+        if self.forecaster is not None:
+            self.forecaster.forget(job_ids)
 
     async def _on_assign(self, message: bus_pb2.Assign) -> None:
         stamp = Stamp.from_proto(message.stamp)
@@ -167,7 +172,7 @@ class QueuerWorker:
         """A schedule with no next fire is its job's error: the job is deactivated with the reason and
         the message that carried it is acked like any other."""
         for defn in jobs:
-            await deactivate_never_fires(self.pool, defn.job_id, defn.version, defn.cron, defn.timezone)
+            await self.runs.deactivate_never_fires(defn.job_id, defn.version, defn.cron, defn.timezone)
 
     def _on_revoke(self, message: bus_pb2.Revoke) -> None:
         stamp = Stamp.from_proto(message.stamp)
@@ -212,7 +217,7 @@ class QueuerWorker:
                 worker_id=self.worker_id,
                 newest_term=self.gate.newest_term,
                 jobs_owned=len(self.heap),
-                sent_at_ms=int(time.time() * 1000),
+                sent_at_ms=int(self.wall_clock.now() * 1000),
                 registering=registering,
                 owned_digest=self.heap.digest,
             )
@@ -278,7 +283,7 @@ class QueuerWorker:
         while True:
             attempt += 1
             try:
-                result = await queue_runs(self.pool, tick)
+                result = await self.runs.queue_runs(tick)
                 break
             except Exception as exc:
                 if not is_transient(exc) and attempt >= _INSERT_ATTEMPTS:

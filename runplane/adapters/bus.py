@@ -118,11 +118,24 @@ class Delivery:
 
 
 class Bus(Protocol):
+    """What the services need of the broker; ``AmqpBus`` is the real one, the deterministic
+    simulator has its own."""
+
+    @property
+    def connected(self) -> bool:
+        """False while the broker cannot be reached."""
+        ...
+
     async def publish(self, queue: str, message: Message, headers: dict[str, object] | None = None) -> None: ...
 
     async def declare(self, queue: str) -> None: ...
 
     async def delete(self, queue: str) -> None: ...
+
+    async def consume(self, queue: str, handler: Handler, *, prefetch: int, stop: asyncio.Event) -> None:
+        """Hand every message of ``queue`` to ``handler``, one at a time, acked after it returns,
+        until ``stop`` is set."""
+        ...
 
 
 def decode(message_type: str | None, body: bytes) -> Message:

@@ -1,8 +1,10 @@
-"""Wall time as a service reads it: the current unix time, and sleeping for a span of it.
+"""Time as a service reads it: wall time (the current unix time, and sleeping for a span of it) and
+monotonic time (for deadlines and timeouts).
 
 Services that act at wall-clock instants (a queuer worker firing at a cron minute) take a
-``WallClock`` so that tests can move time on instead of waiting for it; production uses
-``SYSTEM_CLOCK``.
+``WallClock``, and services that time things out (the leader's heartbeat deadlines) a
+``MonotonicClock``, so that tests and the deterministic simulator can move time on instead of
+waiting for it; production uses ``SYSTEM_CLOCK`` and ``SYSTEM_MONOTONIC``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ class WallClock(Protocol):
         """Return once ``seconds`` of this clock have passed, or as soon as ``stop`` or one of
         ``events`` is set."""
         ...
+
+
+class MonotonicClock(Protocol):
+    def now(self) -> float:
+        """Seconds from an arbitrary origin; never goes back."""
+        ...
+
+
+class SystemMonotonic:
+    """The machine's monotonic clock."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+SYSTEM_MONOTONIC = SystemMonotonic()
 
 
 class SystemClock:

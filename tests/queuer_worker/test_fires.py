@@ -25,6 +25,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import service as orchestrator
+from queuer_worker.runs_store import PostgresRunsStore
 from queuer_worker.worker import QueuerWorker
 from runplane.adapters.bus import AmqpBus
 from runplane.adapters.db import Connection, open_pool
@@ -75,7 +76,9 @@ class Services:
     async def worker(self) -> Worker:
         pool = await open_pool(self.settings.database_url, max_size=4)
         bus = await AmqpBus.connect(self.settings.amqp_url)
-        worker = QueuerWorker(self.settings, bus, pool, f"worker-{len(self.workers)}", wall_clock=self.clock)
+        worker = QueuerWorker(
+            self.settings, bus, PostgresRunsStore(pool), f"worker-{len(self.workers)}", wall_clock=self.clock
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop), name=worker.worker_id)
         self.workers.append(Worker(worker, task, bus, pool, stop))

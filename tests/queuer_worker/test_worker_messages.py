@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from queuer_worker.runs_store import PostgresRunsStore
 from queuer_worker.worker import QueuerWorker
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.adapters.db import open_pool
@@ -55,7 +56,7 @@ async def running(settings: Settings, clock: FakeClock) -> AsyncIterator[Running
     pool = await open_pool(settings.database_url, max_size=2)
     bus = await AmqpBus.connect(settings.amqp_url)
     publisher = await AmqpBus.connect(settings.amqp_url)
-    worker = QueuerWorker(settings, bus, pool, "w-test", wall_clock=clock)
+    worker = QueuerWorker(settings, bus, PostgresRunsStore(pool), "w-test", wall_clock=clock)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop), name="queuer-worker-under-test")
     try:

@@ -1,0 +1,229 @@
+"""The leader's port to the system of record: which worker owns which job (``job_ownership``),
+the queuer workers it knows (``queuer_workers``) and the jobs it schedules.
+
+``OwnershipStore`` is what the leader's decisions need, one method per named query of
+``orchestrator/queries.sql``; ``PostgresOwnershipStore`` is the real adapter. The deterministic
+simulator runs the same leader against an in-memory twin that follows the same compare-and-set and
+uniqueness rules, proved by a conformance test that runs the same checks on both.
+
+Rows are returned as dicts keyed by the query's column names (``Row``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from runplane.adapters.db import Connection, connect
+from runplane.basics.stamps import Stamp
+from runplane.sql import load_queries
+
+QUERIES = load_queries("orchestrator")
+
+Row = dict[str, Any]  # psycopg's values: int for bigint, str for text
+
+
+class OwnershipStore(Protocol):
+    """Ownership of jobs by queuer workers, and the workers' registry, as the leader changes them."""
+
+    async def workers(self) -> list[Row]:
+        """Every worker row: worker_id, state ('alive' or 'dead')."""
+        ...
+
+    async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        """Register (or revive) a worker as alive."""
+        ...
+
+    async def beat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        """Note a live worker's beat; a worker marked dead stays dead."""
+        ...
+
+    async def mark_dead(self, worker_id: str) -> None: ...
+
+    async def job_states(self, job_ids: list[int]) -> list[Row]:
+        """Whether each job should be scheduled and who has it (jobs deleted for good included)."""
+        ...
+
+    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+        """Record as pending on the shared queue those of ``job_ids`` that are schedulable and have no
+        ownership row; returns their definitions. A job recorded by someone else meanwhile is left out."""
+        ...
+
+    async def drift(self) -> list[int]:
+        """Every job whose ownership does not match what the job says."""
+        ...
+
+    async def account_jobs(self, account_id: int) -> list[int]: ...
+
+    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
+        """Definitions of those of ``job_ids`` owned by ``worker_id`` (None: pending on the shared
+        queue), only claimed ones when ``claimed``; with fires_after, term and clock."""
+        ...
+
+    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[Row]: ...
+
+    async def upsert_pending(
+        self, job_ids: list[int], versions: list[int], worker_id: str | None, stamp: Stamp, now: int
+    ) -> None:
+        """Record an Assign stamped ``stamp``: pending until claimed; a job that had an owner keeps
+        its fires_after, a new one starts at ``now``."""
+        ...
+
+    async def ownership(self, job_ids: list[int]) -> list[Row]: ...
+
+    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+        """Compare-and-set: take what is still pending under exactly ``stamp``, unowned or aimed at
+        ``worker_id``; returns job_id, version (sent) and job_version (now) of each taken."""
+        ...
+
+    async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None: ...
+
+    async def delete_ownership(self, job_ids: list[int]) -> None: ...
+
+    async def owned_by(self, worker_id: str) -> list[int]: ...
+
+    async def owners(self) -> list[str]:
+        """Every worker that owns or has a pending Assign for at least one job."""
+        ...
+
+    async def stale_pending(self, timeout: float) -> list[Row]:
+        """Pending Assigns older than ``timeout`` seconds: job_id, worker_id, term, clock."""
+        ...
+
+    async def pending_count(self) -> int: ...
+
+    async def claimed_by_worker(self) -> dict[str, list[int]]: ...
+
+    async def claimed_versions(self) -> list[Row]:
+        """worker_id, job_id, version, state of every row aimed at a worker."""
+        ...
+
+    async def claimed_counts(self) -> dict[str, int]: ...
+
+    def changes(self, stop: asyncio.Event) -> AsyncIterator[tuple[str, int]]:
+        """Job and account changes as they happen, ("job", job_id) or ("account", account_id), until
+        ``stop`` is set."""
+        ...
+
+
+class PostgresOwnershipStore:
+    """``OwnershipStore`` on Postgres: each method is one named query of ``orchestrator/queries.sql``."""
+
+    def __init__(self, pool: AsyncConnectionPool[Connection], database_url: str) -> None:
+        self.pool = pool
+        self.database_url = database_url
+
+    async def _fetch(self, name: str, params: dict[str, object]) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES[name], params)
+            return await cur.fetchall()
+
+    async def _execute(self, name: str, params: dict[str, object]) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(QUERIES[name], params)
+
+    async def workers(self) -> list[Row]:
+        return await self._fetch("workers", {})
+
+    async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        params = {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest}
+        await self._execute("heartbeat", params)
+
+    async def beat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        await self._execute("beat", {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest})
+
+    async def mark_dead(self, worker_id: str) -> None:
+        await self._execute("mark_dead", {"worker_id": worker_id})
+
+    async def job_states(self, job_ids: list[int]) -> list[Row]:
+        return await self._fetch("job_states", {"job_ids": job_ids})
+
+    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+        params = {"job_ids": job_ids, "term": stamp.term, "clock": stamp.clock, "now": now}
+        return await self._fetch("assign_new", params)
+
+    async def drift(self) -> list[int]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(QUERIES["drift"])
+            return [job_id for (job_id,) in await cur.fetchall()]
+
+    async def account_jobs(self, account_id: int) -> list[int]:
+        return [r["id"] for r in await self._fetch("account_jobs", {"account_id": account_id})]
+
+    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
+        return await self._fetch("definitions", {"job_ids": job_ids, "worker_id": worker_id, "claimed": claimed})
+
+    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[Row]:
+        return await self._fetch("pending_definitions", {"job_ids": job_ids, "worker_id": worker_id})
+
+    async def upsert_pending(
+        self, job_ids: list[int], versions: list[int], worker_id: str | None, stamp: Stamp, now: int
+    ) -> None:
+        params: dict[str, object] = {
+            "job_ids": job_ids,
+            "versions": versions,
+            "worker_id": worker_id,
+            "term": stamp.term,
+            "clock": stamp.clock,
+            "now": now,
+        }
+        await self._execute("upsert_pending", params)
+
+    async def ownership(self, job_ids: list[int]) -> list[Row]:
+        return await self._fetch("ownership", {"job_ids": job_ids})
+
+    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+        params = {"worker_id": worker_id, "job_ids": job_ids, "term": stamp.term, "clock": stamp.clock}
+        return await self._fetch("claim", params)
+
+    async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None:
+        await self._execute("sent_versions", {"job_ids": job_ids, "versions": versions, "now": now})
+
+    async def delete_ownership(self, job_ids: list[int]) -> None:
+        await self._execute("delete_ownership", {"job_ids": job_ids})
+
+    async def owned_by(self, worker_id: str) -> list[int]:
+        return [r["job_id"] for r in await self._fetch("owned_by", {"worker_id": worker_id})]
+
+    async def owners(self) -> list[str]:
+        return [str(r["worker_id"]) for r in await self._fetch("owners", {})]
+
+    async def stale_pending(self, timeout: float) -> list[Row]:
+        return await self._fetch("stale_pending", {"timeout": timeout})
+
+    async def pending_count(self) -> int:
+        rows = await self._fetch("pending_count", {})
+        return int(rows[0]["n"]) if rows else 0
+
+    async def claimed_by_worker(self) -> dict[str, list[int]]:
+        return {str(r["worker_id"]): list(r["job_ids"]) for r in await self._fetch("claimed_by_worker", {})}
+
+    async def claimed_versions(self) -> list[Row]:
+        return await self._fetch("claimed_versions", {})
+
+    async def claimed_counts(self) -> dict[str, int]:
+        return {str(r["worker_id"]): int(r["n"]) for r in await self._fetch("claimed_counts", {})}
+
+    async def changes(self, stop: asyncio.Event) -> AsyncIterator[tuple[str, int]]:
+        conn = await connect(self.database_url)
+        try:
+            await conn.execute("LISTEN runplane_jobs")
+            await conn.execute("LISTEN runplane_accounts")
+            while not stop.is_set():
+                async for notify in conn.notifies(timeout=0.5):
+                    try:
+                        payload = json.loads(notify.payload)
+                    except ValueError:
+                        continue
+                    if notify.channel == "runplane_jobs":
+                        yield ("job", int(payload["job_id"]))
+                    else:
+                        yield ("account", int(payload["account_id"]))
+        finally:
+            await conn.close()

@@ -1,0 +1,38 @@
+"""The queuer worker's port to the system of record: queue the runs of a tick (one run per
+idempotency key) and record that a schedule never fires.
+
+``PostgresRunsStore`` is the real adapter (``queuer_worker.firing``); the deterministic simulator
+runs the same worker against an in-memory twin with the same ``UNIQUE(idempotency_key)`` rule,
+proved by a conformance test that runs the same checks on both.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from psycopg_pool import AsyncConnectionPool
+
+from queuer_worker.firing import PreparedTick, TickResult, deactivate_never_fires, queue_runs
+from runplane.adapters.db import Connection
+
+
+class RunsStore(Protocol):
+    async def queue_runs(self, tick: PreparedTick) -> TickResult:
+        """Insert the runs of one tick, skipping every fire whose key was queued before and every
+        job no longer schedulable; cancel the runs they supersede."""
+        ...
+
+    async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
+        """Record that a job's schedule has no next fire, as that job's error; True when this call did it."""
+        ...
+
+
+class PostgresRunsStore:
+    def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
+        self.pool = pool
+
+    async def queue_runs(self, tick: PreparedTick) -> TickResult:
+        return await queue_runs(self.pool, tick)
+
+    async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
+        return await deactivate_never_fires(self.pool, job_id, version, cron, timezone)
