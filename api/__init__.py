@@ -1,9 +1,12 @@
 """The control plane's API process: its doors, and the use cases and store every door shares.
 
+``process``: the API process, above every door: it starts the servers and the webhook deliveries
+over one pool and one store, supervises them, and drains them on stop.
+
 Doors (each a folder; they meet only in the use cases below):
 
-- ``grpc/``: the public gRPC API (JobService, ProjectService, RunService), health checking,
-  reflection, and the process root that starts every server of the API process (``grpc/server.py``).
+- ``grpc/``: the public gRPC API (JobService, ProjectService, RunService), its token interceptor,
+  health checking and reflection.
 - ``rest/``: the dbt Cloud–compatible REST API (v2) and the webhook subscriptions' REST calls.
 - ``web/``: the web pages for people, served by the REST server under ``/ui/``.
 - ``runner/``: the runner API (RunnerService): hostile callers, its own port, a token per run.
@@ -18,5 +21,6 @@ Use cases and the store, shared by every door:
 - ``pickup_publisher``: the Pickup hint to dispatchers after a trigger.
 - ``store`` + ``queries.sql``: the shared reads and writes of Postgres (a door's own queries sit in
   its folder: ``runner/queries.sql``, ``webhooks/queries.sql``).
-- ``admin``: the operator tasks behind ``runplane admin``.
+- ``admin``: the operator tasks behind ``runplane admin`` (a door of its own, for operators);
+  ``demo``: the demo account and jobs of ``make run``.
 """

@@ -39,7 +39,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from api.grpc.server import start_server
+from api.process import start_server
 from bench.kubernetes_pods import IMAGES, NAMESPACE, Watch, cluster, percentile, write_figures
 from bench.sandbox import temporary_database, unique_name
 from dispatcher.kubernetes.launcher import KubernetesLauncher

@@ -18,7 +18,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from api.grpc.server import RunningApi, start_server
+from api.process import RunningApi, start_server
 from runplane.basics import redis_keys
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings

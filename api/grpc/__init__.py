@@ -1,7 +1,7 @@
-"""The public gRPC API and the API process's root.
+"""The public gRPC API.
 
-- ``server``: starts the API process's servers (gRPC, runner API, REST) and the webhook deliveries,
-  and drains them on stop.
+- ``server``: the server with its services, health checking and reflection.
+- ``auth``: the interceptor: a token per call, resolved to the account the call is scoped to.
 - ``jobs`` / ``projects`` / ``runs``: JobService, ProjectService and RunService.
 - ``errors``: the one mapping from runplane errors to gRPC status codes.
 - ``paging``: keyset paging with opaque page tokens; ``convert``: rows to protobuf messages.

@@ -1,8 +1,9 @@
 """The one place where runplane errors become gRPC status codes.
 
-Every RPC handler runs inside :func:`status_boundary` (installed by the interceptor in
-``api.auth``): a ``RunplaneError`` aborts the call with its code and message; anything else is a bug,
-logged with its traceback and answered INTERNAL, and the server keeps serving.
+Every RPC handler runs inside :func:`status_boundary` (installed by the interceptors in
+``api.grpc.auth`` and, for the runner API, ``api.runner.run_token``): a ``RunplaneError`` aborts
+the call with its code and message; anything else is a bug, logged with its traceback and answered
+INTERNAL, and the server keeps serving.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import logging
 
 import grpc
 
-from api.auth import current_account
 from api.grpc import convert, paging
+from api.grpc.auth import current_account
 from api.job_definitions import create_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused

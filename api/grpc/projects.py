@@ -12,8 +12,8 @@ import logging
 
 import grpc
 
-from api.auth import current_account
 from api.grpc import convert
+from api.grpc.auth import current_account
 from api.project_definitions import create_environment, create_project, update_environment, update_project
 from api.store import Store
 from api.validation import positive_id

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from api.auth import current_account
 from api.cancelling import cancel_run
 from api.grpc import convert, paging
+from api.grpc.auth import current_account
 from api.lookup import existing_run, run_artifact
 from api.pickup_publisher import PickupPublisher
 from api.pull_requests import close_pull_request

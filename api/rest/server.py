@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -33,14 +34,36 @@ class _EmbeddedServer(uvicorn.Server):
 
 @dataclass
 class RestServer:
+    """The REST API's server, bound to its port; :meth:`start` serves it in a task the caller makes."""
+
     server: uvicorn.Server
-    task: asyncio.Task[None]
+    sock: socket.socket
     port: int
     https: bool
+    task: asyncio.Task[None] | None = None
+
+    async def start(self, start_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        """Serve in the task ``start_task`` makes of the server's coroutine; return once it listens."""
+        self.task = start_task(self.server.serve(sockets=[self.sock]))
+        deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
+        while not self.server.started:
+            if self.task.done():
+                self.sock.close()
+                self.task.result()  # raises what stopped it
+                raise ServiceUnavailable("the REST API stopped while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                self.server.should_exit = True
+                await self.task
+                raise ServiceUnavailable("the REST API did not start")
+            await asyncio.sleep(0.01)
+        log.info("rest api listening", extra={"port": self.port, "https": self.https})
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, give requests in flight ``grace`` seconds, then close them."""
         self.server.should_exit = True
+        if self.task is None or self.task.done():
+            self.sock.close()
+            return
         try:
             await asyncio.wait_for(asyncio.shield(self.task), grace + 1.0)
         except TimeoutError:
@@ -48,8 +71,8 @@ class RestServer:
             await self.task
 
 
-async def start_rest(app: FastAPI, settings: ApiSettings, port: int) -> RestServer:
-    """Serve ``app`` on ``settings.host:port`` (0 picks a port) until :meth:`RestServer.stop`."""
+def bind_rest(app: FastAPI, settings: ApiSettings, port: int) -> RestServer:
+    """``app``'s server, bound to ``settings.host:port`` (0 picks a port); :meth:`RestServer.start` serves it."""
     https = bool(settings.tls_certfile and settings.tls_keyfile)
     if bool(settings.tls_certfile) != bool(settings.tls_keyfile):
         raise ServiceUnavailable("set both api.tls_certfile and api.tls_keyfile, or neither")
@@ -73,19 +96,4 @@ async def start_rest(app: FastAPI, settings: ApiSettings, port: int) -> RestServ
         ssl_keyfile=settings.tls_keyfile or None,
         timeout_graceful_shutdown=None,
     )
-    server = _EmbeddedServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="rest-api")
-    deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
-    while not server.started:
-        if task.done():
-            sock.close()
-            task.result()  # raises what stopped it
-            raise ServiceUnavailable("the REST API stopped while starting")
-        if asyncio.get_running_loop().time() > deadline:
-            server.should_exit = True
-            await task
-            raise ServiceUnavailable("the REST API did not start")
-        await asyncio.sleep(0.01)
-    bound = sock.getsockname()[1]
-    log.info("rest api listening", extra={"address": f"{settings.host}:{bound}", "https": https})
-    return RestServer(server, task, bound, https)
+    return RestServer(_EmbeddedServer(config), sock, sock.getsockname()[1], https)

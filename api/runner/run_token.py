@@ -1,6 +1,6 @@
 """The runner API's door check, in one place: every call carries a run token (or a pool Pod's token).
 
-:class:`RunTokenInterceptor` wraps every RunnerService handler, as :class:`api.auth.AuthInterceptor`
+:class:`RunTokenInterceptor` wraps every RunnerService handler, as :class:`api.grpc.auth.AuthInterceptor`
 wraps the public services: it reads ``authorization: Bearer <token>`` (UNAUTHENTICATED without one,
 before the handler runs), makes the token's sha256 the call's (:func:`caller_token`), and runs the
 handler inside the error boundary, so a handler raises runplane errors and never answers a status

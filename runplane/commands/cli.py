@@ -29,7 +29,7 @@ def _service(command: str) -> Serve:
     """The ``serve(settings, stop)`` of the service a command runs, imported only then."""
     match command:
         case "api":
-            from api.grpc.server import serve
+            from api.process import serve
         case "orchestrator":
             from orchestrator.service import serve
         case "queuer-worker":

@@ -1,4 +1,4 @@
-"""The demo that ``make run`` shows: an account, a token and a few jobs (made by ``api.admin``).
+"""The demo that ``make run`` shows: an account, a token and a few jobs (made by ``api.demo``).
 
 With dbt installed (``make run`` makes ``.venv-dbt`` and names it in ``RUNPLANE_RUNNER__DBT_VERSIONS``)
 the demo also gets the example dbt project (``examples/jaffle_shop``) in a local git repository of
@@ -89,8 +89,8 @@ def warehouse_fields(settings: Settings) -> dict[str, str]:
 
 def seed_demo(settings: Settings) -> list[str]:
     """Create the demo account (once), a fresh token and the demo jobs; returns what to print."""
-    from api.admin import DemoProject
-    from api.admin import seed_demo as seed
+    from api.demo import DemoProject
+    from api.demo import seed_demo as seed
 
     dbt_versions = sorted(settings.runner.dbt_versions)
     project = None

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.grpc.server import RunningApi, start_server
+from api.process import RunningApi, start_server
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from api.admin import DEMO_JOBS, create_account, create_token, seed_demo
-from api.grpc.server import RunningApi
+from api.admin import create_account, create_token
+from api.demo import DEMO_JOBS, seed_demo
+from api.process import RunningApi
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from tests.api.conftest import AsyncDb, Client
 from tests.support.polling import eventually
 

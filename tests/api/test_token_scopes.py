@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from api.admin import create_account, create_token, revoke_token
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.settings import Settings
 from runplane.v1 import jobs_pb2

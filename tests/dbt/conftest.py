@@ -18,7 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.grpc.server import RunningApi, start_server
+from api.process import RunningApi, start_server
 from client.cli import channel
 from runner.service import run as run_runner
 from runplane.basics.secrets import generate_key

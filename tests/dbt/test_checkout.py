@@ -15,7 +15,7 @@ import grpc
 import psycopg
 import pytest
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, projects_pb2, runs_pb2
 from tests.dbt.conftest import Client, commit, dbt_job, environment, git, make_repository, run_job, run_log, warehouse

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from api.admin import create_token
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from api.admin import create_token, update_account_settings
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runner.service import run as run_runner
 from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from dispatcher.launcher import Launcher, LaunchRequest
 from dispatcher.local_launcher import LocalLauncher
 from runplane.basics.errors import LaunchError

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.admin import create_account
-from api.grpc.server import start_server
+from api.process import start_server
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus

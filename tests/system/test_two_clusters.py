@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.grpc.server import RunningApi, start_server
+from api.process import RunningApi, start_server
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus

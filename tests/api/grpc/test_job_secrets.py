@@ -6,7 +6,7 @@ import json
 
 import grpc
 
-from api.grpc.server import start_server
+from api.process import start_server
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2

@@ -9,7 +9,7 @@ import asyncio
 
 import grpc
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runplane.v1 import runs_pb2
 from tests.api.conftest import AsyncDb, Client, deploy_job
 from tests.support.polling import eventually

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from client.cli import channel
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import Client

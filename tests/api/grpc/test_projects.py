@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc

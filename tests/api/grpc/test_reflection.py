@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from client.cli import channel
 from tests.api.conftest import Client, deploy_job
 

@@ -10,7 +10,7 @@ import aio_pika
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from api.grpc.server import start_server
+from api.process import start_server
 from runplane.adapters.bus import Topology
 from runplane.basics.settings import Settings
 from runplane.runs.pickups import pickup_accounts

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.admin import create_account, create_token
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
 

@@ -6,7 +6,7 @@ import socket
 
 import httpx
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 
 
 async def test_connections_are_served_with_tcp_nodelay(api: RunningApi) -> None:

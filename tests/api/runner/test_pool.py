@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from dispatcher.kubernetes.pool import QUERIES
 from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.types import RunStatus

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from psycopg.types.json import Jsonb
 
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from api.runner.service import RunnerService
 from api.store import Store
 from runplane.basics.run_tokens import new_run_token

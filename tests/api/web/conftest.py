@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.admin import create_account
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from api.web.session import csrf_for
 from runplane.basics.settings import Settings
 

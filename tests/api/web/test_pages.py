@@ -7,7 +7,7 @@ import json
 import re
 
 from api.admin import create_account, create_token
-from api.grpc.server import RunningApi
+from api.process import RunningApi
 from api.web.session import csrf_for
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus

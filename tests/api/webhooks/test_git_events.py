@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.grpc.server import RunningApi, start_server
+from api.process import RunningApi, start_server
 from api.webhooks.git_events import is_repository, repository_path
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings
