@@ -1,6 +1,6 @@
-"""Saving a job definition: the one home of what a create or an update checks against the account's
-other objects (its environment, the job it defers to, the jobs whose completion triggers it) and
-writes. gRPC's ``CreateJob``/``UpdateJob`` and the web pages' job form call these; each door turns
+"""Saving and deleting a job definition: the one home of what a create or an update checks against the
+account's other objects (its environment, the job it defers to, the jobs whose completion triggers
+it) and writes. gRPC's ``JobService``, REST and the web pages' job form call these; each door turns
 its own request into a :class:`JobSpec` first (``api.validation.job_spec``).
 
 Every write that matters to scheduling bumps ``jobs.version``; the table's trigger then NOTIFYs
@@ -13,9 +13,10 @@ import logging
 
 from api.lookup import existing_job
 from api.store import Row, Store
-from api.validation import JobSpec
+from api.validation import JobSpec, positive_id
+from runplane.adapters import instruments
 from runplane.adapters.db import Connection
-from runplane.basics.errors import FailedPrecondition, InvalidArgument
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.types import AccountId, JobId
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,21 @@ async def update_job(
         await store.replace_completion_triggers(conn, job_id, spec)
     log.info("job updated", extra={"account_id": account_id, "job_id": job_id, "version": row["version"]})
     return row
+
+
+async def delete_job(store: Store, account_id: AccountId, job_id: int) -> None:
+    """Deletes the job; its queued runs end cancelled and other jobs' completion triggers on it go."""
+    job_id = JobId(positive_id(job_id, "job_id"))
+    async with store.transaction() as conn:
+        if not await store.delete_job(conn, account_id, job_id):
+            raise NotFound(f"job {job_id} not found")
+        cancelled = await store.cancel_queued_runs_of_job(
+            conn, job_id, f"Cancelled: job {job_id} was deleted before this run started."
+        )
+        await store.drop_completion_triggers_on(conn, job_id)
+    log.info("job deleted", extra={"account_id": account_id, "job_id": job_id, "cancelled_runs": cancelled})
+    if cancelled:
+        instruments.cancellations.add(cancelled, {"reason": "job_deleted"})
 
 
 async def _check_references(

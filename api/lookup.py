@@ -1,4 +1,5 @@
-"""Reading one job, run or artifact of an account: another account's ids look exactly like missing ones."""
+"""Reading one of an account's projects, environments, jobs, runs or artifacts: another account's ids look
+exactly like missing ones."""
 
 from __future__ import annotations
 
@@ -18,6 +19,26 @@ async def existing_job(
     row = await store.get_job(conn, account_id, job_id, for_update=for_update)
     if row is None:
         raise NotFound(f"job {job_id} not found")
+    return row
+
+
+async def existing_project(
+    store: Store, conn: Connection, account_id: AccountId, project_id: int, *, for_update: bool = False
+) -> Row:
+    positive_id(project_id, "project_id")
+    row = await store.get_project(conn, account_id, project_id, for_update=for_update)
+    if row is None:
+        raise NotFound(f"project {project_id} not found")
+    return row
+
+
+async def existing_environment(
+    store: Store, conn: Connection, account_id: AccountId, environment_id: int, *, for_update: bool = False
+) -> Row:
+    positive_id(environment_id, "environment_id")
+    row = await store.get_environment(conn, account_id, environment_id, for_update=for_update)
+    if row is None:
+        raise NotFound(f"environment {environment_id} not found")
     return row
 
 

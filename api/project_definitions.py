@@ -1,5 +1,5 @@
 """Saving projects and environments: the one home of what a create or an update checks and writes,
-for gRPC's ``ProjectService`` and the web pages' forms.
+and deleting them, for gRPC's ``ProjectService``, REST and the web pages' forms.
 
 Secret fields (the git credential, a connection's password or keyfile) are encrypted with the box
 that ``box`` returns before the store sees them; it is asked for only when a secret is written, so
@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from api.lookup import existing_environment, existing_project
 from api.projects_validation import environment_spec, project_spec
 from api.store import Row, Store
 from api.validation import positive_id
-from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.adapters.db import Connection
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
 from runplane.v1 import projects_pb2
@@ -92,3 +94,29 @@ async def update_environment(
     assert row is not None
     log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
     return row
+
+
+async def delete_project(store: Store, account_id: AccountId, project_id: int) -> None:
+    """Refused while a job uses one of the project's environments; its environments go with it."""
+    async with store.transaction() as conn:
+        await existing_project(store, conn, account_id, project_id, for_update=True)
+        environment_ids = await store.environment_ids_of_project(conn, project_id)
+        await _refuse_while_used(store, conn, environment_ids, f"project {project_id}")
+        await store.delete_project(conn, account_id, project_id)
+    log.info("project deleted", extra={"account_id": account_id, "project_id": project_id})
+
+
+async def delete_environment(store: Store, account_id: AccountId, environment_id: int) -> None:
+    """Refused while a job uses the environment."""
+    async with store.transaction() as conn:
+        await existing_environment(store, conn, account_id, environment_id, for_update=True)
+        await _refuse_while_used(store, conn, [environment_id], f"environment {environment_id}")
+        await store.delete_environment(conn, account_id, environment_id)
+    log.info("environment deleted", extra={"account_id": account_id, "environment_id": environment_id})
+
+
+async def _refuse_while_used(store: Store, conn: Connection, environment_ids: list[int], what: str) -> None:
+    jobs = await store.live_jobs_of_environments(conn, environment_ids) if environment_ids else []
+    if jobs:
+        named = ", ".join(str(j) for j in jobs)
+        raise FailedPrecondition(f"{what} is used by jobs {named}: delete them or move them to another environment")

@@ -306,7 +306,13 @@ RETURNING id, name, run_slots, deactivate_after_failures, pull_request_schema_ma
 SELECT count(*) AS total FROM runs
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
-  AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]));
+  AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]))
+  AND (%(deferring_run_id)s::bigint IS NULL OR deferring_run_id = %(deferring_run_id)s)
+  AND (NOT %(by_environment)s OR job_id IN (
+      SELECT j.id FROM jobs j JOIN environments e ON e.id = j.environment_id
+       WHERE j.account_id = %(account_id)s
+         AND (%(environment_id)s::bigint IS NULL OR e.id = %(environment_id)s)
+         AND (cardinality(%(project_ids)b::bigint[]) = 0 OR e.project_id = ANY(%(project_ids)b::bigint[]))));
 
 -- name: list_runs_by_offset
 SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
@@ -317,6 +323,12 @@ LEFT JOIN LATERAL (
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
   AND (cardinality(%(statuses)b::smallint[]) = 0 OR status = ANY(%(statuses)b::smallint[]))
+  AND (%(deferring_run_id)s::bigint IS NULL OR deferring_run_id = %(deferring_run_id)s)
+  AND (NOT %(by_environment)s OR job_id IN (
+      SELECT j.id FROM jobs j JOIN environments e ON e.id = j.environment_id
+       WHERE j.account_id = %(account_id)s
+         AND (%(environment_id)s::bigint IS NULL OR e.id = %(environment_id)s)
+         AND (cardinality(%(project_ids)b::bigint[]) = 0 OR e.project_id = ANY(%(project_ids)b::bigint[]))))
 ORDER BY
     CASE WHEN %(order_by)s = 'created_at' THEN queued_at END ASC,
     CASE WHEN %(order_by)s = '-created_at' THEN queued_at END DESC,
@@ -332,13 +344,25 @@ OFFSET %(offset)s
 LIMIT %(limit)s;
 
 -- name: count_jobs
-SELECT count(*) AS total FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL;
+-- The filters of dbt Cloud's job list; name_like is an ILIKE pattern with its wildcards escaped.
+SELECT count(*) AS total FROM jobs
+WHERE account_id = %(account_id)s AND (deleted_at IS NOT NULL) = %(deleted)s
+  AND (%(environment_id)s::bigint IS NULL OR environment_id = %(environment_id)s)
+  AND (cardinality(%(project_ids)b::bigint[]) = 0 OR environment_id IN (
+      SELECT e.id FROM environments e
+       WHERE e.account_id = %(account_id)s AND e.project_id = ANY(%(project_ids)b::bigint[])))
+  AND (%(name_like)s::text IS NULL OR name ILIKE %(name_like)s);
 
 -- name: list_jobs_by_offset
 SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
        (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
   FROM jobs
-WHERE account_id = %(account_id)s AND deleted_at IS NULL
+WHERE account_id = %(account_id)s AND (deleted_at IS NOT NULL) = %(deleted)s
+  AND (%(environment_id)s::bigint IS NULL OR environment_id = %(environment_id)s)
+  AND (cardinality(%(project_ids)b::bigint[]) = 0 OR environment_id IN (
+      SELECT e.id FROM environments e
+       WHERE e.account_id = %(account_id)s AND e.project_id = ANY(%(project_ids)b::bigint[])))
+  AND (%(name_like)s::text IS NULL OR name ILIKE %(name_like)s)
 ORDER BY
     CASE WHEN %(order_by)s = 'name' THEN name END ASC,
     CASE WHEN %(order_by)s = '-name' THEN name END DESC,
@@ -353,6 +377,11 @@ LIMIT %(limit)s;
 
 -- name: latest_run_of_job
 SELECT * FROM runs WHERE job_id = %(job_id)s AND account_id = %(account_id)s ORDER BY id DESC LIMIT 1;
+
+-- name: docs_of_runs
+-- Which of the runs kept dbt's docs catalog or its source freshness results.
+SELECT run_id, path FROM artifacts
+WHERE run_id = ANY(%(run_ids)b::bigint[]) AND path IN ('target/catalog.json', 'target/sources.json');
 
 -- name: step_logs
 -- A run's log text per step, for the REST API's run_steps.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -27,6 +28,29 @@ from runplane.sql import load_queries
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The filters of dbt Cloud's run list; None or empty means not filtered."""
+
+    job_id: int | None = None
+    statuses: tuple[RunStatus, ...] = ()
+    environment_id: int | None = None
+    project_ids: tuple[int, ...] = ()
+    deferring_run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    """The filters of dbt Cloud's job list; ``deleted`` lists the deleted jobs instead of the live ones."""
+
+    environment_id: int | None = None
+    project_ids: tuple[int, ...] = ()
+    name_contains: str | None = None
+    deleted: bool = False
+
+
 QUERIES = {**load_queries("api"), **TRANSITIONS}  # a run's status changes are runplane.runs'
 
 
@@ -387,28 +411,51 @@ class Store:
         self,
         conn: Connection,
         account_id: AccountId,
+        filters: RunFilters,
         *,
-        job_id: int | None,
-        statuses: list[RunStatus],
         order_by: str,
         offset: int,
         limit: int,
     ) -> tuple[list[Row], int]:
         """One page of the account's runs and how many match in all."""
-        filters: dict[str, Any] = {"account_id": account_id, "job_id": job_id, "statuses": [int(s) for s in statuses]}
-        total = await _one(conn, "count_runs", **filters)
-        rows = await _all(conn, "list_runs_by_offset", **filters, order_by=order_by, offset=offset, limit=limit)
+        params: dict[str, Any] = {
+            "account_id": account_id,
+            "job_id": filters.job_id,
+            "statuses": [int(s) for s in filters.statuses],
+            "deferring_run_id": filters.deferring_run_id,
+            "by_environment": filters.environment_id is not None or bool(filters.project_ids),
+            "environment_id": filters.environment_id,
+            "project_ids": list(filters.project_ids),
+        }
+        total = await _one(conn, "count_runs", **params)
+        rows = await _all(conn, "list_runs_by_offset", **params, order_by=order_by, offset=offset, limit=limit)
         return rows, int(total["total"]) if total else 0
 
     async def jobs_by_offset(
-        self, conn: Connection, account_id: AccountId, *, order_by: str, offset: int, limit: int
+        self, conn: Connection, account_id: AccountId, filters: JobFilters, *, order_by: str, offset: int, limit: int
     ) -> tuple[list[Row], int]:
-        """One page of the account's live jobs and how many there are."""
-        total = await _one(conn, "count_jobs", account_id=account_id)
-        rows = await _all(
-            conn, "list_jobs_by_offset", account_id=account_id, order_by=order_by, offset=offset, limit=limit
-        )
+        """One page of the account's jobs (live ones, or deleted ones) and how many match in all."""
+        name_like = None
+        if filters.name_contains is not None:
+            escaped = filters.name_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            name_like = f"%{escaped}%"
+        params: dict[str, Any] = {
+            "account_id": account_id,
+            "deleted": filters.deleted,
+            "environment_id": filters.environment_id,
+            "project_ids": list(filters.project_ids),
+            "name_like": name_like,
+        }
+        total = await _one(conn, "count_jobs", **params)
+        rows = await _all(conn, "list_jobs_by_offset", **params, order_by=order_by, offset=offset, limit=limit)
         return rows, int(total["total"]) if total else 0
+
+    async def docs_of_runs(self, conn: Connection, run_ids: list[int]) -> dict[int, set[str]]:
+        """Of each run that kept them, which of ``target/catalog.json`` and ``target/sources.json``."""
+        out: dict[int, set[str]] = {}
+        for row in await _all(conn, "docs_of_runs", run_ids=run_ids):
+            out.setdefault(row["run_id"], set()).add(row["path"])
+        return out
 
     async def latest_run_of_job(self, conn: Connection, account_id: AccountId, job_id: int) -> Row | None:
         return await _one(conn, "latest_run_of_job", account_id=account_id, job_id=job_id)

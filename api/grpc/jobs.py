@@ -9,14 +9,12 @@ import grpc
 
 from api.grpc import convert, paging
 from api.grpc.auth import current_account
-from api.job_definitions import create_job, update_job
+from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
 from api.store import Row, Store
 from api.validation import MAX_IDEMPOTENCY_KEY, job_spec, positive_id, text
-from runplane.adapters import instruments
 from runplane.adapters.db import Connection
-from runplane.basics.errors import NotFound
 from runplane.basics.types import AccountId, JobId
 from runplane.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -62,18 +60,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             return await self._job(conn, row)
 
     async def DeleteJob(self, request: jobs_pb2.DeleteJobRequest, context: Context) -> jobs_pb2.DeleteJobResponse:
-        account_id = current_account()
-        job_id = JobId(positive_id(request.job_id, "job_id"))
-        async with self._store.transaction() as conn:
-            if not await self._store.delete_job(conn, account_id, job_id):
-                raise NotFound(f"job {job_id} not found")
-            cancelled = await self._store.cancel_queued_runs_of_job(
-                conn, job_id, f"Cancelled: job {job_id} was deleted before this run started."
-            )
-            await self._store.drop_completion_triggers_on(conn, job_id)
-        log.info("job deleted", extra={"account_id": account_id, "job_id": job_id, "cancelled_runs": cancelled})
-        if cancelled:
-            instruments.cancellations.add(cancelled, {"reason": "job_deleted"})
+        await delete_job(self._store, current_account(), request.job_id)
         return jobs_pb2.DeleteJobResponse()
 
     async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.Job:

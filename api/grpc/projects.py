@@ -14,11 +14,17 @@ import grpc
 
 from api.grpc import convert
 from api.grpc.auth import current_account
-from api.project_definitions import create_environment, create_project, update_environment, update_project
+from api.lookup import existing_environment, existing_project
+from api.project_definitions import (
+    create_environment,
+    create_project,
+    delete_environment,
+    delete_project,
+    update_environment,
+    update_project,
+)
 from api.store import Store
-from api.validation import positive_id
-from runplane.adapters.db import Connection
-from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.errors import FailedPrecondition, InvalidArgument
 from runplane.basics.secrets import SecretBox, SecretKeyError, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.v1 import projects_pb2, projects_pb2_grpc
@@ -44,12 +50,8 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         return convert.project(await create_project(self._store, self._box, current_account(), request))
 
     async def GetProject(self, request: projects_pb2.GetProjectRequest, context: Context) -> projects_pb2.Project:
-        account_id = current_account()
-        project_id = positive_id(request.project_id, "project_id")
         async with self._store.connection() as conn:
-            row = await self._store.get_project(conn, account_id, project_id)
-        if row is None:
-            raise NotFound(f"project {project_id} not found")
+            row = await existing_project(self._store, conn, current_account(), request.project_id)
         return convert.project(row)
 
     async def ListProjects(
@@ -68,12 +70,8 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def GetEnvironment(
         self, request: projects_pb2.GetEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
-        account_id = current_account()
-        environment_id = positive_id(request.environment_id, "environment_id")
         async with self._store.connection() as conn:
-            row = await self._store.get_environment(conn, account_id, environment_id)
-        if row is None:
-            raise NotFound(f"environment {environment_id} not found")
+            row = await existing_environment(self._store, conn, current_account(), request.environment_id)
         return convert.environment(row)
 
     async def ListEnvironments(
@@ -92,15 +90,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def DeleteProject(
         self, request: projects_pb2.DeleteProjectRequest, context: Context
     ) -> projects_pb2.DeleteProjectResponse:
-        account_id = current_account()
-        project_id = positive_id(request.project_id, "project_id")
-        async with self._store.transaction() as conn:
-            if await self._store.get_project(conn, account_id, project_id, for_update=True) is None:
-                raise NotFound(f"project {project_id} not found")
-            environment_ids = await self._store.environment_ids_of_project(conn, project_id)
-            await self._refuse_while_used(conn, environment_ids, f"project {project_id}")
-            await self._store.delete_project(conn, account_id, project_id)
-        log.info("project deleted", extra={"account_id": account_id, "project_id": project_id})
+        await delete_project(self._store, current_account(), request.project_id)
         return projects_pb2.DeleteProjectResponse()
 
     async def UpdateEnvironment(
@@ -111,18 +101,5 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def DeleteEnvironment(
         self, request: projects_pb2.DeleteEnvironmentRequest, context: Context
     ) -> projects_pb2.DeleteEnvironmentResponse:
-        account_id = current_account()
-        environment_id = positive_id(request.environment_id, "environment_id")
-        async with self._store.transaction() as conn:
-            if await self._store.get_environment(conn, account_id, environment_id, for_update=True) is None:
-                raise NotFound(f"environment {environment_id} not found")
-            await self._refuse_while_used(conn, [environment_id], f"environment {environment_id}")
-            await self._store.delete_environment(conn, account_id, environment_id)
-        log.info("environment deleted", extra={"account_id": account_id, "environment_id": environment_id})
+        await delete_environment(self._store, current_account(), request.environment_id)
         return projects_pb2.DeleteEnvironmentResponse()
-
-    async def _refuse_while_used(self, conn: Connection, environment_ids: list[int], what: str) -> None:
-        jobs = await self._store.live_jobs_of_environments(conn, environment_ids) if environment_ids else []
-        if jobs:
-            named = ", ".join(str(j) for j in jobs)
-            raise FailedPrecondition(f"{what} is used by jobs {named}: delete them or move them to another environment")

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.pickup_publisher import PickupPublisher
-from api.rest import git_hooks, jobs, runs, webhooks
+from api.rest import git_hooks, jobs, projects, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
 from api.web import errors, forms, pages
@@ -57,7 +57,8 @@ def create_app(
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
-    for router in (runs.router, jobs.router, webhooks.router, git_hooks.router, forms.router, pages.router):
+    rest = (runs.router, jobs.router, projects.router, webhooks.router, git_hooks.router)
+    for router in (*rest, forms.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 
@@ -76,9 +77,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        problems = _problems(exc)
         if errors.is_page(request):
             return await errors.page(request, 400, errors.in_words(exc.errors()))
         return error_response(400, problems or "invalid request")
@@ -87,7 +86,8 @@ def create_app(
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if errors.is_page(request):
             return await errors.page(request, exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, str(exc.detail))
+        # 405 keeps its Allow header (the methods the path takes), as HTTP asks.
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -95,6 +95,18 @@ def create_app(
         return error_response(500, "internal error")
 
     return app
+
+
+def _problems(exc: RequestValidationError) -> str:
+    """What is wrong with a request, by field; a body that is not JSON says so, and where."""
+    out = []
+    for e in exc.errors()[:5]:
+        if e["type"] == "json_invalid":
+            position = e["loc"][-1] if len(e["loc"]) > 1 else "?"
+            reason = (e.get("ctx") or {}).get("error", "invalid JSON")
+            return f"the request body is not valid JSON: {reason} at character {position}"
+        out.append(f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}")
+    return "; ".join(out)
 
 
 _ARTIFACT_FILE = re.compile(r"^/api/v2/accounts/[^/]+/runs/[^/]+/artifacts/[^/].*")

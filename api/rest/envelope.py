@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from fastapi.responses import JSONResponse
@@ -69,8 +70,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def success() -> Status:
-    return Status(code=200, is_success=True, user_message="Success!", developer_message="")
+def success(code: int = 200) -> Status:
+    return Status(code=code, is_success=True, user_message="Success!", developer_message="")
 
 
 def http_code(exc: BaseException) -> int:
@@ -80,9 +81,11 @@ def http_code(exc: BaseException) -> int:
     return 500
 
 
-def error_response(code: int, message: str) -> JSONResponse:
+def error_response(code: int, message: str, *, headers: Mapping[str, str] | None = None) -> JSONResponse:
     body = ErrorEnvelope(
         status=Status(code=code, is_success=False, user_message=message, developer_message=""), data=None
     )
-    headers = {"WWW-Authenticate": "Token"} if code == 401 else None
-    return JSONResponse(body.model_dump(mode="json"), status_code=code, headers=headers)
+    out = dict(headers or {})
+    if code == 401:
+        out["WWW-Authenticate"] = "Token"
+    return JSONResponse(body.model_dump(mode="json"), status_code=code, headers=out or None)

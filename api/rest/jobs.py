@@ -1,27 +1,184 @@
-"""Jobs and accounts as dbt Cloud's v2 lists them (and v3, where dbt Cloud's clients call these)."""
+"""Jobs and accounts as dbt Cloud's v2 reads and writes them (and v3, where dbt Cloud's clients call these).
+
+A job written over REST becomes the same ``JobSpec`` a gRPC request does (dbt Cloud's body is turned
+into runplane's request and checked by the same rules), and is written by the same use cases.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
+from pydantic import BaseModel, Field
 
+from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
-from api.rest import params, shapes
+from api.rest import params, related, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import Row, Store
-from runplane.basics.errors import NotFound
+from api.store import JobFilters, Store
+from api.validation import JobSpec, job_spec
+from runplane.adapters.db import Connection
+from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.types import AccountId, JobId
+from runplane.v1 import common_pb2, jobs_pb2
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
 JobPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the job")]
+Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
+JOB_FILTERS = frozenset({"project_id", "project_id__in", "environment_id", "name__icontains", "state"})
+# dbt Cloud's job types as runplane's; "adhoc" is what dbt Cloud's newer clients send for "other".
+JOB_TYPES = {
+    "scheduled": common_pb2.JOB_TYPE_DEPLOY,
+    "ci": common_pb2.JOB_TYPE_CI,
+    "merge": common_pb2.JOB_TYPE_MERGE,
+    "other": common_pb2.JOB_TYPE_ADHOC,
+    "adhoc": common_pb2.JOB_TYPE_ADHOC,
+}
+
+
+# runplane's field names as dbt Cloud's, in the errors of the shared checks.
+JOB_NAMES = {
+    "steps": "execute_steps",
+    "settings.environment_id": "environment_id",
+    "settings.defer_to_job_id": "deferring_job_definition_id",
+    "settings.defer_to_environment_id": "deferring_environment_id",
+    "settings.run_source_freshness": "run_generate_sources",
+    "settings.generate_docs": "generate_docs",
+    "settings.timeout_seconds": "execution.timeout_seconds",
+    "triggers.schedule.cron": "schedule.cron",
+    "triggers.schedule": "schedule",
+    "triggers.on_completion": "job_completion_trigger_condition",
+    "triggers.on_pull_request": "triggers.github_webhook",
+}
 
 
 def _store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
+
+
+class TriggersBody(BaseModel):
+    github_webhook: bool = False
+    git_provider_webhook: bool = False
+    schedule: bool = False
+    on_merge: bool = False
+    custom_branch_only: bool = False
+
+
+class SettingsBody(BaseModel):
+    threads: int = Field(0, ge=0, le=64, description="dbt threads; 0: the environment's default.")
+    target_name: str = Field("", max_length=64)
+
+
+class ExecutionBody(BaseModel):
+    timeout_seconds: int = Field(0, ge=0, le=7 * 24 * 3600, description="0: no timeout.")
+
+
+class ScheduleDateBody(BaseModel):
+    type: str = Field("custom_cron", max_length=40)
+    cron: str | None = Field(None, max_length=200)
+
+
+class ScheduleBody(BaseModel):
+    cron: str | None = Field(None, max_length=200, description="Five-field cron, in UTC.")
+    date: ScheduleDateBody | None = None
+
+
+class ConditionBody(BaseModel):
+    job_id: Id
+    project_id: Id | None = None
+    statuses: list[int] = Field(min_length=1, max_length=3, description="Run statuses: 10, 20 and/or 30.")
+
+
+class CompletionBody(BaseModel):
+    condition: ConditionBody
+
+
+class JobBody(BaseModel):
+    """dbt Cloud's job definition, as its clients create and update jobs."""
+
+    name: str = Field(max_length=255)
+    project_id: Id | None = None
+    environment_id: Id | None = None
+    description: str | None = Field(None, max_length=1000)
+    dbt_version: str | None = Field(None, max_length=128)
+    execute_steps: list[str] = Field(max_length=100)
+    job_type: str = Field("scheduled", max_length=40, description="scheduled, ci, merge or other.")
+    triggers: TriggersBody = TriggersBody()
+    settings: SettingsBody = SettingsBody()
+    execution: ExecutionBody = ExecutionBody()
+    schedule: ScheduleBody | None = None
+    generate_docs: bool = False
+    run_generate_sources: bool = False
+    deferring_job_definition_id: Id | None = None
+    deferring_environment_id: Id | None = None
+    job_completion_trigger_condition: CompletionBody | None = None
+    state: int = Field(shapes.ACTIVE, ge=1, le=1, description="1: active (delete a job to set 2).")
+
+
+def job_request(body: JobBody) -> jobs_pb2.CreateJobRequest:
+    """dbt Cloud's job body as runplane's CreateJobRequest (names in errors stay dbt Cloud's where they differ)."""
+    if body.dbt_version:
+        raise InvalidArgument("dbt_version", "a job runs its environment's dbt version: set it on the environment")
+    if body.description:
+        raise InvalidArgument("description", "runplane keeps no description of a job: leave it empty")
+    job_type = JOB_TYPES.get(body.job_type)
+    if job_type is None:
+        raise InvalidArgument("job_type", f"{body.job_type[:40]!r} is not one of {', '.join(JOB_TYPES)}")
+    triggers = jobs_pb2.JobTriggers(
+        on_pull_request=body.triggers.github_webhook or body.triggers.git_provider_webhook,
+        on_merge=body.triggers.on_merge,
+    )
+    if body.triggers.schedule:
+        schedule = body.schedule or ScheduleBody()
+        cron = schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
+        if not cron:
+            raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
+        triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron))
+    if body.job_completion_trigger_condition is not None:
+        condition = body.job_completion_trigger_condition.condition
+        statuses = [common_pb2.RunStatus.ValueType(s) for s in condition.statuses]
+        triggers.on_completion.append(jobs_pb2.CompletionTrigger(upstream_job_id=condition.job_id, statuses=statuses))
+    settings = jobs_pb2.JobSettings(
+        threads=body.settings.threads,
+        target_name=body.settings.target_name,
+        timeout_seconds=body.execution.timeout_seconds,
+        environment_id=body.environment_id or 0,
+        generate_docs=body.generate_docs,
+        run_source_freshness=body.run_generate_sources,
+        defer_to_job_id=body.deferring_job_definition_id or 0,
+        defer_to_environment_id=body.deferring_environment_id or 0,
+        missed_run_grace_seconds=-1,
+    )
+    return jobs_pb2.CreateJobRequest(
+        name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
+    )
+
+
+async def _checked_spec(store: Store, account_id: AccountId, body: JobBody) -> JobSpec:
+    """The spec of ``body``; its ``project_id`` must be its environment's (a job belongs to it through that)."""
+    with params.named_as(JOB_NAMES):
+        spec = job_spec(job_request(body))
+    if body.project_id is not None:
+        if body.environment_id is None:
+            raise InvalidArgument(
+                "project_id", "a job belongs to a project through its environment: give environment_id"
+            )
+        async with store.connection() as conn:
+            env = await store.get_environment(conn, account_id, body.environment_id)
+        if env is not None and env["project_id"] != body.project_id:
+            raise InvalidArgument(
+                "project_id", f"environment {body.environment_id} is not in project {body.project_id}"
+            )
+    return spec
+
+
+async def _one_job(store: Store, conn: Connection, account_id: AccountId, job_id: int) -> shapes.Job:
+    (job,) = await related.jobs(store, conn, account_id, [await existing_job(store, conn, account_id, job_id)])
+    return job
 
 
 @router.get("/api/v2/accounts/{account_id}/jobs/", summary="List jobs")
@@ -33,44 +190,104 @@ async def list_jobs(
         str | None, Query(max_length=40, description="id, name, created_at, updated_at; -x descending.")
     ] = None,
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
     environment_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    name__icontains: Annotated[str | None, Query(max_length=255, description="Part of the name, any case.")] = None,
     state: Annotated[int | None, Query(ge=1, le=2, description="1 active, 2 deleted")] = None,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
 ) -> ListEnvelope[shapes.Job]:
+    params.only_known(request.query_params, JOB_FILTERS)
     store = _store(request)
     order = params.order_by(order_by, params.JOB_ORDERS)
+    project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+    filters = JobFilters(
+        environment_id=environment_id,
+        project_ids=project_ids,
+        name_contains=name__icontains,
+        deleted=state == shapes.DELETED,
+    )
     async with store.connection() as conn:
-        if project_id is not None or environment_id is not None or state == shapes.DELETED:
-            rows, total = list[Row](), 0  # no projects or environments yet; deleted jobs are not listed
-        else:
-            rows, total = await store.jobs_by_offset(conn, account_id, order_by=order, offset=offset, limit=limit)
+        rows, total = await store.jobs_by_offset(conn, account_id, filters, order_by=order, offset=offset, limit=limit)
+        jobs = await related.jobs(store, conn, account_id, rows)
+    echoed: dict[str, Any] = {
+        "project_id": project_id,
+        "project_id__in": list(project_ids) if project_id__in is not None else None,
+        "environment_id": environment_id,
+        "name__icontains": name__icontains,
+        "state": state,
+    }
     return ListEnvelope[shapes.Job](
         status=success(),
-        data=[shapes.job(r) for r in rows],
-        extra=Extra(filters={}, order_by=order, pagination=Pagination(count=len(rows), total_count=total)),
+        data=jobs,
+        extra=Extra(
+            filters={**{k: v for k, v in echoed.items() if v is not None}, "limit": limit, "offset": offset},
+            order_by=order,
+            pagination=Pagination(count=len(jobs), total_count=total),
+        ),
     )
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/", summary="Create a job", status_code=201)
+async def create_job_(request: Request, account_id: Account, body: Annotated[JobBody, Body()]) -> Envelope[shapes.Job]:
+    store = _store(request)
+    spec = await _checked_spec(store, account_id, body)
+    with params.named_as(JOB_NAMES):
+        created = await create_job(store, account_id, spec)
+    async with store.connection() as conn:
+        job = await _one_job(store, conn, account_id, created["id"])
+    return Envelope[shapes.Job](status=success(201), data=job)
 
 
 @router.get("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Get a job")
 async def get_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
     store = _store(request)
     async with store.connection() as conn:
-        row = await existing_job(store, conn, account_id, job_id)
-    return Envelope[shapes.Job](status=success(), data=shapes.job(row))
+        job = await _one_job(store, conn, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=job)
+
+
+@router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Update a job")
+async def update_job_(
+    request: Request, account_id: Account, job_id: JobPath, body: Annotated[JobBody, Body()]
+) -> Envelope[shapes.Job]:
+    """Replaces the job's definition with the body, as dbt Cloud does; saving a job reactivates it."""
+    store = _store(request)
+    spec = await _checked_spec(store, account_id, body)
+    with params.named_as(JOB_NAMES):
+        await update_job(store, account_id, JobId(job_id), spec)
+    async with store.connection() as conn:
+        job = await _one_job(store, conn, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=job)
+
+
+@router.delete("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Delete a job")
+async def delete_job_(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
+    """Its queued runs end cancelled; the answer is the job as it was, with state 2 (deleted)."""
+    store = _store(request)
+    async with store.connection() as conn:
+        job = await _one_job(store, conn, account_id, job_id)
+    await delete_job(store, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=job.model_copy(update={"state": shapes.DELETED}))
 
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/pause/", summary="Pause a job")
 async def pause_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
     """Nothing automatic queues a paused job (schedule, completion, Git events, retries); run now still does."""
-    row = await set_paused(_store(request), account_id, job_id, paused=True)
-    return Envelope[shapes.Job](status=success(), data=shapes.job(row))
+    store = _store(request)
+    await set_paused(store, account_id, job_id, paused=True)
+    async with store.connection() as conn:
+        job = await _one_job(store, conn, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=job)
 
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/unpause/", summary="Unpause a job")
 async def unpause_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
-    row = await set_paused(_store(request), account_id, job_id, paused=False)
-    return Envelope[shapes.Job](status=success(), data=shapes.job(row))
+    store = _store(request)
+    await set_paused(store, account_id, job_id, paused=False)
+    async with store.connection() as conn:
+        job = await _one_job(store, conn, account_id, job_id)
+    return Envelope[shapes.Job](status=success(), data=job)
 
 
 @router.get("/api/v2/accounts/", summary="List the accounts this token can use")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator, Mapping
 
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.types import RunStatus
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
-# What dbt Cloud's include_related accepts for a run; environment and repository answer null here.
-RUN_RELATED = frozenset({"trigger", "job", "run_steps", "debug_logs", "environment", "repository"})
+# What dbt Cloud's include_related accepts for a run.
+RUN_RELATED = frozenset({"trigger", "job", "run_steps", "debug_logs", "environment", "repository", "project"})
+# Every list also takes these, and echoes them in extra.filters.
+PAGING = frozenset({"limit", "offset", "order_by"})
 RUN_ORDERS = ("id", "created_at", "finished_at", "started_at", "status")
 JOB_ORDERS = ("id", "name", "created_at", "updated_at")
 
@@ -47,11 +51,44 @@ def statuses(status: int | None, status_in: str | None) -> list[RunStatus]:
     return sorted(out)
 
 
-def order_by(value: str | None, allowed: tuple[str, ...]) -> str:
+def only_known(query: Mapping[str, str], known: frozenset[str]) -> None:
+    """A query parameter the endpoint does not apply is refused, never silently ignored."""
+    for name in query:
+        if name not in known and name not in PAGING:
+            allowed = ", ".join(sorted(known | PAGING))
+            raise InvalidArgument(name[:60], f"is not a filter of this list (filters: {allowed})")
+
+
+def ids(value: str | None, name: str) -> tuple[int, ...]:
+    """``[1,2]``, ``1,2`` or ``1`` as positive ids; anything else is InvalidArgument naming ``name``."""
+    out: list[int] = []
+    for part in words([value] if value else []):
+        if not part.isdigit() or not 1 <= int(part) <= 2**63 - 1:
+            raise InvalidArgument(name, f"{part[:40]!r} is not an id")
+        out.append(int(part))
+    if value is not None and not out:
+        raise InvalidArgument(name, "name at least one id")
+    return tuple(out)
+
+
+def order_by(value: str | None, allowed: tuple[str, ...], default: str = "id") -> str:
     """A field to order by, ``-`` in front for descending; only the ones listed in ``allowed``."""
     if not value:
-        return "id"
+        return default
     if value.removeprefix("-") not in allowed:
         names = ", ".join(allowed)
         raise InvalidArgument("order_by", f"{value[:40]!r} is not one of {names} (with '-' for descending)")
     return value
+
+
+@contextlib.contextmanager
+def named_as(names: Mapping[str, str]) -> Iterator[None]:
+    """An InvalidArgument raised inside names its field as the REST body does (``names``: runplane's → REST's)."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        for ours, theirs in names.items():
+            if exc.field == ours or exc.field.startswith((f"{ours}.", f"{ours}[")):
+                reason = str(exc).removeprefix(f"{exc.field}: ")
+                raise InvalidArgument(theirs + exc.field[len(ours) :], reason) from exc
+        raise

@@ -12,10 +12,10 @@ from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
 from api.pull_requests import close_pull_request
 from api.rerunning import rerun_from_failure
-from api.rest import params, shapes
+from api.rest import params, related, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import Row, Store
+from api.store import Row, RunFilters, Store
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
 from runplane.adapters.db import Connection
@@ -27,6 +27,18 @@ MAX_LIMIT = 100
 # dbt Cloud's artifact paths are rooted at target/; runplane keeps the path in the run's directory.
 TARGET = "target/"
 Id = Annotated[int, Field(ge=1, le=2**31 - 1)]
+RUN_FILTERS = frozenset(
+    {
+        "include_related",
+        "job_definition_id",
+        "status",
+        "status__in",
+        "environment_id",
+        "project_id",
+        "project_id__in",
+        "deferring_run_id",
+    }
+)
 
 
 class TriggerRunBody(BaseModel):
@@ -96,23 +108,34 @@ def trigger_of(job_id: int, body: TriggerRunBody) -> TriggerSpec:
 async def views(
     request: Request, store: Store, conn: Connection, rows: list[Row], include: set[str]
 ) -> list[shapes.Run]:
-    """Rows as dbt Cloud runs, with what ``include_related`` asked for (trigger, job, run_steps, debug_logs)."""
+    """Rows as dbt Cloud runs, with what ``include_related`` asked for (trigger, job, run_steps, debug_logs,
+    environment, project, repository)."""
+    if not rows:
+        return []
+    account_id = AccountId(rows[0]["account_id"])
     ids = [r["id"] for r in rows]
     want_steps = bool(include & {"run_steps", "debug_logs"})
     steps = await store.run_steps(conn, ids) if want_steps else {}
     logs = await store.step_logs(conn, ids) if want_steps else {}
-    jobs: dict[int, shapes.Job | None] = {}
+    docs = await store.docs_of_runs(conn, ids)
+    jobs: dict[int, shapes.Job] = {}
     if "job" in include:
-        for job_id in {r["job_id"] for r in rows}:
-            job = await store.get_job(conn, AccountId(rows[0]["account_id"]), job_id)
-            jobs[job_id] = None if job is None else shapes.job(job)
-    base = str(request.base_url).rstrip("/")
+        job_rows = [await store.get_job(conn, account_id, job_id) for job_id in {r["job_id"] for r in rows}]
+        found = await related.jobs(store, conn, account_id, [j for j in job_rows if j is not None])
+        jobs = {j.id: j for j in found}
+    where = (
+        await related.places(store, conn, account_id) if include & {"environment", "project", "repository"} else None
+    )
     return [
         shapes.run(
             row,
-            href=f"{base}/api/v2/accounts/{row['account_id']}/runs/{row['id']}/",
+            href=run_page(request, row["id"]),
+            docs=docs.get(row["id"], set()),
             trigger_of=shapes.trigger(row) if "trigger" in include else None,
             job_of=jobs.get(row["job_id"]),
+            environment_of=where.environment(row["environment_id"]) if where and "environment" in include else None,
+            project_of=where.project(row["environment_id"]) if where and "project" in include else None,
+            repository_of=where.repository(row["environment_id"]) if where and "repository" in include else None,
             steps=[
                 shapes.step(row, s, logs.get((row["id"], s["step_index"]), ""), debug_logs="debug_logs" in include)
                 for s in steps.get(row["id"], [])
@@ -122,9 +145,17 @@ async def views(
     ]
 
 
+def run_page(request: Request, run_id: int) -> str:
+    """The run's web page (served beside this API under ``/ui/``), where dbt Cloud's ``href`` points a person."""
+    return f"{str(request.base_url).rstrip('/')}/ui/runs/{run_id}"
+
+
 IncludeRelated = Annotated[
     list[str] | None,
-    Query(description="Related objects to include: trigger, job, run_steps, debug_logs (comma-separated or repeated)."),
+    Query(
+        description="Related objects to include: trigger, job, run_steps, debug_logs, environment, project, "
+        "repository (comma-separated or repeated)."
+    ),
 ]
 
 
@@ -231,28 +262,47 @@ async def list_runs(
     status__in: Annotated[str | None, Query(max_length=200, description="Status codes, e.g. [10,20].")] = None,
     environment_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
+    deferring_run_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     order_by: Annotated[
-        str | None, Query(max_length=40, description="id, created_at, finished_at, ...; -x for descending.")
+        str | None,
+        Query(max_length=40, description="id, created_at, finished_at, ...; -x for descending (default -id)."),
     ] = None,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
 ) -> ListEnvelope[shapes.Run]:
+    """Newest first unless ``order_by`` says otherwise, as dbt Cloud lists them."""
+    params.only_known(request.query_params, RUN_FILTERS)
     store = _store(request)
     wanted = params.statuses(status, status__in)
-    order = params.order_by(order_by, params.RUN_ORDERS)
-    filters: dict[str, object] = {"job_definition_id": job_definition_id, "status__in": [int(s) for s in wanted]}
+    order = params.order_by(order_by, params.RUN_ORDERS, default="-id")
+    project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+    filters = RunFilters(
+        job_id=job_definition_id,
+        statuses=tuple(wanted),
+        environment_id=environment_id,
+        project_ids=project_ids,
+        deferring_run_id=deferring_run_id,
+    )
+    echoed: dict[str, object] = {
+        "job_definition_id": job_definition_id,
+        "status__in": [int(s) for s in wanted],
+        "environment_id": environment_id,
+        "project_id": project_id,
+        "project_id__in": list(project_ids) if project_id__in is not None else None,
+        "deferring_run_id": deferring_run_id,
+    }
     async with store.connection() as conn:
-        if environment_id is not None or project_id is not None:
-            rows, total = list[Row](), 0  # runplane has no projects or environments yet: no run belongs to one
-        else:
-            rows, total = await store.runs_by_offset(
-                conn, account_id, job_id=job_definition_id, statuses=wanted, order_by=order, offset=offset, limit=limit
-            )
+        rows, total = await store.runs_by_offset(conn, account_id, filters, order_by=order, offset=offset, limit=limit)
         runs = await views(request, store, conn, rows, params.related(include_related))
     return ListEnvelope[shapes.Run](
         status=success(),
         data=runs,
-        extra=Extra(filters=filters, order_by=order, pagination=Pagination(count=len(runs), total_count=total)),
+        extra=Extra(
+            filters={**{k: v for k, v in echoed.items() if v is not None}, "limit": limit, "offset": offset},
+            order_by=order,
+            pagination=Pagination(count=len(runs), total_count=total),
+        ),
     )
 
 

@@ -1,7 +1,8 @@
 """runplane rows in dbt Cloud's v2 shapes.
 
-Field names, types and meanings follow dbt Cloud's API. What runplane does not have (projects,
-environments, a dbt version per job, thread ids, S3 paths) is null, never made up. Timestamps are
+Field names, types and meanings follow dbt Cloud's API. What runplane does not have (thread ids,
+S3 paths, connection and credential ids: a connection is part of its environment here) is null,
+never made up. Secret fields are never in an answer: an environment names the ones that are set. Timestamps are
 written as dbt Cloud writes them (``2024-05-01 12:00:00.123456+00:00``).
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.store import Row
 from runplane.basics.types import JobType, RunStatus
@@ -20,6 +22,8 @@ JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merg
 # Colours of dbt Cloud's run and step statuses, as its API returns them.
 STATUS_COLORS = {1: "#C0C0C0", 2: "#C0C0C0", 3: "#008000", 10: "#008000", 20: "#FF0000", 30: "#FFA500"}
 ACTIVE, DELETED = 1, 2
+# How dbt Cloud names the way a repository is cloned, by runplane's kind of git credential.
+CLONE_STRATEGIES = {"ssh_key": "deploy_key", "token": "deploy_token"}
 
 
 def stamp(value: datetime | None) -> str | None:
@@ -96,6 +100,77 @@ class JobSchedule(BaseModel):
     time: ScheduleTime
 
 
+class Repository(BaseModel):
+    id: int
+    account_id: int
+    project_id: int
+    remote_url: str
+    remote_backend: str
+    git_clone_strategy: str | None
+    git_credential_set: bool
+    state: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class Project(BaseModel):
+    id: int
+    account_id: int
+    name: str
+    description: str
+    dbt_project_subdirectory: str | None
+    connection_id: int | None
+    repository_id: int
+    repository: Repository
+    state: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class Connection(BaseModel):
+    type: str
+    details: dict[str, str]
+    secrets_set: list[str]
+
+
+class Credentials(BaseModel):
+    schema_: str = Field(alias="schema")
+    threads: int
+    target_name: str
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class Environment(BaseModel):
+    id: int
+    account_id: int
+    project_id: int
+    name: str
+    type: str
+    deployment_type: str | None
+    dbt_version: str
+    use_custom_branch: bool
+    custom_branch: str | None
+    custom_environment_variables: dict[str, str]
+    connection_id: int | None
+    credentials_id: int | None
+    connection: Connection
+    credentials: Credentials
+    state: int
+    created_at: str | None
+    updated_at: str | None
+
+
+class CompletionCondition(BaseModel):
+    job_id: int
+    project_id: int | None
+    statuses: list[int]
+
+
+class CompletionTrigger(BaseModel):
+    condition: CompletionCondition
+
+
 class Job(BaseModel):
     id: int
     account_id: int
@@ -117,8 +192,12 @@ class Job(BaseModel):
     generate_docs: bool
     run_generate_sources: bool
     deferring_job_definition_id: int | None
+    deferring_environment_id: int | None
+    job_completion_trigger_condition: CompletionTrigger | None
     created_at: str | None
     updated_at: str | None
+    environment: Environment | None = None
+    project: Project | None = None
 
 
 class Trigger(BaseModel):
@@ -213,6 +292,9 @@ class Run(BaseModel):
     waiting_reason: str
     trigger: Trigger | None = None
     job: Job | None = None
+    environment: Environment | None = None
+    project: Project | None = None
+    repository: Repository | None = None
     run_steps: list[RunStep] = []
 
 
@@ -229,7 +311,88 @@ def account(row: Row) -> Account:
     )
 
 
-def job(row: Row) -> Job:
+def repository(row: Row) -> Repository:
+    """A project's git repository; runplane keeps it on the project, so it has the project's id."""
+    url: str = row["repository_url"]
+    host = urlsplit(url).hostname or url.partition("@")[2].partition(":")[0]
+    backend = next((name for name in ("github", "gitlab") if host.endswith(f"{name}.com")), "manual_deploy")
+    return Repository(
+        id=row["id"],
+        account_id=row["account_id"],
+        project_id=row["id"],
+        remote_url=url,
+        remote_backend=backend,
+        git_clone_strategy=CLONE_STRATEGIES.get(row["git_credential_kind"]),
+        git_credential_set=bool(row["git_credential"]),
+        state=ACTIVE,
+        created_at=stamp(row["created_at"]),
+        updated_at=stamp(row["updated_at"]),
+    )
+
+
+def project(row: Row) -> Project:
+    return Project(
+        id=row["id"],
+        account_id=row["account_id"],
+        name=row["name"],
+        description="",
+        dbt_project_subdirectory=row["subdirectory"] or None,
+        connection_id=None,
+        repository_id=row["id"],
+        repository=repository(row),
+        state=ACTIVE,
+        created_at=stamp(row["created_at"]),
+        updated_at=stamp(row["updated_at"]),
+    )
+
+
+def environment(row: Row) -> Environment:
+    branch: str = row["git_branch"]
+    return Environment(
+        id=row["id"],
+        account_id=row["account_id"],
+        project_id=row["project_id"],
+        name=row["name"],
+        type=row["environment_type"],
+        deployment_type=None,
+        dbt_version=row["dbt_version"],
+        use_custom_branch=bool(branch),
+        custom_branch=branch or None,
+        custom_environment_variables=dict(row["variables"]),
+        connection_id=None,
+        credentials_id=None,
+        connection=Connection(
+            type=row["adapter_type"], details=dict(row["connection"]), secrets_set=sorted(row["connection_secrets"])
+        ),
+        credentials=Credentials.model_validate(
+            {"schema": row["schema_name"], "threads": row["threads"], "target_name": row["target_name"]}
+        ),
+        state=ACTIVE,
+        created_at=stamp(row["created_at"]),
+        updated_at=stamp(row["updated_at"]),
+    )
+
+
+def completion_trigger(triggers: list[Row], projects_of_jobs: dict[int, int | None]) -> CompletionTrigger | None:
+    """dbt Cloud's one completion condition; a runplane job with several shows the first."""
+    if not triggers:
+        return None
+    first = triggers[0]
+    upstream = int(first["upstream_job_id"])
+    return CompletionTrigger(
+        condition=CompletionCondition(
+            job_id=upstream, project_id=projects_of_jobs.get(upstream), statuses=sorted(first["statuses"])
+        )
+    )
+
+
+def job(
+    row: Row,
+    *,
+    environment_of: Environment | None = None,
+    project_of: Project | None = None,
+    completion: CompletionTrigger | None = None,
+) -> Job:
     cron: str | None = row["cron"]
     job_type = JobType(row["job_type"])
     return Job(
@@ -263,8 +426,12 @@ def job(row: Row) -> Job:
         generate_docs=row["generate_docs"],
         run_generate_sources=row["run_source_freshness"],
         deferring_job_definition_id=row["defer_to_job_id"],
+        deferring_environment_id=row["defer_to_environment_id"],
+        job_completion_trigger_condition=completion,
         created_at=stamp(row["created_at"]),
         updated_at=stamp(row["updated_at"]),
+        environment=environment_of,
+        project=project_of,
     )
 
 
@@ -323,10 +490,15 @@ def run(
     row: Row,
     *,
     href: str,
+    docs: frozenset[str] | set[str] = frozenset(),
     trigger_of: Trigger | None = None,
     job_of: Job | None = None,
+    environment_of: Environment | None = None,
+    project_of: Project | None = None,
+    repository_of: Repository | None = None,
     steps: list[RunStep] | None = None,
 ) -> Run:
+    """``docs``: which of ``target/catalog.json`` and ``target/sources.json`` the run kept."""
     status = int(row["status"])
     o: dict[str, Any] = row["overrides"] or {}
     terminal = RunStatus(status).is_terminal
@@ -354,8 +526,8 @@ def run(
         deferring_run_id=row["deferring_run_id"],
         artifacts_saved=terminal,
         artifact_s3_path=None,
-        has_docs_generated=False,
-        has_sources_generated=False,
+        has_docs_generated="target/catalog.json" in docs,
+        has_sources_generated="target/sources.json" in docs,
         notifications_sent=terminal,
         blocked_by=[],
         created_at=stamp(row["queued_at"]),
@@ -385,5 +557,8 @@ def run(
         waiting_reason=row["waiting_reason"],
         trigger=trigger_of,
         job=job_of,
+        environment=environment_of,
+        project=project_of,
+        repository=repository_of,
         run_steps=steps or [],
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import httpx
 import psycopg
 import pytest
 
@@ -92,3 +93,47 @@ async def scalar(db: AsyncDb, query: str, *params: Any) -> Any:
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+class Rest:
+    def __init__(self, http: httpx.AsyncClient, account_id: int, token: str) -> None:
+        self.http = http
+        self.account_id = account_id
+        self.token = token
+        self.base = f"/api/v2/accounts/{account_id}"
+
+    async def create_job(self, db: AsyncDb, name: str = "nightly", job_type: str = "deploy", **cols: Any) -> int:
+        """Jobs are created over gRPC elsewhere; here a row is enough to trigger and list."""
+        cols.setdefault("steps", ["echo hello"])
+        keys = ", ".join(["account_id", "name", "job_type", *cols])
+        marks = ", ".join(["%s"] * (3 + len(cols)))
+        return int(
+            await scalar(
+                db,
+                f"INSERT INTO jobs ({keys}) VALUES ({marks}) RETURNING id",
+                self.account_id,
+                name,
+                job_type,
+                *cols.values(),
+            )
+        )
+
+
+@pytest.fixture
+async def rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
+    assert api.rest is not None
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {token}"}
+    ) as http:
+        yield Rest(http, account_id, token)
+
+
+@pytest.fixture
+async def other_rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
+    account_id, token = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
+    assert api.rest is not None
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Bearer {token}"}
+    ) as http:
+        yield Rest(http, account_id, token)

@@ -2,60 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import httpx
-import pytest
 
-from api.admin import create_account, create_token
+from api.admin import create_token
 from api.process import RunningApi
 from runplane.basics.settings import Settings
-from tests.api.conftest import AsyncDb, scalar
-
-
-class Rest:
-    def __init__(self, http: httpx.AsyncClient, account_id: int, token: str) -> None:
-        self.http = http
-        self.account_id = account_id
-        self.token = token
-        self.base = f"/api/v2/accounts/{account_id}"
-
-    async def create_job(self, db: AsyncDb, name: str = "nightly", job_type: str = "deploy", **cols: Any) -> int:
-        """Jobs are created over gRPC elsewhere; here a row is enough to trigger and list."""
-        cols.setdefault("steps", ["echo hello"])
-        keys = ", ".join(["account_id", "name", "job_type", *cols])
-        marks = ", ".join(["%s"] * (3 + len(cols)))
-        return int(
-            await scalar(
-                db,
-                f"INSERT INTO jobs ({keys}) VALUES ({marks}) RETURNING id",
-                self.account_id,
-                name,
-                job_type,
-                *cols.values(),
-            )
-        )
-
-
-@pytest.fixture
-async def rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
-    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
-    assert api.rest is not None
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {token}"}
-    ) as http:
-        yield Rest(http, account_id, token)
-
-
-@pytest.fixture
-async def other_rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
-    account_id, token = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
-    assert api.rest is not None
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Bearer {token}"}
-    ) as http:
-        yield Rest(http, account_id, token)
+from tests.api.conftest import AsyncDb, Rest, scalar
 
 
 async def test_token_and_bearer_both_work_and_anything_else_is_401(rest: Rest) -> None:
@@ -103,7 +55,7 @@ async def test_trigger_with_every_override_is_recorded_and_echoed(rest: Rest, ad
     run = envelope["data"]
     assert run["status"] == 1 and run["status_humanized"] == "Queued" and run["job_definition_id"] == job_id
     assert run["in_progress"] is True and run["is_complete"] is False
-    assert run["href"].endswith(f"/api/v2/accounts/{rest.account_id}/runs/{run['id']}/")
+    assert run["href"].endswith(f"/ui/runs/{run['id']}")  # the run's page
     trigger = run["trigger"]
     assert trigger["cause"] == "Triggered by Airflow"
     assert {k: trigger[k] for k in body if k != "cause"} == {k: v for k, v in body.items() if k != "cause"}
@@ -208,11 +160,11 @@ async def test_list_runs_filters_orders_and_pages(rest: Rest, adb: AsyncDb) -> N
     assert [r["id"] for r in page["data"]] == [ids[2], ids[1]]
     assert page["extra"]["pagination"] == {"count": 2, "total_count": 4}
     by_job = (await rest.http.get(f"{rest.base}/runs/", params={"job_definition_id": first})).json()
-    assert [r["id"] for r in by_job["data"]] == [ids[0], ids[2], ids[3]]
+    assert [r["id"] for r in by_job["data"]] == [ids[3], ids[2], ids[0]]  # newest first
     done = (await rest.http.get(f"{rest.base}/runs/", params={"status__in": "[10,20]"})).json()
     assert [r["id"] for r in done["data"]] == [ids[0]]
     queued = (await rest.http.get(f"{rest.base}/runs/", params={"status": 1, "job_definition_id": first})).json()
-    assert [r["id"] for r in queued["data"]] == [ids[2], ids[3]]
+    assert [r["id"] for r in queued["data"]] == [ids[3], ids[2]]
     for bad in ({"order_by": "password"}, {"status": 4}, {"limit": 101}, {"offset": -1}, {"status__in": "[x]"}):
         response = await rest.http.get(f"{rest.base}/runs/", params=bad)
         assert response.status_code == 400, bad
@@ -355,6 +307,13 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(api: RunningApi) -
         "/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/pause/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/unpause/",
+        "/api/v2/accounts/{account_id}/projects/",
+        "/api/v2/accounts/{account_id}/projects/{project_id}/",
+        "/api/v3/accounts/{account_id}/projects/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/",
+        "/api/v3/accounts/{account_id}/environments/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environments/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environments/{environment_id}/",
         "/api/v2/accounts/{account_id}/runs/",
         "/api/v2/accounts/{account_id}/pull-requests/{pull_request_number}/close/",
         "/api/v2/accounts/{account_id}/runs/{run_id}/",

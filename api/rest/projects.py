@@ -1,0 +1,434 @@
+"""Projects (with their repository) and environments (with their connection), as dbt Cloud's v3 API
+reads and writes them; v2 lists and reads projects too.
+
+A body becomes ProjectService's request and goes through the same checks and use cases as gRPC.
+Secret fields (the repository's credential, a connection's password or key) are write-only: an
+answer says which are set. An update changes what the body names and keeps the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from api import project_definitions as use
+from api.lookup import existing_environment, existing_project
+from api.rest import params, shapes
+from api.rest.auth import Account
+from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
+from api.store import Row, Store
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.secrets import SecretBox
+from runplane.basics.types import AccountId
+from runplane.v1 import projects_pb2
+
+router = APIRouter(responses=ERROR_RESPONSES)
+MAX_LIMIT = 100
+ProjectPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the project")]
+EnvironmentPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the environment")]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+NameContains = Annotated[str | None, Query(max_length=255, description="Part of the name, any case.")]
+State = Annotated[int | None, Query(ge=1, le=2, description="1 active; deleted ones (2) are not listed.")]
+PROJECT_FILTERS = frozenset({"name__icontains", "state"})
+ENVIRONMENT_FILTERS = frozenset({"project_id", "project_id__in", "name__icontains", "type", "dbt_version", "state"})
+# dbt Cloud's ways of cloning a repository, by runplane's kind of git credential.
+CLONE_STRATEGIES = {
+    None: projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
+    "deploy_key": projects_pb2.GIT_CREDENTIAL_KIND_SSH_KEY,
+    "deploy_token": projects_pb2.GIT_CREDENTIAL_KIND_TOKEN,
+}
+# runplane's field names as this door's, in the errors of the shared checks.
+PROJECT_NAMES = {
+    "repository_url": "repository.remote_url",
+    "subdirectory": "dbt_project_subdirectory",
+    "git_credential_kind": "repository.git_clone_strategy",
+    "git_credential": "repository.git_credential",
+}
+ENVIRONMENT_NAMES = {
+    "environment_type": "type",
+    "connection.fields": "connection.details",
+    "connection.secret_fields": "connection.secrets",
+    "connection.adapter_type": "connection.type",
+    "schema": "credentials.schema",
+    "threads": "credentials.threads",
+    "target_name": "credentials.target_name",
+    "git_branch": "custom_branch",
+    "variables": "custom_environment_variables",
+    "clear_secret_fields": "clear_secrets",
+}
+KINDS = {"none": None, "ssh_key": "deploy_key", "token": "deploy_token"}
+ENVIRONMENT_TYPES = {
+    "deployment": projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+    "development": projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT,
+}
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _keys(request: Request) -> use.BoxOf:
+    box: SecretBox | None = request.app.state.box
+
+    def keys() -> SecretBox:
+        if box is None:
+            raise FailedPrecondition("secrets cannot be stored: the API has no secret keys (RUNPLANE_SECRET_KEYS)")
+        return box
+
+    return keys
+
+
+class RepositoryBody(BaseModel):
+    remote_url: str = Field(max_length=2048)
+    git_clone_strategy: str | None = Field(
+        None, max_length=40, description="deploy_key (ssh, git_credential a private key), deploy_token (https)."
+    )
+    git_credential: str | None = Field(None, max_length=16384, description="Write-only: the key or the token.")
+
+
+class ProjectBody(BaseModel):
+    name: str | None = Field(None, max_length=200)
+    description: str | None = Field(None, max_length=1000)
+    dbt_project_subdirectory: str | None = Field(None, max_length=1024)
+    repository: RepositoryBody | None = None
+
+
+class ConnectionBody(BaseModel):
+    type: str = Field(max_length=40, description="The adapter: postgres, ...")
+    details: dict[str, str | int | bool] = Field(default_factory=dict, max_length=50)
+    secrets: dict[str, str] = Field(default_factory=dict, max_length=20, description="Write-only secret fields.")
+
+
+class CredentialsBody(BaseModel):
+    schema_: str | None = Field(None, alias="schema", max_length=63)
+    threads: int | None = Field(None, ge=1, le=64)
+    target_name: str | None = Field(None, max_length=64)
+
+
+class EnvironmentBody(BaseModel):
+    name: str | None = Field(None, max_length=200)
+    type: str | None = Field(None, max_length=20, description="deployment or development")
+    deployment_type: str | None = Field(None, max_length=20, description="Not kept by runplane: null only.")
+    dbt_version: str | None = Field(None, max_length=128)
+    use_custom_branch: bool | None = None
+    custom_branch: str | None = Field(None, max_length=255)
+    connection: ConnectionBody | None = None
+    credentials: CredentialsBody | None = None
+    custom_environment_variables: dict[str, str] | None = Field(None, max_length=100)
+    clear_secrets: list[str] = Field(default_factory=list, max_length=20, description="Secret fields to remove.")
+
+
+def _project_request(body: ProjectBody, current: Row | None) -> dict[str, Any]:
+    """The fields of Create/UpdateProjectRequest: the body's, else the stored project's."""
+    if body.description:
+        raise InvalidArgument("description", "runplane keeps no description of a project: leave it empty")
+    repository = body.repository
+    if current is None and repository is None:
+        raise InvalidArgument("repository.remote_url", "is required")
+    strategy = (
+        repository.git_clone_strategy if repository else KINDS[current["git_credential_kind"]] if current else None
+    )
+    if strategy not in CLONE_STRATEGIES:
+        raise InvalidArgument("repository.git_clone_strategy", "must be deploy_key, deploy_token or null")
+    subdirectory = body.dbt_project_subdirectory
+    return {
+        "name": body.name if body.name is not None else current["name"] if current else "",
+        "repository_url": repository.remote_url if repository else current["repository_url"] if current else "",
+        "subdirectory": subdirectory if subdirectory is not None else current["subdirectory"] if current else "",
+        "git_credential_kind": CLONE_STRATEGIES[strategy],
+        "git_credential": (repository.git_credential if repository else None) or "",
+    }
+
+
+def _environment_request(body: EnvironmentBody, current: Row | None) -> dict[str, Any]:
+    """The fields of Create/UpdateEnvironmentRequest: the body's, else the stored environment's."""
+    if body.deployment_type is not None:
+        raise InvalidArgument("deployment_type", "runplane does not keep production apart from staging: send null")
+    kind = body.type if body.type is not None else current["environment_type"] if current else None
+    if kind not in ENVIRONMENT_TYPES:
+        raise InvalidArgument("type", "must be deployment or development")
+    if body.use_custom_branch is False:
+        branch = ""
+    else:
+        branch = body.custom_branch if body.custom_branch is not None else current["git_branch"] if current else ""
+    connection = body.connection
+    if connection is not None:
+        details = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in connection.details.items()}
+        pb_connection = projects_pb2.Connection(
+            adapter_type=connection.type, fields=details, secret_fields=connection.secrets
+        )
+    elif current is not None:
+        pb_connection = projects_pb2.Connection(adapter_type=current["adapter_type"], fields=current["connection"])
+    else:
+        raise InvalidArgument("connection", "is required")
+    credentials = body.credentials or CredentialsBody()
+    variables = body.custom_environment_variables
+    return {
+        "name": body.name if body.name is not None else current["name"] if current else "",
+        "environment_type": ENVIRONMENT_TYPES[kind],
+        "dbt_version": body.dbt_version if body.dbt_version is not None else current["dbt_version"] if current else "",
+        "git_branch": branch,
+        "connection": pb_connection,
+        "target_name": credentials.target_name or (current["target_name"] if current else ""),
+        "schema": credentials.schema_ or (current["schema_name"] if current else ""),
+        "threads": credentials.threads or (current["threads"] if current else 0),
+        "variables": variables if variables is not None else dict(current["variables"]) if current else {},
+    }
+
+
+def _page(rows: list[Row], offset: int, limit: int) -> tuple[list[Row], Extra]:
+    page = rows[offset : offset + limit]
+    return page, Extra(
+        filters={"limit": limit, "offset": offset},
+        order_by="id",
+        pagination=Pagination(count=len(page), total_count=len(rows)),
+    )
+
+
+def _named(rows: list[Row], name__icontains: str | None) -> list[Row]:
+    return rows if name__icontains is None else [r for r in rows if name__icontains.lower() in r["name"].lower()]
+
+
+def _only_active(state: int | None) -> None:
+    if state == shapes.DELETED:
+        raise InvalidArgument("state", "deleted projects and environments are not kept for listing")
+
+
+@router.get("/api/v3/accounts/{account_id}/projects/", summary="List projects")
+@router.get("/api/v2/accounts/{account_id}/projects/", summary="List projects (v2)")
+async def list_projects(
+    request: Request,
+    account_id: Account,
+    *,
+    name__icontains: NameContains = None,
+    state: State = None,
+    offset: Offset = 0,
+    limit: Limit = MAX_LIMIT,
+) -> ListEnvelope[shapes.Project]:
+    params.only_known(request.query_params, PROJECT_FILTERS)
+    _only_active(state)
+    store = _store(request)
+    async with store.connection() as conn:
+        rows = _named(await store.list_projects(conn, account_id), name__icontains)
+    page, extra = _page(rows, offset, limit)
+    if name__icontains is not None:
+        extra.filters["name__icontains"] = name__icontains
+    return ListEnvelope[shapes.Project](status=success(), data=[shapes.project(r) for r in page], extra=extra)
+
+
+@router.post("/api/v3/accounts/{account_id}/projects/", summary="Create a project", status_code=201)
+async def create_project(
+    request: Request, account_id: Account, body: Annotated[ProjectBody, Body()]
+) -> Envelope[shapes.Project]:
+    fields = _project_request(body, None)
+    with params.named_as(PROJECT_NAMES):
+        row = await use.create_project(
+            _store(request), _keys(request), account_id, projects_pb2.CreateProjectRequest(**fields)
+        )
+    return Envelope[shapes.Project](status=success(201), data=shapes.project(row))
+
+
+@router.get("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Get a project")
+@router.get("/api/v2/accounts/{account_id}/projects/{project_id}/", summary="Get a project (v2)")
+async def get_project(request: Request, account_id: Account, project_id: ProjectPath) -> Envelope[shapes.Project]:
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_project(store, conn, account_id, project_id)
+    return Envelope[shapes.Project](status=success(), data=shapes.project(row))
+
+
+@router.post("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Update a project")
+async def update_project(
+    request: Request, account_id: Account, project_id: ProjectPath, body: Annotated[ProjectBody, Body()]
+) -> Envelope[shapes.Project]:
+    """Changes what the body names; the repository's credential is kept unless one is sent."""
+    store = _store(request)
+    async with store.connection() as conn:
+        current = await existing_project(store, conn, account_id, project_id)
+    fields = _project_request(body, current)
+    request_pb = projects_pb2.UpdateProjectRequest(project_id=project_id, **fields)
+    with params.named_as(PROJECT_NAMES):
+        row = await use.update_project(store, _keys(request), account_id, request_pb)
+    return Envelope[shapes.Project](status=success(), data=shapes.project(row))
+
+
+@router.delete("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Delete a project")
+async def delete_project(request: Request, account_id: Account, project_id: ProjectPath) -> Envelope[shapes.Project]:
+    """Refused (409) while a job uses one of its environments; its environments go with it."""
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_project(store, conn, account_id, project_id)
+    await use.delete_project(store, account_id, project_id)
+    deleted = shapes.project(row).model_copy(update={"state": shapes.DELETED})
+    return Envelope[shapes.Project](status=success(), data=deleted)
+
+
+async def _environments(
+    request: Request,
+    account_id: AccountId,
+    project_ids: tuple[int, ...],
+    *,
+    name__icontains: str | None,
+    type_: str | None,
+    dbt_version: str | None,
+    state: int | None,
+    offset: int,
+    limit: int,
+) -> ListEnvelope[shapes.Environment]:
+    params.only_known(request.query_params, ENVIRONMENT_FILTERS)
+    _only_active(state)
+    if type_ is not None and type_ not in ENVIRONMENT_TYPES:
+        raise InvalidArgument("type", "must be deployment or development")
+    store = _store(request)
+    async with store.connection() as conn:
+        rows = await store.list_environments(conn, account_id, None)
+    rows = [
+        r
+        for r in _named(rows, name__icontains)
+        if (not project_ids or r["project_id"] in project_ids)
+        and (type_ is None or r["environment_type"] == type_)
+        and (dbt_version is None or r["dbt_version"] == dbt_version)
+    ]
+    page, extra = _page(rows, offset, limit)
+    for name, value in (("name__icontains", name__icontains), ("type", type_), ("dbt_version", dbt_version)):
+        if value is not None:
+            extra.filters[name] = value
+    if project_ids:
+        extra.filters["project_id__in"] = list(project_ids)
+    return ListEnvelope[shapes.Environment](status=success(), data=[shapes.environment(r) for r in page], extra=extra)
+
+
+TypeFilter = Annotated[str | None, Query(alias="type", max_length=20, description="deployment or development")]
+DbtVersion = Annotated[str | None, Query(max_length=128)]
+
+
+@router.get("/api/v3/accounts/{account_id}/environments/", summary="List environments")
+async def list_environments(
+    request: Request,
+    account_id: Account,
+    *,
+    project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
+    name__icontains: NameContains = None,
+    type_: TypeFilter = None,
+    dbt_version: DbtVersion = None,
+    state: State = None,
+    offset: Offset = 0,
+    limit: Limit = MAX_LIMIT,
+) -> ListEnvelope[shapes.Environment]:
+    project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+    return await _environments(
+        request,
+        account_id,
+        project_ids,
+        name__icontains=name__icontains,
+        type_=type_,
+        dbt_version=dbt_version,
+        state=state,
+        offset=offset,
+        limit=limit,
+    )
+
+
+@router.get(
+    "/api/v3/accounts/{account_id}/projects/{project_id}/environments/", summary="List a project's environments"
+)
+async def list_project_environments(
+    request: Request,
+    account_id: Account,
+    project_id: ProjectPath,
+    *,
+    name__icontains: NameContains = None,
+    type_: TypeFilter = None,
+    dbt_version: DbtVersion = None,
+    state: State = None,
+    offset: Offset = 0,
+    limit: Limit = MAX_LIMIT,
+) -> ListEnvelope[shapes.Environment]:
+    store = _store(request)
+    async with store.connection() as conn:
+        await existing_project(store, conn, account_id, project_id)
+    return await _environments(
+        request,
+        account_id,
+        (project_id,),
+        name__icontains=name__icontains,
+        type_=type_,
+        dbt_version=dbt_version,
+        state=state,
+        offset=offset,
+        limit=limit,
+    )
+
+
+@router.post(
+    "/api/v3/accounts/{account_id}/projects/{project_id}/environments/",
+    summary="Create an environment",
+    status_code=201,
+)
+async def create_environment(
+    request: Request, account_id: Account, project_id: ProjectPath, body: Annotated[EnvironmentBody, Body()]
+) -> Envelope[shapes.Environment]:
+    fields = _environment_request(body, None)
+    request_pb = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **fields)
+    store = _store(request)
+    async with store.connection() as conn:
+        await existing_project(store, conn, account_id, project_id)
+    with params.named_as(ENVIRONMENT_NAMES):
+        row = await use.create_environment(store, _keys(request), account_id, request_pb)
+    return Envelope[shapes.Environment](status=success(201), data=shapes.environment(row))
+
+
+async def _project_environment(request: Request, account_id: AccountId, project_id: int, environment_id: int) -> Row:
+    """The environment, when it is in the project; else 404 like a missing one."""
+    store = _store(request)
+    async with store.connection() as conn:
+        row = await existing_environment(store, conn, account_id, environment_id)
+    if row["project_id"] != project_id:
+        raise NotFound(f"environment {environment_id} not found in project {project_id}")
+    return row
+
+
+EnvironmentPaths = "/api/v3/accounts/{account_id}/projects/{project_id}/environments/{environment_id}/"
+
+
+@router.get(EnvironmentPaths, summary="Get an environment")
+async def get_environment(
+    request: Request, account_id: Account, project_id: ProjectPath, environment_id: EnvironmentPath
+) -> Envelope[shapes.Environment]:
+    row = await _project_environment(request, account_id, project_id, environment_id)
+    return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
+
+
+@router.post(EnvironmentPaths, summary="Update an environment")
+async def update_environment(
+    request: Request,
+    account_id: Account,
+    project_id: ProjectPath,
+    environment_id: EnvironmentPath,
+    body: Annotated[EnvironmentBody, Body()],
+) -> Envelope[shapes.Environment]:
+    """Changes what the body names; a secret not sent keeps its value, ``clear_secrets`` removes some."""
+    current = await _project_environment(request, account_id, project_id, environment_id)
+    fields = _environment_request(body, current)
+    request_pb = projects_pb2.UpdateEnvironmentRequest(
+        environment_id=environment_id, clear_secret_fields=body.clear_secrets, **fields
+    )
+    with params.named_as(ENVIRONMENT_NAMES):
+        row = await use.update_environment(_store(request), _keys(request), account_id, request_pb)
+    return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
+
+
+@router.delete(EnvironmentPaths, summary="Delete an environment")
+async def delete_environment(
+    request: Request, account_id: Account, project_id: ProjectPath, environment_id: EnvironmentPath
+) -> Envelope[shapes.Environment]:
+    """Refused (409) while a job uses it."""
+    row = await _project_environment(request, account_id, project_id, environment_id)
+    await use.delete_environment(_store(request), account_id, environment_id)
+    deleted = shapes.environment(row).model_copy(update={"state": shapes.DELETED})
+    return Envelope[shapes.Environment](status=success(), data=deleted)
