@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from api.auth import new_token, token_hash, token_prefix
+from api.auth import token_prefix
 from api.scopes import parse_scopes
 from api.store import Store
 from api.validation import bounded, text
 from runplane.adapters.db import Connection, open_pool
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.settings import Settings
+from runplane.basics.tokens import new_api_token, token_hash
 from runplane.basics.types import AccountId
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ async def issue_token(
     scopes: tuple[str, ...] = ("account_admin",),
     expires_in_days: int | None = None,
 ) -> str:
-    token = new_token()
+    token = new_api_token()
     await store.insert_token(
         conn,
         account_id=account_id,

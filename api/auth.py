@@ -1,29 +1,17 @@
-"""API tokens, for every door: making them, storing only their sha256, and reading them from an
-``authorization`` value (``Bearer <token>``, or dbt Cloud's ``Token <token>``).
-
-Tokens are random strings shown once. Each door resolves them its own way: the gRPC interceptor
-(``api.grpc.auth``), the REST dependency (``api.rest.auth``), the web session (``api.web.session``),
-the runner API's run tokens (``api.runner.run_token``).
+"""API tokens, for every door: reading them from an ``authorization`` value (``Bearer <token>``, or dbt
+Cloud's ``Token <token>``), and the prefix shown in token lists. They are made and hashed by
+``runplane.basics.tokens``, as every token runplane issues. Each door resolves them its own way:
+the gRPC interceptor (``api.grpc.auth``), the REST dependency (``api.rest.auth``), the web session
+(``api.web.session``), the runner API's run tokens (``api.runner.run_token``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from typing import Any
 
 from runplane.basics.errors import Unauthenticated
 
 TOKEN_PREFIX_LENGTH = 8
-
-
-def new_token() -> str:
-    """A fresh API token (about 256 bits of randomness)."""
-    return "rp_" + secrets.token_urlsafe(32)
-
-
-def token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def token_prefix(token: str) -> str:

@@ -25,7 +25,7 @@ import psycopg
 
 from bench.sandbox import temporary_database
 from runner.control_plane import RunnerApi
-from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.tokens import new_run_token, token_hash
 from tests.support.ports import free_port
 
 LINE = "x" * 79 + "\n"
@@ -44,7 +44,7 @@ def _starting_runs(url: str, count: int) -> list[tuple[int, str]]:
                                      scheduled_at, dispatched_at, runner_token_hash)
                    SELECT 1, id, 'adhoc', 'api', %s, true, 2, clock_timestamp(), clock_timestamp(), %s FROM job
                    RETURNING id""",
-                (f"job {i}", f"bench:logs:{i}", run_token_hash(token)),
+                (f"job {i}", f"bench:logs:{i}", token_hash(token)),
             ).fetchone()
             assert row is not None
             runs.append((int(row[0]), token))

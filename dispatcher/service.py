@@ -42,9 +42,9 @@ from runplane.adapters.bus import AmqpBus, Bus, Topology
 from runplane.adapters.db import Connection, fetch_all, open_pool
 from runplane.adapters.locks import AccountLocks, RedisAccountLocks
 from runplane.basics.errors import Contention, LaunchError, ServiceUnavailable
-from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import sleep_or_stop, spawn
+from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.types import AccountId, JobId, JobType, Outcome, RunId, RunStatus
 from runplane.runs.finish import finish_run
 from runplane.runs.pickups import PendingPickups, hint_pickups, pending_pickup_ttl_ms, pickup_accounts
@@ -273,7 +273,7 @@ class Dispatcher:
             {
                 "ids": [run.run_id for _, run, _ in starts],
                 "schemas": [schema for _, _, schema in starts],
-                "token_hashes": [run_token_hash(tokens[run.run_id]) for _, run, _ in starts],
+                "token_hashes": [token_hash(tokens[run.run_id]) for _, run, _ in starts],
                 "cluster": self._settings.dispatcher.cluster,
                 "dispatcher_id": self.dispatcher_id,
             },

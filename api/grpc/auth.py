@@ -17,11 +17,12 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from api.auth import bearer_token, token_hash
+from api.auth import bearer_token
 from api.grpc.errors import status_boundary
 from api.scopes import TokenGrant, check_scope
 from runplane.adapters import tracing
 from runplane.basics.errors import InvalidArgument, Unauthenticated
+from runplane.basics.tokens import token_hash
 from runplane.basics.types import AccountId
 
 # Services that answer without a token.

@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import APIKeyHeader
 
-from api.auth import token_from_header, token_hash
+from api.auth import token_from_header
 from api.scopes import check_scope, required_http_scope
 from api.store import Store
 from runplane.basics.errors import NotFound, Unauthenticated
+from runplane.basics.tokens import token_hash
 from runplane.basics.types import AccountId
 
 # Declared as an API key header so the OpenAPI document says how to authenticate.

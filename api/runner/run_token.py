@@ -20,7 +20,7 @@ import grpc
 from api.auth import bearer_token
 from api.grpc.errors import status_boundary
 from runplane.basics.errors import Unauthenticated
-from runplane.basics.run_tokens import run_token_hash
+from runplane.basics.tokens import token_hash
 
 _token_hash: contextvars.ContextVar[bytes] = contextvars.ContextVar("runplane_run_token_hash")
 
@@ -59,7 +59,7 @@ class RunTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 def _with_token(method: str, behavior: Handler) -> Handler:
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async with status_boundary(context, method):
-            _token_hash.set(run_token_hash(bearer_token(context.invocation_metadata())))
+            _token_hash.set(token_hash(bearer_token(context.invocation_metadata())))
             return await behavior(request, context)
         raise AssertionError("unreachable: the boundary aborts")
 

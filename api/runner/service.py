@@ -35,9 +35,9 @@ from api.runner.run_token import caller_token
 from api.store import Store
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import RunnerSettings
+from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.types import FailureKind, Outcome, RunStatus
 from runplane.runs.finish import finish_run
 from runplane.runs.retries import RetryPolicy
@@ -336,9 +336,7 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
 
     async def _hand_over(self, conn: Connection, name: str, run_id: int) -> runner_pb2.WaitForRunResponse:
         run_token = new_run_token()
-        cur = await conn.execute(
-            Q["hand_run_to_pool_runner"], {"name": name, "run_token_hash": run_token_hash(run_token)}
-        )
+        cur = await conn.execute(Q["hand_run_to_pool_runner"], {"name": name, "run_token_hash": token_hash(run_token)})
         if await cur.fetchone() is None:  # cancelled or relaunched before the Pod asked: the Pod leaves
             raise FailedPrecondition(f"run {run_id} is no longer starting for pool Pod {name}")
         log.info("run handed to a pool pod", extra={"run_id": run_id, "pod": name})

@@ -16,10 +16,10 @@ from typing import Annotated
 
 from fastapi import Depends, Form, Request
 
-from api.auth import token_hash
 from api.scopes import Scope, TokenGrant, check_scope
 from api.store import Store
 from runplane.basics.errors import PermissionDenied, Unauthenticated
+from runplane.basics.tokens import token_hash
 from runplane.basics.types import AccountId
 
 COOKIE = "runplane_session"

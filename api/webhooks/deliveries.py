@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import logging
-import random
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from api.webhooks.targets import TargetPolicy, TargetRefused
 from runplane.adapters import instruments
 from runplane.adapters.db import Connection
+from runplane.basics.backoff import jittered
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import WebhookSettings
 from runplane.basics.supervise import sleep_or_stop
@@ -45,9 +45,8 @@ def body_of(payload: dict[str, Any]) -> bytes:
 
 
 def backoff(settings: WebhookSettings, attempts: int) -> float:
-    """Seconds before the next attempt after ``attempts`` failed ones (full jitter on the upper half)."""
-    ceiling = min(settings.backoff_cap, settings.backoff_base * 2 ** max(0, attempts - 1))
-    return float(ceiling / 2 + random.random() * ceiling / 2)
+    """Seconds before the next attempt after ``attempts`` failed ones."""
+    return jittered(settings.backoff_base, attempts, cap=settings.backoff_cap)
 
 
 class WebhookDeliverer:

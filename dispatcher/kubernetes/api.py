@@ -20,9 +20,9 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from runplane.basics.backoff import ceiling
 from runplane.basics.errors import RunplaneError, ServiceUnavailable
 from runplane.basics.settings import KubernetesSettings
-from runplane.runs.retries import backoff
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class CallRetries:
 
     def delay(self, attempt: int) -> float:
         """Wait before retry number ``attempt`` (1-based)."""
-        return backoff(self.backoff, attempt, cap=self.backoff_cap)
+        return ceiling(self.backoff, attempt, cap=self.backoff_cap)
 
 
 async def call(policy: CallRetries, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

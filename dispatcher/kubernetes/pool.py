@@ -40,8 +40,8 @@ from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics import supervise
 from runplane.basics.errors import ServiceUnavailable
-from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.settings import Settings, WarmPoolSettings
+from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
 from runplane.demand.forecast import Forecast, RunnerKind, read_forecast
 from runplane.sql import load_queries
@@ -200,7 +200,7 @@ class WarmPools:
         async with self._db.connection() as conn:
             await conn.execute(
                 QUERIES["pool_runner_created"],
-                {"name": name, "cluster": self._cluster, "pool": pool.name, "token_hash": run_token_hash(token)},
+                {"name": name, "cluster": self._cluster, "pool": pool.name, "token_hash": token_hash(token)},
             )
         try:
             secret = token_secret(name, labels, token, self._k8s)

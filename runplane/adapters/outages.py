@@ -8,12 +8,11 @@ not-ready meanwhile.
 
 from __future__ import annotations
 
-import random
-
 import aiormq.exceptions
 import psycopg
 import redis.exceptions
 
+from runplane.basics.backoff import jittered
 from runplane.basics.errors import ServiceUnavailable
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
@@ -37,7 +36,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class Backoff:
-    """Exponential backoff with jitter, bounded by ``cap``; ``reset`` after a success."""
+    """The one backoff formula (``runplane.basics.backoff``) counting failures; ``reset`` after a success."""
 
     def __init__(self, first: float = 0.5, cap: float = 10.0) -> None:
         self.first = first
@@ -47,8 +46,7 @@ class Backoff:
     def next(self) -> float:
         """Seconds to wait after one more failure."""
         self.failures += 1
-        base: float = min(self.cap, self.first * float(2 ** min(self.failures - 1, 16)))
-        return base * random.uniform(0.8, 1.0)
+        return jittered(self.first, self.failures, cap=self.cap)
 
     def reset(self) -> None:
         self.failures = 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import psutil
 from pydantic import SecretStr
 
+from runplane.basics.backoff import ceiling
 from runplane.basics.settings import Settings
 
 
@@ -52,7 +53,7 @@ def restart_delay(child: Child, now: float) -> float:
     if now - child.started_at >= RESTART_STABLE_AFTER:
         child.restarts = 0
     child.restarts += 1
-    return float(min(RESTART_BACKOFF_CAP, RESTART_BACKOFF_FIRST * 2 ** min(child.restarts - 1, 8)))
+    return ceiling(RESTART_BACKOFF_FIRST, child.restarts, cap=RESTART_BACKOFF_CAP)
 
 
 DEFAULT_METRICS_PORT = 9464  # the first service's; each next one takes the next port

@@ -9,7 +9,7 @@
             Pod failed before the claim)
 
 - ``finish.py``: ending a run and what follows (failure counts, deactivation, completion triggers);
-- ``retries.py``: whether a failed run gets a new run, and the one backoff formula;
+- ``retries.py``: whether a failed run gets a new run, after the one backoff formula (``runplane.basics.backoff``);
 - ``relaunch.py``: the same run back to queued after a failed launch, or ended once the budget is spent;
 - ``pickups.py``: the one place Pickups are built and sent, and the marks that hold back repeats;
 - ``transitions.sql`` (loaded by ``transitions.py``): every status transition of a run, one named

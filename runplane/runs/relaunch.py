@@ -3,7 +3,7 @@
 Used by dispatchers (the launcher raised), by the scheduler loop's reaper (the runner never claimed
 the run within the start timeout) and by the Kubernetes Pod watcher (the run's Pod failed before its
 runner claimed the run). All are infrastructure failures: the same run is launched again after
-:func:`runplane.runs.retries.backoff` of its launch attempts; when the launch budget
+:func:`runplane.basics.backoff.ceiling` of its launch attempts; when the launch budget
 (``settings.scheduler.launch_attempts``) is spent, the run ends in error and the job's retry budget
 decides whether a new run follows (:mod:`runplane.runs.retries`).
 
@@ -19,10 +19,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters.bus import Bus
 from runplane.adapters.db import Connection
+from runplane.basics.backoff import ceiling
 from runplane.basics.settings import Settings
 from runplane.basics.types import FailureKind, Outcome, RunStatus
 from runplane.runs.finish import end_run, finish_run
-from runplane.runs.retries import RetryPolicy, backoff
+from runplane.runs.retries import RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ Q = TRANSITIONS
 
 def relaunch_delay(settings: Settings, launch_attempts: int, retry_after: float | None = None) -> float:
     """Exponential in the attempts made so far; a launcher's own hint wins when it is longer."""
-    return max(backoff(settings.scheduler.launch_backoff, launch_attempts), retry_after or 0.0)
+    return max(ceiling(settings.scheduler.launch_backoff, launch_attempts), retry_after or 0.0)
 
 
 async def launch_failed(
@@ -87,7 +88,7 @@ async def runner_never_started(
             {
                 "run_id": run_id,
                 "launch_attempts": launch_attempts,
-                "delay": backoff(settings.scheduler.launch_backoff, launch_attempts),
+                "delay": ceiling(settings.scheduler.launch_backoff, launch_attempts),
                 "reason": reason,
             },
         )

@@ -1,36 +1,30 @@
-"""Retries: when a failed run gets another run, and after how long. The one backoff formula.
+"""Retries: when a failed run gets another run, and after how long.
 
 An error of kind :attr:`FailureKind.INFRASTRUCTURE` (runner lost, launch failure) is retried while
 the job's ``retry_max_attempts`` allows; :attr:`FailureKind.STEP` (a failing step, a timeout, a
 memory limit error) only when the job also sets ``retry_on_step_failure``. A retry is a new run
 (trigger ``retry``, ``attempt + 1``, ``parent_run_id``) scheduled after :meth:`RetryPolicy.delay`:
-the exponential :func:`backoff`, capped, then half of it jittered. A run that fails with no budget
+the one backoff formula (:mod:`runplane.basics.backoff`), jittered. A run that fails with no budget
 left is marked ``retries_exhausted`` and its message says so. :func:`queue_retry` runs inside the
 transaction that ends the failed run (:func:`runplane.runs.finish.finish_run`).
 
 Launching a run again (:mod:`runplane.runs.relaunch`) is not a retry: the same run goes back to
-queued, after the same :func:`backoff` of its launch attempts.
+queued, after the backoff ceiling of its launch attempts.
 """
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass
 
 import psycopg.types.json
 
 from runplane.adapters.db import Connection
+from runplane.basics.backoff import jittered
 from runplane.basics.settings import RunnerSettings
 from runplane.basics.types import FailureKind, RunId, retry_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 
 Q = TRANSITIONS
-
-
-def backoff(base: float, attempt: int, *, cap: float = math.inf) -> float:
-    """Seconds before try ``attempt + 1``: ``base * 2**(attempt-1)`` (``attempt`` is 1-based), at most ``cap``."""
-    return float(min(cap, base * 2 ** max(0, attempt - 1)))
 
 
 @dataclass(frozen=True)
@@ -45,8 +39,7 @@ class RetryPolicy:
         return cls(runner.retry_backoff_base, runner.retry_backoff_cap)
 
     def delay(self, attempt: int) -> float:
-        ceiling = backoff(self.backoff_base, attempt, cap=self.backoff_cap)
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
+        return jittered(self.backoff_base, attempt, cap=self.backoff_cap)
 
 
 async def queue_retry(

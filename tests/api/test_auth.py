@@ -7,9 +7,9 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from api.auth import token_hash
 from api.process import RunningApi
 from client.cli import channel
+from runplane.basics.tokens import token_hash
 from runplane.v1 import jobs_pb2, runs_pb2
 from tests.api.conftest import AsyncDb, Client, connect, deploy_job, scalar, status_of
 

@@ -21,7 +21,7 @@ import pytest
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
-from runplane.basics.run_tokens import new_run_token
+from runplane.basics.tokens import new_run_token
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, RestError, service_account_token, wait_for

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from runplane.basics.run_tokens import new_run_token, run_token_hash
 from runplane.basics.secrets import SecretBox
+from runplane.basics.tokens import new_run_token, token_hash
 from tests.conftest import TEST_SECRET_KEYS
 
 Conn = psycopg.Connection[Any]
@@ -134,6 +134,6 @@ def make_starting(db: Conn, run_id: int) -> str:
     db.execute(
         "UPDATE runs SET status = 2, dispatched_at = clock_timestamp(), launch_attempts = launch_attempts + 1,"
         " runner_token_hash = %s WHERE id = %s",
-        (run_token_hash(token), run_id),
+        (token_hash(token), run_id),
     )
     return token

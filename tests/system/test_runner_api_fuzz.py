@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runplane.basics.run_tokens import new_run_token
+from runplane.basics.tokens import new_run_token
 from runplane.v1 import runner_pb2, runner_pb2_grpc
 from tests.support.processes import Services, wait_for_port
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, rows, run_row

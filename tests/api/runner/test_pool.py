@@ -16,7 +16,7 @@ import pytest
 
 from api.process import RunningApi
 from dispatcher.kubernetes.pool import QUERIES
-from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.types import RunStatus
 from runplane.v1 import runner_pb2, runner_pb2_grpc
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row
@@ -33,7 +33,7 @@ async def stub(runner_api: RunningApi) -> AsyncIterator[runner_pb2_grpc.RunnerSe
 def pool_pod(db: Conn, name: str) -> str:
     """A pool Pod's row, as the warm pools make it; its token."""
     token = new_run_token()
-    params = {"name": name, "cluster": CLUSTER, "pool": POOL, "token_hash": run_token_hash(token)}
+    params = {"name": name, "cluster": CLUSTER, "pool": POOL, "token_hash": token_hash(token)}
     db.execute(QUERIES["pool_runner_created"], params)
     return token
 

@@ -20,9 +20,9 @@ from psycopg.types.json import Jsonb
 from api.process import RunningApi
 from api.runner.service import RunnerService
 from api.store import Store
-from runplane.basics.run_tokens import new_run_token
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import Settings
+from runplane.basics.tokens import new_run_token
 from runplane.basics.types import RunStatus
 from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
 from tests.conftest import TEST_SECRET_KEYS

@@ -23,8 +23,8 @@ from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.adapters.db import open_pool
-from runplane.basics.run_tokens import new_run_token
 from runplane.basics.settings import Settings
+from runplane.basics.tokens import new_run_token
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from runplane.basics.run_tokens import new_run_token, run_token_hash
+from runplane.basics.tokens import new_run_token, token_hash
 from runplane.runs.transitions import TRANSITIONS
 from tests.support.records import create_account, create_environment, create_job, queue_run
 
@@ -21,7 +21,7 @@ def _start(db: Db, run_ids: list[int]) -> dict[int, dict[str, Any]]:
             {
                 "ids": run_ids,
                 "schemas": [""] * len(run_ids),
-                "token_hashes": [run_token_hash(new_run_token()) for _ in run_ids],
+                "token_hashes": [token_hash(new_run_token()) for _ in run_ids],
                 "cluster": "",
                 "dispatcher_id": "d1",
             },
