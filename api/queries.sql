@@ -454,3 +454,21 @@ SELECT waiting_reason, count(*) AS runs, min(queued_at) AS oldest_queued_at
 
 -- name: job_names
 SELECT id, name FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL ORDER BY name, id LIMIT 500;
+
+-- name: search_jobs
+-- The web pages' search: live jobs by id, or whose name holds the words (case-insensitive).
+SELECT id, name, job_type, cron, timezone, paused_at, deactivated_at FROM jobs
+ WHERE account_id = %(account_id)s AND deleted_at IS NULL
+   AND (id = %(id)s OR name ILIKE %(pattern)s::text)
+ ORDER BY name, id
+ LIMIT %(limit)s;
+
+-- name: search_runs
+-- The web pages' search: a run by id, or the newest runs whose job's name or cause holds the words.
+SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attempt, r.waiting_reason,
+       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at
+  FROM runs r JOIN jobs j ON j.id = r.job_id
+ WHERE r.account_id = %(account_id)s
+   AND (r.id = %(id)s OR j.name ILIKE %(pattern)s::text OR r.cause ILIKE %(pattern)s::text)
+ ORDER BY r.id DESC
+ LIMIT %(limit)s;

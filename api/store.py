@@ -487,6 +487,20 @@ class Store:
         cur = await conn.execute(QUERIES["runs_page"], {**params, "limit": limit}, prepare=False)
         return await cur.fetchall()
 
+    async def search(
+        self, conn: Connection, account_id: AccountId, words: str, *, by_id: bool, limit: int
+    ) -> tuple[list[Row], list[Row]]:
+        """Jobs and runs whose id is ``words`` or, unless ``by_id``, whose name (a run's: its job's, or its
+        cause) holds them."""
+        escaped = words.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        params = {
+            "account_id": account_id,
+            "id": int(words) if words.isdigit() and len(words) < 19 else None,
+            "pattern": None if by_id else f"%{escaped}%",
+            "limit": limit,
+        }
+        return await _all(conn, "search_jobs", **params), await _all(conn, "search_runs", **params)
+
     async def on_time_split(self, conn: Connection, account_id: AccountId, since: Any) -> Row:
         row = await _one(conn, "on_time_split", account_id=account_id, since=since)
         assert row is not None, "an aggregate always answers"

@@ -38,7 +38,11 @@ PAGE_SIZE = 50
 LOG_BATCH = 500
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 PING_SECONDS = 15.0
+RUN_RESULTS = "target/run_results.json"
+MAX_SHOWN_BYTES = 5 * 1024 * 1024  # larger artifacts are downloaded, not drawn on a page
+VIEWABLE = frozenset({"json", "log", "txt", "sql", "yml", "yaml", "md", "csv"})
 REFRESH_SECONDS = 30
+CHART_RUNS = 50
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,12 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
         artifacts = await store.list_artifacts(conn, RunId(row["id"]))
         job = await store.get_job(conn, who.account_id, row["job_id"])
+        models = {}
+        for a in artifacts:
+            if a["path"] == RUN_RESULTS and a["size_bytes"] <= MAX_SHOWN_BYTES:
+                results = await store.get_artifact(conn, RunId(row["id"]), RUN_RESULTS, a["step_index"])
+                if results is not None:
+                    models[a["step_index"]] = views.model_results(bytes(results["content"]))
     now = datetime.now(UTC)
     step_views = [
         (s, views.seconds(s["finished_at"] or (now if s["started_at"] else None), s["started_at"])) for s in steps
@@ -225,6 +235,9 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         waiting=views.waiting_words(row),
         steps=step_views,
         artifacts=artifacts,
+        models=models,
+        commands={s["step_index"]: s["command"] for s in steps},
+        viewable=lambda path: path.rsplit(".", 1)[-1] in VIEWABLE,
         terminal=RunStatus(row["status"]).is_terminal,
         failed=row["status"] == RunStatus.ERROR,
         quote=quote,
@@ -290,12 +303,22 @@ def _last_event_id(request: Request) -> int:
 
 
 @router.get("/runs/{run_id}/artifacts/{step}/{path:path}")
-async def artifact(request: Request, who: Looking, run_id: int, step: int, path: str) -> Response:
-    """One artifact of one step (1-based), as a download."""
+async def artifact(
+    request: Request, who: Looking, run_id: int, step: int, path: str, *, view: bool = False
+) -> Response:
+    """One artifact of one step (1-based), as a download; with ``view``, a text file shown on a page
+    (JSON pretty-printed)."""
     store = store_of(request)
     async with store.connection() as conn:
         row = await run_artifact(store, conn, who.account_id, run_id, path, step_index=step - 1)
     name = path.rsplit("/", 1)[-1]
+    content = bytes(row["content"])
+    if view and name.rsplit(".", 1)[-1] in VIEWABLE:
+        shown = views.readable_text(content, MAX_SHOWN_BYTES, pretty=name.endswith(".json"))
+        return await page(
+            request, "artifact.html", who, run_id=run_id, step=step, path=path, text=shown, size=len(content),
+            download=f"/ui/runs/{run_id}/artifacts/{step}/{quote(path)}",
+        )  # fmt: skip
     return Response(
         bytes(row["content"]),
         media_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
@@ -352,7 +375,9 @@ async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
     store = store_of(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, who.account_id, job_id)
-        recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=10)
+        recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=CHART_RUNS)
+    chart = views.duration_chart(recent)
+    recent = recent[:10]
     now = datetime.now(UTC)
     return await page(
         request,
@@ -361,6 +386,7 @@ async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
         job=row,
         schedule=views.schedule(row["cron"], row["timezone"], time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
+        chart=chart,
         error="",
     )
 
@@ -416,6 +442,27 @@ async def pause(request: Request, who: Changing, job_id: int) -> RedirectRespons
 async def unpause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
     await set_paused(store_of(request), who.account_id, job_id, paused=False)
     return see_other(f"/ui/jobs/{job_id}")
+
+
+# -- search ---------------------------------------------------------------------------------------
+
+
+@router.get("/search", response_class=HTMLResponse)
+async def search(request: Request, who: Looking, q: Annotated[str, Query(max_length=200)] = "") -> HTMLResponse:
+    """Jobs and runs by id (``42`` or ``#42``) or by words of a job's name or a run's cause."""
+    words = text(q, "q", max_length=200).strip()
+    by_id = words.startswith("#")  # "#42" is an id; "42" also finds names holding it
+    words = words.lstrip("#").strip()
+    jobs: list[Any] = []
+    found: list[Any] = []
+    if words:
+        store = store_of(request)
+        async with store.connection() as conn:
+            jobs, found = await store.search(conn, who.account_id, words, by_id=by_id, limit=PAGE_SIZE)
+    now = datetime.now(UTC)
+    return await page(
+        request, "search.html", who, q=words, jobs=jobs, rows=[(r, views.RunTimes.of(r, now)) for r in found]
+    )
 
 
 # -- on time --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ in the viewer's time zone."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any
@@ -159,3 +160,112 @@ def schedule(expr: str, timezone: str, now: float, count: int = 5) -> Schedule |
         fires.append((at.astimezone(zone).strftime("%a %Y-%m-%d %H:%M %Z"), at.strftime("%H:%M UTC")))
         after = fire
     return Schedule(expr, timezone or "UTC", words, fires)
+
+
+NODE_PILLS = {
+    "success": "success",
+    "pass": "success",
+    "error": "error",
+    "fail": "error",
+    "runtime error": "error",
+    "skipped": "skipped",
+    "warn": "queued",
+}
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """One node of a dbt step's ``run_results.json``: what dbt Cloud lists per model."""
+
+    unique_id: str
+    status: str
+    seconds: float | None
+    rows: int | None
+    message: str
+
+    @property
+    def pill(self) -> str:
+        """The status pill's class: dbt's node statuses by what they mean."""
+        return NODE_PILLS.get(self.status, "cancelled")
+
+
+MAX_MODELS = 2000
+
+
+def model_results(content: bytes) -> list[ModelResult] | None:
+    """The nodes of a ``run_results.json`` (at most MAX_MODELS); None when it cannot be read."""
+    try:
+        results = json.loads(content)["results"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    out = []
+    for result in results[:MAX_MODELS] if isinstance(results, list) else []:
+        if not isinstance(result, dict):
+            continue
+        response = result.get("adapter_response") or {}
+        rows = response.get("rows_affected") if isinstance(response, dict) else None
+        seconds = result.get("execution_time")
+        out.append(
+            ModelResult(
+                unique_id=str(result.get("unique_id", "")),
+                status=str(result.get("status", "")),
+                seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                rows=rows if isinstance(rows, int) else None,
+                message=str(result.get("message") or ""),
+            )
+        )
+    return out
+
+
+def readable_text(content: bytes, limit: int, *, pretty: bool) -> str:
+    """An artifact as text for a page: JSON indented when ``pretty``; cut at ``limit`` bytes."""
+    text = content[:limit].decode("utf-8", errors="replace")
+    if pretty and len(content) <= limit:
+        try:
+            return json.dumps(json.loads(content), indent=2, ensure_ascii=False)
+        except ValueError:
+            return text
+    return text
+
+
+CHART_WIDTH, CHART_HEIGHT, CHART_BAR_GAP = 600, 120, 2
+
+
+def duration_chart(runs: list[dict[str, Any]]) -> Markup:
+    """An SVG bar chart of the runs' durations, oldest left, each bar a link to its run."""
+    timed = [(r, seconds(r["finished_at"], r["started_at"])) for r in reversed(runs)]
+    bars = [(r, took) for r, took in timed if took is not None]
+    if not bars:
+        return Markup("")
+    longest = max(took for _, took in bars) or 1.0
+    width = CHART_WIDTH / len(bars)
+    parts = [
+        Markup(
+            '<svg id="duration-chart" role="img" viewBox="0 0 {w} {h}" width="100%" height="{h}" '
+            'preserveAspectRatio="none" aria-label="Duration of the last {n} finished runs, oldest first; '
+            'the longest took {longest}">'
+        ).format(w=CHART_WIDTH, h=CHART_HEIGHT + 14, n=len(bars), longest=duration(longest))
+    ]
+    for i, (run, took) in enumerate(bars):
+        height = max(1.0, CHART_HEIGHT * took / longest)
+        name = status_name(run["status"])
+        parts.append(
+            Markup(
+                '<a href="/ui/runs/{id}"><rect class="bar-{name}" x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" '
+                'height="{bh:.1f}"><title>run #{id}: {name}, {took}</title></rect></a>'
+            ).format(
+                id=run["id"],
+                name=name,
+                x=i * width,
+                y=CHART_HEIGHT - height,
+                bw=max(1.0, width - CHART_BAR_GAP),
+                bh=height,
+                took=duration(took),
+            )
+        )
+    parts.append(
+        Markup('<text x="0" y="{y}" class="axis">longest {longest}</text></svg>').format(
+            y=CHART_HEIGHT + 12, longest=duration(longest)
+        )
+    )
+    return Markup("").join(parts)

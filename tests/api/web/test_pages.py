@@ -470,3 +470,79 @@ async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_who
         listed = (await browser.http.get(url)).text
         assert count == len(expected) and ids(listed) == expected, (key, url)
     assert "the account’s own" in page and "the platform’s" in page
+
+
+RUN_RESULTS = {
+    "results": [
+        {"unique_id": "model.shop.orders", "status": "success", "execution_time": 1.5,
+         "adapter_response": {"rows_affected": 12}, "message": "SELECT 12"},
+        {"unique_id": "test.shop.not_null_orders_id", "status": "fail", "execution_time": 0.25,
+         "adapter_response": {}, "message": "Got 3 results, configured to fail if != 0"},
+    ]
+}  # fmt: skip
+
+
+async def test_a_dbt_step_shows_its_models_and_json_artifacts_open_pretty_printed(
+    browser: Browser, adb: AsyncDb
+) -> None:
+    job_id = await _job(adb, browser.account_id, steps=["dbt build"])
+    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 0, %s)",
+        (run_id, json.dumps(RUN_RESULTS).encode()),
+    )
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    table = page[page.index('id="models-1"') : page.index("</table>", page.index('id="models-1"'))]
+    rows = re.findall(r"<tr><td><code>([^<]+)</code></td><td><span class=\"pill s-(\w+)\">(\w+)</span></td>", table)
+    assert rows == [("model.shop.orders", "success", "success"), ("test.shop.not_null_orders_id", "error", "fail")]
+    assert "1.50 s" in table and ">12</td>" in table and "Got 3 results" in table
+
+    view = re.search(r'href="(/ui/runs/\d+/artifacts/1/target/run_results.json\?view=1)"', page)
+    assert view is not None
+    shown = await browser.http.get(view.group(1))
+    assert shown.status_code == 200 and shown.headers["content-type"].startswith("text/html")
+    assert "{\n  &#34;results&#34;: [\n    {\n      &#34;unique_id&#34;: &#34;model.shop.orders&#34;" in shown.text
+    assert 'id="download"' in shown.text
+
+
+async def test_a_job_charts_the_duration_of_its_runs(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await _job(adb, browser.account_id)
+    ids = await _runs(adb, browser.account_id, job_id, 3)
+    await adb.execute("UPDATE runs SET finished_at = started_at + interval '90 seconds' WHERE id = %s", (ids[-1],))
+    await browser.login()
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    chart = page[page.index('<svg id="duration-chart"') : page.index("</svg>")]
+    bars = re.findall(r'<a href="/ui/runs/(\d+)"><rect class="bar-success" [^>]* height="([\d.]+)">', chart)
+    assert [int(run) for run, _ in bars] == ids  # oldest first
+    assert float(bars[-1][1]) == 120.0 and float(bars[0][1]) == 40.0  # 90 s is the tallest; 30 s a third
+    assert "longest 1 m 30 s" in chart
+
+
+async def test_search_finds_jobs_and_runs_by_id_name_and_cause(
+    browser: Browser, settings: Settings, adb: AsyncDb
+) -> None:
+    nightly = await _job(adb, browser.account_id, "Nightly orders")
+    other = await _job(adb, browser.account_id, "hourly_100%")
+    (run_id,) = await _runs(adb, browser.account_id, nightly, 1)
+    await adb.execute("UPDATE runs SET cause = 'backfill for finance' WHERE id = %s", (run_id,))
+    their_account, _ = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
+    await _job(adb, their_account, "nightly orders of globex")
+    await browser.login()
+
+    async def found(q: str) -> tuple[set[int], set[int]]:
+        page = (await browser.http.get("/ui/search", params={"q": q})).text
+        jobs = page[page.index('id="found-jobs"') : page.index('id="found-runs"')]
+        runs = page[page.index('id="found-runs"') :]
+        return (
+            {int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">[^<]+</a> <span', jobs)},
+            {int(x) for x in re.findall(r'<a href="/ui/runs/(\d+)">#', runs)},
+        )
+
+    assert await found("NIGHTLY") == ({nightly}, {run_id})
+    assert await found("finance") == (set(), {run_id})
+    assert await found(f"#{run_id}") == ({nightly} if nightly == run_id else set(), {run_id})
+    assert await found(f"#{other}") == ({other}, set())
+    assert await found("100%") == ({other}, set())
+    assert await found("0%") == ({other}, set())  # % is a character, not a wildcard
+    assert await found("globex") == (set(), set())
