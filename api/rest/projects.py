@@ -8,9 +8,10 @@ answer says which are set. An update changes what the body names and keeps the r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from api import project_definitions as use
@@ -32,8 +33,17 @@ Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 NameContains = Annotated[str | None, Query(max_length=255, description="Part of the name, any case.")]
 State = Annotated[int | None, Query(ge=1, le=2, description="1 active; deleted ones (2) are not listed.")]
-PROJECT_FILTERS = frozenset({"name__icontains", "state"})
-ENVIRONMENT_FILTERS = frozenset({"project_id", "project_id__in", "name__icontains", "type", "dbt_version", "state"})
+NAMES = frozenset({"name", "name__icontains", "state"})
+PROJECT_FILTERS = NAMES | {"pk", "pk__in"}
+ENVIRONMENT_FILTERS = NAMES | {"project_id", "project_id__in", "type", "dbt_version", "dbt_version__in"}
+LIST_ORDERS = ("id", "name", "created_at", "updated_at")
+# dbt Cloud's filters that name what runplane does not keep: refused with the reason.
+REFUSED_FILTERS = {
+    "deployment_type": "runplane does not keep production apart from staging",
+    "deployment_type__in": "runplane does not keep production apart from staging",
+    "credentials_id": "an environment's credentials are part of it here: there are no credentials ids",
+    "connection_id": "an environment's connection is part of it here: there are no connection ids",
+}
 # dbt Cloud's ways of cloning a repository, by runplane's kind of git credential.
 CLONE_STRATEGIES = {
     None: projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
@@ -180,22 +190,56 @@ def _environment_request(body: EnvironmentBody, current: Row | None) -> dict[str
     }
 
 
-def _page(rows: list[Row], offset: int, limit: int) -> tuple[list[Row], Extra]:
-    page = rows[offset : offset + limit]
-    return page, Extra(
-        filters={"limit": limit, "offset": offset},
-        order_by="id",
-        pagination=Pagination(count=len(page), total_count=len(rows)),
-    )
+@dataclass(frozen=True)
+class ListQuery:
+    """What every list of projects or environments takes: names, state, order and a page."""
+
+    name: str | None
+    name__icontains: str | None
+    order_by: str
+    offset: int
+    limit: int
 
 
-def _named(rows: list[Row], name__icontains: str | None) -> list[Row]:
-    return rows if name__icontains is None else [r for r in rows if name__icontains.lower() in r["name"].lower()]
-
-
-def _only_active(state: int | None) -> None:
+def list_query(
+    request: Request,
+    *,
+    name: Annotated[str | None, Query(max_length=255, description="The whole name.")] = None,
+    name__icontains: NameContains = None,
+    state: State = None,
+    order_by: Annotated[str | None, Query(max_length=40, description="id, name, created_at, updated_at; -x.")] = None,
+    offset: Offset = 0,
+    limit: Limit = MAX_LIMIT,
+) -> ListQuery:
     if state == shapes.DELETED:
         raise InvalidArgument("state", "deleted projects and environments are not kept for listing")
+    for parameter, reason in REFUSED_FILTERS.items():
+        if parameter in request.query_params:
+            raise InvalidArgument(parameter, reason)
+    order = params.order_by(order_by, LIST_ORDERS)
+    return ListQuery(name, name__icontains, order, offset, limit)
+
+
+Listing = Annotated[ListQuery, Depends(list_query)]
+
+
+def _listed(rows: list[Row], query: ListQuery, echoed: dict[str, Any]) -> tuple[list[Row], Extra]:
+    """The rows the query's names keep, in its order, one page of them, and the ``extra`` that says so."""
+    kept = [
+        r
+        for r in rows
+        if (query.name is None or r["name"] == query.name)
+        and (query.name__icontains is None or query.name__icontains.lower() in r["name"].lower())
+    ]
+    field = query.order_by.removeprefix("-")
+    kept.sort(key=lambda r: (r[field], r["id"]), reverse=query.order_by.startswith("-"))
+    page = kept[query.offset : query.offset + query.limit]
+    filters = {**echoed, "name": query.name, "name__icontains": query.name__icontains}
+    return page, Extra(
+        filters={**{k: v for k, v in filters.items() if v is not None}, "limit": query.limit, "offset": query.offset},
+        order_by=query.order_by,
+        pagination=Pagination(count=len(page), total_count=len(kept)),
+    )
 
 
 @router.get("/api/v3/accounts/{account_id}/projects/", summary="List projects")
@@ -203,20 +247,17 @@ def _only_active(state: int | None) -> None:
 async def list_projects(
     request: Request,
     account_id: Account,
+    query: Listing,
     *,
-    name__icontains: NameContains = None,
-    state: State = None,
-    offset: Offset = 0,
-    limit: Limit = MAX_LIMIT,
+    pk: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="One project id.")] = None,
+    pk__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
 ) -> ListEnvelope[shapes.Project]:
     params.only_known(request.query_params, PROJECT_FILTERS)
-    _only_active(state)
+    ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
     store = _store(request)
     async with store.connection() as conn:
-        rows = _named(await store.list_projects(conn, account_id), name__icontains)
-    page, extra = _page(rows, offset, limit)
-    if name__icontains is not None:
-        extra.filters["name__icontains"] = name__icontains
+        rows = [r for r in await store.list_projects(conn, account_id) if not ids or r["id"] in ids]
+    page, extra = _listed(rows, query, {"pk__in": list(ids) or None})
     return ListEnvelope[shapes.Project](status=success(), data=[shapes.project(r) for r in page], extra=extra)
 
 
@@ -267,102 +308,75 @@ async def delete_project(request: Request, account_id: Account, project_id: Proj
     return Envelope[shapes.Project](status=success(), data=deleted)
 
 
-async def _environments(
-    request: Request,
-    account_id: AccountId,
-    project_ids: tuple[int, ...],
-    *,
-    name__icontains: str | None,
-    type_: str | None,
-    dbt_version: str | None,
-    state: int | None,
-    offset: int,
-    limit: int,
-) -> ListEnvelope[shapes.Environment]:
-    params.only_known(request.query_params, ENVIRONMENT_FILTERS)
-    _only_active(state)
+@dataclass(frozen=True)
+class EnvironmentQuery:
+    type: str | None
+    dbt_versions: tuple[str, ...]
+
+
+def environment_query(
+    type_: Annotated[str | None, Query(alias="type", max_length=20, description="deployment or development")] = None,
+    dbt_version: Annotated[str | None, Query(max_length=128)] = None,
+    dbt_version__in: Annotated[str | None, Query(max_length=2000, description='e.g. ["1.9", "1.10"]')] = None,
+) -> EnvironmentQuery:
     if type_ is not None and type_ not in ENVIRONMENT_TYPES:
         raise InvalidArgument("type", "must be deployment or development")
+    versions = tuple(params.words([dbt_version__in]) if dbt_version__in else ()) + (
+        (dbt_version,) if dbt_version is not None else ()
+    )
+    return EnvironmentQuery(type_, versions)
+
+
+Environments = Annotated[EnvironmentQuery, Depends(environment_query)]
+
+
+async def _environments(
+    request: Request, account_id: AccountId, project_ids: tuple[int, ...], query: ListQuery, which: EnvironmentQuery
+) -> ListEnvelope[shapes.Environment]:
+    params.only_known(request.query_params, ENVIRONMENT_FILTERS)
     store = _store(request)
     async with store.connection() as conn:
         rows = await store.list_environments(conn, account_id, None)
     rows = [
         r
-        for r in _named(rows, name__icontains)
+        for r in rows
         if (not project_ids or r["project_id"] in project_ids)
-        and (type_ is None or r["environment_type"] == type_)
-        and (dbt_version is None or r["dbt_version"] == dbt_version)
+        and (which.type is None or r["environment_type"] == which.type)
+        and (not which.dbt_versions or r["dbt_version"] in which.dbt_versions)
     ]
-    page, extra = _page(rows, offset, limit)
-    for name, value in (("name__icontains", name__icontains), ("type", type_), ("dbt_version", dbt_version)):
-        if value is not None:
-            extra.filters[name] = value
-    if project_ids:
-        extra.filters["project_id__in"] = list(project_ids)
+    echoed = {
+        "project_id__in": list(project_ids) or None,
+        "type": which.type,
+        "dbt_version__in": list(which.dbt_versions) or None,
+    }
+    page, extra = _listed(rows, query, echoed)
     return ListEnvelope[shapes.Environment](status=success(), data=[shapes.environment(r) for r in page], extra=extra)
-
-
-TypeFilter = Annotated[str | None, Query(alias="type", max_length=20, description="deployment or development")]
-DbtVersion = Annotated[str | None, Query(max_length=128)]
 
 
 @router.get("/api/v3/accounts/{account_id}/environments/", summary="List environments")
 async def list_environments(
     request: Request,
     account_id: Account,
+    query: Listing,
+    which: Environments,
     *,
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
-    name__icontains: NameContains = None,
-    type_: TypeFilter = None,
-    dbt_version: DbtVersion = None,
-    state: State = None,
-    offset: Offset = 0,
-    limit: Limit = MAX_LIMIT,
 ) -> ListEnvelope[shapes.Environment]:
     project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
-    return await _environments(
-        request,
-        account_id,
-        project_ids,
-        name__icontains=name__icontains,
-        type_=type_,
-        dbt_version=dbt_version,
-        state=state,
-        offset=offset,
-        limit=limit,
-    )
+    return await _environments(request, account_id, project_ids, query, which)
 
 
 @router.get(
-    "/api/v3/accounts/{account_id}/projects/{project_id}/environments/", summary="List a project's environments"
+    "/api/v3/accounts/{account_id}/projects/{project_id}/environments/", summary="List environments in a project"
 )
 async def list_project_environments(
-    request: Request,
-    account_id: Account,
-    project_id: ProjectPath,
-    *,
-    name__icontains: NameContains = None,
-    type_: TypeFilter = None,
-    dbt_version: DbtVersion = None,
-    state: State = None,
-    offset: Offset = 0,
-    limit: Limit = MAX_LIMIT,
+    request: Request, account_id: Account, project_id: ProjectPath, query: Listing, which: Environments
 ) -> ListEnvelope[shapes.Environment]:
     store = _store(request)
     async with store.connection() as conn:
         await existing_project(store, conn, account_id, project_id)
-    return await _environments(
-        request,
-        account_id,
-        (project_id,),
-        name__icontains=name__icontains,
-        type_=type_,
-        dbt_version=dbt_version,
-        state=state,
-        offset=offset,
-        limit=limit,
-    )
+    return await _environments(request, account_id, (project_id,), query, which)
 
 
 @router.post(

@@ -220,3 +220,52 @@ def test_an_untrusted_certificate_is_refused_by_the_clients(api: Api, db: Any) -
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in (done.stdout + done.stderr)
+
+
+def test_clients_find_projects_environments_and_jobs_by_name(
+    api: Api, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dbtc import dbtCloudClient
+
+    v3 = f"/api/v3/accounts/{api.account_id}"
+    with api.http() as http:
+        project = http.post(
+            f"{v3}/projects/",
+            json={"name": "Jaffle Shop", "repository": {"remote_url": "https://git.example.com/j.git"}},
+        ).json()["data"]
+        environment = http.post(
+            f"{v3}/projects/{project['id']}/environments/",
+            json={
+                "name": "Production",
+                "type": "deployment",
+                "dbt_version": "1.10",
+                "connection": {"type": "postgres", "details": {"host": "db", "user": "dbt", "dbname": "shop"}},
+                "credentials": {"schema": "analytics"},
+            },
+        ).json()["data"]
+        job = http.post(
+            f"/api/v2/accounts/{api.account_id}/jobs/",
+            json={"name": "Daily build", "environment_id": environment["id"], "execute_steps": ["dbt build"]},
+        ).json()["data"]
+    plain = make_job(api, db, "plain", ["echo plain"])
+    # dbt-cloud-cli: projects, a project's environments, jobs of a project, every run page by page
+    projects = dbt_cloud(api, "project", "list")
+    assert [p["name"] for p in projects["data"]] == ["Jaffle Shop"]
+    environments = dbt_cloud(api, "environment", "list", "--project-id", str(project["id"]))
+    assert [(e["id"], e["dbt_version"]) for e in environments["data"]] == [(environment["id"], "1.10")]
+    jobs = dbt_cloud(api, "job", "list", "--project-id", str(project["id"]))
+    assert [j["name"] for j in jobs["data"]] == ["Daily build"]
+    runs = [dbt_cloud(api, "job", "run", "--job-id", str(plain))["data"]["id"] for _ in range(3)]
+    paged = dbt_cloud(api, "run", "list", "--paginate")
+    assert sorted(r["id"] for r in paged["data"]) == sorted(runs)
+    # dbtc: a project by name, its environments by name, its jobs
+    for key, value in client_env(api).items():
+        monkeypatch.setenv(key, value)
+    client = dbtCloudClient(api_key=api.token, service_token=api.token, host=api.host)
+    found = client.cloud.get_project_by_name("Jaffle Shop", account_id=api.account_id)
+    assert found["data"]["id"] == project["id"]
+    named = client.cloud.list_environments(api.account_id, project["id"], name="Production")
+    assert [e["id"] for e in named["data"]] == [environment["id"]]
+    in_project = client.cloud.list_jobs(api.account_id, project_id=project["id"])
+    assert [j["id"] for j in in_project["data"]] == [job["id"]]
+    assert in_project["data"][0]["environment"]["name"] == "Production"

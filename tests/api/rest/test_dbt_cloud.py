@@ -347,3 +347,24 @@ async def test_webhook_payloads_carry_every_documented_field(rest: Rest, adb: As
     assert data["dbtVersion"] == "1.10" and data["runStatus"] == "Running" and data["runStatusCode"] == 3
     plain = (await scalar(adb, "SELECT payload FROM webhook_outbox WHERE run_id = %s", plain_run))["data"]
     assert "environmentId" not in plain and "projectId" not in plain  # a job without an environment has none
+
+
+async def test_project_and_environment_lists_take_the_filters_dbt_cloud_clients_send(rest: Rest) -> None:
+    v3 = f"/api/v3/accounts/{rest.account_id}"
+    shop, web = await _project(rest, "shop"), await _project(rest, "web")
+    prod = await _environment(rest, shop["id"], "prod")
+    old = await _environment(rest, web["id"], "old", dbt_version="1.8")
+
+    async def ids(path: str, **params: Any) -> list[int]:
+        response = await rest.http.get(f"{v3}/{path}", params=params)
+        assert response.status_code == 200, (params, response.text)
+        return [item["id"] for item in response.json()["data"]]
+
+    assert await ids("projects/", pk__in=f"[{web['id']}]") == [web["id"]]
+    assert await ids("projects/", name="shop") == [shop["id"]]
+    assert await ids("projects/", order_by="-name") == [web["id"], shop["id"]]
+    assert await ids("environments/", dbt_version__in='["1.8"]') == [old["id"]]
+    assert await ids(f"projects/{shop['id']}/environments/", name="prod") == [prod["id"]]
+    for refused in ("deployment_type__in", "credentials_id"):
+        response = await rest.http.get(f"{v3}/projects/{shop['id']}/environments/", params={refused: "1"})
+        assert response.status_code == 400 and refused in response.json()["status"]["user_message"]
