@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,12 @@ JOB_TYPES = {
     "merge": common_pb2.JOB_TYPE_MERGE,
     "adhoc": common_pb2.JOB_TYPE_ADHOC,
 }
+COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+STATUSES = {
+    "success": common_pb2.RUN_STATUS_SUCCESS,
+    "error": common_pb2.RUN_STATUS_ERROR,
+    "cancelled": common_pb2.RUN_STATUS_CANCELLED,
+}
 TRIGGERS = {"api": common_pb2.TRIGGER_API, "manual": common_pb2.TRIGGER_MANUAL, "ci": common_pb2.TRIGGER_CI,
             "merge": common_pb2.TRIGGER_MERGE}  # fmt: skip
 
@@ -111,6 +118,27 @@ def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
     parser.add_argument("--priority", type=int, default=0)
     parser.add_argument("--environment", type=int, default=0, help="run dbt steps in this environment")
     parser.add_argument("--schema", default="", help="default: the environment's schema")
+    parser.add_argument("--missed-run-grace", type=int, default=-1, help="seconds; 0 skips missed fires (default 300)")
+    parser.add_argument("--generate-docs", action="store_true", help="dbt jobs: dbt docs generate after the steps")
+    parser.add_argument(
+        "--source-freshness", action="store_true", help="dbt jobs: dbt source freshness before the steps"
+    )
+    defer = parser.add_mutually_exclusive_group()
+    defer.add_argument("--defer-to-job", type=int, default=0, help="dbt jobs: defer to this job's latest success")
+    defer.add_argument("--defer-to-environment", type=int, default=0, help="dbt jobs: defer to its deploy jobs")
+    parser.add_argument(
+        "--run-only-modified", action="store_true", help="Slim CI: steps without a selection build state:modified+"
+    )
+    parser.add_argument(
+        "--on-completion",
+        action="append",
+        default=[],
+        metavar="JOB[:STATUSES]",
+        help="run when that job ends with one of the statuses (success, error, cancelled; default success); repeat",
+    )
+    parser.add_argument(
+        "--completion-mode", choices=COMPLETION_MODES, default="any", help="all: one run once every upstream ran"
+    )
     if not create:
         parser.add_argument("--expected-version", type=int, default=0)
 
@@ -165,6 +193,10 @@ def _parser() -> argparse.ArgumentParser:
     trigger.add_argument("--git-branch", default="")
     trigger.add_argument("--git-sha", default="")
     trigger.add_argument("--timeout", type=int, default=0)
+    docs = trigger.add_mutually_exclusive_group()
+    docs.add_argument("--generate-docs", action="store_true", default=None, help="override the job's setting")
+    docs.add_argument("--no-generate-docs", action="store_false", dest="generate_docs")
+    trigger.add_argument("--run-at", type=_moment, help="a later time, ISO 8601 with its offset: queue it for then")
     get_run = sub.add_parser("get-run", help="show a run")
     get_run.add_argument("run_id", type=int)
     list_runs = sub.add_parser("list-runs", help="list runs, newest first")
@@ -199,16 +231,38 @@ def _job_request(args: argparse.Namespace, request: Any) -> Any:
         request.triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=args.cron, timezone=args.timezone))
     request.triggers.on_pull_request = args.on_pull_request
     request.triggers.on_merge = args.on_merge
+    request.triggers.on_completion.extend(_completion_trigger(value) for value in args.on_completion)
+    request.triggers.completion_mode = COMPLETION_MODES[args.completion_mode]
     env = dict(item.partition("=")[::2] for item in args.env)
     request.settings.CopyFrom(
         jobs_pb2.JobSettings(
             threads=args.threads, timeout_seconds=args.timeout, target_name=args.target_name, environment=env,
             git_branch=args.git_branch, retry_max_attempts=args.retries,
-            retry_on_step_failure=args.retry_on_step_failure, missed_run_grace_seconds=-1, priority=args.priority,
-            environment_id=args.environment, schema=args.schema,
+            retry_on_step_failure=args.retry_on_step_failure, missed_run_grace_seconds=args.missed_run_grace,
+            priority=args.priority, environment_id=args.environment, schema=args.schema,
+            generate_docs=args.generate_docs, run_source_freshness=args.source_freshness,
+            defer_to_job_id=args.defer_to_job, defer_to_environment_id=args.defer_to_environment,
+            run_only_modified=args.run_only_modified,
         )
     )  # fmt: skip
     return request
+
+
+def _completion_trigger(value: str) -> jobs_pb2.CompletionTrigger:
+    """``12`` or ``12:success,error``: the upstream job and the statuses that count (the server checks them)."""
+    job, _, names = value.partition(":")
+    unknown = [n for n in names.split(",") if n and n not in STATUSES]
+    if not job.isdigit() or unknown:
+        raise SystemExit(f"--on-completion {value!r}: give JOB or JOB:success,error,cancelled")
+    statuses = [STATUSES[n] for n in names.split(",") if n] or [common_pb2.RUN_STATUS_SUCCESS]
+    return jobs_pb2.CompletionTrigger(upstream_job_id=int(job), statuses=statuses)
+
+
+def _moment(value: str) -> datetime:
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError("give the time with its offset, e.g. 2030-01-01T06:00:00+00:00")
+    return moment
 
 
 def _line(message: Message) -> str:
@@ -292,13 +346,15 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 overrides = runs_pb2.RunOverrides(
                     steps=args.step, threads=args.threads, schema=args.schema, git_branch=args.git_branch,
                     git_sha=args.git_sha, timeout_seconds=args.timeout, pull_request_number=args.pull_request,
+                    generate_docs=args.generate_docs,
                 )  # fmt: skip
-                run = await runs.TriggerRun(
-                    runs_pb2.TriggerRunRequest(
-                        job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,
-                        trigger=TRIGGERS[args.trigger], overrides=overrides,
-                    )
+                request = runs_pb2.TriggerRunRequest(
+                    job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,
+                    trigger=TRIGGERS[args.trigger], overrides=overrides,
                 )  # fmt: skip
+                if args.run_at is not None:
+                    request.run_at.FromDatetime(args.run_at)
+                run = await runs.TriggerRun(request)
                 if not args.follow:
                     _show(args, run)
                     return 0

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from api.process import RunningApi
-from tests.api.conftest import AsyncDb, Client
+from tests.api.conftest import AsyncDb, Client, scalar
 from tests.support.polling import eventually
 
 # Each test starts the client a dozen times, a Python process each: seconds apiece on a loaded machine.
@@ -155,3 +156,39 @@ async def test_settings_overrides_ci_logs_and_artifacts(
     assert code == 0 and json.loads(target.read_text()) == {"nodes": 3}, err
     code, out, _ = await finish(await start(env, "list-runs", json_output=False))
     assert out.strip().split("\t")[:3] == [f"run {run_id}", f"job {job['id']}", "queued"]
+
+
+async def test_every_job_setting_from_the_command_line(
+    api: RunningApi, client: Client, service_env: dict[str, str], adb: AsyncDb
+) -> None:
+    env = client_env(service_env, api, client.token)
+    project = await run_client(env, "create-project", "--name", "shop", "--url", "file:///srv/shop")
+    environment = await run_client(
+        env, "create-environment", "--project", project["id"], "--name", "prod", "--dbt-version", "1.10",
+        "--field", "host=db", "--field", "user=dbt", "--field", "dbname=shop", "--schema", "analytics",
+    )  # fmt: skip
+    upstream = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up")
+    other = await run_client(env, "create-job", "--name", "other", "--step", "echo other")
+    job = await run_client(
+        env, "create-job", "--name", "dbt", "--step", "dbt build", "--environment", environment["id"],
+        "--generate-docs", "--source-freshness", "--defer-to-job", upstream["id"], "--run-only-modified",
+        "--on-completion", f"{upstream['id']}:success,error", "--on-completion", str(other["id"]),
+        "--completion-mode", "all", "--missed-run-grace", "0",
+    )  # fmt: skip
+    settings, triggers = job["settings"], job["triggers"]
+    assert settings["generateDocs"] and settings["runSourceFreshness"] and settings["runOnlyModified"]
+    assert settings["deferToJobId"] == upstream["id"] and "missedRunGraceSeconds" not in settings  # 0
+    assert triggers["completionMode"] == "COMPLETION_MODE_ALL"
+    assert [(t["upstreamJobId"], t["statuses"]) for t in triggers["onCompletion"]] == [
+        (upstream["id"], ["RUN_STATUS_SUCCESS", "RUN_STATUS_ERROR"]),
+        (other["id"], ["RUN_STATUS_SUCCESS"]),
+    ]
+    code, _, err = await finish(
+        await start(env, "create-job", "--name", "x", "--step", "echo", "--defer-to-job", upstream["id"])
+    )
+    assert code == 1 and "settings.environment_id" in err  # the server's check, as over gRPC and REST
+    at = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
+    at_text = at.astimezone(timezone(timedelta(hours=2))).isoformat()  # an offset, read as the moment it names
+    later = await run_client(env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs")
+    assert later["overrides"]["generateDocs"] is False
+    assert await scalar(adb, "SELECT scheduled_at FROM runs WHERE id = %s", later["id"]) == at
