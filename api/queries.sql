@@ -378,6 +378,14 @@ LIMIT %(limit)s;
 -- name: latest_run_of_job
 SELECT * FROM runs WHERE job_id = %(job_id)s AND account_id = %(account_id)s ORDER BY id DESC LIMIT 1;
 
+-- name: latest_docs_run
+-- The job's latest successful run that kept dbt's docs site (its hosted docs).
+SELECT id FROM runs
+WHERE job_id = %(job_id)s AND account_id = %(account_id)s AND status = 10
+  AND EXISTS (SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.path = 'target/index.html')
+ORDER BY id DESC
+LIMIT 1;
+
 -- name: docs_of_runs
 -- Which of the runs kept dbt's docs catalog or its source freshness results.
 SELECT run_id, path FROM artifacts

@@ -22,7 +22,7 @@ from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, projects, runs, webhooks
 from api.rest.envelope import error_response, http_code
 from api.store import Store
-from api.web import errors, forms, pages
+from api.web import docs, errors, forms, pages
 from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
 from api.webhooks.targets import TargetPolicy
@@ -58,7 +58,7 @@ def create_app(
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
     rest = (runs.router, jobs.router, projects.router, webhooks.router, git_hooks.router)
-    for router in (*rest, forms.router, pages.router):
+    for router in (*rest, forms.router, docs.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
 
