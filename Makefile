@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s test-packages
+.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
 
 # dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 check-services: $(STAMP)
 	$(BIN)/runplane check-services
 
-run: check-services $(DBT_STAMP)
+run: check-services $(DBT_STAMP) fence-packages
 	$(BIN)/runplane up --demo
 
 lint: $(STAMP)
@@ -60,6 +60,10 @@ k8s:
 # Debian's chromium (the web pages in a real browser) and prometheus (promtool, for the alert rules).
 test-packages:
 	deploy/test-packages.sh
+
+# What fences a local run like a Pod (DESIGN.md rule 7): nftables and bubblewrap, from Debian.
+fence-packages:
+	deploy/fence-packages.sh
 
 # The fault suite (its own private servers) runs beside the rest; its output is kept in a file and
 # printed after the rest's, and either one failing fails the target. The rest runs on TEST_WORKERS

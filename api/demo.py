@@ -4,13 +4,14 @@ its environment and dbt jobs. ``runplane.commands.demo`` says where the project 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from api.admin import issue_token
 from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.store import Store
 from api.validation import CompletionTriggerSpec, JobSpec
 from runplane.adapters.db import Connection, open_pool
+from runplane.basics.secrets import SecretBox, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.basics.types import AccountId, JobId, JobType, RunStatus
 
@@ -66,7 +67,7 @@ async def seed_demo(settings: Settings, name: str, project: DemoProject | None =
             for spec in DEMO_JOBS:
                 job_ids.append(await _job_once(store, conn, account_id, spec))
             if project is not None:
-                job_ids += await _seed_dbt_demo(store, conn, account_id, project)
+                job_ids += await _seed_dbt_demo(store, conn, account_id, project, box_from_settings(settings))
     finally:
         await pool.close()
     return account_id, token, job_ids
@@ -79,6 +80,7 @@ class DemoProject:
     repository_url: str
     warehouse: dict[str, str]  # postgres profile fields: host, port, user, dbname
     dbt_version: str
+    warehouse_secrets: dict[str, str] = field(default_factory=dict)  # the password, in clear (encrypted here)
 
 
 DEMO_PROJECT_NAME = "jaffle_shop"
@@ -120,8 +122,11 @@ def demo_dbt_jobs(environment_id: int, build_job_id: int | None) -> list[JobSpec
     return jobs
 
 
-async def _seed_dbt_demo(store: Store, conn: Connection, account_id: AccountId, project: DemoProject) -> list[int]:
-    """The demo's project, environment and dbt jobs, each made once (found by name after that)."""
+async def _seed_dbt_demo(
+    store: Store, conn: Connection, account_id: AccountId, project: DemoProject, box: SecretBox
+) -> list[int]:
+    """The demo's project, environment and dbt jobs, each made once (found by name after that); the
+    environment's warehouse is set again each time (where the demo's warehouse is now)."""
     projects = [p for p in await store.list_projects(conn, account_id) if p["name"] == DEMO_PROJECT_NAME]
     if projects:
         project_id = projects[0]["id"]
@@ -131,24 +136,26 @@ async def _seed_dbt_demo(store: Store, conn: Connection, account_id: AccountId, 
     environments = [
         e for e in await store.list_environments(conn, account_id, project_id) if e["name"] == DEMO_ENVIRONMENT_NAME
     ]
+    environment = EnvironmentSpec(
+        project_id=project_id,
+        name=DEMO_ENVIRONMENT_NAME,
+        environment_type="deployment",
+        dbt_version=project.dbt_version,
+        git_branch="main",
+        adapter_type="postgres",
+        connection=project.warehouse,
+        connection_secrets=project.warehouse_secrets,
+        target_name="prod",
+        schema="analytics",
+        threads=4,
+        variables={"DBT_DEMO": "runplane"},
+    )
+    secrets = {name: box.encrypt(value) for name, value in project.warehouse_secrets.items()}
     if environments:
         environment_id = environments[0]["id"]
+        await store.update_environment(conn, account_id, environment_id, environment, secrets)
     else:
-        environment = EnvironmentSpec(
-            project_id=project_id,
-            name=DEMO_ENVIRONMENT_NAME,
-            environment_type="deployment",
-            dbt_version=project.dbt_version,
-            git_branch="main",
-            adapter_type="postgres",
-            connection=project.warehouse,
-            connection_secrets={},
-            target_name="prod",
-            schema="analytics",
-            threads=4,
-            variables={"DBT_DEMO": "runplane"},
-        )
-        environment_id = (await store.insert_environment(conn, account_id, environment, {}))["id"]
+        environment_id = (await store.insert_environment(conn, account_id, environment, secrets))["id"]
     job_ids: list[int] = []
     build_job_id: int | None = None
     for spec in demo_dbt_jobs(environment_id, None)[:1]:

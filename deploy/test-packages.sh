@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages the tests drive, installed when missing: chromium (the web pages in a real
 # browser, through Playwright; Playwright's own browser download is not used) and prometheus (for
-# promtool, which checks and unit-tests the chart's alert rules). Their services are not started.
+# promtool, which checks and unit-tests the chart's alert rules), and what fences a local run
+# (nftables, bubblewrap: deploy/fence-packages.sh). Their services are not started.
 # Then axe-core (the accessibility checks the browser tests inject into each page) from the npm
 # registry, at the version and hash of tests/system/axe/package-lock.json, into that folder only.
 set -euo pipefail
 
 AXE=$(cd "$(dirname "$0")/.." && pwd)/tests/system/axe
-PACKAGES=(chromium prometheus)
+PACKAGES=(chromium prometheus nftables bubblewrap)
 command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
+from runplane.adapters import local_fence, network_fence
+from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
 from runplane.basics.settings import Settings
 
@@ -54,7 +60,32 @@ def runner_environment(settings: Settings, environ: Mapping[str, str] | None = N
         or k.startswith(RUNNER_SETTINGS_PREFIX)
     }
     env["RUNPLANE_RUNNER__API_ADDRESS"] = settings.runner.api_address
+    hidden = [*settings.runner.local_hidden_paths, *_socket_directories(settings.database_url)]
+    env["RUNPLANE_RUNNER__LOCAL_HIDDEN_PATHS"] = json.dumps(list(dict.fromkeys(hidden)))
     return env
+
+
+def _socket_directories(database_url: str) -> list[str]:
+    """The directories of the Unix sockets ``database_url`` names (a host that is a path)."""
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    hosts = str(info.get("host") or "").split(",")
+    return [host for host in hosts if host.startswith("/")] or ["/var/run/postgresql"]  # libpq's default
+
+
+def control_plane_endpoints(settings: Settings) -> list[Endpoint]:
+    """The servers a run must never reach, wherever they are, even as a warehouse: the system of
+    record, the lock store and the bus. (The public APIs, like everything else on this machine,
+    are out of a run's reach anyway.)"""
+    found: set[Endpoint] = set()
+    info = psycopg.conninfo.conninfo_to_dict(settings.database_url)
+    hosts = str(info.get("host") or "127.0.0.1").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    for index, host in enumerate(hosts):
+        found.update(network_fence.resolve(host, int(ports[min(index, len(ports) - 1)] or 5432)))
+    for url, default_port in ((settings.redis_url, 6379), (settings.amqp_url, 5672)):
+        parts = urlsplit(url)
+        found.update(network_fence.resolve(parts.hostname or "127.0.0.1", parts.port or default_port))
+    return sorted(found)
 
 
 def closed_to_others(path: Path) -> Path | None:
@@ -164,14 +195,13 @@ class LocalLauncher:
     name = "local"
 
     def __init__(self, settings: Settings) -> None:
-        if settings.runner.local_uid < 0 or os.geteuid() != 0:
-            log.warning(
-                "runners keep this dispatcher's user: a step can signal that user's processes and read its "
-                "files; the control plane's environments are kept from it (not dumpable), but only a root "
-                "dispatcher gives each run a uid of its own (runner.local_uid)",
-                extra={"uid": os.geteuid(), "local_uid": settings.runner.local_uid},
-            )
-        else:
+        for problem in local_fence.problems(settings):
+            log.warning("runs are not fenced like Pods: %s", problem, extra={"uid": os.geteuid()})
+        if settings.runner.local_uid >= 0 and os.geteuid() == 0:
+            if network_fence.unavailable() is None:
+                network_fence.install(
+                    settings.runner.local_uid, settings.runner.local_uid_count, control_plane_endpoints(settings)
+                )
             for path in [sys.executable, *settings.runner.dbt_versions.values()]:
                 if (closed := closed_to_others(Path(path))) is not None:
                     log.warning(

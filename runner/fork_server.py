@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 
 from runner.control_plane import runner_channel
-from runner.run_user import become_run_user
+from runner.run_user import lease_for_run
 from runner.service import run
 from runplane.basics import logs
 from runplane.basics.settings import Settings
@@ -108,8 +108,8 @@ async def _wait_and_run(settings: Settings, assignment: int) -> int:
     if run_id <= 0:
         await channel.close(None)
         return 0
-    become_run_user(settings.runner, run_id)  # the connection stays open across the switch
-    return await run(settings, run_id, token, channel=channel)
+    run_user = lease_for_run(settings.runner, run_id)  # switched to after the claim; the connection stays open
+    return await run(settings, run_id, token, channel=channel, run_user=run_user)
 
 
 async def _read_line(fd: int) -> bytes:

@@ -8,8 +8,12 @@ count and takes the first free uid, so two runs never hold one uid at once.
 
 Taking a lease clears the uid of what an earlier holder left behind, because that holder was
 another account's run: every process still running as that uid is killed (a step that
-daemonised itself would otherwise watch the next run), and the uid's HOME is emptied (caches,
-dotfiles a step planted). A run therefore shares nothing with any other run through its uid.
+daemonised itself would otherwise watch the next run), what is left of its run cgroup is killed
+and removed, files it owns at the top of the shared temporary directories (``/tmp``, ``/var/tmp``,
+``/dev/shm``) are removed, and its private directory is made again, empty. That directory,
+``/var/lib/runplane/runs/<uid>`` (``runner.local_run_root``), holds the run's HOME and temporary
+directory; its parent is root's and closed to listing, so no other uid can create, plant in or
+block it. A run therefore shares nothing with any other run through its uid.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner import run_cgroup
 from runplane.basics.settings import RunnerSettings
 
 LEASES = Path("/run/runplane-uids")
@@ -32,32 +37,41 @@ class NoFreeUid(RuntimeError):
     """Every uid of the range is leased by a running run."""
 
 
+SHARED_TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+
+
 @dataclass(frozen=True)
 class RunUser:
     uid: int
     home: Path
     lease_fd: int  # held open (close-on-exec) for the runner's lifetime: the lease
+    tmp: Path  # the run's own temporary directory, beside HOME
 
 
-def become_run_user(runner: RunnerSettings, run_id: int) -> RunUser | None:
-    """Lease a uid for the run and switch to it (only as root; None otherwise, or with ``local_uid`` -1).
-
-    After the switch the kernel marks this process non-dumpable, so even its own steps cannot read
-    its memory, environment or open files; the control plane's processes (root) and other runs
-    (other uids) are out of reach. HOME becomes the uid's own, emptied for this run.
-    """
+def lease_for_run(runner: RunnerSettings, run_id: int) -> RunUser | None:
+    """As root, a uid leased for the run, not switched to yet (None when not root, or with ``local_uid`` -1)."""
     if runner.local_uid < 0 or os.geteuid() != 0:
         return None
-    user = lease_run_user(runner, run_id)
+    return lease_run_user(runner, run_id, runs=Path(runner.local_run_root))
+
+
+def switch_to(user: RunUser) -> None:
+    """Become the run's uid, for good. After the switch the kernel marks this process non-dumpable,
+    so even its own steps cannot read its memory, environment or open files; the control plane's
+    processes (root) and other runs (other uids) are out of reach. HOME and the temporary directory
+    become the run's own."""
     os.setgroups([])
     os.setgid(user.uid)
     os.setuid(user.uid)
     os.environ["HOME"] = str(user.home)
-    return user
+    os.environ["TMPDIR"] = str(user.tmp)
+    tempfile.tempdir = str(user.tmp)
 
 
-def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES) -> RunUser:
-    """As root: the first free uid from ``run_id`` modulo the count, cleared and with an empty HOME."""
+def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES, runs: Path | None = None) -> RunUser:
+    """As root: the first free uid from ``run_id`` modulo the count, cleared, with an empty HOME and
+    temporary directory in ``runs/<uid>``."""
+    runs = Path(runner.local_run_root) if runs is None else runs
     directory = _private_directory(leases)
     count = runner.local_uid_count
     for offset in range(count):
@@ -69,7 +83,12 @@ def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES) -
             os.close(fd)
             continue
         kill_processes_of(uid)
-        return RunUser(uid, fresh_home(uid), fd)
+        run_cgroup.clear(uid)
+        remove_files_of(uid)
+        private = fresh_private_directory(runs, uid)
+        home = _private_directory(private / "home", uid)
+        tmp = _private_directory(private / "tmp", uid)
+        return RunUser(uid, home, fd, tmp)
     raise NoFreeUid(f"all {count} run uids from {runner.local_uid} are in use; raise runner.local_uid_count")
 
 
@@ -93,24 +112,43 @@ def kill_processes_of(uid: int) -> None:
     )
 
 
-def fresh_home(uid: int) -> Path:
-    """``$TMPDIR/runplane-home-<uid>``, empty, owned by ``uid`` and private to it (made as root).
+def remove_files_of(uid: int, places: tuple[Path, ...] = SHARED_TEMPORARY) -> None:
+    """Remove what ``uid`` owns at the top of the shared temporary directories (as root: a mode
+    the owner set, such as a directory made unreadable, does not stop it)."""
+    for place in places:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
 
-    Made with ``exist_ok=False``: anything another uid puts there between the removal and the
-    ``mkdir`` (a symlink to follow) fails the run, which is relaunched."""
-    home = Path(tempfile.gettempdir()) / f"runplane-home-{uid}"
-    return _private_directory(home, uid, empty=True)
+
+def fresh_private_directory(runs: Path, uid: int) -> Path:
+    """``runs/<uid>``, empty, owned by ``uid`` and private to it. ``runs`` is root's own and others
+    may enter but not list or write it, so no other uid can make or hold ``runs/<uid>``."""
+    runs.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _private_directory(runs, mode=0o711)
+    return _private_directory(runs / str(uid), uid, empty=True)
 
 
-def _private_directory(path: Path, uid: int = 0, *, empty: bool = False) -> Path:
-    """``path`` as a directory ``uid`` owns and only it enters: whatever else is there (or anything
-    at all, when ``empty``) is removed first and the directory made again."""
+def _private_directory(path: Path, uid: int = 0, *, empty: bool = False, mode: int = 0o700) -> Path:
+    """``path`` as a directory ``uid`` owns and only it enters (``mode``): whatever else is there (or
+    anything at all, when ``empty``) is removed first and the directory made again."""
     try:
         found = path.lstat()
     except FileNotFoundError:
         found = None
     if found is not None and (
-        empty or not (stat.S_ISDIR(found.st_mode) and found.st_uid == uid and stat.S_IMODE(found.st_mode) == 0o700)
+        empty or not (stat.S_ISDIR(found.st_mode) and found.st_uid == uid and stat.S_IMODE(found.st_mode) == mode)
     ):
         if stat.S_ISDIR(found.st_mode):
             shutil.rmtree(path)
@@ -120,5 +158,5 @@ def _private_directory(path: Path, uid: int = 0, *, empty: bool = False) -> Path
     if found is None:
         path.mkdir(mode=0o700, parents=not empty, exist_ok=not empty)
         os.chown(path, uid, uid)
-        path.chmod(0o700)
+        path.chmod(mode)
     return path

@@ -43,8 +43,10 @@ from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.checkout import RepositoryCache
 from runner.control_plane import LeaseLost, RunnerApi, RunnerApiError, RunSpec, wait_for_run
 from runner.dbt_env import is_dbt_step
+from runner.fence import Fence, enter
 from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
+from runner.run_user import RunUser
 from runner.state_files import StateFileError, place_state_file
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane.adapters import tracing
@@ -98,9 +100,10 @@ def mask_bytes(content: bytes, secrets: list[str]) -> bytes:
 
 
 class Runner:
-    def __init__(self, settings: Settings, api: RunnerApi) -> None:
+    def __init__(self, settings: Settings, api: RunnerApi, fence: Fence | None = None) -> None:
         self._settings = settings
         self._api = api
+        self._fence = fence or Fence()
         self._control = StepControl()
         self._masked: list[str] = []
 
@@ -149,7 +152,13 @@ class Runner:
             memory_bytes=spec.memory_mb * 1024 * 1024,
             cancel_grace=self._settings.runner.cancel_grace,
             interrupt_grace=self._settings.runner.interrupt_grace,
+            confinement=self._fence.confinement,
+            oom_kills=self._fence.cgroup.oom_kills if self._fence.cgroup is not None else None,
         )
+        if self._fence.refusal:
+            await self._api.steps_skipped(0)
+            logs.write(0, f"runplane: {self._fence.refusal}\n".encode())
+            return Outcome.error(self._fence.refusal, FailureKind.STEP)
         env = step_environment(spec)
         cwd = work_dir
         collector = ArtifactCollector(work_dir / "target")
@@ -321,9 +330,18 @@ def read_token(source: str) -> str:
     return token.strip()
 
 
-async def run(settings: Settings, run_id: int, token: str, *, channel: grpc.aio.Channel | None = None) -> int:
+async def run(
+    settings: Settings,
+    run_id: int,
+    token: str,
+    *,
+    channel: grpc.aio.Channel | None = None,
+    run_user: RunUser | None = None,
+) -> int:
     """Execute run ``run_id`` with its token; 0 when an outcome was written or the run was not ours.
-    ``channel``: a runner API channel opened ahead of the run (it is closed at the end)."""
+    ``channel``: a runner API channel opened ahead of the run (it is closed at the end). ``run_user``:
+    a uid leased for the run (as root); once the run is claimed, it is fenced and this process
+    switches to that uid (``runner.fence``)."""
     api = RunnerApi(settings.runner.api_address, token, run_id, channel=channel)
     try:
         spec = await api.claim()
@@ -331,7 +349,9 @@ async def run(settings: Settings, run_id: int, token: str, *, channel: grpc.aio.
             log.info("run not starting or not ours; nothing to do", extra={"run_id": run_id})
             return 0
         log.info("run claimed", extra={"run_id": run_id, "job_id": spec.job_id, "account_id": spec.account_id})
-        outcome = await Runner(settings, api).execute(spec)
+        # Before the run's tasks start: nothing else waits on this loop yet.
+        fence = enter(settings, run_user, spec) if run_user is not None else None
+        outcome = await Runner(settings, api, fence).execute(spec)
         if outcome is None:
             return 1
         try:

@@ -55,6 +55,10 @@ class Limits:
     cancel_grace: float  # seconds from SIGTERM to SIGKILL
     interrupt_grace: float = 10.0  # seconds from SIGINT to SIGTERM
     sample_interval: float = 0.2
+    # The argv a step's command is appended to: the run's namespaces (``runner.sandbox``); () for none.
+    confinement: tuple[str, ...] = ()
+    # How many of the run's processes the kernel killed for the run cgroup's memory limit so far.
+    oom_kills: Callable[[], int] | None = None
 
 
 def tree_rss(pid: int) -> int:
@@ -122,8 +126,10 @@ async def run_step(
 ) -> StepResult:
     _steps_can_be_interrupted()
     guard, lifeline = await _start_guard(cwd)
+    oom_kills_before = limits.oom_kills() if limits.oom_kills is not None else 0
     try:
         process = await asyncio.create_subprocess_exec(
+            *limits.confinement,
             "/bin/sh",
             "-c",
             command,
@@ -155,6 +161,8 @@ async def run_step(
     try:
         end = await _watch(process, pgid, control, limits, sent)
         exit_code = await process.wait()
+        if end is StepEnd.EXITED and exit_code != 0 and limits.oom_kills and limits.oom_kills() > oom_kills_before:
+            end = StepEnd.MEMORY_LIMIT  # the kernel killed a process of the step for the run's memory limit
     finally:
         _signal_group(pgid, signal.SIGKILL)  # anything the step left in the background, and the guard
         os.close(lifeline)

@@ -265,6 +265,19 @@ class RunnerSettings(BaseModel):
         description="How many uids from local_uid runs lease (the first free one from run id modulo this): no two "
         "running runs share a uid, and a uid is cleared of its last run's processes and HOME before the next.",
     )
+    local_run_root: str = Field(
+        "/var/lib/runplane/runs",
+        description="local launcher, as root: where each run uid's private directory (HOME and temporary "
+        "directory) is made; root's own, closed to listing.",
+    )
+    local_pids_max: int = Field(
+        4096, ge=16, description="local launcher, as root: most processes and threads a run may have at once."
+    )
+    local_hidden_paths: list[str] = Field(
+        default_factory=lambda: ["/run/postgresql", "/run/redis", "/run/rabbitmq", "/run/mysqld"],
+        description="local launcher: directories of the control plane's Unix sockets that steps see empty "
+        "(JSON list); the directory of a socket named in database_url is added.",
+    )
     pool_wait_seconds: float = Field(
         20.0, description="Warm pool Pod: how long one WaitForRun call waits for a run before it is made again."
     )

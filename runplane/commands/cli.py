@@ -177,15 +177,15 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
             logs.configure("runner", fmt=settings.log_format, level=settings.log_level)
             setup_tracing("runner", settings.otlp_endpoint)
-            from runner.run_user import become_run_user
+            from runner.run_user import lease_for_run
             from runner.service import read_token, run, wait_and_run
 
             token = read_token(args.token_file)
             try:
                 if args.pool:
                     return asyncio.run(wait_and_run(settings, token))
-                become_run_user(settings.runner, args.run_id)
-                return asyncio.run(run(settings, args.run_id, token))
+                run_user = lease_for_run(settings.runner, args.run_id)
+                return asyncio.run(run(settings, args.run_id, token, run_user=run_user))
             finally:
                 shutdown_tracing()
         case "up":

@@ -3,8 +3,9 @@
 With dbt installed (``make run`` makes ``.venv-dbt`` and names it in ``RUNPLANE_RUNNER__DBT_VERSIONS``)
 the demo also gets the example dbt project (``examples/jaffle_shop``) in a local git repository of
 its own install (updated with a new commit only when the example changed), an environment whose
-warehouse is a database of the local Postgres named after the install's own database, and three dbt
-jobs: a scheduled build, a CI job and a job chained to the build.
+warehouse is a Postgres cluster of the install's own (``runplane.commands.demo_warehouse``: never
+the control plane's server, which a run may not reach), and three dbt jobs: a scheduled build, a
+CI job and a job chained to the build.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from pathlib import Path
 import psycopg
 
 from runplane.basics.settings import Settings
-from runplane.commands.migrate import ensure_database
+from runplane.commands.demo_warehouse import DemoWarehouse
 
 DEMO_ACCOUNT = "demo"
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "examples" / "jaffle_shop"
-# Postgres cuts identifiers at 63 bytes; a longer warehouse name is cut and told apart by a hash.
-MAX_IDENTIFIER = 63
+
+
+def control_plane_database(settings: Settings) -> str:
+    return str(psycopg.conninfo.conninfo_to_dict(settings.database_url).get("dbname") or "runplane")
 
 
 def demo_repository_path(settings: Settings, install: Path = EXAMPLE_PROJECT) -> Path:
@@ -59,52 +62,28 @@ def _git(path: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True, text=True).stdout
 
 
-def control_plane_database(settings: Settings) -> str:
-    return str(psycopg.conninfo.conninfo_to_dict(settings.database_url).get("dbname") or "runplane")
-
-
-def warehouse_database(settings: Settings) -> str:
-    """The demo warehouse's database: named after the control plane's, so two installs that share a
-    Postgres (each with a database of its own) get a warehouse each."""
-    name = f"{control_plane_database(settings)}_demo_warehouse"
-    if len(name.encode()) <= MAX_IDENTIFIER:
-        return name
-    head = name.encode()[: MAX_IDENTIFIER - 9].decode(errors="ignore")
-    return f"{head}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
-
-def warehouse_fields(settings: Settings) -> dict[str, str]:
-    """The profile fields of the demo's warehouse: a database of runplane's own Postgres."""
-    dbname = warehouse_database(settings)
-    url = psycopg.conninfo.make_conninfo(settings.database_url, dbname=dbname)
-    ensure_database(url)
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    return {
-        "host": str(info.get("host") or "127.0.0.1"),
-        "port": str(info.get("port") or "5432"),
-        "user": str(info.get("user") or "postgres"),
-        "dbname": dbname,
-    }
-
-
-def seed_demo(settings: Settings) -> list[str]:
-    """Create the demo account (once), a fresh token and the demo jobs; returns what to print."""
+def seed_demo(settings: Settings) -> tuple[list[str], DemoWarehouse | None]:
+    """Create the demo account (once), a fresh token and the demo jobs; what to print, and the
+    warehouse started for the dbt jobs (to stop at the end)."""
     from api.demo import DemoProject
     from api.demo import seed_demo as seed
 
     dbt_versions = sorted(settings.runner.dbt_versions)
     project = None
+    warehouse = None
     if dbt_versions:
+        warehouse = DemoWarehouse.for_install(settings)
+        fields, password = warehouse.start()
         project = DemoProject(
-            demo_repository(demo_repository_path(settings)), warehouse_fields(settings), dbt_versions[-1]
+            demo_repository(demo_repository_path(settings)), fields, dbt_versions[-1], {"password": password}
         )
     account_id, token, job_ids = asyncio.run(seed(settings, DEMO_ACCOUNT, project))
     address = f"{settings.api.host}:{settings.api.port}"
     dbt_lines = (
         [
-            f"dbt project {project.repository_url} (dbt {project.dbt_version}), warehouse database "
-            f"{project.warehouse['dbname']}: jobs jaffle-build (every 10 minutes), jaffle-ci, jaffle-after-build "
-            f"= {job_ids[-3:]}",
+            f"dbt project {project.repository_url} (dbt {project.dbt_version}), warehouse: a Postgres of its "
+            f"own on port {project.warehouse['port']}: jobs jaffle-build (every 10 minutes), jaffle-ci, "
+            f"jaffle-after-build = {job_ids[-3:]}",
             f"  RUNPLANE_TOKEN={token} .venv/bin/python -m client trigger {job_ids[-3]} --follow",
         ]
         if project is not None
@@ -126,4 +105,4 @@ def seed_demo(settings: Settings) -> list[str]:
         f"  RUNPLANE_TOKEN={token} .venv/bin/python -m client trigger {job_ids[0]} --follow",
         "",
         "Ctrl-C stops everything.",
-    ]
+    ], warehouse

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import psutil
 from pydantic import SecretStr
 
+from runplane.adapters import local_fence
 from runplane.basics.backoff import ceiling
 from runplane.basics.settings import Settings
 
@@ -147,10 +148,11 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     # Every service that stores or reads a secret needs the same keys: one machine keeps them in a file.
     settings = settings.model_copy(update={"secret_keys": SecretStr(ensure_local_keys(settings))})
     banner: list[str] = []
+    warehouse = None
     if demo:
         from runplane.commands.demo import seed_demo
 
-        banner = seed_demo(settings)
+        banner, warehouse = seed_demo(settings)
     children = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
     stopping = False
 
@@ -173,6 +175,9 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         print(port_line, flush=True)
     for line in banner:
         print(line, flush=True)
+    if (launcher or settings.dispatcher.launcher) == "local":
+        for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
+            print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
     exit_code = 0
     try:
         while not stopping:
@@ -182,5 +187,7 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     finally:
         print("stopping runplane ...", flush=True)
         stop_all(children, settings.drain_seconds + 5)
+        if warehouse is not None:
+            warehouse.stop()
         print("stopped", flush=True)
     return exit_code

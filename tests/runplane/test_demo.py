@@ -7,13 +7,8 @@ import subprocess
 from pathlib import Path
 
 from runplane.basics.settings import Settings
-from runplane.commands.demo import (
-    EXAMPLE_PROJECT,
-    MAX_IDENTIFIER,
-    demo_repository,
-    demo_repository_path,
-    warehouse_database,
-)
+from runplane.commands.demo import EXAMPLE_PROJECT, demo_repository, demo_repository_path
+from runplane.commands.demo_warehouse import DemoWarehouse
 
 
 def _settings(dbname: str) -> Settings:
@@ -39,11 +34,10 @@ def test_two_installs_of_one_user_get_repositories_of_their_own() -> None:
 
 
 def test_two_installs_on_one_postgres_get_warehouses_of_their_own() -> None:
-    assert warehouse_database(_settings("runplane")) == "runplane_demo_warehouse"
-    assert warehouse_database(_settings("runplane_second")) == "runplane_second_demo_warehouse"
-    long_names = {warehouse_database(_settings("x" * 60 + suffix)) for suffix in ("a", "b")}
-    assert len(long_names) == 2
-    assert all(len(name.encode()) <= MAX_IDENTIFIER for name in long_names)
+    one = DemoWarehouse.for_install(_settings("runplane"))
+    other = DemoWarehouse.for_install(_settings("runplane_second"))
+    assert one.directory != other.directory and one.port != other.port
+    assert one == DemoWarehouse.for_install(_settings("runplane"))  # the same after a restart
 
 
 def test_a_restart_keeps_the_repository_and_commits_only_a_change(tmp_path: Path) -> None:

@@ -1,0 +1,87 @@
+"""A local run fenced like a Pod: what the runner does as root between its claim and the switch to the run's uid.
+
+1. The network (``runplane.network_fence``): the run's uid may reach the runner API and the
+   warehouses its environment names on this machine, nothing else here; a warehouse that is one of
+   the control plane's own servers is refused, loudly (on one machine its Postgres trusts local
+   clients: reaching the port is a superuser login).
+2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own) and pids limits,
+   joined by the runner so everything the run starts is counted and killed at its end.
+3. The switch to the uid (``runner.run_user``), and the namespaces every step of the run gets
+   (``runner.sandbox``).
+
+What this machine cannot offer (``runplane.local_fence``: not root, no nftables, no bubblewrap, no
+memory or pids controller) is said at start by the dispatcher and ``runplane up``; a run then goes
+without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from runner import run_cgroup, sandbox
+from runner.control_plane import RunSpec
+from runner.run_user import RunUser, switch_to
+from runplane.adapters import cgroups, local_fence, network_fence
+from runplane.adapters.network_fence import Endpoint
+from runplane.basics.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Warehouse adapters whose profile names a host and port, with their default port.
+WAREHOUSE_PORTS = {"postgres": 5432, "redshift": 5439, "materialize": 6875, "mysql": 3306, "sqlserver": 1433}
+
+
+@dataclass(frozen=True)
+class Fence:
+    confinement: tuple[str, ...] = ()  # the argv prefix of every step (runner.steps.Limits)
+    cgroup: run_cgroup.RunCgroup | None = None
+    refusal: str = ""  # why the run may not start (said in its log and outcome)
+    keeper: int = field(default=-1, repr=False)  # held until the runner exits
+
+
+def warehouse_endpoints(spec: RunSpec) -> list[Endpoint]:
+    """The addresses of the warehouse the run's environment names."""
+    if not spec.HasField("dbt"):
+        return []
+    connection = spec.dbt.connection
+    host = connection.get("host", "")
+    default = WAREHOUSE_PORTS.get(spec.dbt.adapter_type)
+    try:
+        port = int(connection.get("port") or default or 0)
+    except ValueError:
+        return []
+    return network_fence.resolve(host, port) if port > 0 else []
+
+
+def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
+    """As root: fence the run, then switch to its uid for good."""
+    refusal = ""
+    if network_fence.unavailable() is None:
+        warehouse = [e for e in warehouse_endpoints(spec) if network_fence.is_local(e)]
+        owned = [e for e in warehouse if network_fence.is_control_plane(e)]
+        if owned:
+            refusal = (
+                f"the warehouse {', '.join(map(str, owned))} is a server of runplane's own control plane; a run "
+                "may not reach it (its clients on this machine need no password): give the environment a "
+                "warehouse of its own"
+            )
+            warehouse = []
+        earlier = network_fence.load(os.pread(user.lease_fd, 65536, 0))
+        reach = sorted({*network_fence.address_endpoints(settings.runner.api_address), *warehouse})
+        network_fence.allow_run(user.uid, reach, earlier)
+        record = network_fence.dump(reach)  # for the next holder of the uid to take away
+        os.ftruncate(user.lease_fd, 0)
+        os.pwrite(user.lease_fd, record, 0)
+    cgroup = None
+    keeper = -1
+    if cgroups.unavailable() is None:
+        memory = spec.memory_mb * 1024 * 1024 + run_cgroup.RUNNER_ALLOWANCE
+        cgroup = run_cgroup.create(user.uid, memory_bytes=memory, pids_max=settings.runner.local_pids_max)
+        keeper = run_cgroup.join(cgroup)
+    confinement: tuple[str, ...] = ()
+    if local_fence.sandbox_unavailable() is None:
+        confinement = sandbox.confinement(user.tmp, settings.runner.local_hidden_paths)
+    switch_to(user)
+    return Fence(confinement, cgroup, refusal, keeper)

@@ -1,0 +1,186 @@
+"""A cgroup per local run: memory and pids limits over everything the run starts, killed whole at its end.
+
+Made as root when the run starts, under the cgroup the runner was started in (a machine's own
+processes may already sit in a limited one), named after the run's uid (``runplane-runs/uid-N``:
+a uid is leased to one run at a time, so the name is the run's while it runs). Both layouts are
+read from ``/proc/self/cgroup`` and the mounts:
+
+- cgroup v2 (one hierarchy): ``memory.max``, ``pids.max`` and ``cgroup.kill`` in one directory;
+- hybrid or v1: ``memory.limit_in_bytes`` in the v1 memory hierarchy, ``pids.max`` in the v1 pids
+  hierarchy, and ``cgroup.kill`` from the cgroup2 hierarchy mounted beside them (``unified``)
+  when there is one; without it the processes listed in ``cgroup.procs`` are killed until none is
+  left (a process cannot leave its cgroup without root, and ``pids.max`` bounds what it may start).
+
+The runner joins the cgroup before it switches to the run's uid, so every process of the run is
+in it, daemons included. A *keeper* started just before (root, outside the cgroup, its stdin the
+read end of a pipe only the runner holds) kills and removes the cgroup when the runner ends, however
+it ends; the next lease of the uid does the same for a keeper that did not get to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from runplane.adapters.cgroups import CONTROL, Hierarchy, controllers_of, hierarchies
+
+RUNNER_ALLOWANCE = 256 * 1024 * 1024  # the runner's own memory, on top of the run's memory limit
+KILL_TIMEOUT = 10.0
+
+# Waits for EOF on stdin (the runner is gone), then kills every process of the cgroups named in
+# its arguments and removes them. It ignores the signals a terminal or a shutdown would send.
+_KEEPER = """trap '' INT TERM HUP
+read -r _
+for d in "$@"; do [ -e "$d/cgroup.kill" ] && echo 1 > "$d/cgroup.kill"; done
+i=0
+for d in "$@"; do
+  while read -r p < "$d/cgroup.procs" && [ "$i" -lt 400 ]; do
+    xargs -r kill -9 < "$d/cgroup.procs" 2>/dev/null; sleep 0.025; i=$((i + 1))
+  done
+  rmdir "$d" "${d%/*}" 2>/dev/null
+done
+"""
+# Runs the keeper ($0) in the background with this shell's stdin (an asynchronous list would get
+# /dev/null), under its own name.
+_DETACH = 'exec 3<&0; /bin/sh -c "$0" runplane-cgroup-keeper "$@" <&3 3<&- &'
+
+
+@dataclass(frozen=True)
+class RunCgroup:
+    directories: tuple[Path, ...]  # one per hierarchy, the run's leaf
+
+    def oom_kills(self) -> int:
+        """How many processes of the run the kernel killed for its memory limit so far."""
+        for directory in self.directories:
+            for name in ("memory.events", "memory.oom_control"):
+                with contextlib.suppress(OSError):
+                    for line in (directory / name).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            return int(value)
+        return 0
+
+
+def _write(path: Path, value: str) -> None:
+    with path.open("w") as file:
+        file.write(value)
+
+
+def _prepare_v2_parent(hierarchy: Hierarchy) -> None:
+    """Let ``runplane-runs`` hand memory and pids down to the runs' leaves (v2's "no processes in
+    inner cgroups" rule: the controllers are enabled from the top of our own subtree)."""
+    own = hierarchy.own_directory
+    wanted = hierarchy.offered()
+    if not wanted:
+        return
+    enable = " ".join(f"+{c}" for c in sorted(wanted))
+    base = hierarchy.base
+    base.mkdir(exist_ok=True)
+    for directory in (own, base):
+        try:
+            _write(directory / "cgroup.subtree_control", enable)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or directory != own:
+                raise
+            # Our own cgroup holds processes: they move to a leaf of their own first, as systemd's
+            # delegation asks, and the controllers are enabled above them.
+            leaf = own / CONTROL
+            leaf.mkdir(exist_ok=True)
+            for pid in (own / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    _write(leaf / "cgroup.procs", pid)
+            _write(directory / "cgroup.subtree_control", enable)
+
+
+def kill(directory: Path, deadline: float) -> None:
+    """Kill every process of the cgroup at ``directory`` and remove it (it may already be gone)."""
+    if not directory.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        if (directory / "cgroup.kill").exists():
+            _write(directory / "cgroup.kill", "1")
+    while time.monotonic() < deadline:
+        try:
+            pids = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            with contextlib.suppress(FileNotFoundError):
+                directory.rmdir()
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)  # the kernel ends the killed processes asynchronously
+    raise OSError(errno.EBUSY, f"processes of {directory} did not end in {KILL_TIMEOUT} s")
+
+
+def clear(uid: int) -> None:
+    """As root: kill and remove what is left of the uid's last run's cgroup (its keeper did not get to it)."""
+    deadline = time.monotonic() + KILL_TIMEOUT
+    for hierarchy in hierarchies():
+        kill(hierarchy.base / f"uid-{uid}", deadline)
+
+
+def create(uid: int, *, memory_bytes: int, pids_max: int) -> RunCgroup:
+    """As root: a fresh cgroup for the uid's run in every hierarchy, limits set (none joined yet)."""
+    clear(uid)
+    directories = []
+    for hierarchy in hierarchies():
+        leaf = hierarchy.base / f"uid-{uid}"
+        for attempt in range(3):  # a keeper removes the parent when its run was the last one in it
+            if hierarchy.v2:
+                _prepare_v2_parent(hierarchy)
+            hierarchy.base.mkdir(exist_ok=True)
+            try:
+                leaf.mkdir()
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        directories.append(leaf)
+        if "memory" in hierarchy.controllers:
+            _write(leaf / "memory.limit_in_bytes", str(memory_bytes))
+        if "pids" in hierarchy.controllers:
+            _write(leaf / "pids.max", str(pids_max))
+        if hierarchy.v2:
+            available = controllers_of(leaf)
+            if "memory" in available:
+                _write(leaf / "memory.max", str(memory_bytes))
+                _write(leaf / "memory.swap.max", "0")
+            if "pids" in available:
+                _write(leaf / "pids.max", str(pids_max))
+    return RunCgroup(tuple(directories))
+
+
+def join(cgroup: RunCgroup) -> int:
+    """Start the keeper, then move this process into the run's cgroups; the pipe end to hold until exit."""
+    read_end, write_end = os.pipe()  # not inherited: no step holds the write end
+    try:
+        # Started in the background of a shell that exits at once: the keeper is nobody's child,
+        # so whatever kills the runner's process tree leaves it to do its work.
+        launcher = os.posix_spawn(
+            "/bin/sh",
+            ["/bin/sh", "-c", _DETACH, _KEEPER, *map(str, cgroup.directories)],
+            {"PATH": "/usr/bin:/bin"},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, read_end, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )
+        os.waitpid(launcher, 0)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    for directory in cgroup.directories:
+        _write(directory / "cgroup.procs", str(os.getpid()))
+    return write_end

@@ -1,0 +1,51 @@
+"""The namespaces a local run's steps execute in (bubblewrap): a private /proc, /tmp and IPC.
+
+A step of a run with a uid of its own starts as ``bwrap … -- /bin/sh -c <command>`` with:
+
+- a PID namespace with its own ``/proc``: the step sees its own processes only, so it can neither
+  read other tenants' command lines nor name its runner to signal or trace it; when the step's
+  shell ends, the kernel kills whatever it left in the namespace (a daemon that double-forked and
+  called setsid included);
+- a mount namespace where ``/tmp`` and ``/var/tmp`` are the run's own temporary directory (made by
+  root for the run, removed before its uid is leased again), ``/dev/shm`` and an IPC namespace of
+  its own, and the control plane's Unix sockets (``runner.local_hidden_paths``: Postgres's
+  ``/run/postgresql`` and the like) covered by empty directories;
+- no new privileges, no capabilities.
+
+bwrap runs unprivileged (a user namespace mapping the run's uid to itself), so the runner, already
+the run's uid, starts it. The network is left to the nftables fence keyed by that uid
+(``runplane.network_fence``). bwrap's own process ignores SIGINT and SIGTERM (``env
+--ignore-signal``), so a cancel reaches the step (dbt cancels its queries) without ending the
+sandbox under it; the step gets them back at their defaults (``env --default-signal``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def confinement(run_tmp: Path, hidden: Sequence[str]) -> tuple[str, ...]:
+    """The argv that runs a command (appended to it) in the run's namespaces."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    argv = [
+        "env", "--ignore-signal=INT,TERM", bwrap,
+        "--bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--bind", str(run_tmp), "/tmp",
+        "--bind", str(run_tmp), "/var/tmp",
+        "--tmpfs", "/dev/shm",
+    ]  # fmt: skip
+    seen: set[str] = set()
+    for path in hidden:
+        real = os.path.realpath(path)
+        if real in seen or not os.path.isdir(real):
+            continue
+        seen.add(real)
+        argv += ["--tmpfs", real]
+    return (*argv, "--", "env", "--default-signal=INT,TERM")

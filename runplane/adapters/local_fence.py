@@ -1,0 +1,51 @@
+"""What this machine can fence a local run with, said at start by the dispatcher and ``runplane up``.
+
+A run on one machine is fenced like a Pod (``runner.fence``) only with what the kernel and the
+machine offer: root (uids of their own), nftables (the network), cgroup memory and pids
+controllers (limits, and killing the run whole), and bubblewrap (namespaces for its steps). Each
+thing missing is said loudly, with what it leaves open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from runplane.adapters import cgroups, network_fence
+from runplane.basics.settings import Settings
+
+
+def sandbox_unavailable() -> str | None:
+    """Why steps cannot be put in namespaces here, or None."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (the `bwrap` command; apt-get install bubblewrap)"
+    return None
+
+
+def problems(settings: Settings) -> list[str]:
+    """What this machine cannot fence local runs with, each with what it means; empty when it can."""
+    if os.geteuid() != 0:
+        return [
+            "not root: runs keep the dispatcher's user and are not fenced: a step can connect to the control "
+            "plane's Postgres, Redis and RabbitMQ on this machine, signal the dispatcher's user's processes "
+            "and read its files (one trusted tenant only)"
+        ]
+    if settings.runner.local_uid < 0:
+        return ["runner.local_uid is -1: runs keep the dispatcher's user and are not fenced (one trusted tenant)"]
+    found = []
+    if (why := network_fence.unavailable()) is not None:
+        found.append(
+            f"runs are not fenced from the network ({why}): a step can connect to the control plane's Postgres, "
+            "Redis and RabbitMQ on this machine"
+        )
+    if (why := cgroups.unavailable()) is not None:
+        found.append(
+            f"runs get no cgroup ({why}): no kernel memory or pids limit over a run, and what a step leaves "
+            "outside its namespaces may outlive the run until its uid is leased again"
+        )
+    if (why := sandbox_unavailable()) is not None:
+        found.append(
+            f"steps get no namespaces ({why}): a step shares /tmp and /proc with the machine, sees other "
+            "runs' command lines, can signal its own runner and outlive its run as a daemon"
+        )
+    return found

@@ -1,0 +1,186 @@
+"""What a local run may reach on the network: nftables rules keyed by the socket owner's uid.
+
+Every local run executes as a uid of its own (``runner.run_user``), so the kernel can tell a step's
+packets from the control plane's by the uid that owns the socket (``meta skuid``). One table,
+``inet runplane_fence``, shared by every runplane install on the machine, holds:
+
+- ``fenced_uids``: the run uid ranges (each dispatcher adds its own);
+- ``control_plane4/6``: the control plane's servers (Postgres, Redis, RabbitMQ, the public APIs):
+  refused to a run uid first, whatever else allows it, on this machine or elsewhere;
+- ``reach4/6``: ``uid . address . port`` a run may reach on this machine: the runner API and the
+  warehouses its environment names, added for the run's uid when it starts (as root) and taken
+  away when the uid is leased again;
+- anything else on this machine (whatever leaves through ``lo``: loopback and the host's own
+  addresses) is refused to a run uid; DNS and the rest of the network stay open, as a Kubernetes
+  NetworkPolicy leaves a Pod DNS and its warehouses.
+
+Packets without a full socket (the kernel's own resets, time-wait acks) carry no owner and are
+never matched, so the rules cannot touch anything but the runs' own connections.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLE = "runplane_fence"
+RULES = f"""
+table inet {TABLE} {{
+  set fenced_uids {{ type uid; flags interval; auto-merge; }}
+  set control_plane4 {{ type ipv4_addr . inet_service; }}
+  set control_plane6 {{ type ipv6_addr . inet_service; }}
+  set reach4 {{ type uid . ipv4_addr . inet_service; }}
+  set reach6 {{ type uid . ipv6_addr . inet_service; }}
+  chain output {{
+    type filter hook output priority filter; policy accept;
+    meta skuid @fenced_uids jump fence
+  }}
+  chain fence {{
+    meta l4proto {{ tcp, udp }} ip daddr . th dport @control_plane4 reject with icmpx port-unreachable
+    meta l4proto {{ tcp, udp }} ip6 daddr . th dport @control_plane6 reject with icmpx port-unreachable
+    oifname != "lo" accept
+    meta l4proto {{ tcp, udp }} th dport 53 accept
+    meta l4proto {{ tcp, udp }} meta skuid . ip daddr . th dport @reach4 accept
+    meta l4proto {{ tcp, udp }} meta skuid . ip6 daddr . th dport @reach6 accept
+    meta l4proto tcp reject with tcp reset
+    reject with icmpx port-unreachable
+  }}
+}}
+"""
+# Held while the table is made, so two dispatchers starting together make it once.
+INSTALL_LOCK = Path("/run/runplane-fence.lock")
+
+
+class FenceError(RuntimeError):
+    """nftables refused a change."""
+
+
+@dataclass(frozen=True, order=True)
+class Endpoint:
+    address: str  # an IP address, never a name
+    port: int
+
+    @property
+    def family(self) -> int:
+        return ipaddress.ip_address(self.address).version
+
+    def element(self, uid: int | None = None) -> str:
+        head = f"{uid} . " if uid is not None else ""
+        return f"{head}{self.address} . {self.port}"
+
+    def __str__(self) -> str:
+        return f"[{self.address}]:{self.port}" if self.family == 6 else f"{self.address}:{self.port}"
+
+
+def address_endpoints(address: str) -> list[Endpoint]:
+    """The endpoints of a ``host:port`` address."""
+    host, _, port = address.rpartition(":")
+    return resolve(host.strip("[]") or "127.0.0.1", int(port))
+
+
+def resolve(host: str, port: int) -> list[Endpoint]:
+    """Every address ``host`` names (a wildcard or unresolvable name: none), with ``port``."""
+    if not host or host.startswith("/"):
+        return []
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    endpoints = set()
+    for _family, _type, _proto, _name, address in found:
+        ip = ipaddress.ip_address(str(address[0]).split("%", 1)[0])
+        if not ip.is_unspecified:
+            endpoints.add(Endpoint(str(ip), port))
+    return sorted(endpoints)
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot fence runs by the network, or None when it can."""
+    if os.geteuid() != 0:
+        return "not root"
+    if shutil.which("nft") is None:
+        return "nftables is not installed (the `nft` command; apt-get install nftables)"
+    return None
+
+
+def _nft(script: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False, timeout=30)
+    if check and done.returncode != 0:
+        raise FenceError(f"nft refused: {done.stderr.strip()}")
+    return done
+
+
+def install(uid_first: int, uid_count: int, control_plane: Iterable[Endpoint]) -> None:
+    """Make the table (once per machine) and add this install's run uids and control-plane servers."""
+    with INSTALL_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        exists = subprocess.run(
+            ["nft", "list", "chain", "inet", TABLE, "fence"], capture_output=True, check=False, timeout=30
+        )
+        if exists.returncode != 0:
+            _nft(RULES)
+    lines = [f"add element inet {TABLE} fenced_uids {{ {uid_first}-{uid_first + uid_count - 1} }}"]
+    lines += _element_lines("add", "control_plane", control_plane)
+    _nft("\n".join(lines) + "\n")
+
+
+def _element_lines(verb: str, set_prefix: str, endpoints: Iterable[Endpoint], uid: int | None = None) -> list[str]:
+    return [
+        f"{verb} element inet {TABLE} {set_prefix}{endpoint.family} {{ {endpoint.element(uid)} }}"
+        for endpoint in endpoints
+    ]
+
+
+def allow_run(uid: int, endpoints: Iterable[Endpoint], earlier: Iterable[Endpoint] = ()) -> None:
+    """Let ``uid`` reach ``endpoints`` on this machine, and no longer what an earlier holder of the
+    uid could (``earlier``), in one atomic change."""
+    stale = list(earlier)
+    # "add" first makes every "delete" valid even when the element is already gone.
+    lines = _element_lines("add", "reach", stale, uid) + _element_lines("delete", "reach", stale, uid)
+    lines += _element_lines("add", "reach", endpoints, uid)
+    if lines:
+        _nft("\n".join(lines) + "\n")
+
+
+def is_control_plane(endpoint: Endpoint) -> bool:
+    """Whether ``endpoint`` is one of the control plane's servers in the table."""
+    done = subprocess.run(
+        ["nft", "get", "element", "inet", TABLE, f"control_plane{endpoint.family}", f"{{ {endpoint.element()} }}"],
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+    return done.returncode == 0
+
+
+def is_local(endpoint: Endpoint) -> bool:
+    """Whether ``endpoint`` is on this machine (its packets would leave through ``lo``)."""
+    ip = ipaddress.ip_address(endpoint.address)
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((endpoint.address, 0))  # only an address of this machine can be bound
+        except OSError:
+            return False
+    return True
+
+
+def dump(endpoints: Iterable[Endpoint]) -> bytes:
+    return json.dumps([[e.address, e.port] for e in endpoints]).encode()
+
+
+def load(data: bytes) -> list[Endpoint]:
+    try:
+        return [Endpoint(str(a), int(p)) for a, p in json.loads(data or b"[]")]
+    except (ValueError, TypeError):
+        return []
