@@ -11,19 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
-from api.validation import MAX_NAME, MAX_THREADS, environment, git_branch, matching, positive_id, text
+from api.validation import MAX_NAME, environment, git_branch, positive_id, text
 from runplane.basics.errors import InvalidArgument
+from runplane.dbt import fields
 from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
 from runplane.v1 import projects_pb2
 
 MAX_URL = 2048
 MAX_CREDENTIAL = 16 * 1024
 MAX_SUBDIRECTORY = 1024
-MAX_DBT_VERSION = 128
 MAX_FIELD_VALUE = 1024
-_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_TARGET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_DBT_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/+-]{0,127}")
 _SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+")
 
 CREDENTIAL_KINDS = {
@@ -118,29 +115,28 @@ def environment_spec(
     environment_type = ENVIRONMENT_TYPES.get(request.environment_type)
     if environment_type is None:
         raise InvalidArgument("environment_type", "must be deployment or development")
-    dbt_version = text(request.dbt_version.strip(), "dbt_version", max_length=MAX_DBT_VERSION, required=True)
-    matching(dbt_version, "dbt_version", _DBT_VERSION, "a version or image tag: letters, digits, _ . : @ / + -")
+    dbt_version = fields.dbt_version(
+        text(request.dbt_version.strip(), "dbt_version", max_length=fields.MAX_DBT_VERSION, required=True)
+    )
     if not request.HasField("connection"):
         raise InvalidArgument("connection", "is required")
     connection = request.connection
     adapter_type = connection.adapter_type.strip()
-    fields = {k: text(v, f"connection.fields[{k}]", max_length=MAX_FIELD_VALUE) for k, v in connection.fields.items()}
+    profile_fields = {
+        k: text(v, f"connection.fields[{k}]", max_length=MAX_FIELD_VALUE) for k, v in connection.fields.items()
+    }
     secrets = {
         k: text(v, f"connection.secret_fields[{k}]", max_length=MAX_CREDENTIAL, single_line=False)
         for k, v in connection.secret_fields.items()
     }
     try:
-        typed_profile_fields(adapter_type, fields)
+        typed_profile_fields(adapter_type, profile_fields)
         check_secret_fields(adapter_type, secrets)
     except ConnectionFieldError as exc:
         raise InvalidArgument(f"connection.{exc.field}", exc.reason) from exc
-    schema = text(request.schema.strip(), "schema", max_length=63, required=True)
-    matching(schema, "schema", _SCHEMA, "a SQL identifier of at most 63 characters")
-    target_name = request.target_name.strip() or "default"
-    matching(target_name, "target_name", _TARGET, "letters, digits, _ . -")
-    threads = request.threads or 4
-    if not 1 <= threads <= MAX_THREADS:
-        raise InvalidArgument("threads", f"must be between 1 and {MAX_THREADS} (got {request.threads})")
+    schema = fields.schema(text(request.schema.strip(), "schema", max_length=63, required=True))
+    target_name = fields.target_name(request.target_name.strip() or fields.DEFAULT_TARGET_NAME)
+    threads = fields.threads(request.threads) or fields.DEFAULT_THREADS
     return EnvironmentSpec(
         project_id=project_id,
         name=name,
@@ -148,7 +144,7 @@ def environment_spec(
         dbt_version=dbt_version,
         git_branch=git_branch(request.git_branch.strip(), "git_branch"),
         adapter_type=adapter_type,
-        connection=fields,
+        connection=profile_fields,
         connection_secrets={k: v for k, v in secrets.items() if v},
         target_name=target_name,
         schema=schema,

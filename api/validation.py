@@ -25,6 +25,7 @@ from runplane.basics.types import (
     RunStatus,
     Trigger,
 )
+from runplane.dbt import fields
 from runplane.v1 import jobs_pb2, runs_pb2
 
 MAX_NAME = 200
@@ -32,8 +33,6 @@ MAX_STEPS = 50
 MAX_STEP = 4096
 MAX_ENV = 100
 MAX_ENV_VALUE = 4096
-MAX_THREADS = 64
-DEFAULT_THREADS = 4
 MAX_TIMEOUT_SECONDS = 86_400
 MAX_RETRY_ATTEMPTS = 10
 MAX_PRIORITY = 1000
@@ -47,11 +46,6 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _RESERVED_ENV_PREFIX = "RUNPLANE_"
 # Branch names reach git's command line: no leading dash, no spaces, no shell metacharacters.
 _GIT_BRANCH = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_./+@-]{0,254}")
-_GIT_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
-_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_SCHEMA_RULE = "a SQL identifier of at most 63 characters"
-_TARGET = re.compile(r"[A-Za-z0-9_.-]{0,64}")
-_DBT_VERSION = re.compile(r"[A-Za-z0-9_.+-]{1,40}")
 
 T = TypeVar("T")
 
@@ -105,7 +99,7 @@ class JobSpec:
     completion_mode: str = "any"  # all: fan-in
     on_pull_request: bool = False
     on_merge: bool = False
-    threads: int = DEFAULT_THREADS
+    threads: int = fields.DEFAULT_THREADS
     timeout_seconds: int = 0
     target_name: str = ""
     environment: dict[str, str] = field(default_factory=dict)
@@ -215,10 +209,10 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
     return replace(
         spec,
         # 0 on a job with an environment means the environment's default.
-        threads=bounded(settings.threads, "settings.threads", 0, MAX_THREADS)
-        or (0 if settings.environment_id else DEFAULT_THREADS),
+        threads=fields.threads(settings.threads, "settings.threads")
+        or (0 if settings.environment_id else fields.DEFAULT_THREADS),
         timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
-        target_name=matching(settings.target_name, "settings.target_name", _TARGET, "letters, digits, _ . -"),
+        target_name=fields.target_name(settings.target_name, "settings.target_name"),
         environment=plain(checked := environment(dict(settings.environment), "settings.environment")),
         secrets={k: v for k, v in checked.items() if is_secret_name(k) and v},
         unset_secrets=sorted(k for k, v in checked.items() if is_secret_name(k) and not v),
@@ -230,7 +224,7 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         environment_id=positive_id(settings.environment_id, "settings.environment_id")
         if settings.environment_id
         else None,
-        schema=matching(settings.schema, "settings.schema", _SCHEMA, "a SQL identifier of at most 63 characters"),
+        schema=fields.schema(settings.schema, "settings.schema"),
         generate_docs=settings.generate_docs,
         run_source_freshness=settings.run_source_freshness,
         **_deferral(settings),
@@ -273,12 +267,6 @@ def plain(env: dict[str, str]) -> dict[str, str]:
 def git_branch(value: str, name: str) -> str:
     if value and (not _GIT_BRANCH.fullmatch(value) or ".." in value):
         raise InvalidArgument(name, f"{value[:80]!r} is not a valid branch name")
-    return value
-
-
-def matching(value: str, name: str, pattern: re.Pattern[str], allowed: str) -> str:
-    if value and not pattern.fullmatch(value):
-        raise InvalidArgument(name, f"{value[:80]!r} is not valid ({allowed})")
     return value
 
 
@@ -370,24 +358,18 @@ def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -
 
     return RunOverridesSpec(
         steps=maybe(raw.steps, _steps, "steps"),
-        threads=maybe(raw.threads, lambda v, n: bounded(v, n, 1, MAX_THREADS), "threads"),
+        threads=maybe(raw.threads, lambda v, n: fields.threads(v, n, unset=False), "threads"),
         git_branch=maybe(raw.git_branch, git_branch, "git_branch"),
-        git_sha=maybe(raw.git_sha, lambda v, n: matching(v, n, _GIT_SHA, "7 to 64 hex digits"), "git_sha"),
-        schema=maybe(
-            raw.schema, lambda v, n: matching(v, n, _SCHEMA, "a SQL identifier of at most 63 characters"), "schema"
-        ),
+        git_sha=maybe(raw.git_sha, fields.git_sha, "git_sha"),
+        schema=maybe(raw.schema, fields.schema, "schema"),
         timeout_seconds=maybe(
             raw.timeout_seconds, lambda v, n: bounded(v, n, 0, MAX_TIMEOUT_SECONDS), "timeout_seconds"
         ),
         pull_request_number=maybe(
             raw.pull_request_number, lambda v, n: bounded(v, n, 1, 2**31 - 1), "pull_request_number"
         ),
-        target_name=maybe(
-            raw.target_name, lambda v, n: matching(v, n, _TARGET, "letters, digits, _ . -"), "target_name"
-        ),
-        dbt_version=maybe(
-            raw.dbt_version, lambda v, n: matching(v, n, _DBT_VERSION, "a version like 1.8"), "dbt_version"
-        ),
+        target_name=maybe(raw.target_name, fields.target_name, "target_name"),
+        dbt_version=maybe(raw.dbt_version, fields.dbt_version, "dbt_version"),
         generate_docs=raw.generate_docs,
         pull_request_provider=raw.pull_request_provider,
     )

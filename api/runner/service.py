@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import posixpath
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import RunnerSettings
 from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.types import FailureKind, Outcome, RunStatus
+from runplane.dbt import fields
 from runplane.runs.finish import finish_run
 from runplane.runs.retries import RetryPolicy
 from runplane.runs.transitions import TRANSITIONS
@@ -58,7 +58,6 @@ MAX_ARTIFACT_PATH = 1024
 MAX_END_REASON = 200
 NO_RUN = 0  # run ids start at 1
 MAX_POOL_WAIT = 60.0  # seconds one WaitForRun may be held open
-_GIT_SHA = re.compile(r"[0-9a-f]{7,64}")
 FINISHED_STEP_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
 _FAILURE_KINDS = {
     runner_pb2.FAILURE_KIND_STEP: FailureKind.STEP,
@@ -277,10 +276,11 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     async def RecordGitSha(
         self, request: runner_pb2.RecordGitShaRequest, context: Context
     ) -> runner_pb2.RecordGitShaResponse:
-        if not _GIT_SHA.fullmatch(request.git_sha):
-            raise InvalidArgument("git_sha", "7 to 64 lowercase hex digits")
+        git_sha = fields.git_sha(request.git_sha)
+        if not git_sha:
+            raise InvalidArgument("git_sha", "is required")
         async with self._leased(request.run_id, request.lease_id) as lease:
-            await lease.conn.execute(Q["record_git_sha"], {"run_id": request.run_id, "git_sha": request.git_sha})
+            await lease.conn.execute(Q["record_git_sha"], {"run_id": request.run_id, "git_sha": git_sha})
         return runner_pb2.RecordGitShaResponse()
 
     async def Finish(self, request: runner_pb2.FinishRequest, context: Context) -> runner_pb2.FinishResponse:

@@ -22,9 +22,9 @@ from runplane.basics.types import (
     JobType,
     Trigger,
 )
+from runplane.dbt import fields
 from runplane.v1 import projects_pb2
 
-DEFAULT_THREADS = 4
 # The macro a pull request's schema drop run calls (runplane.runs.pull_requests; runner/macros.py).
 DROP_SCHEMA_MACRO = "runplane_drop_pull_request_schema"
 
@@ -144,7 +144,10 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
         ),
         schema=schema,
         threads=int(
-            run_override(overrides, "threads") or row["job_threads"] or row["environment_threads"] or DEFAULT_THREADS
+            run_override(overrides, "threads")
+            or row["job_threads"]
+            or row["environment_threads"]
+            or fields.DEFAULT_THREADS
         ),
         variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
         pull_request_number=int(pull_request) if pull_request else None,
