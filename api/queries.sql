@@ -378,6 +378,16 @@ LIMIT %(limit)s;
 -- name: latest_run_of_job
 SELECT * FROM runs WHERE job_id = %(job_id)s AND account_id = %(account_id)s ORDER BY id DESC LIMIT 1;
 
+-- name: retries_of_runs
+-- The runs that rerun or retry these runs (their parent), with their job's environment, project and dbt version.
+SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
+LEFT JOIN LATERAL (
+    SELECT e.id AS environment_id, e.project_id, e.dbt_version
+      FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+) env ON true
+WHERE account_id = %(account_id)s AND parent_run_id = ANY(%(run_ids)b::bigint[])
+ORDER BY id;
+
 -- name: latest_docs_run
 -- The job's latest successful run that kept dbt's docs site (its hosted docs).
 SELECT id FROM runs

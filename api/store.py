@@ -450,6 +450,9 @@ class Store:
         rows = await _all(conn, "list_jobs_by_offset", **params, order_by=order_by, offset=offset, limit=limit)
         return rows, int(total["total"]) if total else 0
 
+    async def retries_of_runs(self, conn: Connection, account_id: AccountId, run_ids: list[int]) -> list[Row]:
+        return await _all(conn, "retries_of_runs", account_id=account_id, run_ids=run_ids)
+
     async def latest_docs_run(self, conn: Connection, account_id: AccountId, job_id: int) -> RunId | None:
         row = await _one(conn, "latest_docs_run", account_id=account_id, job_id=job_id)
         return None if row is None else RunId(row["id"])

@@ -192,7 +192,9 @@ async def list_jobs(
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
     environment_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
-    name__icontains: Annotated[str | None, Query(max_length=255, description="Part of the name, any case.")] = None,
+    name__icontains: Annotated[
+        str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="Part of the name, any case.")
+    ] = None,
     state: Annotated[int | None, Query(ge=1, le=2, description="1 active, 2 deleted")] = None,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,

@@ -11,7 +11,23 @@ from runplane.basics.types import RunStatus
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
 # What dbt Cloud's include_related accepts for a run.
-RUN_RELATED = frozenset({"trigger", "job", "run_steps", "debug_logs", "environment", "repository", "project"})
+RUN_RELATED = frozenset(
+    {
+        "trigger",
+        "job",
+        "run_steps",
+        "debug_logs",
+        "environment",
+        "repository",
+        "project",
+        "run_retries",
+        "deferring_run",
+        "used_repo_cache",
+        "audit",
+    }
+)
+# Text a filter may hold: no control characters (Postgres refuses NUL; none belongs in a name).
+PLAIN_TEXT = r"^[^\x00-\x1f\x7f]*$"
 # Every list also takes these, and echoes them in extra.filters.
 PAGING = frozenset({"limit", "offset", "order_by"})
 RUN_ORDERS = ("id", "created_at", "finished_at", "started_at", "status")

@@ -31,7 +31,9 @@ ProjectPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of
 EnvironmentPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the environment")]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
-NameContains = Annotated[str | None, Query(max_length=255, description="Part of the name, any case.")]
+NameContains = Annotated[
+    str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="Part of the name, any case.")
+]
 State = Annotated[int | None, Query(ge=1, le=2, description="1 active; deleted ones (2) are not listed.")]
 NAMES = frozenset({"name", "name__icontains", "state"})
 PROJECT_FILTERS = NAMES | {"pk", "pk__in"}
@@ -204,7 +206,7 @@ class ListQuery:
 def list_query(
     request: Request,
     *,
-    name: Annotated[str | None, Query(max_length=255, description="The whole name.")] = None,
+    name: Annotated[str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="The whole name.")] = None,
     name__icontains: NameContains = None,
     state: State = None,
     order_by: Annotated[str | None, Query(max_length=40, description="id, name, created_at, updated_at; -x.")] = None,

@@ -109,7 +109,7 @@ async def views(
     request: Request, store: Store, conn: Connection, rows: list[Row], include: set[str]
 ) -> list[shapes.Run]:
     """Rows as dbt Cloud runs, with what ``include_related`` asked for (trigger, job, run_steps, debug_logs,
-    environment, project, repository)."""
+    environment, project, repository, run_retries, deferring_run; used_repo_cache and audit stay null)."""
     if not rows:
         return []
     account_id = AccountId(rows[0]["account_id"])
@@ -126,6 +126,18 @@ async def views(
     where = (
         await related.places(store, conn, account_id) if include & {"environment", "project", "repository"} else None
     )
+    retries: dict[int, list[shapes.Run]] = {}
+    if "run_retries" in include:
+        for retry in await store.retries_of_runs(conn, account_id, ids):
+            retries.setdefault(retry["parent_run_id"], []).append(
+                shapes.run(retry, href=run_page(request, retry["id"]))
+            )
+    deferring: dict[int, shapes.Run] = {}
+    if "deferring_run" in include:
+        for deferred_id in {r["deferring_run_id"] for r in rows if r["deferring_run_id"]}:
+            deferred = await store.get_run(conn, account_id, deferred_id)
+            if deferred is not None:
+                deferring[deferred_id] = shapes.run(deferred, href=run_page(request, deferred_id))
     return [
         shapes.run(
             row,
@@ -140,6 +152,8 @@ async def views(
                 shapes.step(row, s, logs.get((row["id"], s["step_index"]), ""), debug_logs="debug_logs" in include)
                 for s in steps.get(row["id"], [])
             ],
+            retries=retries.get(row["id"]),
+            deferring=deferring.get(row["deferring_run_id"]) if row["deferring_run_id"] else None,
         )
         for row in rows
     ]

@@ -296,6 +296,11 @@ class Run(BaseModel):
     project: Project | None = None
     repository: Repository | None = None
     run_steps: list[RunStep] = []
+    run_retries: list[Run] = []
+    deferring_run: Run | None = None
+    # Not recorded by runplane: null (unknown), whatever include_related asks.
+    used_repo_cache: bool | None = None
+    audit: dict[str, Any] | None = None
 
 
 def account(row: Row) -> Account:
@@ -497,6 +502,8 @@ def run(
     project_of: Project | None = None,
     repository_of: Repository | None = None,
     steps: list[RunStep] | None = None,
+    retries: list[Run] | None = None,
+    deferring: Run | None = None,
 ) -> Run:
     """``docs``: which of ``target/catalog.json`` and ``target/sources.json`` the run kept."""
     status = int(row["status"])
@@ -561,4 +568,6 @@ def run(
         project=project_of,
         repository=repository_of,
         run_steps=steps or [],
+        run_retries=retries or [],
+        deferring_run=deferring,
     )

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import requests
 import schemathesis
+from psycopg.types.json import Jsonb
 from schemathesis import checks
 from schemathesis.generation.modes import GenerationMode
 
@@ -48,7 +49,11 @@ SELECT (SELECT count(*) FROM runs), (SELECT coalesce(sum(status), 0) FROM runs),
        (SELECT count(*) FROM jobs), (SELECT coalesce(sum(version), 0) FROM jobs),
        (SELECT count(*) FROM accounts), (SELECT count(*) FROM api_tokens), (SELECT count(*) FROM artifacts),
        (SELECT count(*) FROM webhook_subscriptions), (SELECT count(*) FROM git_webhooks),
-       (SELECT coalesce(max(updated_at), 'epoch') FROM webhook_subscriptions)
+       (SELECT coalesce(max(updated_at), 'epoch') FROM webhook_subscriptions),
+       (SELECT count(*) FROM projects WHERE deleted_at IS NULL),
+       (SELECT coalesce(max(updated_at), 'epoch') FROM projects),
+       (SELECT count(*) FROM environments WHERE deleted_at IS NULL),
+       (SELECT coalesce(max(updated_at), 'epoch') FROM environments)
 """
 
 
@@ -59,6 +64,8 @@ class Target:
     account_id: int
     job_id: int
     run_id: int
+    project_id: int
+    environment_id: int
 
 
 @pytest.fixture
@@ -86,6 +93,16 @@ def target(services: Services, settings: Settings, db: psycopg.Connection[tuple[
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, '{}')",
         (run_id,),
     )
+    project_id = db.execute(
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
+        (account_id,),
+    ).fetchone()[0]  # type: ignore[index]
+    environment_id = db.execute(
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " connection, schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', %s, 'analytics')"
+        " RETURNING id",
+        (account_id, project_id, Jsonb({"host": "db", "user": "dbt", "dbname": "shop"})),
+    ).fetchone()[0]  # type: ignore[index]
     base_url = f"http://127.0.0.1:{rest_port}"
     deadline = time.monotonic() + 30
     while True:
@@ -96,7 +113,7 @@ def target(services: Services, settings: Settings, db: psycopg.Connection[tuple[
             pass
         assert time.monotonic() < deadline, services.log_text("api")
         time.sleep(0.1)
-    yield Target(base_url, token, account_id, job_id, run_id)
+    yield Target(base_url, token, account_id, job_id, run_id, project_id, environment_id)
 
 
 def test_every_operation_holds_to_the_document(target: Target, db: psycopg.Connection[tuple[Any, ...]]) -> None:
@@ -111,6 +128,8 @@ def test_every_operation_holds_to_the_document(target: Target, db: psycopg.Conne
             "account_id": target.account_id,
             "job_id": target.job_id,
             "run_id": target.run_id,
+            "project_id": target.project_id,
+            "environment_id": target.environment_id,
             "path": "manifest.json",
         }
         aimed = operation.as_strategy(path_parameters={k: v for k, v in real.items() if k in names})

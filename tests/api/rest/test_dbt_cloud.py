@@ -368,3 +368,17 @@ async def test_project_and_environment_lists_take_the_filters_dbt_cloud_clients_
     for refused in ("deployment_type__in", "credentials_id"):
         response = await rest.http.get(f"{v3}/projects/{shop['id']}/environments/", params={refused: "1"})
         assert response.status_code == 400 and refused in response.json()["status"]["user_message"]
+
+
+async def test_include_related_takes_every_name_dbt_cloud_documents(rest: Rest, adb: AsyncDb) -> None:
+    job_id = await rest.create_job(adb)
+    first, deferring = await _trigger(rest, job_id), await _trigger(rest, job_id)
+    await adb.execute("UPDATE runs SET status = 20, finished_at = now() WHERE id = %s", (first,))
+    await adb.execute("UPDATE runs SET deferring_run_id = %s WHERE id = %s", (first, deferring))
+    retry = (await rest.http.post(f"{rest.base}/runs/{first}/retry/")).json()["data"]["id"]
+    related = "run_retries,deferring_run,used_repo_cache,audit"
+    run = (await rest.http.get(f"{rest.base}/runs/{first}/", params={"include_related": related})).json()["data"]
+    assert [r["id"] for r in run["run_retries"]] == [retry] and run["deferring_run"] is None
+    assert run["used_repo_cache"] is None and run["audit"] is None  # not recorded: unknown, never made up
+    other = (await rest.http.get(f"{rest.base}/runs/{deferring}/", params={"include_related": related})).json()
+    assert other["data"]["deferring_run"]["id"] == first and other["data"]["run_retries"] == []
