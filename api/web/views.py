@@ -241,9 +241,10 @@ def duration_chart(runs: list[dict[str, Any]]) -> Markup:
     width = CHART_WIDTH / len(bars)
     parts = [
         Markup(
-            '<svg id="duration-chart" role="img" viewBox="0 0 {w} {h}" width="100%" height="{h}" '
-            'preserveAspectRatio="none" aria-label="Duration of the last {n} finished runs, oldest first; '
-            'the longest took {longest}">'
+            '<svg id="duration-chart" viewBox="0 0 {w} {h}" width="100%" height="{h}" '
+            'preserveAspectRatio="none" aria-labelledby="duration-chart-title">'
+            '<title id="duration-chart-title">Duration of the last {n} finished runs, oldest first; '
+            "the longest took {longest}</title>"
         ).format(w=CHART_WIDTH, h=CHART_HEIGHT + 14, n=len(bars), longest=duration(longest))
     ]
     for i, (run, took) in enumerate(bars):

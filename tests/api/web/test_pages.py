@@ -449,7 +449,7 @@ async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_who
     await adb.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE id = %s", (queued[0],))
     await browser.login()
     page = (await browser.http.get("/ui/on-time?window=1h")).text
-    assert '<meta http-equiv="refresh" content="30">' in page
+    assert 'id="refresh" data-seconds="30"' in page and 'id="refresh-toggle"' in page
 
     def linked(key: str) -> tuple[int, str]:
         found = re.search(rf'<a href="([^"]+)" id="{key}"[^>]*>(\d+)</a>', page)

@@ -1,0 +1,186 @@
+"""Every page in a real browser (Debian's chromium through Playwright) against the in-process API:
+axe-core finds no violation, a phone's 390 px screen and a 1,280 px one with long "waiting for"
+text show no sideways scroll, and the keyboard reaches the log box."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser as Chromium
+from playwright.async_api import Page, async_playwright
+
+from api.process import RunningApi
+from runplane.basics.types import RunStatus
+from tests.api.conftest import AsyncDb, scalar
+from tests.api.web.conftest import Browser
+from tests.api.web.test_pages import RUN_RESULTS, _job, _runs, _steps
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+AXE = Path(__file__).resolve().parents[2] / "system" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+WAITING = "waiting for this job's running run (serial execution)"
+
+
+@pytest.fixture
+def installed() -> None:
+    if not CHROMIUM.is_file() or not AXE.is_file():
+        pytest.fail(f"{CHROMIUM} or {AXE} is missing: `make test-packages` installs both")
+
+
+@pytest.fixture
+async def chromium(installed: None) -> AsyncIterator[Chromium]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def _seed(browser: Browser, adb: AsyncDb) -> dict[str, int]:
+    """A project with an environment, a dbt job with a failed run (steps, models, log, artifacts), and
+    another job with a run still waiting."""
+    project = await scalar(
+        adb,
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'analytics', 'https://x.test/a.git')"
+        " RETURNING id",
+        browser.account_id,
+    )
+    environment = await scalar(
+        adb,
+        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " connection, schema_name) VALUES (%s, %s, 'production', 'deployment', '1.10', 'postgres',"
+        ' \'{"host": "db", "user": "dbt", "dbname": "w"}\', \'analytics\') RETURNING id',
+        browser.account_id,
+        project,
+    )
+    job = await _job(adb, browser.account_id, "nightly build", steps=["dbt seed", "dbt build"], cron="0 6 * * *")
+    await adb.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment, job))
+    ids = await _runs(adb, browser.account_id, job, 4)
+    (failed,) = await _runs(adb, browser.account_id, job, 1, status=int(RunStatus.ERROR))
+    await _steps(adb, failed, ("dbt seed", 10, True), ("dbt build", 20, True))
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 1, %s)",
+        (failed, json.dumps(RUN_RESULTS).encode()),
+    )
+    await adb.execute(
+        "INSERT INTO run_log_chunks (run_id, seq, step_index, text) SELECT %s, g, g %% 2, 'line ' || g || E'\\n'"
+        " FROM generate_series(1, 200) g",
+        (failed,),
+    )
+    serial = await _job(adb, browser.account_id, "hourly refresh of every finance model")
+    (waiting,) = await _runs(adb, browser.account_id, serial, 1, status=int(RunStatus.QUEUED))
+    await adb.execute("UPDATE runs SET waiting_reason = 'job_already_running' WHERE id = %s", (waiting,))
+    return {"project": project, "environment": environment, "job": job, "run": ids[-1], "failed": failed}
+
+
+def _pages(seeded: dict[str, int]) -> list[str]:
+    return [
+        "/ui/runs",
+        f"/ui/runs/{seeded['failed']}",
+        f"/ui/runs/{seeded['run']}",
+        f"/ui/runs/{seeded['failed']}/artifacts/2/target/run_results.json?view=1",
+        "/ui/jobs",
+        f"/ui/jobs/{seeded['job']}",
+        "/ui/jobs/new",
+        f"/ui/jobs/{seeded['job']}/edit",
+        "/ui/projects",
+        "/ui/projects/new",
+        f"/ui/projects/{seeded['project']}/edit",
+        f"/ui/projects/{seeded['project']}/environments/new",
+        f"/ui/environments/{seeded['environment']}/edit",
+        "/ui/on-time?window=1h",
+        "/ui/search?q=nightly",
+        "/ui/runs/999999",
+    ]
+
+
+async def _violations(page: Page) -> list[dict[str, Any]]:
+    await page.add_script_tag(path=str(AXE))
+    found: list[dict[str, Any]] = await page.evaluate(
+        """async () => (await axe.run(document)).violations.map(v => ({
+               id: v.id, impact: v.impact, help: v.help,
+               nodes: v.nodes.slice(0, 3).map(n => n.target.join(' ') + ': ' + n.failureSummary)}))"""
+    )
+    return found
+
+
+async def _overflow(page: Page) -> list[str]:
+    """What sticks out of the screen sideways (nothing: the page fits it), the outermost elements first."""
+    found: list[str] = await page.evaluate(
+        """() => {
+          const width = document.documentElement.clientWidth;
+          if (document.documentElement.scrollWidth <= width) { return []; }
+          const out = [...document.querySelectorAll("body *")]
+            .filter(e => e.getBoundingClientRect().right > width + 1 && !e.closest(".table-wrap *"))
+            .slice(0, 5)
+            .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.className}: ends at ${e.getBoundingClientRect().right}`);
+          return out.length ? out : [`the page is ${document.documentElement.scrollWidth} px wide`];
+        }"""
+    )
+    return found
+
+
+async def _log_in(page: Page, base: str, token: str) -> None:
+    await page.fill("#token", token)
+    await page.click("#login")
+    await page.wait_for_url(f"{base}/ui/runs")
+
+
+async def test_every_page_passes_axe_and_fits_a_phone(
+    browser: Browser, adb: AsyncDb, api: RunningApi, chromium: Chromium
+) -> None:
+    seeded = await _seed(browser, adb)
+    assert api.rest is not None
+    base = f"http://127.0.0.1:{api.rest.port}"
+    problems: dict[str, Any] = {}
+    for width, height in ((1280, 800), (390, 844)):
+        context = await chromium.new_context(viewport={"width": width, "height": height}, timezone_id="Europe/Paris")
+        page = await context.new_page()
+        try:
+            await page.goto(f"{base}/ui/login")
+            if width == 1280:
+                problems["/ui/login"] = await _violations(page)
+            await _log_in(page, base, browser.token)
+            for path in _pages(seeded):
+                await page.goto(base + path)
+                await page.wait_for_load_state("load")
+                if width == 1280:
+                    problems[path] = await _violations(page)
+                problems[f"{path} at {width} px: sticks out sideways"] = await _overflow(page)
+        finally:
+            await context.close()
+    failing = {k: v for k, v in problems.items() if v}
+    assert not failing, json.dumps(failing, indent=1)
+
+
+async def test_the_log_box_is_reached_by_keyboard_and_times_follow_the_browser(
+    browser: Browser, adb: AsyncDb, api: RunningApi, chromium: Chromium
+) -> None:
+    seeded = await _seed(browser, adb)
+    assert api.rest is not None
+    base = f"http://127.0.0.1:{api.rest.port}"
+    context = await chromium.new_context(viewport={"width": 1280, "height": 800}, timezone_id="Asia/Tokyo")
+    page = await context.new_page()
+    try:
+        await page.goto(f"{base}/ui/login")
+        await _log_in(page, base, browser.token)
+        await page.goto(f"{base}/ui/runs/{seeded['failed']}")
+        await page.wait_for_function("document.querySelector('#log-1').textContent.includes('line 199')")
+        assert "times in Asia/Tokyo" in await page.inner_text("#zone")
+        assert "JST" in await page.inner_text("main time")
+        for _ in range(60):  # Tab through the page until the log box holds the focus
+            await page.keyboard.press("Tab")
+            if await page.evaluate("document.activeElement.id") == "log-0":
+                break
+        else:
+            raise AssertionError("the keyboard never reached the log box")
+        await page.keyboard.press("End")  # and scrolls it
+        assert await page.evaluate("document.getElementById('log-0').scrollTop") > 0
+    finally:
+        await context.close()
