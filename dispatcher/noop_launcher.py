@@ -1,5 +1,9 @@
 """The noop launcher, for benchmarks only: it claims and finishes each run at once, without a runner.
 
+It lives with the dispatcher, not the bench, because a dispatcher process picks its launcher from
+its settings (``dispatcher.launcher = noop``) and a service never imports the bench; its status
+change is a transition like any other (``noop_claim_and_finish`` in ``runplane/runs/transitions.sql``).
+
 Launches of one dispatch pass arrive together; the first caller writes every pending run in one
 statement (the others wait for it), so the database sees one round trip per batch, not per run.
 It writes on its own connection, without waiting for durability: a benchmark measures dispatch,
@@ -16,9 +20,7 @@ from collections.abc import Awaitable, Callable
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from runplane.adapters.db import Connection, connect, database_errors
 from runplane.basics.errors import LaunchError, RunplaneError
-from runplane.sql import load_queries
-
-Q = load_queries("dispatcher", "noop.sql")
+from runplane.runs.transitions import TRANSITIONS
 
 
 class NoopLauncher:
@@ -50,7 +52,7 @@ class NoopLauncher:
                 try:
                     conn = await self._connection()
                     with database_errors():
-                        cur = await conn.execute(Q["claim_and_finish"], {"ids": list(batch)})
+                        cur = await conn.execute(TRANSITIONS["noop_claim_and_finish"], {"ids": list(batch)})
                         ended = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
                 except RunplaneError as exc:
                     await self.close()

@@ -26,6 +26,7 @@ from runplane.adapters.db import Connection
 from runplane.basics.types import AccountId, JobId, RunId
 from runplane.dbt.context import DROP_SCHEMA_MACRO
 from runplane.runs.pickups import hint_pickups
+from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ async def supersede_older_ci_runs(
 ) -> list[RunId]:
     """Cancel (queued) or stop (starting, running) the job's older CI runs of the pull request."""
     cur = await conn.execute(
-        Q["supersede_ci_runs"],
+        TRANSITIONS["supersede_ci_runs"],
         {"job_id": job_id, "pull_request_number": pull_request_number, "run_id": run_id, "message": message},
     )
     superseded = [RunId(int(row["id"])) for row in await cur.fetchall()]  # type: ignore[call-overload]

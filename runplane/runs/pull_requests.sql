@@ -1,20 +1,5 @@
 -- A pull request's CI runs and its schema (runplane/runs/pull_requests.py).
 
--- name: supersede_ci_runs
--- A new CI run of a pull request supersedes the job's older CI runs of that pull request still in
--- progress: a queued one is cancelled now; a starting or running one is asked to stop and ends
--- cancelled with the reason (runs.cancel_reason, read by finish_run).
-UPDATE runs
-   SET status = CASE WHEN status = 1 THEN 30 ELSE status END,
-       finished_at = CASE WHEN status = 1 THEN now() ELSE finished_at END,
-       waiting_reason = CASE WHEN status = 1 THEN '' ELSE waiting_reason END,
-       status_message = CASE WHEN status = 1 THEN %(message)s ELSE status_message END,
-       cancel_reason = %(message)s,
-       cancel_requested_at = COALESCE(cancel_requested_at, now())
- WHERE job_id = %(job_id)s AND pull_request_number = %(pull_request_number)s AND job_type = 'ci'
-   AND status IN (1, 2, 3) AND id < %(run_id)s
-RETURNING id, status
-
 -- name: record_pull_request_schema
 -- The schema is in use again (a pull request reopened after its schema was dropped included).
 INSERT INTO pull_request_schemas (job_id, pull_request_number, account_id, schema_name, last_run_id)

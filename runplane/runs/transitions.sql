@@ -81,6 +81,21 @@ RETURNING *
 UPDATE runs SET status = 30, finished_at = now(), waiting_reason = '', status_message = %(message)s
 WHERE job_id = %(job_id)s AND status = 1
 
+-- name: supersede_ci_runs
+-- (runplane/runs/pull_requests.py) A new CI run of a pull request supersedes the job's older CI runs of that pull request still in
+-- progress: a queued one is cancelled now; a starting or running one is asked to stop and ends
+-- cancelled with the reason (runs.cancel_reason, read by finish_run).
+UPDATE runs
+   SET status = CASE WHEN status = 1 THEN 30 ELSE status END,
+       finished_at = CASE WHEN status = 1 THEN now() ELSE finished_at END,
+       waiting_reason = CASE WHEN status = 1 THEN '' ELSE waiting_reason END,
+       status_message = CASE WHEN status = 1 THEN %(message)s ELSE status_message END,
+       cancel_reason = %(message)s,
+       cancel_requested_at = COALESCE(cancel_requested_at, now())
+ WHERE job_id = %(job_id)s AND pull_request_number = %(pull_request_number)s AND job_type = 'ci'
+   AND status IN (1, 2, 3) AND id < %(run_id)s
+RETURNING id, status
+
 -- name: cancel_superseded
 -- Same transaction, right after: older cron runs of the jobs just queued that are still queued are
 -- superseded (one queued cron run per job). Each cancellation says why the older run was still
@@ -118,6 +133,29 @@ WHERE r.id = w.id AND r.status = 1
 RETURNING w.reason;
 
 -- Ending a run (finish.py, retries.py), relaunching it (relaunch.py).
+
+-- name: noop_claim_and_finish
+-- The noop launcher of the benchmarks (dispatcher/noop_launcher.py): a batch of starting runs is
+-- claimed and ended in success at once, with no runner, steps or lease, one statement per batch
+-- where finish_run takes one per run. A success is never retried and fails no job; of what
+-- finish_run does after one, it writes the job's failure count and leaves out completion triggers
+-- (the benchmarks' jobs have none). Returns the accounts of the runs it ended that still have
+-- queued runs: their slots are free again.
+WITH finished AS (
+    UPDATE runs
+       SET status = 10,
+           started_at = clock_timestamp(),
+           finished_at = clock_timestamp(),
+           status_message = 'finished by the noop launcher'
+     WHERE id = ANY(%(ids)b::bigint[]) AND status = 2
+    RETURNING job_id, account_id
+), reset AS (
+    UPDATE jobs SET consecutive_failures = 0
+     WHERE id IN (SELECT job_id FROM finished) AND consecutive_failures <> 0
+)
+SELECT DISTINCT f.account_id
+  FROM finished f
+ WHERE EXISTS (SELECT 1 FROM runs r WHERE r.account_id = f.account_id AND r.status = 1)
 
 -- name: finish_run
 -- Compare-and-set from a non-terminal status; with a lease owner, only that runner may end it;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -9,6 +11,7 @@ from psycopg.rows import dict_row
 
 from runplane.basics.tokens import new_run_token, token_hash
 from runplane.runs.transitions import TRANSITIONS
+from runplane.sql import parse_queries
 from tests.support.records import create_account, create_environment, create_job, queue_run
 
 Db = psycopg.Connection[Any]
@@ -47,3 +50,25 @@ def test_a_job_without_an_environment_has_no_dbt_unless_the_run_asks(db: Db) -> 
     plain, overridden = queue_run(db, job_id), queue_run(db, job_id, overrides={"dbt_version": "1.9"})
     started = _start(db, [plain, overridden])
     assert (started[plain]["dbt_version"], started[overridden]["dbt_version"]) == (None, "1.9")
+
+
+SHIPPED = ("api", "runplane", "orchestrator", "queuer_worker", "scheduler", "dispatcher", "runner", "bench")
+_UPDATE_RUNS = re.compile(
+    r"UPDATE\s+runs\b(?:\s+\w+)?\s+SET\s+(.*?)(?:\bWHERE\b|\bFROM\b|\bRETURNING\b|$)", re.S | re.I
+)
+_SETS_STATUS = re.compile(r"(?:^|,)\s*(?:\w+\.)?status\s*=", re.I)
+
+
+def test_every_change_of_a_runs_status_is_a_named_transition() -> None:
+    """A statement that sets ``runs.status`` outside ``transitions.sql`` would be a second home of how
+    a run moves from one status to another."""
+    root = Path(__file__).resolve().parents[3]
+    elsewhere = [
+        f"{path.relative_to(root)}: {name}"
+        for package in SHIPPED
+        for path in sorted((root / package).rglob("*.sql"))
+        if path.name != "transitions.sql" and "migrations" not in path.parts
+        for name, sql in parse_queries(path.read_text(encoding="utf-8")).items()
+        if any(_SETS_STATUS.search(update.group(1)) for update in _UPDATE_RUNS.finditer(sql))
+    ]
+    assert elsewhere == []
