@@ -196,8 +196,11 @@ def throughput(
     }
 
 
-def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, dispatchers: int = 2) -> dict[str, Any]:
-    """Runs queued at a steady ``rate`` with the local launcher; prep time and run delay percentiles."""
+def prep_time(
+    *, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, dispatchers: int = 2, fenced: bool = True
+) -> dict[str, Any]:
+    """Runs queued at a steady ``rate`` with the local launcher; prep time and run delay percentiles.
+    ``fenced`` off: runs keep uids of their own (as root) without the fence (``runner.local_fence``)."""
     base = Settings()
     prefix = f"bdp{uuid.uuid4().hex[:10]}"
     total = int(rate * seconds)
@@ -213,7 +216,9 @@ def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, 
                 (accounts, total),
             )
             job_ids = [int(r[0]) for r in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
-        processes = Processes(_env(base, url, prefix, "local"), Path(logs))
+        env = _env(base, url, prefix, "local")
+        env["RUNPLANE_RUNNER__LOCAL_FENCE"] = str(fenced).lower()
+        processes = Processes(env, Path(logs))
         try:
             processes.start("api", "api")
             for i in range(dispatchers):
@@ -249,6 +254,7 @@ def prep_time(*, rate: float = 10.0, seconds: float = 30.0, accounts: int = 10, 
         "run_delay_p50": round(_percentile(delay, 0.50), 3),
         "run_delay_p99": round(_percentile(delay, 0.99), 3),
         "target_prep_time_p99": TARGET_PREP_P99_SECONDS,
+        "load_average": round(os.getloadavg()[0], 2),  # the 1-minute load when the steady phase ended
     }
 
 
@@ -322,6 +328,9 @@ def run(
             accounts=accounts, runs_per_account=runs_per_account, run_slots=runs_per_account
         )
     if "prep_time" in parts:
+        # Side by side on one machine: what fencing a run (DESIGN.md rule 7) costs, when it can be fenced.
+        if os.geteuid() == 0:
+            results["prep_time_local_unfenced"] = prep_time(rate=rate, seconds=steady, fenced=False)
         results["prep_time_local"] = prep_time(rate=rate, seconds=steady)
     results["load_average"] = round(os.getloadavg()[0], 2)
     return results
@@ -339,6 +348,10 @@ def _table(results: dict[str, Any]) -> str:
         f"{'prep time p99, local (s)':<40}{p['prep_time_p99']!s:>12}{'<= ' + str(TARGET_PREP_P99_SECONDS):>12}",
         f"{'run delay p50 / p99, local (s)':<40}{delays:>12}",
     ]
+    if (u := results.get("prep_time_local_unfenced")) is not None:
+        unfenced = "{}/{}".format(u["prep_time_p50"], u["prep_time_p99"])
+        lines.append(f"{'prep time p50 / p99, local, unfenced (s)':<40}{unfenced:>12}")
+    lines.append(f"{'load average (1 min)':<40}{results['load_average']!s:>12}")
     return "\n".join(lines)
 
 

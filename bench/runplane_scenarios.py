@@ -56,6 +56,9 @@ DISPATCH_METRICS: dict[str, tuple[str, str, str]] = {
     "prep_time_local.prep_time_max": ("prep_time", "prep_time_max", "s"),
     "prep_time_local.run_delay_p50": ("prep_time", "run_delay_p50", "s"),
     "prep_time_local.run_delay_p99": ("prep_time", "run_delay_p99", "s"),
+    "prep_time_local_unfenced.prep_time_p50": ("prep_time", "prep_time_p50_unfenced", "s"),
+    "prep_time_local_unfenced.prep_time_p99": ("prep_time", "prep_time_p99_unfenced", "s"),
+    "prep_time_local_unfenced.run_delay_p99": ("prep_time", "run_delay_p99_unfenced", "s"),
 }
 NOT_METRICS = frozenset(
     {"n", "workers", "accounts", "dispatchers", "quick", "rate_per_second", "jobs_owned", "load_average"}

@@ -198,7 +198,7 @@ class LocalLauncher:
         for problem in local_fence.problems(settings):
             log.warning("runs are not fenced like Pods: %s", problem, extra={"uid": os.geteuid()})
         if settings.runner.local_uid >= 0 and os.geteuid() == 0:
-            if network_fence.unavailable() is None:
+            if settings.runner.local_fence and network_fence.unavailable() is None:
                 network_fence.install(
                     settings.runner.local_uid, settings.runner.local_uid_count, control_plane_endpoints(settings)
                 )

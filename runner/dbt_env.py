@@ -1,9 +1,10 @@
-"""The environment of a step in a run with a dbt environment, and finding the dbt to use.
+"""What a run with a dbt environment adds to a step's environment, and finding the dbt to use.
 
-Built from an allow-list (nothing of the runner's own environment leaks into customer code): the
-environment's variables, dbt Cloud's run variables (none of them empty), the profile's secret
-variables, and a PATH that starts with the environment's dbt. ``dbt …`` steps and plain commands
-get the same environment and run in the project's directory.
+On top of what every step gets (``runner.service.step_environment``: the host's allow-list, the
+run's identity, the job's variables): the environment's variables, dbt Cloud's run variables (none
+of them empty), the profile's secret variables, and a PATH that starts with the environment's dbt.
+``dbt …`` steps and plain commands of such a run get the same environment and run in the project's
+directory.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from pathlib import Path
 
 from runplane.basics.errors import RunplaneError
 from runplane.dbt.context import DbtContext
-
-# Taken from the runner's environment when set; everything else a step sees is set here.
-ALLOWED_FROM_HOST = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "SSL_CERT_DIR")
 
 
 class DbtNotInstalled(RunplaneError):
@@ -65,6 +63,7 @@ def dbt_cloud_variables(context: DbtContext, *, sha: str, branch: str) -> dict[s
 
 
 def step_environment(
+    base: Mapping[str, str],
     context: DbtContext,
     *,
     dbt_bin: Path,
@@ -73,7 +72,8 @@ def step_environment(
     sha: str,
     branch: str,
 ) -> dict[str, str]:
-    env = {name: os.environ[name] for name in ALLOWED_FROM_HOST if name in os.environ}
+    """``base`` (what every step gets) with the dbt environment's additions on top."""
+    env = dict(base)
     env.update(context.variables)
     env.update(profile_environment)
     env.update(dbt_cloud_variables(context, sha=sha, branch=branch))

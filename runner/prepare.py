@@ -48,6 +48,7 @@ class PreparedRun:
 async def prepared_run(
     context: DbtContext,
     *,
+    base_env: Mapping[str, str],
     cache: RepositoryCache,
     work_dir: Path,
     dbt_versions: Mapping[str, str],
@@ -87,6 +88,7 @@ async def prepared_run(
         except ProjectError as exc:
             raise PrepareError(mask(str(exc), secrets)) from exc
         env = step_environment(
+            base_env,
             context,
             dbt_bin=dbt_bin,
             profiles_dir=profile.directory,

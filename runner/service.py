@@ -61,14 +61,16 @@ _tracer = trace.get_tracer(__name__)
 
 CANCEL_POLL_INTERVAL = 0.5
 # What a step inherits from the runner's own environment; everything else comes from the run.
-INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ")
+INHERITED_VARIABLES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "SSL_CERT_FILE", "SSL_CERT_DIR")
 INHERITED_PREFIXES = ("LC_",)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+RUN_IDENTITY = "RUNPLANE_"  # set by the runner from the claim; no variable of the job or environment overrides them
 
 
 def step_environment(spec: RunSpec) -> dict[str, str]:
-    """What a step sees, from an allow-list: PATH, HOME and locale of this machine, the job's
-    variables (secret ones decrypted), and the run's identity. Nothing else of the runner's."""
+    """What every step sees, from an allow-list: PATH, HOME, TMPDIR, locale and certificates of this
+    machine, the run's identity, and the job's variables (secret ones decrypted). Nothing else of
+    the runner's. A run with a dbt environment adds its own on top (``runner.dbt_env``)."""
     env = {k: v for k, v in os.environ.items() if k in INHERITED_VARIABLES or k.startswith(INHERITED_PREFIXES)}
     env.setdefault("PATH", DEFAULT_PATH)
     env.update(spec.environment)
@@ -165,7 +167,7 @@ class Runner:
         async with contextlib.AsyncExitStack() as stack:
             if context is not None:
                 try:
-                    prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits))
+                    prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits, env))
                 except PrepareError as exc:
                     await self._api.steps_skipped(0)
                     if self._control.abandoned:
@@ -174,8 +176,12 @@ class Runner:
                         return Outcome.cancelled("cancelled by request")
                     logs.write(0, f"runplane: {exc}\n".encode())
                     return Outcome.error(str(exc), FailureKind.STEP)
-                # The job's variables (secret ones decrypted) over the environment's.
-                env = {**prepared.env, **spec.environment}
+                # The job's variables (secret ones decrypted) over the environment's, the run's identity over both.
+                env = {
+                    **prepared.env,
+                    **spec.environment,
+                    **{k: v for k, v in env.items() if k.startswith(RUN_IDENTITY)},
+                }
                 cwd, collector = prepared.project, prepared.collector
             for index, state_file in enumerate(spec.state_files):
                 try:
@@ -205,12 +211,13 @@ class Runner:
         return Outcome.success()
 
     def _prepared(
-        self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits
+        self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits, base_env: dict[str, str]
     ) -> contextlib.AbstractAsyncContextManager[PreparedRun]:
         cache_root = self._settings.runner.repository_cache or str(Path.home() / ".cache" / "runplane" / "repositories")
 
         return prepared_run(
             context,
+            base_env=base_env,
             cache=RepositoryCache(Path(cache_root)),
             work_dir=work_dir,
             dbt_versions=self._settings.runner.dbt_versions,

@@ -32,6 +32,8 @@ def problems(settings: Settings) -> list[str]:
         ]
     if settings.runner.local_uid < 0:
         return ["runner.local_uid is -1: runs keep the dispatcher's user and are not fenced (one trusted tenant)"]
+    if not settings.runner.local_fence:
+        return ["runner.local_fence is off: runs get uids of their own but no network fence, cgroup or namespaces"]
     found = []
     if (why := network_fence.unavailable()) is not None:
         found.append(

@@ -265,6 +265,11 @@ class RunnerSettings(BaseModel):
         description="How many uids from local_uid runs lease (the first free one from run id modulo this): no two "
         "running runs share a uid, and a uid is cleared of its last run's processes and HOME before the next.",
     )
+    local_fence: bool = Field(
+        True,
+        description="local launcher, as root: fence each run like a Pod (nftables rules owned by its uid, a cgroup, "
+        "namespaces for its steps); false keeps only the uid of its own (to measure what the fence costs).",
+    )
     local_run_root: str = Field(
         "/var/lib/runplane/runs",
         description="local launcher, as root: where each run uid's private directory (HOME and temporary "
