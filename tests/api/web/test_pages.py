@@ -546,3 +546,13 @@ async def test_search_finds_jobs_and_runs_by_id_name_and_cause(
     assert await found("100%") == ({other}, set())
     assert await found("0%") == ({other}, set())  # % is a character, not a wildcard
     assert await found("globex") == (set(), set())
+
+
+async def test_a_job_that_generates_docs_links_to_them(browser: Browser, adb: AsyncDb) -> None:
+    documented = await _job(adb, browser.account_id, "documented", generate_docs=True)
+    plain = await _job(adb, browser.account_id, "plain")
+    (run_id,) = await _runs(adb, browser.account_id, documented, 1)
+    await browser.login()
+    for path in (f"/ui/jobs/{documented}", f"/ui/runs/{run_id}"):
+        assert f'<a href="/ui/jobs/{documented}/docs/" id="docs">' in (await browser.http.get(path)).text
+    assert 'id="docs"' not in (await browser.http.get(f"/ui/jobs/{plain}")).text
