@@ -17,7 +17,7 @@ from api.pausing import set_paused
 from api.rest import params, related, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import JobFilters, Store
+from api.store import JobFilters, Row, Store
 from api.validation import JobSpec, job_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
@@ -39,6 +39,7 @@ JOB_TYPES = {
 }
 
 
+COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
 # runplane's field names as dbt Cloud's, in the errors of the shared checks.
 JOB_NAMES = {
     "steps": "execute_steps",
@@ -119,10 +120,15 @@ class JobBody(BaseModel):
     state: int = Field(shapes.ACTIVE, ge=1, le=1, description="1: active (delete a job to set 2).")
 
 
-def job_request(body: JobBody) -> jobs_pb2.CreateJobRequest:
-    """dbt Cloud's job body as runplane's CreateJobRequest (names in errors stay dbt Cloud's where they differ)."""
-    if body.dbt_version:
-        raise InvalidArgument("dbt_version", "a job runs its environment's dbt version: set it on the environment")
+def job_request(
+    body: JobBody, stored: Row | None = None, completion: list[Row] | None = None
+) -> jobs_pb2.CreateJobRequest:
+    """dbt Cloud's job body as runplane's CreateJobRequest (names in errors stay dbt Cloud's where they differ).
+
+    On an update (``stored``, with its ``completion`` triggers) what dbt Cloud's body cannot say is
+    kept: the schedule's time zone while the cron stays, retries, priority, missed-run grace, branch,
+    schema, variables, Slim CI while the job still defers, the completion mode, and every completion
+    trigger while the body names the first one as it is."""
     if body.description:
         raise InvalidArgument("description", "runplane keeps no description of a job: leave it empty")
     job_type = JOB_TYPES.get(body.job_type)
@@ -137,11 +143,23 @@ def job_request(body: JobBody) -> jobs_pb2.CreateJobRequest:
         cron = schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
         if not cron:
             raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
-        triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron))
+        timezone = stored["timezone"] if stored is not None and stored["cron"] == cron else ""
+        triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron, timezone=timezone))
     if body.job_completion_trigger_condition is not None:
         condition = body.job_completion_trigger_condition.condition
-        statuses = [common_pb2.RunStatus.ValueType(s) for s in condition.statuses]
-        triggers.on_completion.append(jobs_pb2.CompletionTrigger(upstream_job_id=condition.job_id, statuses=statuses))
+        statuses = sorted(common_pb2.RunStatus.ValueType(s) for s in set(condition.statuses))
+        kept = completion or []
+        if kept and (kept[0]["upstream_job_id"], sorted(kept[0]["statuses"])) == (condition.job_id, statuses):
+            triggers.on_completion.extend(
+                jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
+                for c in kept
+            )
+            if stored is not None:
+                triggers.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+        else:
+            triggers.on_completion.append(
+                jobs_pb2.CompletionTrigger(upstream_job_id=condition.job_id, statuses=statuses)
+            )
     settings = jobs_pb2.JobSettings(
         threads=body.settings.threads,
         target_name=body.settings.target_name,
@@ -153,26 +171,47 @@ def job_request(body: JobBody) -> jobs_pb2.CreateJobRequest:
         defer_to_environment_id=body.deferring_environment_id or 0,
         missed_run_grace_seconds=-1,
     )
+    if stored is not None:
+        settings.environment.update(stored["environment"])
+        settings.git_branch = stored["git_branch"]
+        settings.retry_max_attempts = stored["retry_max_attempts"]
+        settings.retry_on_step_failure = stored["retry_on_step_failure"]
+        settings.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
+        settings.priority = stored["priority"]
+        settings.schema = stored["schema_name"]
+        settings.run_only_modified = stored["run_only_modified"] and bool(
+            settings.defer_to_job_id or settings.defer_to_environment_id
+        )
     return jobs_pb2.CreateJobRequest(
         name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
     )
 
 
-async def _checked_spec(store: Store, account_id: AccountId, body: JobBody) -> JobSpec:
-    """The spec of ``body``; its ``project_id`` must be its environment's (a job belongs to it through that)."""
+async def _checked_spec(store: Store, account_id: AccountId, body: JobBody, job_id: int | None = None) -> JobSpec:
+    """The spec of ``body`` (over job ``job_id``'s stored definition on an update); its ``project_id``
+    must be its environment's (a job belongs to a project through that)."""
+    stored, completion = None, None
+    if job_id is not None:
+        async with store.connection() as conn:
+            stored = await existing_job(store, conn, account_id, job_id)
+            completion = (await store.completion_triggers(conn, [job_id]))[job_id]
     with params.named_as(JOB_NAMES):
-        spec = job_spec(job_request(body))
+        spec = job_spec(job_request(body, stored, completion))
+    env = None
+    if body.environment_id is not None:
+        async with store.connection() as conn:
+            env = await store.get_environment(conn, account_id, body.environment_id)
     if body.project_id is not None:
         if body.environment_id is None:
             raise InvalidArgument(
                 "project_id", "a job belongs to a project through its environment: give environment_id"
             )
-        async with store.connection() as conn:
-            env = await store.get_environment(conn, account_id, body.environment_id)
         if env is not None and env["project_id"] != body.project_id:
             raise InvalidArgument(
                 "project_id", f"environment {body.environment_id} is not in project {body.project_id}"
             )
+    if body.dbt_version and (env is None or env["dbt_version"] != body.dbt_version):
+        raise InvalidArgument("dbt_version", "a job runs its environment's dbt version: set it on the environment")
     return spec
 
 
@@ -253,9 +292,10 @@ async def get_job(request: Request, account_id: Account, job_id: JobPath) -> Env
 async def update_job_(
     request: Request, account_id: Account, job_id: JobPath, body: Annotated[JobBody, Body()]
 ) -> Envelope[shapes.Job]:
-    """Replaces the job's definition with the body, as dbt Cloud does; saving a job reactivates it."""
+    """Replaces the job's definition with the body, as dbt Cloud does, keeping what the body cannot say
+    (time zone, retries, priority, ...); saving a job reactivates it."""
     store = _store(request)
-    spec = await _checked_spec(store, account_id, body)
+    spec = await _checked_spec(store, account_id, body, job_id)
     with params.named_as(JOB_NAMES):
         await update_job(store, account_id, JobId(job_id), spec)
     async with store.connection() as conn:

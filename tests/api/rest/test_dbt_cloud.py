@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from psycopg.types.json import Jsonb
 
 from tests.api.conftest import AsyncDb, Rest, scalar
 
@@ -382,3 +383,46 @@ async def test_include_related_takes_every_name_dbt_cloud_documents(rest: Rest, 
     assert run["used_repo_cache"] is None and run["audit"] is None  # not recorded: unknown, never made up
     other = (await rest.http.get(f"{rest.base}/runs/{deferring}/", params={"include_related": related})).json()
     assert other["data"]["deferring_run"]["id"] == first and other["data"]["run_retries"] == []
+
+
+async def test_a_job_read_and_written_back_keeps_what_rest_cannot_say(rest: Rest, adb: AsyncDb) -> None:
+    project = await _project(rest)
+    env = await _environment(rest, project["id"])
+    first, second = await rest.create_job(adb, name="first"), await rest.create_job(adb, name="second")
+    job_id = await rest.create_job(
+        adb,
+        name="dbt",
+        steps=["dbt build"],
+        environment_id=env["id"],
+        cron="0 6 * * *",
+        timezone="Europe/Amsterdam",
+        retry_max_attempts=2,
+        priority=5,
+        missed_run_grace_seconds=60,
+        git_branch="release",
+        environment=Jsonb({"FOO": "bar"}),
+        completion_mode="all",
+    )
+    await adb.execute(
+        "INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses) VALUES (%s, %s, '{10}'),"
+        " (%s, %s, '{10,20}')",
+        (job_id, first, job_id, second),
+    )
+    columns = "cron, timezone, retry_max_attempts, priority, missed_run_grace_seconds, git_branch, environment"
+    stored = await (await adb.execute(f"SELECT {columns} FROM jobs WHERE id = %s", (job_id,))).fetchone()
+    job = (await rest.http.get(f"{rest.base}/jobs/{job_id}/")).json()["data"]
+    assert job["dbt_version"] == "1.10" and job["job_completion_trigger_condition"]["condition"]["job_id"] == first
+    written = await rest.http.post(f"{rest.base}/jobs/{job_id}/", json={**job, "name": "dbt nightly"})
+    assert written.status_code == 200, written.text
+    assert await (await adb.execute(f"SELECT {columns} FROM jobs WHERE id = %s", (job_id,))).fetchone() == stored
+    triggers = await adb.execute(
+        "SELECT upstream_job_id, statuses FROM job_completion_triggers WHERE job_id = %s ORDER BY 1", (job_id,)
+    )
+    assert await triggers.fetchall() == [(first, [10]), (second, [10, 20])]
+    assert await scalar(adb, "SELECT completion_mode FROM jobs WHERE id = %s", job_id) == "all"
+    changed = {**job, "schedule": {"cron": "0 7 * * *"}, "job_completion_trigger_condition": None}
+    assert (await rest.http.post(f"{rest.base}/jobs/{job_id}/", json=changed)).status_code == 200
+    assert await scalar(adb, "SELECT timezone FROM jobs WHERE id = %s", job_id) == "UTC"  # a new cron: dbt Cloud's UTC
+    assert await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", job_id) == 0
+    wrong = await rest.http.post(f"{rest.base}/jobs/{job_id}/", json={**job, "dbt_version": "1.7"})
+    assert wrong.status_code == 400 and "dbt_version" in wrong.json()["status"]["user_message"]
