@@ -236,7 +236,8 @@ def is_repository(url: str, name: str) -> bool:
 
 
 def _authentic(provider: str, secret: str, headers: dict[str, str], body: bytes) -> bool:
+    # Compared as bytes: compare_digest refuses a str with non-ASCII characters (a header may hold any).
     if provider == "github":
         expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, headers.get("x-hub-signature-256", ""))
-    return hmac.compare_digest(secret, headers.get("x-gitlab-token", ""))
+        return hmac.compare_digest(expected.encode(), headers.get("x-hub-signature-256", "").encode())
+    return hmac.compare_digest(secret.encode(), headers.get("x-gitlab-token", "").encode())

@@ -40,10 +40,20 @@ class Target:
     server_name: str | None
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix: the last 32 bits are IPv4
+
+
 def _plain(address: Address) -> Address:
-    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+    """An IPv6 address that carries an IPv4 address (IPv4-mapped, 6to4, NAT64's well-known prefix)
+    as the IPv4 address it reaches: ``64:ff9b::7f00:1`` is loopback however it is written."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return address
+    if address.ipv4_mapped is not None:
         return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
 
 

@@ -150,6 +150,23 @@ async def test_github_pull_requests_start_ci_and_merge_runs(
     assert await scalar(adb, "SELECT count(*) FROM runs") == 3
 
 
+@pytest.mark.parametrize(("provider", "header"), [("github", "X-Hub-Signature-256"), ("gitlab", "X-Gitlab-Token")])
+async def test_a_signature_or_token_that_is_not_ascii_is_refused_as_any_wrong_one(
+    http: httpx.AsyncClient, settings: Settings, provider: str, header: str
+) -> None:
+    account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=512)
+    hook = (
+        await http.post(
+            f"/api/v3/accounts/{account_id}/git-webhooks/",
+            json={"provider": provider, "repository": "Codertocat/Hello-World"},
+            headers={"Authorization": f"Token {token}"},
+        )
+    ).json()["data"]
+    headers = {header: "sha256=\u00e9\u00e9".encode(), "X-GitHub-Event": b"pull_request"}
+    response = await http.post(hook["url_path"], content=json.dumps(GITHUB_OPENED).encode(), headers=headers)
+    assert response.status_code == 401, response.text
+
+
 async def test_gitlab_merge_requests_with_the_secret_token(
     http: httpx.AsyncClient, settings: Settings, adb: AsyncDb
 ) -> None:

@@ -34,6 +34,10 @@ REFUSED = [
     "fd00::1",
     "::ffff:127.0.0.1",
     "::ffff:10.0.0.1",
+    "64:ff9b::7f00:1",  # NAT64's well-known prefix with 127.0.0.1
+    "64:ff9b::a9fe:a9fe",  # ... with 169.254.169.254
+    "2002:7f00:1::1",  # 6to4 with 127.0.0.1
+    "2002:a00:1::",  # 6to4 with 10.0.0.1
 ]
 
 
@@ -43,7 +47,7 @@ def test_addresses_that_are_not_public_are_refused(address: str) -> None:
     assert reason is not None and "not a public address" in reason
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111"])
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "64:ff9b::808:808"])
 def test_public_addresses_are_allowed(address: str) -> None:
     assert TargetPolicy().refusal(ipaddress.ip_address(address)) is None
 
