@@ -162,7 +162,7 @@ async def test_a_signature_or_token_that_is_not_ascii_is_refused_as_any_wrong_on
             headers={"Authorization": f"Token {token}"},
         )
     ).json()["data"]
-    headers = {header: "sha256=\u00e9\u00e9".encode(), "X-GitHub-Event": b"pull_request"}
+    headers = {header.encode(): "sha256=\u00e9\u00e9".encode(), b"X-GitHub-Event": b"pull_request"}
     response = await http.post(hook["url_path"], content=json.dumps(GITHUB_OPENED).encode(), headers=headers)
     assert response.status_code == 401, response.text
 
