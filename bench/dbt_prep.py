@@ -1,18 +1,23 @@
-"""Prep time of a dbt run on the local launcher: dispatch → first dbt step started.
+"""Prep time of a dbt run on the local launcher: queued and dispatched → first dbt step started.
 
 ``python -m bench.dbt_prep [--runs 50] [--packages]`` starts the scheduler loop and a dispatcher
-(local launcher, fork server) on a fresh database, makes the example project a local git
-repository and an environment on the local Postgres, then runs a job whose only step is
-``dbt --version`` once to warm the host's repository cache and ``--runs`` times measured, one after
-the other. Per run: prep time = the first step's ``started_at`` − the run's ``dispatched_at``, and
-the runner's own split of it (checkout, profile, deps) from its "prepared in" log line.
-``--packages`` adds a local dbt package, so every run also runs ``dbt deps``. Prints JSON and a table.
+(local launcher, fork server; as root every run executes as a uid of its own) on a fresh database,
+makes the example project a local git repository and an environment on the local Postgres, then
+runs a job whose only step is ``dbt --version`` once (the first run: it fills the host's caches)
+and ``--runs`` times measured, one after the other. Per run: prep time = the first step's
+``started_at`` − the run's ``dispatched_at``, queued → first dbt command = that ``started_at`` − the
+run's ``queued_at``, and the runner's own split (checkout, profile, deps) from its "prepared in" log
+line. ``--packages`` gives the project two dbt packages as real projects have them: one from a git
+repository (a local one standing in for a git host, which a run's network fence keeps it from
+reaching on loopback) pinned in ``package-lock.yml``, and a local one. Prints JSON and a table, with
+the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -28,48 +33,47 @@ import psycopg
 
 from bench.sandbox import REPO_ROOT, temporary_database, wait_until
 from bench.services import RunplaneServices
+from runplane.basics.settings import RunnerSettings
+from tests.support.git_servers import commit_all, macro_package, trusting
 from tests.support.ports import free_port
+from tests.support.records import create_dbt_environment
 
 EXAMPLE = REPO_ROOT / "examples" / "jaffle_shop"
 DBT_BIN = REPO_ROOT / ".venv-dbt" / "bin"
 PREPARED = re.compile(r"prepared in ([\d.]+) s \(checkout ([\d.]+) s, profile ([\d.]+) s, deps ([\d.]+) s\)")
 
 
-def repository(path: Path, packages: bool) -> str:
+def repository(path: Path, package: Path | None) -> str:
+    """The example project as a git repository; with ``package``, it and a local package, locked."""
     shutil.copytree(EXAMPLE, path)
-    if packages:
+    if package is not None:
         (path / "local_package").mkdir()
         (path / "local_package" / "dbt_project.yml").write_text(
             "name: local_package\nversion: '1.0'\nconfig-version: 2\n"
         )
-        (path / "packages.yml").write_text("packages:\n  - local: local_package\n")
-    identity = ["-c", "user.name=bench", "-c", "user.email=bench@runplane.invalid"]
-    for args in (["init", "-q", "--initial-branch=main"], ["add", "-A"], [*identity, "commit", "-q", "-m", "jaffle"]):
-        subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True)
+        (path / "packages.yml").write_text(
+            f"packages:\n  - git: file://{package}\n    revision: main\n  - local: local_package\n"
+        )
+        lock = subprocess.run(
+            [str(DBT_BIN / "dbt"), "deps", "--lock"], cwd=path, capture_output=True, text=True, check=False,
+            env={**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"},
+        )  # fmt: skip
+        if lock.returncode != 0 or not (path / "package-lock.yml").is_file():
+            raise RuntimeError(f"dbt deps --lock failed: {lock.stdout[-2000:]}")
+    commit_all(path, "jaffle")
     return str(path)
 
 
-def arrange(conn: psycopg.Connection[Any], repo: str, dbname: str) -> int:
+def arrange(conn: psycopg.Connection[Any], repo: str, dbname: str, package: Path | None) -> int:
     """Account, project, environment and the job; its id."""
     account = conn.execute("INSERT INTO accounts (name, run_slots) VALUES ('bench', 10) RETURNING id").fetchone()
     assert account is not None
-    project = conn.execute(
-        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'jaffle', %s) RETURNING id",
-        (account[0], repo),
-    ).fetchone()
-    assert project is not None
-    connection = json.dumps({"host": "127.0.0.1", "port": "5432", "user": "postgres", "dbname": dbname})
-    environment = conn.execute(
-        """INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch,
-                                     adapter_type, connection, schema_name)
-           VALUES (%s, %s, 'prod', 'deployment', 'bench', 'main', 'postgres', %s, 'analytics') RETURNING id""",
-        (account[0], project[0], connection),
-    ).fetchone()
-    assert environment is not None
+    variables = trusting(package) if package is not None else {}
+    environment = create_dbt_environment(conn, account[0], repo, dbname, "bench", variables=variables)
     job = conn.execute(
         """INSERT INTO jobs (account_id, name, job_type, steps, environment_id)
            VALUES (%s, 'prep', 'deploy', ARRAY['dbt --version'], %s) RETURNING id""",
-        (account[0], environment[0]),
+        (account[0], environment),
     ).fetchone()
     assert job is not None
     return int(job[0])
@@ -92,8 +96,9 @@ def one_run(conn: psycopg.Connection[Any], job_id: int, services: RunplaneServic
     if not wait_until(finished, timeout=180, interval=0.1):
         raise RuntimeError(f"run {run_id} did not finish")
     timing = conn.execute(
-        """SELECT r.status, r.status_message, extract(epoch FROM s.started_at - r.dispatched_at)
-             FROM runs r JOIN run_steps s ON s.run_id = r.id AND s.step_index = 0 WHERE r.id = %s""",
+        """SELECT r.status, r.status_message, extract(epoch FROM s.started_at - r.dispatched_at),
+                  extract(epoch FROM s.started_at - r.queued_at)
+             FROM runs r JOIN run_steps s ON s.run_id = r.id AND s.command = 'dbt --version' WHERE r.id = %s""",
         (run_id,),
     ).fetchone()
     assert timing is not None
@@ -105,7 +110,28 @@ def one_run(conn: psycopg.Connection[Any], job_id: int, services: RunplaneServic
     prepared = PREPARED.search(log)
     assert prepared is not None, log
     total, checkout, profile, deps = (float(v) for v in prepared.groups())
-    return {"prep": float(timing[2]), "prepared": total, "checkout": checkout, "profile": profile, "deps": deps}
+    return {
+        "queued_to_dbt": float(timing[3]),
+        "prep": float(timing[2]),
+        "prepared": total,
+        "checkout": checkout,
+        "profile": profile,
+        "deps": deps,
+    }
+
+
+def host_caches(root: Path) -> dict[str, str]:
+    """The host's caches inside the bench's directory (removed with it), where this checkout's runner
+    has a package cache; a checkout without one keeps its runs' defaults (each run uid's own home)."""
+    if "package_cache" not in RunnerSettings.model_fields:
+        return {}
+    return {
+        "RUNPLANE_RUNNER__REPOSITORY_CACHE": str(root / "repositories"),
+        "RUNPLANE_RUNNER__PACKAGE_CACHE": str(root / "dbt-packages"),
+    }
+
+
+PARTS = ("queued_to_dbt", "prep", "checkout", "profile", "deps")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -118,19 +144,25 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
         raise SystemExit(f"dbt is not installed in {DBT_BIN}: run `make .venv-dbt`")
     with temporary_database() as url, tempfile.TemporaryDirectory(prefix="rp-bench-dbt-") as tmp:
         work = Path(tmp)
-        work.chmod(0o755)  # the project is cloned by each run's own uid (a root dispatcher's default)
+        work.chmod(0o755)  # dbt deps reads the package as each run's own uid (a root dispatcher's default)
         (work / "logs").mkdir()
-        repo = repository(work / "jaffle", packages)
+        package = None
+        if packages:
+            (work / "git").mkdir()
+            macro_package(work / "git")
+            package = work / "git" / "bench_macros"
+        repo = repository(work / "jaffle", package)
         dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
         api_port, runner_port, rest_port = free_port(), free_port(), free_port()
         with psycopg.connect(url, autocommit=True) as conn:
-            job_id = arrange(conn, repo, dbname)
+            job_id = arrange(conn, repo, dbname, package)
             with RunplaneServices(
                 url,
                 work / "logs",
                 RUNPLANE_DISPATCHER__LAUNCHER="local",
                 RUNPLANE_RUNNER__DBT_VERSIONS=json.dumps({"bench": str(DBT_BIN)}),
                 RUNPLANE_RUNNER__WORK_DIR="",
+                **host_caches(work / "cache"),
                 # Runners reach the control plane through the runner API only: an API on free ports.
                 RUNPLANE_API__PORT=str(api_port),
                 RUNPLANE_API__RUNNER_PORT=str(runner_port),
@@ -140,13 +172,18 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
                 services.start("api", "api")
                 services.start("scheduler", "scheduler")
                 services.start("dispatcher", "dispatcher")
-                first = one_run(conn, job_id, services)  # clones into the host's cache
+                load_before = os.getloadavg()
+                first = one_run(conn, job_id, services)  # fills the host's caches
                 samples = [one_run(conn, job_id, services) for _ in range(runs)]
-    parts = ("prep", "checkout", "profile", "deps")
+                load_after = os.getloadavg()
+    parts = PARTS
     return {
         "runs": runs,
         "packages": packages,
-        "first_run_clone": first,
+        "uid_per_run": os.geteuid() == 0,
+        "load_average_before": [round(v, 2) for v in load_before],
+        "load_average_after": [round(v, 2) for v in load_after],
+        "first_run": first,
         "samples": samples,
         **{
             part: {
@@ -163,15 +200,20 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dbt_prep", description=__doc__)
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--packages", action="store_true", help="a local dbt package: every run runs dbt deps")
+    parser.add_argument("--packages", action="store_true", help="a git and a local dbt package, locked")
     args = parser.parse_args(argv)
     started = time.monotonic()
     result = measure(args.runs, args.packages)
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
-    print(f"\n{'part':<10} {'p50 s':>8} {'p99 s':>8} {'max s':>8}   (cached repository, {args.runs} runs)")
-    for part in ("prep", "checkout", "profile", "deps"):
-        print(f"{part:<10} {result[part]['p50']:>8.3f} {result[part]['p99']:>8.3f} {result[part]['max']:>8.3f}")
+    first = result["first_run"]
+    print(
+        f"\n{'part':<14} {'first s':>8} {'p50 s':>8} {'p99 s':>8} {'max s':>8}   "
+        f"(later runs: {args.runs}; load average {result['load_average_before']} -> {result['load_average_after']})"
+    )
+    for part in PARTS:
+        row = result[part]
+        print(f"{part:<14} {first[part]:>8.3f} {row['p50']:>8.3f} {row['p99']:>8.3f} {row['max']:>8.3f}")
     return 0
 
 

@@ -1,9 +1,15 @@
-"""Checking out a run's project: a cache of repositories per runner host, a worktree per run.
+"""Checking out a run's project: a cache of repositories per runner host, a private clone per run.
 
 The first run of a repository on a host clones it once (``git clone --mirror``) into the cache;
-later runs fetch into that clone (or skip the fetch when the pinned commit is already there) and
-add a detached worktree for the run, so a run never pays for a full clone again. The cache is
-shared by the runs of one host under a file lock.
+later runs fetch into that mirror (or skip the fetch when the pinned commit is already there). A
+run gets a clone of its own made from the mirror with ``git clone --local``: the objects are hard
+links to the mirror's (read-only, the host's), everything else is the run's; the run checks its
+commit out in it itself (:func:`check_out`), so the work tree is its own. The cache is the host's
+alone (0700, shared by its runs under a file lock) and keyed by account and URL: a run never reads
+a mirror that another account's credentials fetched.
+
+When runs have uids of their own, a root process keeps the cache for them (``runner.cache_keeper``)
+and hands each run's clone over to its uid (``owner``); otherwise the runner keeps it itself.
 
 The commit is the run's SHA if given, else the head of its branch, else the head of the
 repository's default branch. Whatever git says on failure comes back in :class:`CheckoutError`
@@ -19,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,14 +71,16 @@ class RepositoryCache:
     def __init__(self, root: Path) -> None:
         self._root = root
 
-    def mirror_path(self, url: str) -> Path:
-        return self._root / (hashlib.sha256(url.encode()).hexdigest()[:24] + ".git")
+    def mirror_path(self, account_id: int, url: str) -> Path:
+        return self._root / (hashlib.sha256(f"{account_id}\0{url}".encode()).hexdigest()[:24] + ".git")
 
-    @contextlib.asynccontextmanager
-    async def checkout(self, repo: Repository, *, branch: str, sha: str, dest: Path) -> AsyncIterator[Checkout]:
-        """A worktree of ``repo`` at the run's commit in ``dest``, removed on exit."""
-        mirror = self.mirror_path(repo.url)
-        self._root.mkdir(parents=True, exist_ok=True)
+    async def clone_for_run(
+        self, repo: Repository, *, account_id: int, branch: str, sha: str, dest: Path, owner: int | None
+    ) -> Checkout:
+        """A clone of ``repo`` in ``dest`` (new), nothing checked out yet, the run's commit resolved;
+        given to uid ``owner`` when the run is not this process's own uid."""
+        mirror = self.mirror_path(account_id, repo.url)
+        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
         with _git_auth(repo) as env:
             async with _locked(mirror.with_suffix(".lock")):
                 cloned = not mirror.exists()
@@ -80,17 +89,31 @@ class RepositoryCache:
                 elif not (sha and await _has_commit(mirror, sha, env)):
                     await _git(repo, ["--git-dir", str(mirror), "fetch", "--prune", "--quiet", "origin"], env)
                 resolved, branch_name = await _resolve(repo, mirror, branch=branch, sha=sha, env=env)
-                await _git(
-                    repo, ["--git-dir", str(mirror), "worktree", "add", "--detach", "--quiet", str(dest), resolved], env
-                )
-        try:
-            yield Checkout(dest, resolved, branch_name, cloned)
-        finally:
-            async with _locked(mirror.with_suffix(".lock")):
-                with contextlib.suppress(CheckoutError):
-                    await _git(repo, ["--git-dir", str(mirror), "worktree", "remove", "--force", str(dest)], {})
-                with contextlib.suppress(CheckoutError):
-                    await _git(repo, ["--git-dir", str(mirror), "worktree", "prune"], {})
+                # Under the lock: a fetch's repack must not remove objects while they are linked.
+                await _git(repo, ["clone", "--local", "--no-checkout", "--quiet", "--", str(mirror), str(dest)], {})
+        if owner is not None:
+            hand_over(dest, owner)
+        return Checkout(dest, resolved, branch_name, cloned)
+
+
+def hand_over(clone: Path, owner: int) -> None:
+    """Give a run's new clone to its uid, except the object files it shares with the mirror (hard
+    links: they stay the host's, read-only). Only this process has written there yet."""
+    for directory, _, files in os.walk(clone):
+        os.lchown(directory, owner, owner)
+        for name in files:
+            path = os.path.join(directory, name)
+            found = os.lstat(path)
+            if not (stat.S_ISREG(found.st_mode) and found.st_nlink > 1):
+                os.lchown(path, owner, owner)
+
+
+async def check_out(checkout: Checkout) -> None:
+    """Check the run's commit out in its own clone, as the run's uid (the work tree is its own)."""
+    args = ["-C", str(checkout.path), "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach"]
+    code, out = await _run_git([*args, checkout.sha], {})
+    if code != 0:
+        raise CheckoutError(f"git checkout of {checkout.sha} failed: {out.strip() or f'exit code {code}'}")
 
 
 async def _clone(repo: Repository, mirror: Path, env: Mapping[str, str]) -> None:
@@ -157,6 +180,10 @@ async def _run_git(args: Sequence[str], env: Mapping[str, str]) -> tuple[int, st
             os.killpg(process.pid, 9)
         await process.wait()
         return 124, f"no answer within {GIT_TIMEOUT_SECONDS:.0f} s"
+    except BaseException:  # cancelled (the run's timeout or a cancel): git stops with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)
+        raise
     assert process.returncode is not None
     return process.returncode, out.decode(errors="replace")
 

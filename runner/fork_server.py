@@ -17,6 +17,10 @@ the dispatcher raises N ahead of a forecast peak (``dispatcher/local_spares.py``
 after, so a peak's runs find started runners instead of waiting for forks. A spare above N gets EOF
 on its pipe and leaves.
 
+When runs have uids of their own (a root server), each spare is forked with a *keeper* beside it:
+a child that stays root and keeps the host's repository and package caches for that one runner
+during its prep (``runner.cache_keeper``), so no cache is ever writable by a run.
+
 Started as ``python -m runner.fork_server`` with the runner's allow-listed environment (no
 control-plane credential); the tokens arrive only through the pipe. The server keeps no token: it
 reads each line into one buffer, passes it on and wipes it before it forks the next spare, so a
@@ -29,11 +33,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
+from runner.cache_keeper import KeeperClient, keeper_socket_pair, serve
 from runner.control_plane import runner_channel
-from runner.run_user import lease_for_run
+from runner.run_user import lease_for_run, runs_have_own_uids
 from runner.service import run
 from runplane.basics import logs
 from runplane.basics.settings import Settings
@@ -60,33 +66,67 @@ def _reap(_signum: int = 0, _frame: object = None) -> None:
 
 
 def _fork_spare(settings: Settings) -> Spare:
+    keeper_end, runner_end = keeper_socket_pair() if runs_have_own_uids(settings.runner) else (None, None)
+    if keeper_end is not None and runner_end is not None:
+        _fork_keeper(settings, keeper_end, runner_end)
     read_end, write_end = os.pipe()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         os.close(write_end)
-        _spare(settings, read_end)
+        if keeper_end is not None:
+            keeper_end.close()
+        _spare(settings, read_end, runner_end)
     os.close(read_end)
+    for end in (keeper_end, runner_end):
+        if end is not None:
+            end.close()
     return Spare(pid, write_end)
 
 
-def _spare(settings: Settings, assignment: int) -> None:
+def _fork_keeper(settings: Settings, keeper_end: socket.socket, runner_end: socket.socket) -> None:
+    """Fork the root keeper of the next spare's caches; it serves until the runner's end closes."""
+    sys.stderr.flush()
+    if os.fork() != 0:
+        return
+    code = 1
+    try:
+        runner_end.close()
+        _detach()
+        # Nothing of the server's but its socket: a spare's pipe held here would never give it EOF.
+        keep = keeper_end.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        serve(keeper_end, settings.runner)
+        code = 0
+    except BaseException as exc:  # the child must never return into the server's loop
+        print(f"runner fork server cache keeper failed: {exc!r}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(code)
+
+
+def _detach() -> None:
+    """A forked child's own session, default signals, and stdin/stdout off the server's pipes."""
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # stdout is the launcher's pipe: a child must never write into it
+    os.close(devnull)
+
+
+def _spare(settings: Settings, assignment: int, keeper: socket.socket | None) -> None:
     """In the forked child: become an ordinary runner process, wait for a run, then exit with its code."""
     code = 1
     try:
-        os.setsid()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(2, 1)  # stdout is the launcher's pipe: the run must never write into it
-        os.close(devnull)
+        _detach()
         from runplane.adapters.tracing import setup_tracing, shutdown_tracing
 
         setup_tracing("runner", settings.otlp_endpoint)  # imports first: the run's uid may not read them
         try:
-            code = asyncio.run(_wait_and_run(settings, assignment))
+            code = asyncio.run(_wait_and_run(settings, assignment, keeper))
         finally:
             shutdown_tracing()
     except BaseException as exc:  # the child must never return into the server's loop
@@ -95,9 +135,10 @@ def _spare(settings: Settings, assignment: int) -> None:
         os._exit(code)
 
 
-async def _wait_and_run(settings: Settings, assignment: int) -> int:
+async def _wait_and_run(settings: Settings, assignment: int, keeper: socket.socket | None) -> int:
     """Connect to the runner API, wait for ``<run_id> <token>`` on ``assignment``, then run it as the
-    run's user. EOF (the server ended) leaves without a run."""
+    run's user, its prep served by ``keeper`` (the host's caches) when there is one. EOF (the server
+    ended) leaves without a run."""
     channel = runner_channel(settings.runner.api_address, connect=True)
     try:
         line = await _read_line(assignment)
@@ -105,11 +146,12 @@ async def _wait_and_run(settings: Settings, assignment: int) -> int:
         await channel.close(None)
         raise
     run_id, token = _parse(line)
-    if run_id <= 0:
+    if run_id <= 0:  # the keeper, if any, leaves when this process exits and its end closes
         await channel.close(None)
         return 0
     run_user = lease_for_run(settings.runner, run_id)  # switched to after the claim; the connection stays open
-    return await run(settings, run_id, token, channel=channel, run_user=run_user)
+    cache = KeeperClient(keeper) if keeper is not None else None
+    return await run(settings, run_id, token, channel=channel, run_user=run_user, cache=cache)
 
 
 async def _read_line(fd: int) -> bytes:

@@ -50,7 +50,7 @@ class RunUser:
 
 def lease_for_run(runner: RunnerSettings, run_id: int) -> RunUser | None:
     """As root, a uid leased for the run, not switched to yet (None when not root, or with ``local_uid`` -1)."""
-    if runner.local_uid < 0 or os.geteuid() != 0:
+    if not runs_have_own_uids(runner):
         return None
     return lease_run_user(runner, run_id, runs=Path(runner.local_run_root))
 
@@ -66,6 +66,11 @@ def switch_to(user: RunUser) -> None:
     os.environ["HOME"] = str(user.home)
     os.environ["TMPDIR"] = str(user.tmp)
     tempfile.tempdir = str(user.tmp)
+
+
+def runs_have_own_uids(runner: RunnerSettings) -> bool:
+    """Whether runners switch to a uid of the run's own: as root, unless ``local_uid`` is -1."""
+    return runner.local_uid >= 0 and os.geteuid() == 0
 
 
 def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES, runs: Path | None = None) -> RunUser:

@@ -11,7 +11,10 @@ goes through :mod:`runner.control_plane`.
    request in between; if the lease was taken away (the reaper declared the runner lost), the
    steps are killed and the runner leaves without writing anything.
 3. A job with an environment is prepared first (``runner.prepare``: checkout at the run's commit,
-   a profile for this run, ``dbt deps``); a failing preparation ends the run as error.
+   a profile for this run, the dbt packages; the host's caches through ``runner.cache_keeper``);
+   a failing preparation, or a run directory the run cannot make, ends the run as error with its
+   reason in the run's log (a cancel or timeout during it as cancelled or timed out), never as a
+   lost runner.
 4. Steps run in order (in the project's directory, or a per-run working directory for plain
    commands), their output streamed into log chunks with secrets masked, and dbt's artifacts
    stored per step after each one (``runner.artifacts``).
@@ -40,7 +43,7 @@ import grpc
 from opentelemetry import trace
 
 from runner.artifacts import ArtifactCollector, dbt_output_directories
-from runner.checkout import RepositoryCache
+from runner.cache_keeper import InProcessCache, PrepCache
 from runner.control_plane import LeaseLost, RunnerApi, RunnerApiError, RunSpec, wait_for_run
 from runner.dbt_env import is_dbt_step
 from runner.fence import Fence, enter
@@ -102,10 +105,13 @@ def mask_bytes(content: bytes, secrets: list[str]) -> bytes:
 
 
 class Runner:
-    def __init__(self, settings: Settings, api: RunnerApi, fence: Fence | None = None) -> None:
+    def __init__(
+        self, settings: Settings, api: RunnerApi, fence: Fence | None = None, cache: PrepCache | None = None
+    ) -> None:
         self._settings = settings
         self._api = api
         self._fence = fence or Fence()
+        self._cache = cache or InProcessCache(settings.runner)
         self._control = StepControl()
         self._masked: list[str] = []
 
@@ -126,19 +132,36 @@ class Runner:
         logs = RunLogs(self._api.append_logs, secrets=self._masked)
         context = from_proto(spec.dbt) if spec.HasField("dbt") else None
         stop = asyncio.Event()
-        work_dir, temporary = self._work_dir(spec.run_id)
+        work_dir: Path | None = None
+        temporary = False
+        outcome: Outcome | None
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._keep_lease(spec, stop), name=f"runner:{spec.run_id}:lease")
                 group.create_task(self._ship_logs(logs, stop), name=f"runner:{spec.run_id}:logs")
                 try:
-                    outcome = await self._steps(spec, logs, work_dir, context)
+                    try:
+                        work_dir, temporary = self._work_dir(spec.run_id)
+                    except OSError as exc:
+                        outcome = await self._not_prepared(
+                            logs, f"the run's directory cannot be made: {exc.strerror or exc} ({exc.filename})"
+                        )
+                    else:
+                        outcome = await self._steps(spec, logs, work_dir, context)
                 finally:
                     stop.set()
         finally:
-            if temporary:
+            await self._cache.close()
+            if temporary and work_dir is not None:
                 shutil.rmtree(work_dir, ignore_errors=True)
         return None if self._control.abandoned else outcome
+
+    async def _not_prepared(self, logs: RunLogs, message: str) -> Outcome:
+        """The run ends before its first step: every step skipped, the reason in its log and status."""
+        await self._api.steps_skipped(0)
+        logs.write(0, f"runplane: {message}\n".encode())
+        logs.end_step(0)  # nothing more comes: what the secret masking held back goes out too
+        return Outcome.error(message, FailureKind.STEP)
 
     def _work_dir(self, run_id: int) -> tuple[Path, bool]:
         if self._settings.runner.work_dir:
@@ -158,9 +181,7 @@ class Runner:
             oom_kills=self._fence.cgroup.oom_kills if self._fence.cgroup is not None else None,
         )
         if self._fence.refusal:
-            await self._api.steps_skipped(0)
-            logs.write(0, f"runplane: {self._fence.refusal}\n".encode())
-            return Outcome.error(self._fence.refusal, FailureKind.STEP)
+            return await self._not_prepared(logs, self._fence.refusal)
         env = step_environment(spec)
         cwd = work_dir
         collector = ArtifactCollector(work_dir / "target")
@@ -169,13 +190,12 @@ class Runner:
                 try:
                     prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits, env))
                 except PrepareError as exc:
-                    await self._api.steps_skipped(0)
-                    if self._control.abandoned:
-                        return None
-                    if self._control.cancel_requested:
-                        return Outcome.cancelled("cancelled by request")
-                    logs.write(0, f"runplane: {exc}\n".encode())
-                    return Outcome.error(str(exc), FailureKind.STEP)
+                    return await self._prepare_failed(spec, logs, exc)
+                except Exception as exc:  # a defect of the runner's own: still the run's error, with its reason
+                    log.exception("preparing the run failed", extra={"run_id": spec.run_id})
+                    return await self._not_prepared(logs, f"preparing the run failed: {exc!r}")
+                finally:
+                    await self._cache.close()  # nothing after prep may reach the host's caches
                 # The job's variables (secret ones decrypted) over the environment's, the run's identity over both.
                 env = {
                     **prepared.env,
@@ -210,15 +230,30 @@ class Runner:
                 await self._store_artifacts(index, collector, logs)
         return Outcome.success()
 
+    async def _prepare_failed(self, spec: RunSpec, logs: RunLogs, exc: PrepareError) -> Outcome | None:
+        match exc.end:
+            case StepEnd.ABANDONED:
+                await self._api.steps_skipped(0)
+                return None
+            case StepEnd.CANCELLED:
+                await self._api.steps_skipped(0)
+                logs.write(0, f"runplane: {exc}\n".encode())
+                logs.end_step(0)
+                return Outcome.cancelled(str(exc))
+            case StepEnd.TIMED_OUT:
+                return await self._not_prepared(logs, f"timed out after {spec.timeout_seconds} s: {exc}")
+            case StepEnd.MEMORY_LIMIT:
+                return await self._not_prepared(logs, f"{MEMORY_LIMIT_ERROR}: {exc}")
+            case StepEnd.EXITED:
+                return await self._not_prepared(logs, str(exc))
+
     def _prepared(
         self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits, base_env: dict[str, str]
     ) -> contextlib.AbstractAsyncContextManager[PreparedRun]:
-        cache_root = self._settings.runner.repository_cache or str(Path.home() / ".cache" / "runplane" / "repositories")
-
         return prepared_run(
             context,
             base_env=base_env,
-            cache=RepositoryCache(Path(cache_root)),
+            cache=self._cache,
             work_dir=work_dir,
             dbt_versions=self._settings.runner.dbt_versions,
             on_checkout=self._api.record_git_sha,
@@ -344,11 +379,13 @@ async def run(
     *,
     channel: grpc.aio.Channel | None = None,
     run_user: RunUser | None = None,
+    cache: PrepCache | None = None,
 ) -> int:
     """Execute run ``run_id`` with its token; 0 when an outcome was written or the run was not ours.
     ``channel``: a runner API channel opened ahead of the run (it is closed at the end). ``run_user``:
     a uid leased for the run (as root); once the run is claimed, it is fenced and this process
-    switches to that uid (``runner.fence``)."""
+    switches to that uid (``runner.fence``). ``cache``: the host's caches for the prep (default:
+    kept by this process itself)."""
     api = RunnerApi(settings.runner.api_address, token, run_id, channel=channel)
     try:
         spec = await api.claim()
@@ -358,7 +395,7 @@ async def run(
         log.info("run claimed", extra={"run_id": run_id, "job_id": spec.job_id, "account_id": spec.account_id})
         # Before the run's tasks start: nothing else waits on this loop yet.
         fence = enter(settings, run_user, spec) if run_user is not None else None
-        outcome = await Runner(settings, api, fence).execute(spec)
+        outcome = await Runner(settings, api, fence, cache).execute(spec)
         if outcome is None:
             return 1
         try:
@@ -369,6 +406,8 @@ async def run(
         return 0
     finally:
         await api.close()
+        if cache is not None:
+            await cache.close()
 
 
 async def wait_and_run(settings: Settings, pool_token: str) -> int:

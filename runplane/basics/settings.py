@@ -243,7 +243,14 @@ class RunnerSettings(BaseModel):
     )
     cancel_grace: float = Field(10.0, description="Cancel/timeout: seconds between SIGTERM and SIGKILL.")
     repository_cache: str = Field(
-        "", description="Where this host keeps clones of projects' repositories; empty: ~/.cache/runplane/repositories."
+        "",
+        description="Where this host keeps mirrors of projects' repositories (the host's own: runs get clones of "
+        "them); empty: ~/.cache/runplane/repositories of the runner, or of root when runs have uids of their own.",
+    )
+    package_cache: str = Field(
+        "",
+        description="Where this host keeps installed dbt packages by account, dbt version and lock file (linked "
+        "into runs, so dbt deps runs once per lock); empty: ~/.cache/runplane/dbt-packages, as above.",
     )
     dbt_versions: dict[str, str] = Field(
         default_factory=dict,

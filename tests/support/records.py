@@ -63,6 +63,33 @@ def create_job(
     return int(row[0])
 
 
+def create_dbt_environment(
+    db: Conn,
+    account_id: int,
+    repository_url: str,
+    dbname: str,
+    dbt_version: str,
+    *,
+    variables: dict[str, str] | None = None,
+) -> int:
+    """A deployment environment of a new project at ``repository_url``, on branch main, whose
+    warehouse is the database ``dbname`` of the local Postgres, with the environment ``variables``."""
+    project = db.execute(
+        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'jaffle', %s) RETURNING id",
+        (account_id, repository_url),
+    ).fetchone()
+    assert project is not None
+    connection = json.dumps({"host": "127.0.0.1", "port": "5432", "user": "postgres", "dbname": dbname})
+    row = db.execute(
+        """INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch,
+                                     adapter_type, connection, schema_name, variables)
+           VALUES (%s, %s, 'prod', 'deployment', %s, 'main', 'postgres', %s, 'analytics', %s) RETURNING id""",
+        (account_id, project[0], dbt_version, connection, json.dumps(variables or {})),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def create_environment(db: Conn, account_id: int, dbt_version: str) -> int:
     """A deployment environment of a new project of the account, with the given dbt version."""
     project = db.execute(

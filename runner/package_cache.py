@@ -1,0 +1,255 @@
+"""Installed dbt packages kept by the runner host, so ``dbt deps`` runs once per lock, not once per run.
+
+An entry is keyed by the account, the dbt version, the packages' install path and the exact bytes
+of ``packages.yml``/``dependencies.yml`` and ``package-lock.yml`` (dbt's lock): a changed lock is a
+new entry, and one account's packages (private git packages included) never reach another's run.
+
+The first run of a key runs ``dbt deps`` in its own project; the host then takes a copy of what it
+installed (``tar`` run as the run's uid, so it reads only what the run could read; extracted with
+tarfile's ``data`` filter, so nothing in it is a device, runs setuid or points outside the project)
+into a staging directory renamed into place when complete. Later runs get the entry hard-linked
+into their project: the files stay the host's (read-only to the run), the directories are the run's.
+The cache's root is the host's alone (0700): a run reaches only the entries linked into its project.
+
+The host side (:class:`PackageCache`) runs as the cache's owner: the runner's own uid, or, when runs
+have uids of their own, the root process that keeps the caches for them (``runner.cache_keeper``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from runplane.basics.errors import RunplaneError
+
+PACKAGE_FILES = ("packages.yml", "dependencies.yml")
+LOCK_FILE = "package-lock.yml"
+DEFAULT_INSTALL_PATH = "dbt_packages"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PackageCacheError(RunplaneError):
+    """An entry could not be linked into a run."""
+
+
+class _Refused(tarfile.FilterError):
+    """Something installed that an entry must not hold (the packages stay uncached)."""
+
+
+def has_packages(project: Path) -> bool:
+    return any((project / name).is_file() for name in PACKAGE_FILES)
+
+
+def install_path(project: Path) -> str | None:
+    """Where dbt installs the project's packages (``packages-install-path``), when it is one plain
+    directory name of the project; None when it is anything else (templated, nested, outside): such
+    a project runs ``dbt deps`` every time."""
+    try:
+        document = yaml.safe_load((project / "dbt_project.yml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    value = document.get("packages-install-path", DEFAULT_INSTALL_PATH) if isinstance(document, dict) else None
+    if not isinstance(value, str) or not _PLAIN_NAME.fullmatch(value) or value in (".", ".."):
+        return None
+    return value
+
+
+def package_key(project: Path, *, account_id: int, dbt_version: str, install_dir: str) -> str:
+    """The entry of a project's packages: its account, dbt version, install path and package files."""
+    digest = hashlib.sha256(f"{account_id}\0{dbt_version}\0{install_dir}\0".encode())
+    for name in (*PACKAGE_FILES, LOCK_FILE):
+        try:
+            content = (project / name).read_bytes()
+        except FileNotFoundError:
+            digest.update(f"{name}\0absent\0".encode())
+            continue
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
+
+
+class PackageCache:
+    """The host's entries under ``root``; ``owner`` is the uid of the run a call serves (None: the
+    run is this process's own uid)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+
+    def entry(self, key: str) -> Path:
+        if not _KEY.fullmatch(key):
+            raise PackageCacheError(f"not a package cache key: {key[:80]!r}")
+        return self._root / key
+
+    def restore(self, key: str, project: Path, install_dir: str, owner: int | None) -> bool:
+        """Link the entry ``key`` into ``project/install_dir`` (replacing what is there); False when
+        the host has no complete entry for it."""
+        tree = self.entry(key) / "tree"
+        if not tree.is_dir():
+            return False
+        _check_install_dir(install_dir)
+        project_fd = os.open(project, _DIRECTORY_FLAGS)
+        try:
+            if owner is not None and os.fstat(project_fd).st_uid != owner:
+                raise PackageCacheError(f"{project} is not the run's own directory")
+            _remove(install_dir, project_fd)
+            os.mkdir(install_dir, 0o755, dir_fd=project_fd)
+            target = os.open(install_dir, _DIRECTORY_FLAGS, dir_fd=project_fd)
+            try:
+                _link_tree(tree, target, owner)
+                if owner is not None:
+                    os.fchown(target, owner, owner)
+            finally:
+                os.close(target)
+        finally:
+            os.close(project_fd)
+        return True
+
+    def store(self, key: str, project: Path, install_dir: str, owner: int | None) -> str:
+        """Keep what ``dbt deps`` installed in ``project/install_dir`` as the entry ``key``; "" when
+        the entry is there (made now or by another run), else why it is not."""
+        final = self.entry(key)
+        _check_install_dir(install_dir)
+        if final.is_dir():
+            return ""
+        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=self._root))
+        try:
+            tree = staging / "tree"
+            tree.mkdir(mode=0o755)
+            reason = _copy_as(owner, project, install_dir, tree)
+            if reason:
+                return reason
+            try:
+                os.rename(staging, final)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+            return ""
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
+
+
+def _check_install_dir(install_dir: str) -> None:
+    if not _PLAIN_NAME.fullmatch(install_dir) or install_dir in (".", ".."):
+        raise PackageCacheError(f"not a plain directory name: {install_dir[:80]!r}")
+
+
+def _remove(name: str, parent_fd: int) -> None:
+    """Remove ``name`` in the directory ``parent_fd`` whatever it is (a symlink is not followed)."""
+    try:
+        found = os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(found.st_mode):
+        shutil.rmtree(name, dir_fd=parent_fd)
+    else:
+        os.unlink(name, dir_fd=parent_fd)
+
+
+def _link_tree(source: Path, target_fd: int, owner: int | None) -> None:
+    """``source``'s content into the directory ``target_fd``: files hard-linked (copied across file
+    systems), symlinks and directories made anew, every new name created relative to a directory
+    descriptor and never through a symlink."""
+    with os.scandir(source) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), entry.name, dir_fd=target_fd)
+                if owner is not None:
+                    os.chown(entry.name, owner, owner, dir_fd=target_fd, follow_symlinks=False)
+            elif entry.is_dir(follow_symlinks=False):
+                os.mkdir(entry.name, 0o755, dir_fd=target_fd)
+                child = os.open(entry.name, _DIRECTORY_FLAGS, dir_fd=target_fd)
+                try:
+                    _link_tree(Path(entry.path), child, owner)
+                    if owner is not None:
+                        os.fchown(child, owner, owner)
+                finally:
+                    os.close(child)
+            elif entry.is_file(follow_symlinks=False):
+                try:
+                    os.link(entry.path, entry.name, dst_dir_fd=target_fd, follow_symlinks=False)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    _copy_file(Path(entry.path), entry.name, target_fd)
+
+
+def _copy_file(source: Path, name: str, target_fd: int) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=target_fd)
+    with source.open("rb") as src, os.fdopen(fd, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def _copy_as(owner: int | None, project: Path, install_dir: str, tree: Path) -> str:
+    """Copy ``project/install_dir`` into ``tree``, read as ``owner``; "" or why not."""
+    tar = subprocess.Popen(
+        ["tar", "-C", str(project / install_dir), "-cf", "-", "."],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        user=owner,
+        group=owner,
+        extra_groups=[] if owner is not None else None,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+        cwd="/",
+    )
+    assert tar.stdout is not None and tar.stderr is not None
+    try:
+        with tarfile.open(fileobj=tar.stdout, mode="r|") as archive:
+            archive.extractall(tree, filter=_installed_member(project, install_dir))
+    except _Refused as exc:
+        return str(exc)
+    except tarfile.TarError as exc:
+        return f"the installed packages cannot be copied: {exc}"
+    finally:
+        tar.stdout.close()
+        error = tar.stderr.read().decode(errors="replace").strip()
+        tar.stderr.close()
+        code = tar.wait()
+    if code != 0:
+        return f"reading the installed packages failed: {error or f'tar exit code {code}'}"
+    return ""
+
+
+def _installed_member(project: Path, install_dir: str) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
+    """tarfile's ``data`` filter, except for symlinks: dbt links a ``local:`` package by its absolute
+    path in this run's project, which the entry keeps relative so it points into every later run's
+    own project. A link that leaves the project refuses the whole entry."""
+    roots = [PurePosixPath(project), PurePosixPath(project.resolve())]
+
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        if not member.issym():
+            return tarfile.data_filter(member, dest)
+        where = PurePosixPath(install_dir, member.name).parent  # relative to the project
+        target = member.linkname
+        if os.path.isabs(target):
+            inside = next((_relative(PurePosixPath(target), root) for root in roots if _within(target, root)), None)
+            if inside is None:
+                raise _Refused(f"{install_dir}/{member.name} links outside the project ({target})")
+            target = os.path.relpath(inside, where)
+        if os.path.normpath(os.path.join(where, target)).startswith(".."):
+            raise _Refused(f"{install_dir}/{member.name} links outside the project ({member.linkname})")
+        return member.replace(linkname=target, uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
+
+    return keep
+
+
+def _within(path: str, root: PurePosixPath) -> bool:
+    return PurePosixPath(path).is_relative_to(root)
+
+
+def _relative(path: PurePosixPath, root: PurePosixPath) -> str:
+    return str(path.relative_to(root)) or "."
