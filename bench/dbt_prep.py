@@ -16,6 +16,7 @@ the load average before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +34,7 @@ import psycopg
 from bench.sandbox import REPO_ROOT, temporary_database, wait_until
 from bench.services import RunplaneServices
 from runplane.basics.settings import RunnerSettings
+from tests.support.files import directory_for_all
 from tests.support.git_servers import commit_all, macro_package, trusting
 from tests.support.ports import free_port
 from tests.support.records import create_dbt_environment
@@ -69,7 +70,9 @@ def arrange(conn: psycopg.Connection[Any], repo: str, dbname: str, package: Path
     account = conn.execute("INSERT INTO accounts (name, run_slots) VALUES ('bench', 10) RETURNING id").fetchone()
     assert account is not None
     variables = trusting(package) if package is not None else {}
-    environment = create_dbt_environment(conn, account[0], repo, dbname, "bench", variables=variables)
+    # `dbt --version` needs no warehouse: one on a port nothing serves (a fenced run may not reach the
+    # control plane's own Postgres)
+    environment = create_dbt_environment(conn, account[0], repo, dbname, "bench", variables=variables, port=free_port())
     job = conn.execute(
         """INSERT INTO jobs (account_id, name, job_type, steps, environment_id)
            VALUES (%s, 'prep', 'deploy', ARRAY['dbt --version'], %s) RETURNING id""",
@@ -142,9 +145,10 @@ def percentile(values: list[float], q: float) -> float:
 def measure(runs: int, packages: bool) -> dict[str, Any]:
     if not (DBT_BIN / "dbt").is_file():
         raise SystemExit(f"dbt is not installed in {DBT_BIN}: run `make .venv-dbt`")
-    with temporary_database() as url, tempfile.TemporaryDirectory(prefix="rp-bench-dbt-") as tmp:
-        work = Path(tmp)
-        work.chmod(0o755)  # dbt deps reads the package as each run's own uid (a root dispatcher's default)
+    # dbt deps reads the package as each run's own uid, whose steps see a /tmp of their own
+    with temporary_database() as url, contextlib.ExitStack() as cleanup:
+        work = directory_for_all("rp-bench-dbt-")
+        cleanup.callback(shutil.rmtree, work, True)
         (work / "logs").mkdir()
         package = None
         if packages:

@@ -71,15 +71,17 @@ def create_dbt_environment(
     dbt_version: str,
     *,
     variables: dict[str, str] | None = None,
+    port: int = 5432,
 ) -> int:
     """A deployment environment of a new project at ``repository_url``, on branch main, whose
-    warehouse is the database ``dbname`` of the local Postgres, with the environment ``variables``."""
+    warehouse is the database ``dbname`` of the Postgres on the local ``port``, with the environment
+    ``variables``. (A run fenced on this machine may not reach the control plane's own Postgres.)"""
     project = db.execute(
         "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'jaffle', %s) RETURNING id",
         (account_id, repository_url),
     ).fetchone()
     assert project is not None
-    connection = json.dumps({"host": "127.0.0.1", "port": "5432", "user": "postgres", "dbname": dbname})
+    connection = json.dumps({"host": "127.0.0.1", "port": str(port), "user": "postgres", "dbname": dbname})
     row = db.execute(
         """INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch,
                                      adapter_type, connection, schema_name, variables)

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,10 @@ import pytest
 
 from runplane.basics.types import RunStatus
 from tests.dbt.conftest import DBT_BIN, EXAMPLE
+from tests.support.files import directory_for_all
 from tests.support.git_servers import commit_all, macro_package, trusting
 from tests.support.polling import wait_for
+from tests.support.ports import free_port
 from tests.support.processes import Services
 from tests.support.records import (
     Conn,
@@ -46,9 +47,8 @@ try list-package-cache 'ls "$PACKAGES"'
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory every uid can enter (a run's uid clones nothing itself, but dbt reads its own)."""
-    path = Path(tempfile.mkdtemp(prefix="runplane-prep-"))
-    path.chmod(0o755)
+    """A directory every uid can enter, steps included (dbt deps reads the package there)."""
+    path = directory_for_all("runplane-prep-")
     try:
         yield path
     finally:
@@ -92,7 +92,10 @@ def test_runs_of_different_uids_share_the_hosts_caches_and_cannot_write_them(
     commit_all(project, "jaffle with a package")
     account = create_account(db, run_slots=4)
     database = str(db.info.dbname)
-    environment = create_dbt_environment(db, account, str(project), database, "test", variables=trusting(package))
+    # dbt parse needs no warehouse: one on a port nothing serves (the fence keeps runs off the control plane's)
+    environment = create_dbt_environment(
+        db, account, str(project), database, "test", variables=trusting(package), port=free_port()
+    )
     job = create_job(db, account, steps=["dbt parse", PROBE])
     db.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment, job))
     db.execute(
