@@ -66,7 +66,7 @@ class ErrorEnvelope(BaseModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorEnvelope} for code in (400, 401, 404, 409, 503)
+    code: {"model": ErrorEnvelope} for code in (400, 401, 403, 404, 409, 503)
 }
 
 

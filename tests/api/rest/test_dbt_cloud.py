@@ -426,3 +426,13 @@ async def test_a_job_read_and_written_back_keeps_what_rest_cannot_say(rest: Rest
     assert await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", job_id) == 0
     wrong = await rest.http.post(f"{rest.base}/jobs/{job_id}/", json={**job, "dbt_version": "1.7"})
     assert wrong.status_code == 400 and "dbt_version" in wrong.json()["status"]["user_message"]
+
+
+async def test_the_openapi_document_names_the_refusal_of_a_read_only_token(rest: Rest) -> None:
+    document = (await rest.http.get("/openapi.json")).json()
+    for path, method in (
+        ("/api/v2/accounts/{account_id}/jobs/", "post"),
+        ("/api/v3/accounts/{account_id}/projects/", "post"),
+        ("/api/v2/accounts/{account_id}/jobs/{job_id}/run/", "post"),
+    ):
+        assert "403" in document["paths"][path][method]["responses"], (path, method)
