@@ -1,6 +1,7 @@
 """The web pages in a real browser (Debian's chromium, driven by Playwright) against `runplane up --demo`:
-log in, run the dbt build and watch its log arrive live, download its manifest.json, cancel a run,
-see another account's run answer 404, and keep a 1280×800 screenshot of every page."""
+log in, run the dbt build and watch its log arrive live, see its models, download its manifest.json,
+cancel a run, see another account's run answer 404, make a project, an environment and a job from the
+pages and run it, and keep a 1280×800 screenshot of every page."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,6 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from api.admin import create_account
 from runplane.basics.settings import Settings
+from runplane.commands.demo_warehouse import DemoWarehouse
 from tests.support.ports import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt]
@@ -118,12 +121,14 @@ def test_the_pages_in_a_browser(demo: Demo, settings: Settings, database_url: st
     SCREENSHOTS.mkdir(parents=True)
     print(f"\nscreenshots: {SCREENSHOTS}")
     other_run = _another_accounts_run(settings, database_url)
+    demo_project = _demo_project(settings, database_url)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         context = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
         page = context.new_page()
         try:
             _walk_through(page, demo, other_run)
+            _make_and_run_a_job(page, demo, demo_project)
         finally:
             context.close()
             browser.close()
@@ -146,7 +151,6 @@ def _walk_through(page: Page, demo: Demo, other_run: int) -> None:
     _shot(page, "03-job")
     page.click("#run-now-button")
     expect(page).to_have_url(re.compile(r"/ui/runs/\d+$"))
-    build_url = page.url
     # dbt's first lines show while the page still follows the running run (it reloads once the run ends).
     page.wait_for_function(
         """() => document.querySelector("#following") !== null
@@ -159,6 +163,7 @@ def _walk_through(page: Page, demo: Demo, other_run: int) -> None:
     expect(page.locator("#status")).to_have_text(re.compile("success|error"), timeout=240_000)
     assert _status(page) == "success", page.inner_text("main")
     expect(page.locator("#log-0")).to_contain_text("Completed successfully")
+    expect(page.locator("#models-1")).to_contain_text("model.jaffle_shop.")
     _shot(page, "05-run-done")
 
     with page.expect_download() as download_info:
@@ -188,9 +193,66 @@ def _walk_through(page: Page, demo: Demo, other_run: int) -> None:
     assert response is not None and response.status == 404
     expect(page.locator("#problem")).to_contain_text(f"run {other_run} not found")
     _shot(page, "09-other-account-404")
-    page.goto(build_url)
+
+
+def _make_and_run_a_job(page: Page, demo: Demo, source: dict[str, Any]) -> None:
+    """A project, an environment and a job made on the pages (one refusal on the way), then run."""
+    page.goto(f"{demo.base}/ui/projects")
+    page.click("#new-project")
+    page.fill("#f-name", "jaffle from the pages")
+    page.fill("#f-repository_url", source["repository_url"])
+    page.fill("#f-subdirectory", source["subdirectory"])
+    _shot(page, "10-new-project")
+    page.click("#save-project")
+    expect(page).to_have_url(re.compile(r"/ui/projects#project-\d+$"))
+    project_id = int(page.url.rsplit("-", 1)[1])
+
+    page.click(f"#project-{project_id} .new-environment")
+    page.fill("#f-name", "from the pages")
+    page.fill("#f-dbt_version", source["dbt_version"])
+    for field in ("host", "port", "user", "dbname"):
+        page.fill(f"#f-conn_{field}", str(source["connection"].get(field, "")))
+    page.fill("#f-conn_password", source["password"])  # write-only: stored encrypted, never shown
+    page.fill("#f-schema", "from_the_pages")
+    _shot(page, "11-new-environment")
+    page.click("#save-environment")
+    expect(page.locator(f"#project-{project_id}")).to_contain_text("from the pages")
+
+    page.goto(f"{demo.base}/ui/jobs")
+    page.click("#new-job")
+    page.fill("#f-name", "build from the pages")
+    page.select_option("#f-environment_id", label="from the pages")
+    page.fill("#f-steps", "dbt build")
+    page.fill("#f-threads", "999")
+    page.click("#save-job")
+    expect(page.locator("#e-threads")).to_contain_text("must be between 0 and 64")
+    expect(page.locator("#f-name")).to_have_value("build from the pages")  # what was typed stays
+    _shot(page, "12-job-refused")
+    page.fill("#f-threads", "2")
+    page.click("#save-job")
+    expect(page).to_have_url(re.compile(r"/ui/jobs/\d+$"))
+    page.click("#run-now-button")
+    expect(page).to_have_url(re.compile(r"/ui/runs/\d+$"))
+    expect(page.locator("#status")).to_have_text(re.compile("success|error"), timeout=240_000)
+    assert _status(page) == "success", page.inner_text("main")
+    expect(page.locator("#models-1")).to_contain_text("model.jaffle_shop.")
+    _shot(page, "13-job-from-the-pages-ran")
     page.click("#logout")
     expect(page).to_have_url(re.compile(r"/ui/login$"))
+
+
+def _demo_project(settings: Settings, database_url: str) -> dict[str, Any]:
+    """Where the demo's dbt project and warehouse are, for the ones the test makes on the pages."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT p.repository_url, p.subdirectory, e.dbt_version, e.connection FROM environments e"
+            " JOIN projects p ON p.id = e.project_id ORDER BY e.id LIMIT 1"
+        ).fetchone()
+    assert row is not None, "the demo has no environment"
+    password = DemoWarehouse.for_install(settings).password_file.read_text().strip()
+    return dict(zip(("repository_url", "subdirectory", "dbt_version", "connection"), row, strict=True)) | {
+        "password": password
+    }
 
 
 def _another_accounts_run(settings: Settings, database_url: str) -> int:
