@@ -12,19 +12,22 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 import redis
 from pydantic import SecretStr
 
-from api.process import RunningApi, start_server
 from runplane.basics import redis_keys
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings
 from runplane.commands.migrate import migrate
 from runplane.commands.preflight import ensure_services
 from tests.support.ports import free_port
+
+if TYPE_CHECKING:  # imported by the one fixture that starts it: most tests never load the API server
+    from api.process import RunningApi
 
 pytest_plugins = ["tests.support.kubernetes_fixtures"]
 
@@ -254,6 +257,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 @pytest.fixture
 async def runner_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
     """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach."""
+    from api.process import start_server
+
     running = await start_server(settings, port=0)
     try:
         yield running
