@@ -152,6 +152,7 @@ async def _open(
                     targets=TargetPolicy(settings.webhooks.allowed_networks),
                     log_poll_interval=settings.api.log_poll_interval,
                     draining=draining,
+                    max_body_bytes=settings.api.max_body_bytes,
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

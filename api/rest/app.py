@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, projects, runs, webhooks
+from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.store import Store
 from api.web import docs, errors, forms, pages
@@ -40,10 +41,12 @@ def create_app(
     targets: TargetPolicy | None = None,
     log_poll_interval: float = 0.5,
     draining: asyncio.Event | None = None,
+    max_body_bytes: int = 1024 * 1024,
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
-    default). Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set.
+    default). Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
+    request body may pass ``max_body_bytes`` (``api.rest.body_limit``).
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -61,6 +64,7 @@ def create_app(
     for router in (*rest, forms.router, docs.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # added last: outside every route and its auth
 
     @app.get("/", include_in_schema=False)
     async def root() -> Response:

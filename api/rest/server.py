@@ -95,5 +95,7 @@ def bind_rest(app: FastAPI, settings: ApiSettings, port: int) -> RestServer:
         ssl_certfile=settings.tls_certfile or None,
         ssl_keyfile=settings.tls_keyfile or None,
         timeout_graceful_shutdown=None,
+        # uvicorn's own bound on a request's headers (its default, said here); bodies: api.rest.body_limit.
+        h11_max_incomplete_event_size=16 * 1024,
     )
     return RestServer(_EmbeddedServer(config), sock, sock.getsockname()[1], https)

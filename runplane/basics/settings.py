@@ -21,6 +21,12 @@ class ApiSettings(BaseModel):
         "", description="PEM certificate (chain) of the REST API; with tls_keyfile it serves HTTPS, else plain HTTP."
     )
     tls_keyfile: str = Field("", description="PEM private key of tls_certfile.")
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest HTTP request body, refused (413) while it is read, before authentication; Git "
+        "webhooks take up to 25 MB (GitHub's own cap).",
+    )
 
 
 class WebhookSettings(BaseModel):
