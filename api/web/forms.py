@@ -3,8 +3,9 @@
 A form becomes the same request the gRPC API takes and is checked and saved by the same use cases
 (``api.validation``, ``api.projects_validation``, ``api.job_definitions``,
 ``api.project_definitions``). An edit starts from what is stored, so settings the form does not show
-(priority, completion triggers, ...) stay as they are. What the checks refuse comes back on the form,
-next to its field, with what was typed; secrets are write-only: never shown, kept when left empty.
+(priority, missed-run grace, fan-in, more than one completion trigger) stay as they are. What the
+checks refuse comes back on the form, next to its field, with what was typed; secrets are
+write-only: never shown, kept when left empty.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from api.web.layout import page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
-from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType
+from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
 from runplane.dbt.connections import adapter_fields
-from runplane.v1 import jobs_pb2, projects_pb2
+from runplane.v1 import common_pb2, jobs_pb2, projects_pb2
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -36,6 +37,7 @@ JOB_FIELDS = {
     "name", "job_type", "environment_id", "steps", "cron", "timezone", "on_pull_request", "on_merge",
     "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
     "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
+    "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id",
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
 ADAPTER = "postgres"
@@ -83,7 +85,9 @@ def _id(form: FormData, name: str) -> int:
     return number(_text(form, name), name) or 0
 
 
-FIELD_ALIASES = {"schedule": "cron"}  # triggers.schedule: the cron field says it
+# The API's name of a field where the form's differs: triggers.schedule is the cron field, a completion
+# trigger's statuses and loops are told at its upstream job.
+FIELD_ALIASES = {"schedule": "cron", "statuses": "upstream_job_id", "on_completion": "upstream_job_id"}
 
 
 async def _refused(
@@ -102,11 +106,20 @@ async def _refused(
 # -- jobs -----------------------------------------------------------------------------------------
 
 
-def _job_values(job: Row | None) -> dict[str, str]:
+def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
     if job is None:
-        return {"job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex}
-    flags = ("on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified")
+        return {"job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex, "upstream_success": "on"}
+    flags = (
+        "on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified",
+        "retry_on_step_failure",
+    )  # fmt: skip
+    upstream: dict[str, str] = {}
+    if len(completion) == 1:
+        upstream["upstream_job_id"] = str(completion[0]["upstream_job_id"])
+        upstream |= {f"upstream_{RunStatus(s).name.lower()}": "on" for s in completion[0]["statuses"]}
     return {
+        **upstream,
+        "defer_to_environment_id": str(job["defer_to_environment_id"] or ""),
         "name": job["name"],
         "job_type": job["job_type"],
         "environment_id": str(job["environment_id"] or ""),
@@ -128,6 +141,7 @@ def _job_values(job: Row | None) -> dict[str, str]:
 
 JOB_TYPES = {t.value: JOB_TYPE_TO_PROTO[t] for t in JobType}
 COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+UPSTREAM_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
 
 
 def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -> jobs_pb2.Job:
@@ -137,14 +151,18 @@ def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -
     if stored is None:
         s.missed_run_grace_seconds = -1  # the default, as a request without settings gets
     else:
-        s.retry_on_step_failure = stored["retry_on_step_failure"]
         s.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
         s.priority = stored["priority"]
-        s.defer_to_environment_id = stored["defer_to_environment_id"] or 0
         t.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+    if len(completion) > 1:  # more than the form shows: kept as they are
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
             for c in completion
+        )
+    elif upstream := _id(form, "upstream_job_id"):
+        trigger = t.on_completion.add(upstream_job_id=upstream)
+        trigger.statuses.extend(
+            common_pb2.RunStatus.ValueType(s) for s in UPSTREAM_STATUSES if _checked(form, f"upstream_{s.name.lower()}")
         )
     job.name = _text(form, "name")
     job.job_type = _choice(form, "job_type", JOB_TYPES)
@@ -165,6 +183,8 @@ def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -
     s.run_source_freshness = _checked(form, "run_source_freshness")
     s.defer_to_job_id = _id(form, "defer_to_job_id")
     s.run_only_modified = _checked(form, "run_only_modified")
+    s.defer_to_environment_id = _id(form, "defer_to_environment_id")
+    s.retry_on_step_failure = _checked(form, "retry_on_step_failure")
     # Plain variables as the form lists them; a secret (DBT_ENV_SECRET_*) not named is kept.
     s.environment.update(variables(_text(form, "environment"), "environment"))
     return job
@@ -177,7 +197,10 @@ async def _job_choices(store: Store, account_id: AccountId, job_id: int | None =
         jobs = await store.job_names(conn, account_id)
     return {
         "environment_options": [("", "none: plain commands")] + [(str(e["id"]), e["name"]) for e in environments],
+        "defer_environment_options": [("", "no environment")] + [(str(e["id"]), e["name"]) for e in environments],
         "defer_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
+        "upstream_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
+        "upstream_statuses": [s.name.lower() for s in UPSTREAM_STATUSES],
     }
 
 
@@ -192,7 +215,9 @@ async def _stored_job(store: Store, account_id: AccountId, job_id: int) -> tuple
 @router.get("/jobs/new", response_class=HTMLResponse)
 async def new_job(request: Request, who: Looking) -> HTMLResponse:
     choices = await _job_choices(store_of(request), who.account_id)
-    return await page(request, "job_form.html", who, job=None, values=_job_values(None), errors=FormErrors(), **choices)
+    return await page(
+        request, "job_form.html", who, job=None, values=_job_values(None, []), errors=FormErrors(), **choices
+    )
 
 
 @router.post("/jobs/new", response_model=None)
@@ -221,9 +246,12 @@ async def create_job_form(request: Request, who: Changing) -> Response:
 @router.get("/jobs/{job_id}/edit", response_class=HTMLResponse)
 async def edit_job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
     store = store_of(request)
-    job, _ = await _stored_job(store, who.account_id, job_id)
+    job, completion = await _stored_job(store, who.account_id, job_id)
     choices = await _job_choices(store, who.account_id, job_id)
-    return await page(request, "job_form.html", who, job=job, values=_job_values(job), errors=FormErrors(), **choices)
+    values = _job_values(job, completion)
+    return await page(
+        request, "job_form.html", who, job=job, completion=completion, values=values, errors=FormErrors(), **choices
+    )
 
 
 @router.post("/jobs/{job_id}/edit", response_model=None)
@@ -247,7 +275,9 @@ async def update_job_form(request: Request, who: Changing, job_id: int) -> Respo
         await update_job(store, who.account_id, JobId(job_id), spec, expected_version=expected)
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id, job_id)
-        return await _refused(request, who, "job_form.html", exc, JOB_FIELDS, job=stored, **choices)
+        return await _refused(
+            request, who, "job_form.html", exc, JOB_FIELDS, job=stored, completion=completion, **choices
+        )
     return see_other(f"/ui/jobs/{job_id}")
 
 

@@ -188,7 +188,8 @@ async def test_editing_keeps_what_the_form_does_not_show_and_secrets_left_empty(
     assert f'name="version" value="{version}"' in edit
     saved = await browser.post(
         f"/ui/jobs/{job_id}/edit", name="downstream v2", job_type="deploy", steps="dbt build\ndbt test",
-        environment_id=str(environment_id), environment="", version=str(version),
+        environment_id=str(environment_id), environment="", version=str(version), upstream_job_id=str(upstream),
+        upstream_success="on",
     )  # fmt: skip
     assert saved.status_code == 303 and saved.headers["location"] == f"/ui/jobs/{job_id}"
     row = await (
@@ -238,3 +239,48 @@ async def test_a_read_only_token_sees_no_forms_and_cannot_save(
     )
     assert refused.status_code == 403
     assert await scalar(adb, "SELECT count(*) FROM jobs") == 0
+
+
+async def test_a_job_runs_on_another_jobs_completion_set_on_its_form(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    first = await browser.post("/ui/jobs/new", name="first", job_type="deploy", steps="echo 1")
+    first_id = _id(first.headers["location"], r"/ui/jobs/(\d+)$")
+    second = await browser.post(
+        "/ui/jobs/new", name="second", job_type="deploy", steps="echo 2", upstream_job_id=str(first_id),
+        upstream_success="on", upstream_error="on",
+    )  # fmt: skip
+    second_id = _id(second.headers["location"], r"/ui/jobs/(\d+)$")
+    row = await (
+        await adb.execute(
+            "SELECT upstream_job_id, statuses FROM job_completion_triggers WHERE job_id = %s", (second_id,)
+        )
+    ).fetchone()
+    assert row == (first_id, [10, 20])
+    edit = (await browser.http.get(f"/ui/jobs/{second_id}/edit")).text
+    assert f'<option value="{first_id}" selected>first</option>' in edit and 'name="upstream_error" checked' in edit
+
+    # The first job running on the second's completion would make a loop: refused at the field.
+    loop = await browser.post(
+        f"/ui/jobs/{first_id}/edit", name="first", job_type="deploy", steps="echo 1", upstream_job_id=str(second_id),
+        upstream_success="on",
+    )  # fmt: skip
+    assert loop.status_code == 400
+    assert re.search(r'id="e-upstream_job_id">these triggers would make jobs trigger each other in a loop<', loop.text)
+    no_status = await browser.post(
+        f"/ui/jobs/{first_id}/edit", name="first", job_type="deploy", steps="echo 1", upstream_job_id=str(second_id)
+    )
+    assert no_status.status_code == 400 and 'id="e-upstream_job_id">name at least one of' in no_status.text
+
+    # More triggers than the form shows (set through the API) are kept by a save on the form.
+    third = await browser.post("/ui/jobs/new", name="third", job_type="deploy", steps="echo 3")
+    third_id = _id(third.headers["location"], r"/ui/jobs/(\d+)$")
+    await adb.execute(
+        "INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses) VALUES (%s, %s, '{30}')",
+        (second_id, third_id),
+    )
+    edit = (await browser.http.get(f"/ui/jobs/{second_id}/edit")).text
+    assert 'id="completion-kept"' in edit and 'name="upstream_job_id"' not in edit
+    saved = await browser.post(f"/ui/jobs/{second_id}/edit", name="second", job_type="deploy", steps="echo 2")
+    assert saved.status_code == 303
+    kept = await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", second_id)
+    assert kept == 2
