@@ -50,9 +50,18 @@ JOB_NAMES = {
     "settings.generate_docs": "generate_docs",
     "settings.timeout_seconds": "execution.timeout_seconds",
     "triggers.schedule.cron": "schedule.cron",
+    "triggers.schedule.timezone": "runplane.timezone",
     "triggers.schedule": "schedule",
     "triggers.on_completion": "job_completion_trigger_condition",
     "triggers.on_pull_request": "triggers.github_webhook",
+    "triggers.completion_mode": "runplane.completion_mode",
+    "settings.retry_max_attempts": "runplane.retry_max_attempts",
+    "settings.missed_run_grace_seconds": "runplane.missed_run_grace_seconds",
+    "settings.priority": "runplane.priority",
+    "settings.git_branch": "runplane.git_branch",
+    "settings.schema": "runplane.schema",
+    "settings.run_only_modified": "runplane.run_only_modified",
+    "settings.environment": "runplane.environment_variables",
 }
 
 
@@ -98,6 +107,24 @@ class CompletionBody(BaseModel):
     condition: ConditionBody
 
 
+class RunplaneBody(BaseModel):
+    """runplane's job settings that dbt Cloud's fields have no name for; a field left out (null) keeps
+    its value on an update and takes its default on a create."""
+
+    timezone: str | None = Field(None, max_length=64, description="IANA time zone of schedule.cron (UTC).")
+    retry_max_attempts: int | None = Field(None, ge=0, le=10)
+    retry_on_step_failure: bool | None = None
+    missed_run_grace_seconds: int | None = Field(None, ge=0, le=86400, description="0: skip missed fires.")
+    priority: int | None = Field(None, ge=-1000, le=1000, description="Higher dispatches first.")
+    git_branch: str | None = Field(None, max_length=255)
+    schema_: str | None = Field(None, alias="schema", max_length=63)
+    run_only_modified: bool | None = Field(None, description="Slim CI: needs a deferral.")
+    completion_mode: str | None = Field(None, pattern="^(any|all)$", description="all: fan-in.")
+    environment_variables: dict[str, str] | None = Field(
+        None, max_length=100, description="DBT_ENV_SECRET_* values are write-only; an empty one removes it."
+    )
+
+
 class JobBody(BaseModel):
     """dbt Cloud's job definition, as its clients create and update jobs."""
 
@@ -118,6 +145,7 @@ class JobBody(BaseModel):
     deferring_environment_id: Id | None = None
     job_completion_trigger_condition: CompletionBody | None = None
     state: int = Field(shapes.ACTIVE, ge=1, le=1, description="1: active (delete a job to set 2).")
+    runplane: RunplaneBody | None = None
 
 
 def job_request(
@@ -182,9 +210,34 @@ def job_request(
         settings.run_only_modified = stored["run_only_modified"] and bool(
             settings.defer_to_job_id or settings.defer_to_environment_id
         )
+    _with_runplane_settings(body.runplane or RunplaneBody(), triggers, settings)
     return jobs_pb2.CreateJobRequest(
         name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
     )
+
+
+def _with_runplane_settings(
+    extra: RunplaneBody, triggers: jobs_pb2.JobTriggers, settings: jobs_pb2.JobSettings
+) -> None:
+    """runplane's own settings the body names, over what it keeps or defaults."""
+    if extra.timezone is not None and triggers.HasField("schedule"):
+        triggers.schedule.timezone = extra.timezone
+    if extra.completion_mode is not None:
+        triggers.completion_mode = COMPLETION_MODES[extra.completion_mode]
+    for name, value in (
+        ("retry_max_attempts", extra.retry_max_attempts),
+        ("retry_on_step_failure", extra.retry_on_step_failure),
+        ("missed_run_grace_seconds", extra.missed_run_grace_seconds),
+        ("priority", extra.priority),
+        ("git_branch", extra.git_branch),
+        ("schema", extra.schema_),
+        ("run_only_modified", extra.run_only_modified),
+    ):
+        if value is not None:
+            setattr(settings, name, value)
+    if extra.environment_variables is not None:
+        settings.ClearField("environment")
+        settings.environment.update(extra.environment_variables)
 
 
 async def _checked_spec(store: Store, account_id: AccountId, body: JobBody, job_id: int | None = None) -> JobSpec:

@@ -171,6 +171,24 @@ class CompletionTrigger(BaseModel):
     condition: CompletionCondition
 
 
+class RunplaneJobSettings(BaseModel):
+    """runplane's job settings that dbt Cloud's fields have no name for (REST sets them the same way)."""
+
+    timezone: str
+    retry_max_attempts: int
+    retry_on_step_failure: bool
+    missed_run_grace_seconds: int
+    priority: int
+    git_branch: str
+    schema_: str = Field(alias="schema")
+    run_only_modified: bool
+    completion_mode: str
+    environment_variables: dict[str, str]
+    secret_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
 class Job(BaseModel):
     id: int
     account_id: int
@@ -198,6 +216,7 @@ class Job(BaseModel):
     updated_at: str | None
     environment: Environment | None = None
     project: Project | None = None
+    runplane: RunplaneJobSettings | None = None
 
 
 class Trigger(BaseModel):
@@ -437,6 +456,21 @@ def job(
         updated_at=stamp(row["updated_at"]),
         environment=environment_of,
         project=project_of,
+        runplane=RunplaneJobSettings.model_validate(
+            {
+                "timezone": row["timezone"],
+                "retry_max_attempts": row["retry_max_attempts"],
+                "retry_on_step_failure": row["retry_on_step_failure"],
+                "missed_run_grace_seconds": row["missed_run_grace_seconds"],
+                "priority": row["priority"],
+                "git_branch": row["git_branch"],
+                "schema": row["schema_name"],
+                "run_only_modified": row["run_only_modified"],
+                "completion_mode": row["completion_mode"],
+                "environment_variables": dict(row["environment"]),
+                "secret_names": sorted(row["secret_environment"]),
+            }
+        ),
     )
 
 

@@ -420,7 +420,7 @@ async def test_a_job_read_and_written_back_keeps_what_rest_cannot_say(rest: Rest
     )
     assert await triggers.fetchall() == [(first, [10]), (second, [10, 20])]
     assert await scalar(adb, "SELECT completion_mode FROM jobs WHERE id = %s", job_id) == "all"
-    changed = {**job, "schedule": {"cron": "0 7 * * *"}, "job_completion_trigger_condition": None}
+    changed = {**job, "schedule": {"cron": "0 7 * * *"}, "job_completion_trigger_condition": None, "runplane": None}
     assert (await rest.http.post(f"{rest.base}/jobs/{job_id}/", json=changed)).status_code == 200
     assert await scalar(adb, "SELECT timezone FROM jobs WHERE id = %s", job_id) == "UTC"  # a new cron: dbt Cloud's UTC
     assert await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", job_id) == 0
@@ -436,3 +436,39 @@ async def test_the_openapi_document_names_the_refusal_of_a_read_only_token(rest:
         ("/api/v2/accounts/{account_id}/jobs/{job_id}/run/", "post"),
     ):
         assert "403" in document["paths"][path][method]["responses"], (path, method)
+
+
+async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) -> None:
+    project = await _project(rest)
+    env = await _environment(rest, project["id"])
+    upstream = await rest.create_job(adb, name="upstream", environment_id=env["id"])
+    own = {
+        "timezone": "Europe/Amsterdam",
+        "retry_max_attempts": 2,
+        "retry_on_step_failure": True,
+        "missed_run_grace_seconds": 0,
+        "priority": 7,
+        "git_branch": "release",
+        "schema": "nightly",
+        "run_only_modified": True,
+        "completion_mode": "all",
+        "environment_variables": {"FOO": "bar", "DBT_ENV_SECRET_TOKEN": "s3cret"},
+    }
+    body = _job_body(env["id"], project["id"], deferring_job_definition_id=upstream, runplane=own)
+    response = await rest.http.post(f"{rest.base}/jobs/", json=body)
+    assert response.status_code == 201, response.text
+    shown = response.json()["data"]["runplane"]
+    assert shown == {
+        **{k: v for k, v in own.items() if k != "environment_variables"},
+        "environment_variables": {"FOO": "bar"},
+        "secret_names": ["DBT_ENV_SECRET_TOKEN"],
+    }
+    assert "s3cret" not in response.text
+    job_id = response.json()["data"]["id"]
+    assert await scalar(adb, "SELECT timezone FROM jobs WHERE id = %s", job_id) == "Europe/Amsterdam"
+    bad = await rest.http.post(f"{rest.base}/jobs/", json={**body, "runplane": {"timezone": "Mars/Olympus"}})
+    assert bad.status_code == 400 and "runplane.timezone" in bad.json()["status"]["user_message"]
+    priority_only = await rest.http.post(f"{rest.base}/jobs/{job_id}/", json={**body, "runplane": {"priority": 1}})
+    assert priority_only.json()["data"]["runplane"]["priority"] == 1
+    assert priority_only.json()["data"]["runplane"]["secret_names"] == ["DBT_ENV_SECRET_TOKEN"]  # kept
+    assert priority_only.json()["data"]["runplane"]["retry_max_attempts"] == 2  # kept
