@@ -29,7 +29,7 @@ from tests.support.ports import free_port
 if TYPE_CHECKING:  # imported by the one fixture that starts it: most tests never load the API server
     from api.process import RunningApi
 
-pytest_plugins = ["tests.support.kubernetes_fixtures"]
+pytest_plugins = ["tests.support.kubernetes_fixtures", "tests.support.queuer_fixtures"]
 
 BASE = Settings()
 # Two keys, as after a rotation: the newest encrypts, both decrypt.
@@ -257,10 +257,7 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 @pytest.fixture
 async def runner_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
     """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach."""
-    from api.process import start_server
+    from tests.support.api import serving_api
 
-    running = await start_server(settings, port=0)
-    try:
+    async with serving_api(settings) as running:
         yield running
-    finally:
-        await running.stop(0)

@@ -13,10 +13,11 @@ import psycopg
 import pytest
 
 from api.admin import create_account
-from api.process import RunningApi, start_server
+from api.process import RunningApi
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc
+from tests.support.api import serving_api
 
 AsyncDb = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -38,11 +39,8 @@ def api_settings(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def api(api_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    running = await start_server(api_settings, port=0)
-    try:
+    async with serving_api(api_settings) as running:
         yield running
-    finally:
-        await running.stop(0)
 
 
 @contextlib.asynccontextmanager

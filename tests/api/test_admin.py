@@ -17,20 +17,14 @@ from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import AsyncDb, connect, deploy_job, scalar
+from tests.support.processes import finish
 
 
 async def runplane(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "runplane", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await finish(proc)
 
 
 async def test_admin_commands_print_working_tokens(api: RunningApi, service_env: dict[str, str], adb: AsyncDb) -> None:

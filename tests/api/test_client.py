@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -12,7 +10,9 @@ import pytest
 
 from api.process import RunningApi
 from tests.api.conftest import AsyncDb, Client, scalar
+from tests.support.client import run_client, start
 from tests.support.polling import eventually
+from tests.support.processes import finish
 
 # Each test starts the client a dozen times, a Python process each: seconds apiece on a loaded machine.
 pytestmark = pytest.mark.slow
@@ -25,37 +25,6 @@ def client_env(service_env: dict[str, str], api: RunningApi, token: str) -> dict
         "RUNPLANE_API__HOST": "127.0.0.1",
         "RUNPLANE_API__PORT": str(api.port),
     }
-
-
-async def start(env: dict[str, str], *args: str, json_output: bool = True) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "client",
-        *(("--json",) if json_output else ()),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
-async def finish(proc: asyncio.subprocess.Process, timeout: float = 60) -> tuple[int, str, str]:
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def run_client(env: dict[str, str], *args: str) -> dict[str, Any]:
-    code, out, err = await finish(await start(env, *args))
-    assert code == 0, err
-    result: dict[str, Any] = json.loads(out)
-    return result
 
 
 async def test_create_trigger_get_list_cancel(

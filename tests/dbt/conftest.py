@@ -18,12 +18,13 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.process import RunningApi, start_server
+from api.process import RunningApi
 from client.cli import channel
 from runner.service import run as run_runner
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
+from tests.support.api import serving_api
 from tests.support.records import make_starting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,11 +84,8 @@ class Client:
 
 @pytest.fixture
 async def api(dbt_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    running = await start_server(dbt_settings, port=0)
-    try:
+    async with serving_api(dbt_settings) as running:
         yield running
-    finally:
-        await running.stop(0)
 
 
 @pytest.fixture

@@ -152,7 +152,8 @@ async def test_the_client_sets_up_a_project_and_reads_a_runs_log_and_artifacts(
     *, api: RunningApi, client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
 ) -> None:
     from api.admin import create_token
-    from tests.api.test_client import finish, run_client, start
+    from tests.support.client import run_client, start
+    from tests.support.processes import finish
 
     repo = make_repository(tmp_path / "jaffle")
     token = await create_token(dbt_settings, account_id=client.account_id)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from runplane.adapters import instruments
-from tests.deploy.test_chart import helm
+from tests.support.helm import helm
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 JOB = "rp-runplane-metrics"

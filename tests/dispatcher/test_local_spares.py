@@ -16,7 +16,7 @@ from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
 from runplane.demand.forecast import MINUTE
-from tests.dispatcher.test_local_launcher import ended, starting_run
+from tests.support.local_runs import ended, starting_run
 from tests.support.polling import eventually
 from tests.support.records import Conn, rows
 from tests.support.wall_clock import FakeClock

@@ -27,8 +27,7 @@ import aio_pika
 import psycopg
 
 from runplane.adapters.bus import Topology
-from tests.faults.test_process_faults import SERVICES
-from tests.faults.world import World, make_world
+from tests.faults.world import WITH_STANDBYS, World, make_world
 
 FAULT_EVERY = 30.0
 TRIGGERS_PER_SECOND = 5
@@ -170,7 +169,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    with make_world(SERVICES, cron_jobs=CRON_JOBS) as world:
+    with make_world(WITH_STANDBYS, cron_jobs=CRON_JOBS) as world:
         kinds = faults(world)
         stop = threading.Event()
         load = threading.Thread(target=_trigger_load, args=(world, stop), daemon=True)

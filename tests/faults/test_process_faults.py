@@ -19,17 +19,23 @@ import pytest
 from runplane.adapters.bus import Topology
 from runplane.basics.cron import next_fire
 from runplane.basics.settings import Settings
-from tests.faults.world import BASIC, EVERY_MINUTE, World, fire_done, make_world, probe_run, run_delay_p99
+from tests.faults.world import (
+    EVERY_MINUTE,
+    WITH_STANDBYS,
+    World,
+    fire_done,
+    make_world,
+    probe_run,
+    run_delay_p99,
+)
 from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(300)]
 
-SERVICES = [*BASIC, ("orchestrator", "orchestrator-standby"), ("dispatcher", "dispatcher-2")]
-
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    with make_world(SERVICES) as w:
+    with make_world(WITH_STANDBYS) as w:
         yield w
 
 

@@ -140,6 +140,8 @@ BASIC = [
     ("scheduler", "scheduler"),
     ("dispatcher", "dispatcher"),
 ]
+# BASIC with a standby orchestrator and a second dispatcher: what a process fault is survived with.
+WITH_STANDBYS = [*BASIC, ("orchestrator", "orchestrator-standby"), ("dispatcher", "dispatcher-2")]
 
 
 def probe_run(world: World, fault_at: float, *, timeout: float = 60) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 from functools import reduce
 
 import pytest
@@ -11,54 +10,27 @@ import pytest
 from orchestrator.leadership import LEADER_LOCK_KEY
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.basics.ownership import job_digest
-from runplane.basics.settings import Settings
 from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
 from tests.support.polling import eventually
-from tests.support.queuer import Cluster, Db, claimed_counts, insert_jobs, ownership, scalar
-from tests.support.reports import failed
+from tests.support.queuer import (
+    NEVER_SOON,
+    Cluster,
+    Db,
+    all_claimed,
+    claimed_counts,
+    insert_jobs,
+    ownership,
+    scalar,
+    within,
+    workers_agree,
+)
 
 pytestmark = pytest.mark.slow
-
-NEVER_SOON = "0 0 1 1 *"  # once a year: these scenarios are about ownership, not firing
-
-
-@pytest.fixture
-async def cluster(
-    request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
-) -> AsyncIterator[Cluster]:
-    c = Cluster(settings, service_env)
-    try:
-        yield c
-    finally:
-        await c.cleanup(db, print_logs=failed(request))
-
-
-def workers_agree(db: Db) -> bool:
-    """Every alive worker reports holding exactly the (job, version) pairs Postgres says it owns."""
-    expected: dict[str, int] = {}
-    counts: dict[str, int] = {}
-    for worker_id, job_id, version in db.execute(
-        "SELECT o.worker_id, o.job_id, j.version FROM job_ownership o JOIN jobs j ON j.id = o.job_id"
-        " WHERE o.state = 'claimed'"
-    ):
-        expected[worker_id] = expected.get(worker_id, 0) ^ job_digest(job_id, version)
-        counts[worker_id] = counts.get(worker_id, 0) + 1
-    reported = db.execute("SELECT worker_id, jobs_owned, owned_digest FROM queuer_workers WHERE state = 'alive'")
-    return all(counts.get(w, 0) == n and expected.get(w, 0) == digest for w, n, digest in reported)
 
 
 def term(db: Db) -> int:
     return int(scalar(db, "SELECT term FROM orchestrator_term"))
-
-
-def all_claimed(db: Db, n: int) -> bool:
-    owners = ownership(db)
-    return len(owners) == n and all(state == "claimed" for _, state in owners.values())
-
-
-def within(counts: dict[str, int], mean: float, tolerance: float = 0.10) -> bool:
-    return bool(counts) and all(abs(c - mean) <= mean * tolerance for c in counts.values())
 
 
 async def test_three_workers_share_3000_jobs(cluster: Cluster, db: Db) -> None:

@@ -30,11 +30,12 @@ from queuer_worker.worker import QueuerWorker
 from runplane.adapters.bus import AmqpBus
 from runplane.adapters.db import Connection, open_pool
 from runplane.basics.settings import Settings
-from tests.orchestrator.test_ownership import NEVER_SOON, all_claimed, within, workers_agree
 from tests.support.pickups import waiting_pickup_accounts
 from tests.support.polling import eventually
 from tests.support.queuer import (
+    NEVER_SOON,
     Db,
+    all_claimed,
     claimed_counts,
     delete_queues,
     duplicate_keys,
@@ -44,6 +45,8 @@ from tests.support.queuer import (
     ownership,
     runs_at,
     update_job,
+    within,
+    workers_agree,
 )
 from tests.support.wall_clock import FakeClock
 

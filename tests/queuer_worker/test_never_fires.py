@@ -6,19 +6,14 @@ it) must be deactivated with its reason, its message acked, and every worker lef
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from runplane.basics.cron import NeverFires, next_fire, validate_fires
 from runplane.basics.errors import InvalidArgument
-from runplane.basics.settings import Settings
 from tests.support.polling import eventually
-from tests.support.queuer import Cluster, Db, insert_jobs, ownership
-from tests.support.reports import failed
+from tests.support.queuer import NEVER_SOON, Cluster, Db, insert_jobs, ownership
 
 NEVER = ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *"]
-NEVER_SOON = "0 0 1 1 *"
 
 
 @pytest.mark.parametrize("expr", NEVER)
@@ -33,17 +28,6 @@ def test_a_leap_day_schedule_is_accepted_across_a_century() -> None:
     # From March 2096 the next 29th of February is in 2104 (2100 is not a leap year).
     validate_fires("0 0 29 2 *", "UTC", now=4_081_795_200)  # 2099-05-07
     validate_fires("0 0 29 2 *", "Europe/Amsterdam")
-
-
-@pytest.fixture
-async def cluster(
-    request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
-) -> AsyncIterator[Cluster]:
-    c = Cluster(settings, service_env)
-    try:
-        yield c
-    finally:
-        await c.cleanup(db, print_logs=failed(request))
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from runplane.v1 import bus_pb2
 from tests.support.pickups import waiting_pickup_accounts
 from tests.support.polling import eventually
 from tests.support.queuer import (
+    NEVER_SOON,
     Db,
     delete_queues,
     duplicate_keys,
@@ -32,7 +33,6 @@ from tests.support.queuer import (
 )
 from tests.support.wall_clock import FakeClock
 
-NEVER_SOON = "0 0 1 1 *"
 EVERY_MINUTE = "* * * * *"
 
 

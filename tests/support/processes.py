@@ -179,3 +179,15 @@ class OwnRedis:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+
+async def finish(proc: asyncio.subprocess.Process, timeout: float = 60) -> tuple[int, str, str]:
+    """Wait up to ``timeout`` s for ``proc`` (killed after that): its exit code, stdout and stderr."""
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

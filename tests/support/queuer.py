@@ -15,6 +15,7 @@ import aio_pika
 import psycopg
 
 from runplane.adapters.bus import Topology
+from runplane.basics.ownership import job_digest
 from runplane.basics.settings import Settings
 from tests.support.polling import eventually
 from tests.support.wall_clock import FakeClock
@@ -186,3 +187,30 @@ async def delete_queues(prefix: str, worker_ids: list[str]) -> None:
                 await channel.close()
     finally:
         await connection.close()
+
+
+# A schedule that fires once a year: for scenarios about ownership, not firing.
+NEVER_SOON = "0 0 1 1 *"
+
+
+def workers_agree(db: Db) -> bool:
+    """Every alive worker reports holding exactly the (job, version) pairs Postgres says it owns."""
+    expected: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for worker_id, job_id, version in db.execute(
+        "SELECT o.worker_id, o.job_id, j.version FROM job_ownership o JOIN jobs j ON j.id = o.job_id"
+        " WHERE o.state = 'claimed'"
+    ):
+        expected[worker_id] = expected.get(worker_id, 0) ^ job_digest(job_id, version)
+        counts[worker_id] = counts.get(worker_id, 0) + 1
+    reported = db.execute("SELECT worker_id, jobs_owned, owned_digest FROM queuer_workers WHERE state = 'alive'")
+    return all(counts.get(w, 0) == n and expected.get(w, 0) == digest for w, n, digest in reported)
+
+
+def all_claimed(db: Db, n: int) -> bool:
+    owners = ownership(db)
+    return len(owners) == n and all(state == "claimed" for _, state in owners.values())
+
+
+def within(counts: dict[str, int], mean: float, tolerance: float = 0.10) -> bool:
+    return bool(counts) and all(abs(c - mean) <= mean * tolerance for c in counts.values())

@@ -1,0 +1,30 @@
+"""Runs for the local launcher's tests: one made starting (with its run token), and waiting for its end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.launcher import LaunchRequest
+from runplane.basics.types import AccountId, JobId, RunId, RunStatus
+from tests.support.polling import eventually
+from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row
+
+
+def starting_run(db: Conn, steps: list[str]) -> LaunchRequest:
+    account = create_account(db)
+    job = create_job(db, account, steps=steps)
+    run_id = queue_run(db, job)
+    token = make_starting(db, run_id)
+    return LaunchRequest(
+        RunId(run_id), JobId(job), AccountId(account), attempt=1, memory_mb=1024, timeout_seconds=0, token=token
+    )
+
+
+async def ended(db: Conn, run_id: int, timeout: float = 30) -> dict[str, Any]:
+    def row_if_ended() -> dict[str, Any] | None:
+        row = run_row(db, run_id)
+        return row if row["status"] >= RunStatus.SUCCESS else None
+
+    row = await eventually(row_if_ended, timeout, what=f"run {run_id} to end")
+    assert row is not None
+    return row

@@ -1,0 +1,23 @@
+"""The ``cluster`` fixture: real orchestrator and queuer worker processes on this test's database and
+bus, stopped after the test (their logs printed when it failed). Loaded by the root conftest."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runplane.basics.settings import Settings
+from tests.support.queuer import Cluster, Db
+from tests.support.reports import failed
+
+
+@pytest.fixture
+async def cluster(
+    request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
+) -> AsyncIterator[Cluster]:
+    c = Cluster(settings, service_env)
+    try:
+        yield c
+    finally:
+        await c.cleanup(db, print_logs=failed(request))
