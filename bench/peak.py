@@ -207,19 +207,21 @@ def ceiling() -> dict[str, Any]:
 # -- local ----------------------------------------------------------------------------------------
 
 
-def _fork_server_children(dispatcher_pid: int) -> int:
-    """Started runners waiting in the dispatcher's fork server (its children)."""
+def _waiting_runners(dispatcher_pid: int, runner_api_port: int) -> int:
+    """Started runners waiting in the dispatcher's fork server: its children connected to the runner API
+    (each spare's cache keeper, also a child, is not)."""
     try:
-        children = psutil.Process(dispatcher_pid).children()
+        children = psutil.Process(dispatcher_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return 0
+    waiting = 0
     for child in children:
         try:
-            if "runner.fork_server" in " ".join(child.cmdline()):
-                return len(child.children())
+            connections = child.net_connections(kind="tcp")
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    return 0
+        waiting += any(c.raddr and c.raddr.port == runner_api_port for c in connections)
+    return waiting
 
 
 def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: bool = False) -> dict[str, Any]:
@@ -250,7 +252,8 @@ def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: b
                     asyncio.create_task(forecast_until(settings, url, job_ids, fire)) if case == "forecast" else None
                 )
                 await asyncio.sleep(max(0.0, fire - 0.3 - time.time()))
-                waiting = _fork_server_children(processes.pids["dispatcher"])
+                port = int(env["RUNPLANE_RUNNER__API_ADDRESS"].rpartition(":")[2])
+                waiting = _waiting_runners(processes.pids["dispatcher"], port)
                 await fire_tick(settings, url, job_ids, fire)
                 if forecast is not None:
                     await forecast

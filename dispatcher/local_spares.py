@@ -1,7 +1,8 @@
 """The local launcher's warm pool: runners the fork server keeps started and waiting (its spares).
 
 One machine runs every kind of run, so the local pool serves them all: it follows the whole forecast
-and the whole due queue (``dispatcher/pool_sizing.py``), between ``dispatcher.local_spares_min`` and
+and the whole due queue (``dispatcher/pool_sizing.py``), its share of them when other live local
+dispatchers of the same cluster serve them too, between ``dispatcher.local_spares_min`` and
 ``local_spares_max``. Ahead of a minute with runs due (``local_lead_seconds`` before it, longer when
 the spares the peak lacks cannot be forked in time at ``FORK_RATE``), the fork server is asked for
 that many spares; after the minute they go back to the minimum.
@@ -41,10 +42,12 @@ class LocalSpares:
         settings: Settings,
         db: AsyncConnectionPool[Connection],
         launcher: LocalLauncher,
+        dispatcher_id: str,
         *,
         wall_clock: WallClock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
+        self._dispatcher_id = dispatcher_id
         self._db = db
         self._launcher = launcher
         self._clock = wall_clock
@@ -68,9 +71,17 @@ class LocalSpares:
             demand = await read_forecast(
                 conn, now=now, stale_after=forecast.stale_after, api_window=forecast.api_window
             )
-            cur = await conn.execute(QUERIES["due_queued_runs"])
+            cur = await conn.execute(
+                QUERIES["local_demand"],
+                {
+                    "cluster": config.cluster,
+                    "dispatcher_id": self._dispatcher_id,
+                    "dead_after": config.heartbeat_interval * config.dead_after_beats,
+                },
+            )
             row = await cur.fetchone()
         queued = int(str(row["queued"])) if row is not None else 0
+        dispatchers = 1 + (int(str(row["others"])) if row is not None else 0)
         plan = plan_pool(
             demand,
             lambda _kind: True,
@@ -82,6 +93,7 @@ class LocalSpares:
             max_size=config.local_spares_max,
             create_rate=FORK_RATE,
             horizon_minutes=forecast.minutes,
+            share=dispatchers,
         )
         self.plan = plan
         if plan.target != self.spares:

@@ -50,12 +50,15 @@ def plan_pool(
     create_rate: float,
     horizon_minutes: int,
     room: int | None = None,
+    share: int = 1,
 ) -> PoolPlan:
     """The size a pool should have at ``now`` (see the module's docstring); ``room``: how many more
-    runners the cluster holds (None: no limit)."""
-    peak = max((forecast.due(minute, fits) for minute in forecast.minutes()), default=0)
+    runners the cluster holds (None: no limit); ``share``: how many pools serve the same runs alike
+    (each holds its part)."""
+    peak = -(-max((forecast.due(minute, fits) for minute in forecast.minutes()), default=0) // share)
     ahead_lead = lead_time(lead, peak=peak, idle=idle, create_rate=create_rate, horizon=horizon_minutes * MINUTE)
-    ahead = forecast.ahead(now, ahead_lead, fits)
+    ahead = -(-forecast.ahead(now, ahead_lead, fits) // share)
+    queued = -(-queued // share)
     target = max(min_size, min(max_size, max(queued, ahead)))
     if room is not None:
         target = min(target, max(0, room))

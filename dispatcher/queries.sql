@@ -50,7 +50,11 @@ ON CONFLICT (dispatcher_id) DO UPDATE SET last_seen_at = now(), dispatched = EXC
 -- name: dispatcher_gone
 DELETE FROM dispatchers WHERE dispatcher_id = %(dispatcher_id)s
 
--- name: due_queued_runs
--- Due queued runs, any kind: the queue the local launcher's spares serve (runs_queued_idx).
-SELECT count(*)::bigint AS queued FROM runs
-WHERE status = 1 AND scheduled_at <= now() AND (not_before IS NULL OR not_before <= now())
+-- name: local_demand
+-- What the local launcher's spares serve: due queued runs, any kind (runs_queued_idx), and the other
+-- live dispatchers with the local launcher on this machine's cluster, which serve them too.
+SELECT (SELECT count(*) FROM runs
+         WHERE status = 1 AND scheduled_at <= now() AND (not_before IS NULL OR not_before <= now()))::bigint AS queued,
+       (SELECT count(*) FROM dispatchers
+         WHERE launcher = 'local' AND cluster = %(cluster)s AND dispatcher_id <> %(dispatcher_id)s
+           AND last_seen_at > now() - make_interval(secs => %(dead_after)s))::bigint AS others

@@ -433,7 +433,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             if watcher is not None:
                 spawn(group, f"dispatcher:{launcher.name}:watch", watcher.run(stop), eternal=True, stop=stop)
             if isinstance(launcher, LocalLauncher) and settings.dispatcher.local_fork_server:
-                spares = LocalSpares(settings, pool, launcher)
+                spares = LocalSpares(settings, pool, launcher, name)
                 spawn(group, "dispatcher:local:spares", spares.run(stop), eternal=True, stop=stop)
             gate = intake_gate(settings, watcher)
             if gate is not None:

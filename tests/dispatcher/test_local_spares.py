@@ -33,17 +33,19 @@ def _command(process: psutil.Process) -> str:
         return ""
 
 
-def _alive(process: psutil.Process) -> bool:
+def _connected_to(process: psutil.Process, port: int) -> bool:
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return any(c.raddr and c.raddr.port == port for c in process.net_connections(kind="tcp"))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
 
 
-def waiting_spares() -> int:
-    """Children of this test's fork server that wait for a run (no run given: no children of their own)."""
+def waiting_spares(settings: Settings) -> int:
+    """Children of this test's fork server connected to the runner API: started runners waiting for a
+    run (nothing here gives them one)."""
+    port = int(settings.runner.api_address.rpartition(":")[2])
     [server] = [p for p in psutil.Process(os.getpid()).children() if "runner.fork_server" in _command(p)]
-    return sum(1 for child in server.children() if _alive(child))
+    return sum(1 for child in server.children() if _connected_to(child, port))
 
 
 def forecast(db: Conn, minute: int, fires: int) -> None:
@@ -67,26 +69,27 @@ async def spares(settings: Settings, database_url: str) -> AsyncIterator[tuple[L
     clock = FakeClock(PEAK - 45)
     try:
         await launcher.start()
-        yield LocalSpares(settings, db, launcher, wall_clock=clock), launcher, clock
+        yield LocalSpares(settings, db, launcher, "this-dispatcher", wall_clock=clock), launcher, clock
     finally:
         await launcher.close()
         await db.close()
 
 
 async def test_spares_grow_before_the_minute_and_shrink_after(
-    spares: tuple[LocalSpares, LocalLauncher, FakeClock], db: Conn
+    spares: tuple[LocalSpares, LocalLauncher, FakeClock], db: Conn, settings: Settings
 ) -> None:
     keeper, launcher, clock = spares
     forecast(db, PEAK, 4)
     forecast(db, PEAK + 3 * MINUTE, 9)  # beyond the lead time until then; more than the maximum
 
     await keeper.keep()
-    assert keeper.spares == 1 and await eventually(lambda: waiting_spares() == 1, 10, what="one spare")
+    assert keeper.spares == 1
+    await eventually(lambda: waiting_spares(settings) == 1, 20, what="one spare")
 
     clock.advance_to(PEAK - 20)  # the lead time before the peak
     await keeper.keep()
     assert keeper.plan is not None and (keeper.plan.forecast, keeper.plan.target) == (4, 4)
-    await eventually(lambda: waiting_spares() == 4, 20, what="four spares before the minute")
+    await eventually(lambda: waiting_spares(settings) == 4, 20, what="four spares before the minute")
 
     request = starting_run(db, ["true"])  # a run during the peak takes one spare, which is refilled
     await launcher.launch(request)
@@ -96,8 +99,23 @@ async def test_spares_grow_before_the_minute_and_shrink_after(
     clock.advance_to(PEAK + MINUTE)  # the minute is over, nothing queued
     await keeper.keep()
     assert keeper.plan is not None and keeper.plan.target == 1
-    await eventually(lambda: waiting_spares() == 1, 20, what="back to one spare after the minute")
+    await eventually(lambda: waiting_spares(settings) == 1, 20, what="back to one spare after the minute")
 
     clock.advance_to(PEAK + 3 * MINUTE - 20)
     await keeper.keep()
     assert keeper.spares == 5  # the forecast of 9, bounded by the maximum
+
+
+async def test_local_dispatchers_of_one_cluster_share_the_forecast(
+    spares: tuple[LocalSpares, LocalLauncher, FakeClock], db: Conn
+) -> None:
+    keeper, _, clock = spares
+    forecast(db, PEAK, 5)
+    db.execute(
+        "INSERT INTO dispatchers (dispatcher_id, cluster, launcher) VALUES ('other', 'local', 'local'),"
+        " ('this-dispatcher', 'local', 'local'), ('gone', 'local', 'local'), ('pods', 'local', 'kubernetes')"
+    )
+    db.execute("UPDATE dispatchers SET last_seen_at = now() - interval '1 hour' WHERE dispatcher_id = 'gone'")
+    clock.advance_to(PEAK - 20)
+    await keeper.keep()
+    assert keeper.plan is not None and keeper.plan.target == 3  # its half of five, rounded up
