@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,7 +126,12 @@ def test_every_event_arrives_signed_across_a_receiver_crash(
         ]
         wait_for(receiver.lines, 90, until=lambda lines: len(lines) >= 4, what="the first deliveries")
         receiver.kill()  # mid-stream: runs keep changing status while nobody listens
-        time.sleep(3)
+        wait_for(  # a delivery found nobody there (and will be tried again)
+            lambda: db.execute("SELECT count(*) FROM webhook_attempts WHERE status_code IS NULL").fetchone(),
+            60,
+            until=lambda row: row is not None and row[0] > 0,
+            what="a delivery attempt to fail while the receiver is down",
+        )
         receiver.start()
         wait_for(
             lambda: db.execute("SELECT count(*) FROM runs WHERE status IN (10, 20, 30)").fetchone(),

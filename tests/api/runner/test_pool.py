@@ -19,6 +19,7 @@ from dispatcher.kubernetes.pool import QUERIES
 from runplane.basics.tokens import new_run_token, token_hash
 from runplane.basics.types import RunStatus
 from runplane.v1 import runner_pb2, runner_pb2_grpc
+from tests.support.polling import eventually
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run, run_row
 
 POOL, CLUSTER = "small", "east"
@@ -84,8 +85,13 @@ async def test_a_run_given_to_a_waiting_pod_is_handed_over_with_a_new_token(
     token = pool_pod(db, "pod-a")
     await wait(stub, token, 0)  # heard from
     run_id, dispatcher_token = starting_run(db)
+    heard = db.execute("SELECT seen_at FROM pool_runners WHERE name = 'pod-a'").fetchone()
     waiting = asyncio.create_task(wait(stub, token, 10))
-    await asyncio.sleep(0.3)
+    await eventually(  # the call came in: its heartbeat is newer than the last call's
+        lambda: db.execute("SELECT seen_at FROM pool_runners WHERE name = 'pod-a'").fetchone() != heard,
+        5,
+        what="the waiting call to reach the runner API",
+    )
     assert not waiting.done()  # held open while nothing is given
     assert assign(db, run_id) == "pod-a"
     answer = await asyncio.wait_for(waiting, 5)

@@ -50,8 +50,14 @@ async def test_pickups_wait_while_the_cluster_api_is_down(plane: ControlPlane, b
         assert isinstance(message, bus_pb2.Pickup)
         taken.append(message.account_id)
 
+    consuming: list[bool] = []  # one entry per consume() running
+
     async def consume(*, stop: asyncio.Event) -> None:
-        await bus.consume(queue, on_pickup, prefetch=4, stop=stop)
+        consuming.append(True)
+        try:
+            await bus.consume(queue, on_pickup, prefetch=4, stop=stop)
+        finally:
+            consuming.pop()
 
     stop = asyncio.Event()
     probes = asyncio.create_task(gate.run(stop), name="test:gate")
@@ -62,7 +68,7 @@ async def test_pickups_wait_while_the_cluster_api_is_down(plane: ControlPlane, b
 
         plane.stop_api_server()
         await eventually(lambda: not gate.is_open, 10)
-        await asyncio.sleep(0.5)  # the consumer's channel closes
+        await eventually(lambda: not consuming, 10, what="the consumer to stop and close its channel")
         await bus.publish(queue, bus_pb2.Pickup(account_id=2))
         await asyncio.sleep(2.0)
         assert taken == [1]  # not taken by this dispatcher: it waits in the queue for another cluster's
