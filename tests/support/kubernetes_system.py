@@ -46,19 +46,45 @@ class KubernetesSystem:
         return self.kube.pod_names(self.namespace, terminating=False)
 
     def describe_pods(self) -> str:
-        """Each Pod's phase, container states and last log lines: what to read when a test fails."""
-        listed = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")
-        lines = []
-        for pod in listed.get("items", []):
-            name, status = pod["metadata"]["name"], pod.get("status") or {}
-            states = [s.get("state") for s in status.get("containerStatuses") or []]
-            lines.append(f"{name}: {status.get('phase')} {status.get('reason', '')} {states}")
-            try:
-                log = self.kube.text("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}/log?tailLines=30")
-            except RestError as exc:
-                log = f"(no log: {exc})"
-            lines.extend(f"  | {line}" for line in log.splitlines())
-        return "\n".join(lines) or "(no pods)"
+        return describe_pods(self.kube, self.namespace)
+
+
+def describe_pods(kube: Rest, namespace: str) -> str:
+    """What to read when a test with Pods fails: each Pod's phase, container states, the events about
+    it (why the scheduler or the kubelet holds it Pending) and its last log lines; then each node's
+    conditions (pressure, readiness), what it can still take, and the images it holds."""
+    lines = []
+    for pod in kube.get(f"/api/v1/namespaces/{namespace}/pods").get("items", []):
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        states = [s.get("state") for s in status.get("containerStatuses") or []]
+        lines.append(f"{name}: {status.get('phase')} {status.get('reason', '')} {states}")
+        for condition in status.get("conditions") or []:
+            if condition.get("status") != "True":
+                lines.append(
+                    f"  condition {condition['type']}: {condition.get('reason', '')} {condition.get('message', '')}"
+                )
+        events = kube.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}")
+        for event in events.get("items", []):
+            kind, reason, count = event.get("type", ""), event.get("reason", ""), event.get("count", 1)
+            lines.append(f"  event {kind} {reason} x{count}: {event.get('message', '')}")
+        try:
+            log = kube.text("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log?tailLines=30")
+        except RestError as exc:
+            log = f"(no log: {exc})"
+        lines.extend(f"  | {line}" for line in log.splitlines())
+    if not lines:
+        lines.append("(no pods)")
+    lines.append("---- nodes ----")
+    for node in kube.get("/api/v1/nodes").get("items", []):
+        status = node.get("status") or {}
+        lines.append(f"{node['metadata']['name']}: allocatable {status.get('allocatable', {})}")
+        lines.extend(
+            f"  condition {c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+            for c in status.get("conditions") or []
+        )
+        images = sorted(image["names"][0] for image in status.get("images") or [] if image.get("names"))
+        lines.append(f"  images: {', '.join(images) or '(none)'}")
+    return "\n".join(lines)
 
 
 @asynccontextmanager
