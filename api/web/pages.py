@@ -26,9 +26,9 @@ from api.rerunning import rerun_from_failure
 from api.triggering import rerun_spec, trigger_run
 from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
 from api.web import views
-from api.web.form_fields import lines, number
+from api.web.form_fields import FormErrors, lines, number
 from api.web.layout import page, see_other, store_of
-from api.web.session import COOKIE, Changing, Looking, Posting, Viewer, grant_for, viewer
+from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for, viewer
 from runplane.basics.errors import InvalidArgument, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger, WaitingReason
@@ -43,6 +43,10 @@ MAX_SHOWN_BYTES = 5 * 1024 * 1024  # larger artifacts are downloaded, not drawn 
 VIEWABLE = frozenset({"json", "log", "txt", "sql", "yml", "yaml", "md", "csv"})
 REFRESH_SECONDS = 30
 CHART_RUNS = 50
+RUN_NOW_FIELDS = {
+    "cause", "steps", "git_branch", "git_sha", "schema", "target_name", "threads", "timeout_seconds",
+    "pull_request_number",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -372,6 +376,13 @@ async def jobs(request: Request, who: Looking, after: Annotated[int | None, Quer
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
+    return await _job_page(request, who, job_id, {"cause": "Run now from the web page"}, FormErrors())
+
+
+async def _job_page(
+    request: Request, who: Viewer, job_id: int, values: dict[str, str], errors: FormErrors
+) -> HTMLResponse:
+    """The job's page; ``values`` and ``errors`` are its Run now form's."""
     store = store_of(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, who.account_id, job_id)
@@ -387,7 +398,8 @@ async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
         schedule=views.schedule(row["cron"], row["timezone"], time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,
-        error="",
+        values=values,
+        errors=errors,
     )
 
 
@@ -410,24 +422,32 @@ async def run_now(
     threads: Annotated[str, Form()] = "",
     timeout_seconds: Annotated[str, Form()] = "",
     pull_request_number: Annotated[str, Form()] = "",
-) -> RedirectResponse:
+) -> Response:
     """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
-    a CI job's run names its pull request."""
-    overrides = checked_overrides(
-        RunOverridesSpec(
-            steps=lines(steps),
-            git_branch=git_branch.strip() or None,
-            git_sha=git_sha.strip() or None,
-            schema=schema_name.strip() or None,
-            target_name=target_name.strip() or None,
-            threads=number(threads, "threads"),
-            timeout_seconds=number(timeout_seconds, "timeout_seconds"),
-            pull_request_number=number(pull_request_number, "pull_request_number"),
-        ),
-        lambda name: name,
-    )
-    spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, text(cause, "cause", max_length=MAX_CAUSE), None, overrides)
-    row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
+    a CI job's run names its pull request. A refused override comes back at its field."""
+    try:
+        overrides = checked_overrides(
+            RunOverridesSpec(
+                steps=lines(steps),
+                git_branch=git_branch.strip() or None,
+                git_sha=git_sha.strip() or None,
+                schema=schema_name.strip() or None,
+                target_name=target_name.strip() or None,
+                threads=number(threads, "threads"),
+                timeout_seconds=number(timeout_seconds, "timeout_seconds"),
+                pull_request_number=number(pull_request_number, "pull_request_number"),
+            ),
+            lambda name: name,
+        )
+        cause = text(cause, "cause", max_length=MAX_CAUSE)
+        spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, None, overrides)
+        row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
+    except InvalidArgument as exc:
+        form = await request.form()
+        values = {k: str(v) for k, v in form.items() if k != CSRF_FIELD}
+        answer = await _job_page(request, who, job_id, values, FormErrors.of(exc, RUN_NOW_FIELDS))
+        answer.status_code = 400
+        return answer
     return see_other(f"/ui/runs/{row['id']}")
 
 

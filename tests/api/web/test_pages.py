@@ -284,7 +284,7 @@ async def test_a_job_shows_its_schedule_and_runs_now_with_overrides(browser: Bro
         await scalar(adb, "SELECT trigger || ':' || cause FROM runs WHERE id = %s", run_id) == "manual:checking a fix"
     )
     refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
-    assert refused.status_code == 400 and "Threads: must be between" in refused.text
+    assert refused.status_code == 400 and 'id="e-threads">must be between' in refused.text
     rerun = await browser.post(f"/ui/runs/{run_id}/rerun")
     new_id = int(rerun.headers["location"].rsplit("/", 1)[1])
     assert await scalar(adb, "SELECT parent_run_id FROM runs WHERE id = %s", new_id) == run_id
@@ -433,7 +433,9 @@ async def test_error_pages_keep_the_menu_and_speak_in_words(browser: Browser, ad
     assert missing.status_code == 404 and 'id="what-now">It is not in this account' in missing.text
     job_id = await _job(adb, browser.account_id)
     refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
-    assert refused.status_code == 400 and "Threads: must be between 1 and 64 (got 1000)" in refused.text
+    assert refused.status_code == 400
+    assert 'id="e-threads">must be between 1 and 64 (got 1000)</p>' in refused.text  # at its field
+    assert 'name="threads" type="text" value="1000"' in refused.text  # with what was typed
 
 
 async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_whose_wait(
