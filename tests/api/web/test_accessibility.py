@@ -17,7 +17,7 @@ from api.process import RunningApi
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
-from tests.api.web.test_pages import RUN_RESULTS, _job, _runs, _steps
+from tests.support.web_rows import RUN_RESULTS, insert_job, insert_runs, insert_steps
 
 pytestmark = pytest.mark.slow
 
@@ -59,11 +59,11 @@ async def _seed(browser: Browser, adb: AsyncDb) -> dict[str, int]:
         browser.account_id,
         project,
     )
-    job = await _job(adb, browser.account_id, "nightly build", steps=["dbt seed", "dbt build"], cron="0 6 * * *")
+    job = await insert_job(adb, browser.account_id, "nightly build", steps=["dbt seed", "dbt build"], cron="0 6 * * *")
     await adb.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment, job))
-    ids = await _runs(adb, browser.account_id, job, 4)
-    (failed,) = await _runs(adb, browser.account_id, job, 1, status=int(RunStatus.ERROR))
-    await _steps(adb, failed, ("dbt seed", 10, True), ("dbt build", 20, True))
+    ids = await insert_runs(adb, browser.account_id, job, 4)
+    (failed,) = await insert_runs(adb, browser.account_id, job, 1, status=int(RunStatus.ERROR))
+    await insert_steps(adb, failed, ("dbt seed", 10, True), ("dbt build", 20, True))
     await adb.execute(
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 1, %s)",
         (failed, json.dumps(RUN_RESULTS).encode()),
@@ -73,8 +73,8 @@ async def _seed(browser: Browser, adb: AsyncDb) -> dict[str, int]:
         " FROM generate_series(1, 200) g",
         (failed,),
     )
-    serial = await _job(adb, browser.account_id, "hourly refresh of every finance model")
-    (waiting,) = await _runs(adb, browser.account_id, serial, 1, status=int(RunStatus.QUEUED))
+    serial = await insert_job(adb, browser.account_id, "hourly refresh of every finance model")
+    (waiting,) = await insert_runs(adb, browser.account_id, serial, 1, status=int(RunStatus.QUEUED))
     await adb.execute("UPDATE runs SET waiting_reason = 'job_already_running' WHERE id = %s", (waiting,))
     return {"project": project, "environment": environment, "job": job, "run": ids[-1], "failed": failed}
 

@@ -13,35 +13,7 @@ from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
-
-
-async def _job(db: AsyncDb, account_id: int, name: str = "nightly", **cols: object) -> int:
-    cols.setdefault("steps", ["echo hello"])
-    keys = ", ".join(["account_id", "name", "job_type", *cols])
-    marks = ", ".join(["%s"] * (3 + len(cols)))
-    query = f"INSERT INTO jobs ({keys}) VALUES ({marks}) RETURNING id"
-    return int(await scalar(db, query, account_id, name, "deploy", *cols.values()))
-
-
-async def _runs(
-    db: AsyncDb, account_id: int, job_id: int, count: int, *, status: int = 10, delay: float = 5
-) -> list[int]:
-    """``count`` runs queued a minute apart (newest last), each started ``delay`` s after its schedule."""
-    cur = await db.execute(
-        """
-        INSERT INTO runs (account_id, job_id, job_type, status, trigger, idempotency_key, takes_slot,
-                          scheduled_at, queued_at, dispatched_at, started_at, finished_at)
-        SELECT %(account)s, %(job)s, 'deploy', %(status)s, 'schedule',
-               concat_ws('-', 'web', %(job)s, g, %(delay)s, %(status)s), true,
-               t, t + interval '1 second', t + interval '2 seconds',
-               CASE WHEN %(status)s = 1 THEN NULL ELSE t + make_interval(secs => %(delay)s) END,
-               CASE WHEN %(status)s IN (10, 20, 30) THEN t + make_interval(secs => %(delay)s + 30) END
-          FROM generate_series(1, %(count)s) g, LATERAL (SELECT now() - make_interval(mins => %(count)s - g + 1) AS t) s
-        RETURNING id
-        """,
-        {"account": account_id, "job": job_id, "status": status, "count": count, "delay": delay},
-    )
-    return [row[0] for row in await cur.fetchall()]
+from tests.support.web_rows import RUN_RESULTS, insert_job, insert_runs, insert_steps
 
 
 async def test_pages_need_a_login_and_a_bad_token_is_refused(browser: Browser) -> None:
@@ -89,8 +61,8 @@ async def test_another_accounts_run_and_job_answer_404(
     browser: Browser, api: RunningApi, settings: Settings, adb: AsyncDb
 ) -> None:
     other_id, _ = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
-    other_job = await _job(adb, other_id)
-    (other_run,) = await _runs(adb, other_id, other_job, 1, status=3)
+    other_job = await insert_job(adb, other_id)
+    (other_run,) = await insert_runs(adb, other_id, other_job, 1, status=3)
     await adb.execute(
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, 'x')",
         (other_run,),
@@ -116,8 +88,8 @@ async def test_another_accounts_run_and_job_answer_404(
 async def test_cancel_needs_the_forms_csrf_value_and_a_job_admin_token(
     browser: Browser, settings: Settings, adb: AsyncDb
 ) -> None:
-    job_id = await _job(adb, browser.account_id)
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=1)
+    job_id = await insert_job(adb, browser.account_id)
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=1)
     await browser.login()
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
     assert f'value="{browser.csrf}"' in page and 'id="cancel"' in page
@@ -145,8 +117,8 @@ async def test_cancel_needs_the_forms_csrf_value_and_a_job_admin_token(
 
 
 async def test_runs_come_in_keyset_pages_of_50_newest_first(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    ids = await _runs(adb, browser.account_id, job_id, 120)
+    job_id = await insert_job(adb, browser.account_id)
+    ids = await insert_runs(adb, browser.account_id, job_id, 120)
     await browser.login()
     seen: list[int] = []
     url: str | None = "/ui/runs"
@@ -162,10 +134,10 @@ async def test_runs_come_in_keyset_pages_of_50_newest_first(browser: Browser, ad
 
 
 async def test_filters_by_status_cause_job_and_time(browser: Browser, adb: AsyncDb) -> None:
-    job_a = await _job(adb, browser.account_id, "a")
-    job_b = await _job(adb, browser.account_id, "b")
-    done = await _runs(adb, browser.account_id, job_a, 3)
-    queued = await _runs(adb, browser.account_id, job_b, 2, status=1)
+    job_a = await insert_job(adb, browser.account_id, "a")
+    job_b = await insert_job(adb, browser.account_id, "b")
+    done = await insert_runs(adb, browser.account_id, job_a, 3)
+    queued = await insert_runs(adb, browser.account_id, job_b, 2, status=1)
     await adb.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE status = 1")
     await browser.login()
 
@@ -190,12 +162,12 @@ async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None
         await scalar(adb, "INSERT INTO accounts (name, run_slots) VALUES ('a', 2) RETURNING id") for _ in range(20)
     ]
     for other in accounts[1:]:  # neighbours with more history than the account looked at
-        await _runs(adb, other, await _job(adb, other), 200)
+        await insert_runs(adb, other, await insert_job(adb, other), 200)
     account_id = accounts[0]
-    jobs = [await _job(adb, account_id, f"job {i}") for i in range(10)]
+    jobs = [await insert_job(adb, account_id, f"job {i}") for i in range(10)]
     for job_id in jobs:
-        await _runs(adb, account_id, job_id, 50)
-    await _runs(adb, account_id, jobs[0], 5, status=int(RunStatus.ERROR), delay=6)
+        await insert_runs(adb, account_id, job_id, 50)
+    await insert_runs(adb, account_id, jobs[0], 5, status=int(RunStatus.ERROR), delay=6)
     await adb.execute("ANALYZE runs")
     await adb.execute("SET enable_seqscan = off")
     base = {"account_id": account_id, "job_id": None, "status": None, "trigger": None, "since": None, "until": None}
@@ -214,8 +186,8 @@ async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None
 
 
 async def test_the_log_stream_sends_every_chunk_then_ends_with_the_run(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=3)
+    job_id = await insert_job(adb, browser.account_id)
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=3)
     await adb.execute(
         "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, 1, 0, 'one\n'), (%s, 2, 1, 'two\n')",
         (run_id, run_id),
@@ -242,8 +214,8 @@ async def test_the_log_stream_sends_every_chunk_then_ends_with_the_run(browser: 
 
 
 async def test_artifacts_download_as_attachments(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    job_id = await insert_job(adb, browser.account_id)
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1)
     await adb.execute(
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/manifest.json', 0, %s)",
         (run_id, b'{"nodes": {}}'),
@@ -259,7 +231,7 @@ async def test_artifacts_download_as_attachments(browser: Browser, adb: AsyncDb)
 
 
 async def test_a_job_shows_its_schedule_and_runs_now_with_overrides(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id, cron="30 6 * * 1-5", timezone="Europe/Paris")
+    job_id = await insert_job(adb, browser.account_id, cron="30 6 * * 1-5", timezone="Europe/Paris")
     await browser.login()
     page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
     assert "At 06:30, Monday through Friday" in page
@@ -293,11 +265,11 @@ async def test_a_job_shows_its_schedule_and_runs_now_with_overrides(browser: Bro
 
 
 async def test_on_time_splits_run_delay_and_counts_what_waits(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    await _runs(adb, browser.account_id, job_id, 6, delay=5)
-    await _runs(adb, browser.account_id, job_id, 3, delay=40)
-    await _runs(adb, browser.account_id, job_id, 1, delay=300)
-    await _runs(adb, browser.account_id, job_id, 2, status=1)
+    job_id = await insert_job(adb, browser.account_id)
+    await insert_runs(adb, browser.account_id, job_id, 6, delay=5)
+    await insert_runs(adb, browser.account_id, job_id, 3, delay=40)
+    await insert_runs(adb, browser.account_id, job_id, 1, delay=300)
+    await insert_runs(adb, browser.account_id, job_id, 2, status=1)
     await adb.execute("UPDATE runs SET waiting_reason = 'job_already_running' WHERE status = 1")
     await browser.login()
     page = (await browser.http.get("/ui/on-time?window=1h")).text
@@ -308,20 +280,10 @@ async def test_on_time_splits_run_delay_and_counts_what_waits(browser: Browser, 
     assert (await browser.http.get("/ui/on-time?window=2y")).status_code == 400
 
 
-async def _steps(db: AsyncDb, run_id: int, *steps: tuple[str, int, bool]) -> None:
-    """The run's steps as ``(command, status, started)``; a step not started has no times."""
-    for index, (command, status, started) in enumerate(steps):
-        await db.execute(
-            "INSERT INTO run_steps (run_id, step_index, command, status, exit_code, started_at, finished_at)"
-            " VALUES (%s, %s, %s, %s, %s, CASE WHEN %s THEN now() END, CASE WHEN %s AND %s <> 1 THEN now() END)",
-            (run_id, index, command, status, {10: 0, 20: 1}.get(status), started, started, status),
-        )
-
-
 async def test_a_failed_dbt_run_offers_rerun_from_its_failure(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id, steps=["dbt seed", "dbt build"])
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
-    await _steps(adb, run_id, ("dbt seed", 10, True), ("dbt build", 20, True))
+    job_id = await insert_job(adb, browser.account_id, steps=["dbt seed", "dbt build"])
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    await insert_steps(adb, run_id, ("dbt seed", 10, True), ("dbt build", 20, True))
     await adb.execute(
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 1, '{}')",
         (run_id,),
@@ -339,7 +301,7 @@ async def test_a_failed_dbt_run_offers_rerun_from_its_failure(browser: Browser, 
     assert row[2]["steps"] == ["dbt retry --state .runplane/retry-state"] and row[2]["resume"] is True
 
     # A run that succeeded has nothing to resume: only "Rerun" (every step again) is offered.
-    (done_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    (done_id,) = await insert_runs(adb, browser.account_id, job_id, 1)
     page = (await browser.http.get(f"/ui/runs/{done_id}")).text
     assert 'id="rerun"' in page and 'id="rerun-from-failure"' not in page
 
@@ -364,8 +326,8 @@ async def test_run_now_on_a_ci_job_asks_for_its_pull_request(browser: Browser, a
 
 
 async def test_the_runs_filter_with_every_field_left_empty_lists_all_runs(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    ids = await _runs(adb, browser.account_id, job_id, 2)
+    job_id = await insert_job(adb, browser.account_id)
+    ids = await insert_runs(adb, browser.account_id, job_id, 2)
     await browser.login()
     # What the filter form sends with "all jobs", "any" status and cause, and no times.
     response = await browser.http.get("/ui/runs?job=&status=&cause=&since=&until=")
@@ -374,9 +336,9 @@ async def test_the_runs_filter_with_every_field_left_empty_lists_all_runs(browse
 
 
 async def test_steps_that_never_ran_show_as_skipped_in_a_finished_run(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id, steps=["dbt seed", "dbt build", "dbt test"])
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
-    await _steps(adb, run_id, ("dbt seed", 20, True), ("dbt build", 1, False), ("dbt test", 1, False))
+    job_id = await insert_job(adb, browser.account_id, steps=["dbt seed", "dbt build", "dbt test"])
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    await insert_steps(adb, run_id, ("dbt seed", 20, True), ("dbt build", 1, False), ("dbt test", 1, False))
     await adb.execute("UPDATE run_steps SET skipped = true WHERE run_id = %s AND step_index = 1", (run_id,))
     await browser.login()
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
@@ -385,7 +347,7 @@ async def test_steps_that_never_ran_show_as_skipped_in_a_finished_run(browser: B
 
 
 async def test_a_paused_job_shows_as_paused_without_next_runs(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id, cron="0 * * * *")
+    job_id = await insert_job(adb, browser.account_id, cron="0 * * * *")
     await adb.execute("UPDATE jobs SET paused_at = now() WHERE id = %s", (job_id,))
     await browser.login()
     jobs = (await browser.http.get("/ui/jobs")).text
@@ -403,8 +365,8 @@ async def test_the_header_names_the_account(browser: Browser) -> None:
 
 
 async def test_times_show_in_the_viewers_time_zone_with_utc_at_hand(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1)
+    job_id = await insert_job(adb, browser.account_id)
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1)
     await adb.execute("UPDATE runs SET scheduled_at = '2026-01-15 12:00:00+00' WHERE id = %s", (run_id,))
     await browser.login()
     await browser.http.get("/ui/time-zone", params={"zone": "Asia/Tokyo"})  # what the page's script asks
@@ -431,7 +393,7 @@ async def test_error_pages_keep_the_menu_and_speak_in_words(browser: Browser, ad
     assert 'href="/ui/jobs"' in bad.text and 'id="account-name">acme<' in bad.text
     missing = await browser.http.get("/ui/jobs/999999")
     assert missing.status_code == 404 and 'id="what-now">It is not in this account' in missing.text
-    job_id = await _job(adb, browser.account_id)
+    job_id = await insert_job(adb, browser.account_id)
     refused = await browser.post(f"/ui/jobs/{job_id}/run", threads="1000")
     assert refused.status_code == 400
     assert 'id="e-threads">must be between 1 and 64 (got 1000)</p>' in refused.text  # at its field
@@ -441,13 +403,13 @@ async def test_error_pages_keep_the_menu_and_speak_in_words(browser: Browser, ad
 async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_whose_wait(
     browser: Browser, adb: AsyncDb
 ) -> None:
-    job_id = await _job(adb, browser.account_id)
-    on_time = await _runs(adb, browser.account_id, job_id, 2, delay=5)
-    (platform_late,) = await _runs(adb, browser.account_id, job_id, 1, delay=300)
-    (own_late,) = await _runs(adb, browser.account_id, job_id, 1, delay=400)
+    job_id = await insert_job(adb, browser.account_id)
+    on_time = await insert_runs(adb, browser.account_id, job_id, 2, delay=5)
+    (platform_late,) = await insert_runs(adb, browser.account_id, job_id, 1, delay=300)
+    (own_late,) = await insert_runs(adb, browser.account_id, job_id, 1, delay=400)
     # This one waited for a run slot until a second before it started: the account's own limit.
     await adb.execute("UPDATE runs SET dispatched_at = started_at - interval '1 second' WHERE id = %s", (own_late,))
-    queued = await _runs(adb, browser.account_id, job_id, 2, status=1)
+    queued = await insert_runs(adb, browser.account_id, job_id, 2, status=1)
     await adb.execute("UPDATE runs SET waiting_reason = 'no_run_slot' WHERE id = %s", (queued[0],))
     await browser.login()
     page = (await browser.http.get("/ui/on-time?window=1h")).text
@@ -474,21 +436,11 @@ async def test_on_time_links_its_buckets_and_reasons_to_their_runs_and_tells_who
     assert "the account’s own" in page and "the platform’s" in page
 
 
-RUN_RESULTS = {
-    "results": [
-        {"unique_id": "model.shop.orders", "status": "success", "execution_time": 1.5,
-         "adapter_response": {"rows_affected": 12}, "message": "SELECT 12"},
-        {"unique_id": "test.shop.not_null_orders_id", "status": "fail", "execution_time": 0.25,
-         "adapter_response": {}, "message": "Got 3 results, configured to fail if != 0"},
-    ]
-}  # fmt: skip
-
-
 async def test_a_dbt_step_shows_its_models_and_json_artifacts_open_pretty_printed(
     browser: Browser, adb: AsyncDb
 ) -> None:
-    job_id = await _job(adb, browser.account_id, steps=["dbt build"])
-    (run_id,) = await _runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    job_id = await insert_job(adb, browser.account_id, steps=["dbt build"])
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
     await adb.execute(
         "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/run_results.json', 0, %s)",
         (run_id, json.dumps(RUN_RESULTS).encode()),
@@ -509,8 +461,8 @@ async def test_a_dbt_step_shows_its_models_and_json_artifacts_open_pretty_printe
 
 
 async def test_a_job_charts_the_duration_of_its_runs(browser: Browser, adb: AsyncDb) -> None:
-    job_id = await _job(adb, browser.account_id)
-    ids = await _runs(adb, browser.account_id, job_id, 3)
+    job_id = await insert_job(adb, browser.account_id)
+    ids = await insert_runs(adb, browser.account_id, job_id, 3)
     await adb.execute("UPDATE runs SET finished_at = started_at + interval '90 seconds' WHERE id = %s", (ids[-1],))
     await browser.login()
     page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
@@ -524,12 +476,12 @@ async def test_a_job_charts_the_duration_of_its_runs(browser: Browser, adb: Asyn
 async def test_search_finds_jobs_and_runs_by_id_name_and_cause(
     browser: Browser, settings: Settings, adb: AsyncDb
 ) -> None:
-    nightly = await _job(adb, browser.account_id, "Nightly orders")
-    other = await _job(adb, browser.account_id, "hourly_100%")
-    (run_id,) = await _runs(adb, browser.account_id, nightly, 1)
+    nightly = await insert_job(adb, browser.account_id, "Nightly orders")
+    other = await insert_job(adb, browser.account_id, "hourly_100%")
+    (run_id,) = await insert_runs(adb, browser.account_id, nightly, 1)
     await adb.execute("UPDATE runs SET cause = 'backfill for finance' WHERE id = %s", (run_id,))
     their_account, _ = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
-    await _job(adb, their_account, "nightly orders of globex")
+    await insert_job(adb, their_account, "nightly orders of globex")
     await browser.login()
 
     async def found(q: str) -> tuple[set[int], set[int]]:
@@ -551,9 +503,9 @@ async def test_search_finds_jobs_and_runs_by_id_name_and_cause(
 
 
 async def test_a_job_that_generates_docs_links_to_them(browser: Browser, adb: AsyncDb) -> None:
-    documented = await _job(adb, browser.account_id, "documented", generate_docs=True)
-    plain = await _job(adb, browser.account_id, "plain")
-    (run_id,) = await _runs(adb, browser.account_id, documented, 1)
+    documented = await insert_job(adb, browser.account_id, "documented", generate_docs=True)
+    plain = await insert_job(adb, browser.account_id, "plain")
+    (run_id,) = await insert_runs(adb, browser.account_id, documented, 1)
     await browser.login()
     for path in (f"/ui/jobs/{documented}", f"/ui/runs/{run_id}"):
         assert f'<a href="/ui/jobs/{documented}/docs/" id="docs">' in (await browser.http.get(path)).text
