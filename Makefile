@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
 DBT_VENV := .venv-dbt
 DBT_VERSION := 1.10
-DBT_PACKAGES := 'dbt-core~=1.10.0' 'dbt-postgres~=1.9.0'
+# dbt and every warehouse adapter runplane writes profiles for; a change to the list reinstalls.
+DBT_REQUIREMENTS := deploy/dbt-$(DBT_VERSION).txt
 DBT_STAMP := $(DBT_VENV)/.installed-$(DBT_VERSION)
 # dbt runs as each run's own uid: its Python must be one every user can execute. The system's
 # (Debian's) when there is one; a Python under a private home (pyenv in /root) is not.
@@ -18,10 +19,10 @@ DBT_PYTHON ?= $(shell test -x /usr/bin/python3 && /usr/bin/python3 -c 'import en
 # What the runner reads to find the dbt of an environment's dbt_version.
 export RUNPLANE_RUNNER__DBT_VERSIONS := {"$(DBT_VERSION)": "$(CURDIR)/$(DBT_VENV)/bin"}
 
-$(DBT_STAMP):
+$(DBT_STAMP): $(DBT_REQUIREMENTS)
 	@test -x $(DBT_VENV)/bin/python || $(DBT_PYTHON) -m venv $(DBT_VENV)
 	$(DBT_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(DBT_VENV)/bin/python -m pip install --quiet $(DBT_PACKAGES)
+	$(DBT_VENV)/bin/python -m pip install --quiet -r $(DBT_REQUIREMENTS)
 	@rm -f $(DBT_VENV)/.installed-* && touch $@
 
 $(DBT_VENV): $(DBT_STAMP)

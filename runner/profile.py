@@ -3,11 +3,13 @@
 It is written outside the repository (the runner's own directory for the run, removed after it),
 so nothing of it can be committed, served as an artifact or read by a later run. Secret fields
 never enter the file: it names ``DBT_ENV_SECRET_*`` variables that the dbt steps get, which dbt
-itself also scrubs from its logs.
+itself also scrubs from its logs; a secret JSON object that dbt reads only from a file (BigQuery's
+service-account key) is a file of its own beside the profile, private to the run's uid.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,17 +68,28 @@ def write_profile(context: DbtContext, project: Path, directory: Path) -> Profil
         check_secret_fields(context.adapter_type, context.connection_secrets)
     except ConnectionFieldError as exc:
         raise ProjectError(f"the environment's connection: {exc}") from exc
+    schema = adapter_fields(context.adapter_type)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     environment = {}
     for field in sorted(context.connection_secrets):
+        value = context.connection_secrets[field]
+        if field in schema.file_secrets:  # a JSON object dbt reads from a file of this run's own
+            output[schema.file_secrets[field]] = str(_private_file(directory / f"{field}.json", value))
+            continue
         variable = secret_env_name(field)
         output[field] = "{{ env_var('" + variable + "') }}"
-        environment[variable] = context.connection_secrets[field]
-    for field, value in adapter_fields(context.adapter_type).profile_defaults.items():
-        output.setdefault(field, value)
+        environment[variable] = value
+    for field, default in schema.profile_defaults.items():
+        output.setdefault(field, default)
     output.update(type=context.adapter_type, schema=context.schema, threads=context.threads)
     profiles = {name: {"target": context.target_name, "outputs": {context.target_name: output}}}
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / "profiles.yml"
-    path.write_text(yaml.safe_dump(profiles, sort_keys=True), encoding="utf-8")
-    path.chmod(0o600)
+    _private_file(directory / "profiles.yml", yaml.safe_dump(profiles, sort_keys=True))
     return Profile(directory, name, environment)
+
+
+def _private_file(path: Path, text: str) -> Path:
+    """``path`` with ``text``, readable by this uid alone from its creation."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path

@@ -3,10 +3,17 @@
 One home for the shape of a connection: the API validates an environment's connection with
 :func:`typed_profile_fields` (a wrong type is ``INVALID_ARGUMENT`` naming the field), and the runner
 turns the same stored text into the typed values of ``profiles.yml`` with it.
+
+The field names are the adapters' own profile fields (dbt's setup page of each adapter, and the
+``Credentials`` class of the installed adapter, which a test holds every name here against). The
+secret ones — passwords, Snowflake's private key and its passphrase, BigQuery's service-account key
+file JSON, Databricks' and MotherDuck's tokens, AWS secret keys — are stored encrypted, never
+returned, and reach dbt only as ``DBT_ENV_SECRET_*`` variables that dbt scrubs from its logs.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,7 +39,12 @@ class AdapterFields:
     required_secrets: frozenset[str]
     choices: Mapping[str, frozenset[str]]
     profile_defaults: Mapping[str, str | int] = field(default_factory=dict)  # what the adapter insists on
+    # A secret JSON object given to dbt as a file (0600, beside the run's profile): secret field ->
+    # the profile field that names the file.
+    file_secrets: Mapping[str, str] = field(default_factory=dict)
 
+
+_SSL_MODES = frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
 
 ADAPTERS: Mapping[str, AdapterFields] = {
     "postgres": AdapterFields(
@@ -42,9 +54,68 @@ ADAPTERS: Mapping[str, AdapterFields] = {
         booleans=frozenset(),
         secrets=frozenset({"password"}),
         required_secrets=frozenset(),
-        choices={"sslmode": frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})},
+        choices={"sslmode": _SSL_MODES},
         # dbt-postgres requires the key even where the server trusts its clients.
         profile_defaults={"password": "", "port": 5432},
+    ),
+    "redshift": AdapterFields(
+        required=frozenset({"host", "user", "dbname"}),
+        strings=frozenset(
+            {"host", "user", "dbname", "method", "sslmode", "cluster_id", "iam_profile", "region", "role"}
+        ),
+        integers=frozenset({"port", "connect_timeout", "retries"}),
+        booleans=frozenset({"autocreate", "ra3_node", "is_serverless", "autocommit"}),
+        secrets=frozenset({"password", "secret_access_key"}),
+        required_secrets=frozenset(),
+        choices={"method": frozenset({"database", "iam"}), "sslmode": _SSL_MODES},
+        profile_defaults={"port": 5439},
+    ),
+    "snowflake": AdapterFields(
+        required=frozenset({"account", "user", "database", "warehouse"}),
+        strings=frozenset(
+            {"account", "user", "database", "warehouse", "role", "authenticator", "query_tag", "host", "protocol"}
+        ),
+        integers=frozenset({"connect_retries", "connect_timeout", "port"}),
+        booleans=frozenset({"client_session_keep_alive", "retry_on_database_errors", "retry_all", "reuse_connections"}),
+        # Key-pair authentication: the PEM private key itself (not a path on some host) and its passphrase.
+        secrets=frozenset({"password", "private_key", "private_key_passphrase", "token", "oauth_client_secret"}),
+        required_secrets=frozenset(),
+        choices={},
+    ),
+    "bigquery": AdapterFields(
+        # The dataset is the environment's schema (dbt's ``schema``, of which ``dataset`` is another name).
+        required=frozenset({"project"}),
+        strings=frozenset({"project", "location", "priority", "execution_project", "impersonate_service_account"}),
+        integers=frozenset(
+            {"job_execution_timeout_seconds", "job_creation_timeout_seconds", "job_retries", "maximum_bytes_billed"}
+        ),
+        booleans=frozenset(),
+        # A run has no gcloud login: it authenticates with the service account's key file JSON, which
+        # dbt reads from a file (an object it does not take from a variable).
+        secrets=frozenset({"keyfile_json"}),
+        required_secrets=frozenset({"keyfile_json"}),
+        choices={"priority": frozenset({"interactive", "batch"})},
+        profile_defaults={"method": "service-account"},
+        file_secrets={"keyfile_json": "keyfile"},
+    ),
+    "databricks": AdapterFields(
+        required=frozenset({"host", "http_path"}),
+        strings=frozenset({"host", "http_path", "catalog", "auth_type", "client_id"}),
+        integers=frozenset({"connect_retries", "connect_timeout"}),
+        booleans=frozenset(),
+        secrets=frozenset({"token", "client_secret"}),
+        required_secrets=frozenset(),
+        choices={"auth_type": frozenset({"oauth"})},
+    ),
+    "duckdb": AdapterFields(
+        # The database file; one per environment, on the runner host (or md:… for MotherDuck).
+        required=frozenset({"path"}),
+        strings=frozenset({"path", "database"}),
+        integers=frozenset(),
+        booleans=frozenset({"keep_open", "disable_transactions"}),
+        secrets=frozenset({"motherduck_token"}),
+        required_secrets=frozenset(),
+        choices={},
     ),
 }
 
@@ -103,6 +174,13 @@ def check_secret_fields(adapter_type: str, secrets: Mapping[str, str]) -> None:
             )
     for name in sorted(schema.required_secrets - set(secrets)):
         raise ConnectionFieldError(f"secret_fields[{name}]", "is required")
+    for name in sorted(set(schema.file_secrets) & set(secrets)):
+        try:
+            document = json.loads(secrets[name])
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            raise ConnectionFieldError(f"secret_fields[{name}]", "must be a JSON object (the key file's content)")
 
 
 def secret_env_name(field: str) -> str:

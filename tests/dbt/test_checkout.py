@@ -121,7 +121,17 @@ async def test_projects_and_environments_are_checked_and_keep_their_secrets(
         (warehouse(database_url, port="fivefourthreetwo"), "connection.fields[port]: must be an integer"),
         (warehouse(database_url, sslmode="sometimes"), "connection.fields[sslmode]: must be one of"),
         (warehouse(database_url, password="in the open"), "connection.fields[password]: is a secret"),
-        (projects_pb2.Connection(adapter_type="snowflake"), "connection.adapter_type: 'snowflake' is not supported"),
+        (projects_pb2.Connection(adapter_type="oracle"), "connection.adapter_type: 'oracle' is not supported"),
+        (
+            projects_pb2.Connection(adapter_type="snowflake", fields={"account": "a", "user": "u", "database": "d"}),
+            "connection.fields[warehouse]: is required",
+        ),
+        (
+            projects_pb2.Connection(
+                adapter_type="bigquery", fields={"project": "p"}, secret_fields={"keyfile_json": "pw-s3cret-xyz"}
+            ),
+            "connection.secret_fields[keyfile_json]: must be a JSON object",
+        ),
     ]
     for connection, message in bad:
         with pytest.raises(grpc.aio.AioRpcError) as error:

@@ -1,0 +1,197 @@
+"""Every warehouse adapter an environment may name: its fields are the adapter's own, the profile a
+run gets is one dbt itself accepts, and DuckDB runs the example project for real (Postgres does in
+the other dbt tests). The cloud warehouses cannot be reached from here: dbt parses the project
+with their profile, which loads and checks the credentials without connecting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runner.profile import write_profile
+from runplane.basics.types import JobType, Trigger
+from runplane.dbt.connections import ADAPTERS, ConnectionFieldError, check_secret_fields, typed_profile_fields
+from runplane.dbt.context import DbtContext
+from runplane.v1 import common_pb2, projects_pb2, runs_pb2
+from tests.dbt.conftest import DBT_BIN, EXAMPLE, Client, dbt_job, environment, make_repository, run_job, run_log
+
+pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(600)]
+
+Db = psycopg.Connection[Any]
+
+# Each adapter's credentials as the installed adapter declares them: field names and aliases.
+CREDENTIALS = """
+import dataclasses, importlib, json, sys
+found = {}
+for name in sys.argv[1:]:
+    credentials = importlib.import_module(f"dbt.adapters.{name}").Plugin.credentials
+    aliases = getattr(credentials, "_ALIASES", {})
+    found[name] = sorted({f.name for f in dataclasses.fields(credentials)} | set(aliases))
+print(json.dumps(found))
+"""
+
+
+def _rsa_key(tmp_path: Path) -> str:
+    key = tmp_path / "key.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)],
+                   check=True, capture_output=True)  # fmt: skip
+    return key.read_text()
+
+
+SERVICE_ACCOUNT = {
+    "type": "service_account",
+    "project_id": "acme-analytics",
+    "private_key_id": "0123456789abcdef",
+    "private_key": "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n",
+    "client_email": "dbt@acme-analytics.iam.gserviceaccount.com",
+    "client_id": "1234567890",
+    "token_uri": "https://oauth2.googleapis.com/token",
+}
+
+
+def _connections(tmp_path: Path) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """(fields, secret fields) of a connection of each cloud adapter, as a user would give them."""
+    return {
+        "snowflake-password": (
+            {"account": "acme-xy12345", "user": "DBT", "database": "ANALYTICS", "warehouse": "TRANSFORMING",
+             "role": "TRANSFORMER", "client_session_keep_alive": "false", "connect_retries": "3"},
+            {"password": "sf-pass-word"},
+        ),
+        "snowflake-key-pair": (
+            {"account": "acme-xy12345", "user": "DBT", "database": "ANALYTICS", "warehouse": "TRANSFORMING"},
+            {"private_key": _rsa_key(tmp_path), "private_key_passphrase": "pass-phrase-1"},
+        ),
+        "bigquery": (
+            {"project": "acme-analytics", "location": "EU", "priority": "interactive",
+             "job_execution_timeout_seconds": "300"},
+            {"keyfile_json": json.dumps(SERVICE_ACCOUNT)},
+        ),
+        "databricks": (
+            {"host": "dbc-1234.cloud.databricks.com", "http_path": "/sql/1.0/warehouses/abc123", "catalog": "main"},
+            {"token": "dapi-secret-token"},
+        ),
+        "redshift": (
+            {"host": "acme.abc123.eu-west-1.redshift.amazonaws.com", "user": "dbt", "dbname": "analytics",
+             "method": "database", "sslmode": "require"},
+            {"password": "rs-pass-word"},
+        ),
+    }  # fmt: skip
+
+
+def _context(adapter_type: str, fields: dict[str, str], secrets: dict[str, str]) -> DbtContext:
+    return DbtContext(
+        run_id=1, job_id=1, account_id=1, project_id=1, environment_id=1, environment_type="deployment",
+        job_type=JobType.DEPLOY, trigger=Trigger.API, cause="", repository_url="", subdirectory="",
+        git_credential_kind="none", git_credential="", git_sha="", git_branch="", dbt_version="1.10",
+        adapter_type=adapter_type, connection=fields, connection_secrets=secrets, target_name="prod",
+        schema="analytics", threads=4, variables={}, pull_request_number=None,
+    )  # fmt: skip
+
+
+def test_every_field_of_every_adapter_is_the_adapters_own() -> None:
+    names = sorted(ADAPTERS)
+    done = subprocess.run([str(DBT_BIN / "python"), "-c", CREDENTIALS, *names], check=True, capture_output=True,
+                          text=True)  # fmt: skip
+    declared: dict[str, list[str]] = json.loads(done.stdout)
+    for name, schema in ADAPTERS.items():
+        ours = schema.strings | schema.integers | schema.booleans | schema.secrets | set(schema.profile_defaults)
+        unknown = ours - set(declared[name]) - {"method"}  # method: how dbt-bigquery and dbt-redshift authenticate
+        assert not unknown, f"{name}: not fields of the installed adapter: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("case", ["snowflake-password", "snowflake-key-pair", "bigquery", "databricks", "redshift"])
+def test_dbt_accepts_the_profile_written_for_each_cloud_adapter(case: str, tmp_path: Path) -> None:
+    fields, secrets = _connections(tmp_path)[case]
+    adapter_type = case.split("-", maxsplit=1)[0]
+    typed_profile_fields(adapter_type, fields)  # what the API checks when the environment is saved
+    check_secret_fields(adapter_type, secrets)
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE, project)
+    profile = write_profile(_context(adapter_type, fields, secrets), project, tmp_path / "profile")
+    text = (profile.directory / "profiles.yml").read_text()
+    assert all(value not in text for value in secrets.values()), text  # secrets only by reference
+    env = {"PATH": f"{DBT_BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
+           **profile.environment}  # fmt: skip
+
+    def parse(profiles_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(DBT_BIN / "dbt"), "parse", "--profiles-dir", str(profiles_dir), "--project-dir", str(project)],
+            env=env, capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+
+    parsed = parse(profile.directory)
+    assert parsed.returncode == 0, parsed.stdout[-3000:]
+    assert f"Registered adapter: {adapter_type}=" in parsed.stdout
+
+    # The same check fails a profile whose required field is misnamed: dbt does read the fields.
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    required = sorted(ADAPTERS[adapter_type].required)[0]
+    (wrong / "profiles.yml").write_text(text.replace(f" {required}:", f" {required}_misspelled:"))
+    assert parse(wrong).returncode != 0
+
+
+def test_a_secret_json_key_file_must_be_json() -> None:
+    with pytest.raises(ConnectionFieldError, match=r"secret_fields\[keyfile_json\]: must be a JSON object"):
+        check_secret_fields("bigquery", {"keyfile_json": "not json"})
+
+
+async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_environment(
+    client: Client, dbt_settings: Any, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    warehouse = tmp_path / "warehouses" / "production.duckdb"
+    warehouse.parent.mkdir()
+    connection = projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(warehouse)})
+    env = await environment(client, database_url, str(repo), connection=connection)
+    job = await dbt_job(client, env.id, ["dbt seed", "dbt build", "dbt test", "dbt docs generate"])
+
+    run = await run_job(client, dbt_settings, db, job.id)
+
+    log = await run_log(client, run.id)
+    assert run.status == common_pb2.RUN_STATUS_SUCCESS, f"{run.status_message}\n{log[-4000:]}"
+    assert "Registered adapter: duckdb=" in log
+    tables = await asyncio.to_thread(
+        subprocess.run,
+        [str(DBT_BIN / "python"), "-c", "import duckdb, sys; print(sorted(r[0] for r in duckdb.connect(sys.argv[1], "
+         "read_only=True).execute(\"select table_name from information_schema.tables where table_schema = "
+         "'analytics'\").fetchall()))", str(warehouse)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "customers" in tables.stdout and "orders" in tables.stdout, tables.stdout
+    manifest, catalog = [
+        json.loads(
+            (await client.runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path=path, step_index=3))).content
+        )
+        for path in ("target/manifest.json", "target/catalog.json")
+    ]
+    assert manifest["metadata"]["adapter_type"] == "duckdb"
+    assert "model.jaffle_shop.customers" in catalog["nodes"]  # docs read the warehouse file
+
+
+async def test_key_pair_and_key_file_secrets_are_stored_encrypted_and_never_returned(
+    client: Client, database_url: str, tmp_path: Path
+) -> None:
+    connections = _connections(tmp_path)
+    for case in ("snowflake-key-pair", "bigquery"):
+        fields, secrets = connections[case]
+        connection = projects_pb2.Connection(adapter_type=case.split("-")[0], fields=fields, secret_fields=secrets)
+        created = await environment(client, database_url, str(tmp_path), connection=connection)
+        read = await client.projects.GetEnvironment(projects_pb2.GetEnvironmentRequest(environment_id=created.id))
+        assert sorted(read.secret_fields_set) == sorted(secrets)
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            cur = await conn.execute("SELECT connection_secrets::text FROM environments WHERE id = %s", (created.id,))
+            row = await cur.fetchone()
+        assert row is not None
+        for value in secrets.values():
+            assert value not in str(read) and value not in str(created)
+            for line in value.splitlines()[1:2]:  # a line of the key is not stored in the clear either
+                assert line not in row[0]
+            assert json.dumps(value)[1:-1] not in row[0]
