@@ -95,10 +95,11 @@ def _env(base: Settings, database_url: str, prefix: str, launcher: str) -> dict[
         RUNPLANE_DRAIN_SECONDS="10",
     )
     # Runners reach the control plane through the runner API only: an API process on free ports.
-    api_port, runner_port = free_port(), free_port()
+    api_port, runner_port, rest_port = free_port(), free_port(), free_port()
     env.update(
         RUNPLANE_API__PORT=str(api_port),
         RUNPLANE_API__RUNNER_PORT=str(runner_port),
+        RUNPLANE_API__REST_PORT=str(rest_port),  # not the default 8000: another program may hold it
         RUNPLANE_RUNNER__API_ADDRESS=f"127.0.0.1:{runner_port}",
     )
     return env

@@ -22,6 +22,7 @@ from api.pickup_publisher import PickupPublisher
 from api.rest import git_hooks, jobs, projects, runs, webhooks
 from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
+from api.rest.security_headers import SecurityHeaders
 from api.store import Store
 from api.web import docs, errors, forms, pages
 from api.webhooks.git_events import GitHooks
@@ -64,6 +65,7 @@ def create_app(
     for router in (*rest, forms.router, docs.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # added last: outside every route and its auth
 
     @app.get("/", include_in_schema=False)

@@ -45,6 +45,7 @@ async def page(request: Request, name: str, who: Viewer | None, **context: Any) 
             "csrf_field": CSRF_FIELD,
             "path": request.url.path,
             "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "csp_nonce": getattr(request.state, "csp_nonce", ""),  # api.rest.security_headers
             **context,
         },
     )
