@@ -32,6 +32,7 @@ from runplane.basics.tokens import new_run_token
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest, RestError
+from tests.support.kubernetes_system import describe_pods
 from tests.support.polling import wait_for
 
 # The first test pays for the node and, when the sources changed, the image build (minutes on a busy machine).
@@ -144,6 +145,36 @@ async def _until(condition: Callable[[], bool], timeout: float, what: str) -> No
     await asyncio.to_thread(wait_for, condition, timeout, interval=0.1, what=what)
 
 
+# A container waiting for one of these does not start by itself: a test says so at once, not after
+# its timeout.
+CANNOT_START = {
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+}
+
+
+async def _until_started(runs: Runs, name: str, timeout: float) -> None:
+    """Wait until the Pod's container has left ``waiting``; fail at once if it cannot, and on either
+    failure say why (the Pod's events, the node's conditions and images)."""
+
+    def started() -> bool:
+        state = _container_state(runs.pod(name))
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START:
+            raise AssertionError(f"the container cannot start: {waiting['reason']}: {waiting.get('message', '')}")
+        return bool(state) and not waiting
+
+    try:
+        await _until(started, timeout, f"the runner container of {name} to start")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe_pods(runs.kube, runs.namespace)}") from None
+
+
 def _container_state(pod: Any) -> dict[str, Any]:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return dict(statuses[0]["state"]) if statuses else {}
@@ -183,8 +214,7 @@ async def test_the_runner_image_starts_in_a_real_pod(runs: Runs) -> None:
     run_id = runs.new_run(RunStatus.STARTING)
     result = await runs.launcher.launch(runs.request(run_id))
     runs.record(run_id, result.pod_name)
-    await _until(lambda: bool(_container_state(runs.pod(result.pod_name))) and "waiting" not in _container_state(
-        runs.pod(result.pod_name)), 120, "runner container started")  # fmt: skip
+    await _until_started(runs, result.pod_name, 120)
     pod = runs.pod(result.pod_name)
     assert pod["spec"]["nodeName"] == "localhost"
     assert pod["status"]["podIP"]
