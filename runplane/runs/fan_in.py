@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all, fetch_one
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
 from runplane.sql import load_queries
 
@@ -32,43 +32,53 @@ class FanIn:
     upstream_run_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _AllOfJob:
+    id: JobId
+
+
+@dataclass(frozen=True)
+class _Member:
+    upstream_job_id: JobId
+    run_id: int | None  # its newest counted run not in a set yet
+
+
+@dataclass(frozen=True)
+class _Queued:
+    id: RunId
+    account_id: AccountId
+
+
 def fan_in_idempotency_key(job_id: int, upstream_run_ids: tuple[int, ...]) -> str:
     return f"fanin:{job_id}:" + ":".join(str(r) for r in upstream_run_ids)
 
 
 async def queue_fan_ins(conn: Connection, *, run_id: int, upstream_job_id: int, status: RunStatus) -> list[FanIn]:
     """Queue the all-of jobs whose set this outcome completes; inside the caller's transaction."""
-    cur = await conn.execute(Q["fan_in_jobs"], {"upstream_job_id": upstream_job_id, "status": int(status)})
-    job_ids = [int(row["id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
+    params = {"upstream_job_id": upstream_job_id, "status": int(status)}
+    jobs = await fetch_all(conn, Q["fan_in_jobs"], params, _AllOfJob)
     queued: list[FanIn] = []
-    for job_id in job_ids:
-        cur = await conn.execute(Q["fan_in_set"], {"job_id": job_id})
-        members = [(int(r["upstream_job_id"]), r["run_id"]) for r in await cur.fetchall()]  # type: ignore[call-overload]
-        if not members or any(member is None for _, member in members):
+    for job_id in (job.id for job in jobs):
+        members = await fetch_all(conn, Q["fan_in_set"], {"job_id": job_id}, _Member)
+        upstream_runs = tuple(m.run_id for m in members if m.run_id is not None)
+        if not members or len(upstream_runs) < len(members):
             continue
-        upstream_runs = tuple(int(member) for _, member in members)  # type: ignore[call-overload]
-        cur = await conn.execute(
-            Q["queue_fan_in"],
-            {
-                "job_id": job_id,
-                "key": fan_in_idempotency_key(job_id, upstream_runs),
-                "run_id": run_id,
-                "cause": "all upstream jobs finished: runs " + ", ".join(str(r) for r in upstream_runs),
-            },
+        cause = "all upstream jobs finished: runs " + ", ".join(str(r) for r in upstream_runs)
+        key = fan_in_idempotency_key(job_id, upstream_runs)
+        row = await fetch_one(
+            conn, Q["queue_fan_in"], {"job_id": job_id, "key": key, "run_id": run_id, "cause": cause}, _Queued
         )
-        row = await cur.fetchone()
         await conn.execute(
             Q["consume_fan_in"],
-            {"job_id": job_id, "upstream_job_ids": [u for u, _ in members], "run_ids": list(upstream_runs)},
+            {
+                "job_id": job_id,
+                "upstream_job_ids": [m.upstream_job_id for m in members],
+                "run_ids": list(upstream_runs),
+            },
         )
         if row is None:
             continue
-        fan_in = FanIn(
-            RunId(int(row["id"])),  # type: ignore[call-overload]
-            AccountId(int(row["account_id"])),  # type: ignore[call-overload]
-            JobId(job_id),
-            upstream_runs,
-        )
+        fan_in = FanIn(row.id, row.account_id, job_id, upstream_runs)
         log.info(
             "fan-in queued",
             extra={"job_id": job_id, "run_id": fan_in.run_id, "upstream_run_ids": list(upstream_runs)},

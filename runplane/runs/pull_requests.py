@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters.bus import Bus, Topology
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all, fetch_one
 from runplane.basics.types import AccountId, JobId, RunId
 from runplane.dbt.context import DROP_SCHEMA_MACRO
 from runplane.runs.pickups import hint_pickups
@@ -46,6 +46,32 @@ class SchemaDrop:
     schema: str
 
 
+@dataclass(frozen=True)
+class _Superseded:
+    id: RunId
+    status: int
+
+
+@dataclass(frozen=True)
+class _QueuedDrop:
+    id: RunId
+    account_id: AccountId
+    job_id: JobId
+    pull_request_number: int
+    schema_name: str
+
+
+@dataclass(frozen=True)
+class _SchemaOfJob:
+    job_id: JobId
+
+
+@dataclass(frozen=True)
+class _SchemaOfPullRequest:
+    job_id: JobId
+    pull_request_number: int
+
+
 def superseded_message(run_id: int, pull_request_number: int, git_sha: str) -> str:
     """What an older CI run says when a newer one of its pull request replaced it."""
     commit = f"commit {git_sha[:12]}" if git_sha else "a newer trigger"
@@ -56,11 +82,8 @@ async def supersede_older_ci_runs(
     conn: Connection, *, job_id: int, pull_request_number: int, run_id: int, message: str
 ) -> list[RunId]:
     """Cancel (queued) or stop (starting, running) the job's older CI runs of the pull request."""
-    cur = await conn.execute(
-        TRANSITIONS["supersede_ci_runs"],
-        {"job_id": job_id, "pull_request_number": pull_request_number, "run_id": run_id, "message": message},
-    )
-    superseded = [RunId(int(row["id"])) for row in await cur.fetchall()]  # type: ignore[call-overload]
+    params = {"job_id": job_id, "pull_request_number": pull_request_number, "run_id": run_id, "message": message}
+    superseded = [row.id for row in await fetch_all(conn, TRANSITIONS["supersede_ci_runs"], params, _Superseded)]
     if superseded:
         log.info(
             "older ci runs superseded",
@@ -91,20 +114,11 @@ async def queue_schema_drop(conn: Connection, *, job_id: int, pull_request_numbe
     queued already (or failed within the hour).
     """
     async with conn.transaction():
-        cur = await conn.execute(
-            Q["queue_schema_drop"],
-            {"job_id": job_id, "pull_request_number": pull_request_number, "cause": why, "step": DROP_SCHEMA_STEP},
-        )
-        row = await cur.fetchone()
+        params = {"job_id": job_id, "pull_request_number": pull_request_number, "cause": why, "step": DROP_SCHEMA_STEP}
+        row = await fetch_one(conn, Q["queue_schema_drop"], params, _QueuedDrop)
         if row is None:
             return None
-        drop = SchemaDrop(
-            RunId(int(row["id"])),  # type: ignore[call-overload]
-            AccountId(int(row["account_id"])),  # type: ignore[call-overload]
-            JobId(job_id),
-            pull_request_number,
-            str(row["schema_name"]),
-        )
+        drop = SchemaDrop(row.id, row.account_id, row.job_id, row.pull_request_number, row.schema_name)
         # A CI run still building would recreate the schema after the drop.
         await supersede_older_ci_runs(
             conn,
@@ -124,11 +138,8 @@ async def schema_jobs_of_pull_request(
     conn: Connection, account_id: int, pull_request_number: int, job_ids: list[int]
 ) -> list[JobId]:
     """The jobs that built a schema for the pull request (among ``job_ids``; empty: any)."""
-    cur = await conn.execute(
-        Q["schemas_of_pull_request"],
-        {"account_id": account_id, "pull_request_number": pull_request_number, "job_ids": job_ids},
-    )
-    return [JobId(int(row["job_id"])) for row in await cur.fetchall()]  # type: ignore[call-overload]
+    params = {"account_id": account_id, "pull_request_number": pull_request_number, "job_ids": job_ids}
+    return [row.job_id for row in await fetch_all(conn, Q["schemas_of_pull_request"], params, _SchemaOfJob)]
 
 
 async def sweep_pull_request_schemas(
@@ -136,10 +147,9 @@ async def sweep_pull_request_schemas(
 ) -> list[SchemaDrop]:
     """Queue drops of the schemas older than their account keeps them, at most ``limit`` per call."""
     async with pool.connection() as conn:
-        cur = await conn.execute(Q["stale_pull_request_schemas"], {"limit": limit})
-        stale = [(int(r["job_id"]), int(r["pull_request_number"])) for r in await cur.fetchall()]  # type: ignore[call-overload]
+        stale = await fetch_all(conn, Q["stale_pull_request_schemas"], {"limit": limit}, _SchemaOfPullRequest)
         drops = []
-        for job_id, number in stale:
+        for job_id, number in ((s.job_id, s.pull_request_number) for s in stale):
             why = f"the schema of pull request #{number} had no CI run for longer than the account keeps it"
             drop = await queue_schema_drop(conn, job_id=job_id, pull_request_number=number, why=why)
             if drop is not None:
