@@ -87,8 +87,15 @@ class Broker:
         loop = asyncio.get_running_loop()
         copies = 1
         if self.lossy.drop and self.rng.random() < self.lossy.drop:
-            self.trace("bus", f"DROPPED {_describe(message)} → {_short(name)}")
-            return
+            # Publisher confirms: a message is never lost unnoticed; the publish fails, before the
+            # broker routed the message or after (the confirm was lost: the message is there).
+            routed = self.rng.random() < 0.5
+            self.trace(
+                "bus", f"publish FAILED ({'routed' if routed else 'lost'}) {_describe(message)} → {_short(name)}"
+            )
+            if routed:
+                loop.call_later(self.latency, self._arrive, name, Envelope(message, sender))
+            raise ServiceUnavailable(f"publish to {name}: no confirm")
         if self.lossy.duplicate and self.rng.random() < self.lossy.duplicate:
             copies = 2
             self.trace("bus", f"DOUBLED {_describe(message)} → {_short(name)}")

@@ -1,7 +1,8 @@
 """``make simulate``: random histories from consecutive seeds, as many as fit in the time given;
 prints histories per second, and for a failure its seed and trace.
 
-    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12]
+    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history random]
+    python -m tests.simulation.run --seed 229 --history freezes      # one history, its whole trace
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from tests.simulation.world import CRONS, World
 
@@ -46,13 +50,49 @@ def random_history(world: World, steps: int) -> None:
         world.run_for(rng.uniform(0.0, 30.0))
 
 
-def run_seed(seed: int, steps: int) -> World:
-    """One history; raises ``PropertyViolated`` (or what the code under test raised) on failure."""
-    world = World(seed)
+def freeze_history(world: World, steps: int) -> None:
+    """The fault suite's SIGSTOP of a queuer worker, on a busy machine: workers frozen past being
+    declared dead, one to three times, their every-minute jobs firing meanwhile."""
+    rng = random.Random(world.seed)
+    for _ in range(rng.randrange(1, 4)):
+        world.run_for(rng.uniform(0, 40))
+        world.freeze_worker(rng.randrange(3), rng.uniform(6.5, 14))
+
+
+@dataclass(frozen=True)
+class History:
+    apply: Callable[[World, int], None]
+    world: dict[str, Any]
+
+
+HISTORIES = {
+    "random": History(random_history, {}),
+    "freezes": History(
+        freeze_history,
+        {
+            "workers_at_start": 2,
+            "jobs_at_start": 12,
+            "crons": ("* * * * *",),
+            "graces": (300,),
+            "slow_calls": 0.15,
+            "slowest_call": 3.0,
+        },
+    ),
+}
+
+
+def run_seed(history: str, seed: int, steps: int = 12) -> World:
+    """One history; raises ``PropertyViolated`` (or what the code under test raised) on failure, with
+    the seed and the end of the trace in its notes."""
+    kind = HISTORIES[history]
+    world = World(seed, **kind.world)
     try:
         world.start()
-        random_history(world, steps)
+        kind.apply(world, steps)
         world.check()
+    except Exception as exc:
+        exc.add_note(world.report())
+        raise
     finally:
         world.close()
     return world
@@ -63,46 +103,34 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--seed", type=int, help="run this one seed and print its trace")
+    parser.add_argument("--history", choices=sorted(HISTORIES), default="random")
+    parser.add_argument("--seed", type=int, help="run this one seed and print its whole trace")
     args = parser.parse_args()
     if args.seed is not None:
-        world = World(args.seed)
         try:
-            world.start()
-            random_history(world, args.steps)
-            world.check()
-            print(world.report(100000))
-            print("OK")
+            world = run_seed(args.history, args.seed, args.steps)
         except Exception as exc:
-            print(world.report(100000))
-            print(f"FAILED: {exc!r}")
+            print(*getattr(exc, "__notes__", []), f"FAILED: {exc!r}", sep="\n")
             return 1
-        finally:
-            world.close()
+        print(world.report(len(world.trace_lines)), "OK", sep="\n")
         return 0
     started = time.monotonic()
     seed = args.first_seed
-    ran = 0
     failed: list[int] = []
     while time.monotonic() - started < args.seconds:
-        world = World(seed)
         try:
-            world.start()
-            random_history(world, args.steps)
-            world.check()
+            run_seed(args.history, seed, args.steps)
         except Exception as exc:
             failed.append(seed)
-            print(world.report(60))
-            print(f"seed {seed} FAILED: {exc!r}\n", flush=True)
-        finally:
-            world.close()
-        ran += 1
+            print(*getattr(exc, "__notes__", [])[-1:], f"seed {seed} FAILED: {exc!r}\n", sep="\n", flush=True)
         seed += 1
-        if ran % 20 == 0:
+        ran = seed - args.first_seed
+        if ran % 50 == 0:
             elapsed = time.monotonic() - started
             print(f"{ran} histories, {ran / elapsed:.1f}/s, {len(failed)} failed", flush=True)
+    ran = seed - args.first_seed
     elapsed = time.monotonic() - started
-    seeds = f"seeds {args.first_seed}..{seed - 1}"
+    seeds = f"{args.history} seeds {args.first_seed}..{seed - 1}"
     print(f"{ran} histories in {elapsed:.0f}s ({ran / elapsed:.1f}/s), {seeds}; failed: {failed}")
     return 1 if failed else 0
 

@@ -10,7 +10,9 @@ the order they were armed), and there is no real I/O to wait for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -57,3 +59,34 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual.now
+
+
+class _TasksInOrder(dict[asyncio.Task[Any], None]):
+    """A set of tasks that iterates in the order they were added (``set`` iterates in address order,
+    which differs from run to run)."""
+
+    def add(self, task: asyncio.Task[Any]) -> None:
+        self[task] = None
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        self.pop(task, None)
+
+
+class OrderedTaskGroup(asyncio.TaskGroup):
+    """``asyncio.TaskGroup`` that cancels its tasks in the order they were created, so a group that
+    aborts (a leader stepping down, a worker stopping) wakes them in the same order every run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tasks = _TasksInOrder()  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def ordered_task_groups() -> Iterator[None]:
+    """While inside: ``asyncio.TaskGroup()`` makes an ``OrderedTaskGroup``."""
+    original = asyncio.TaskGroup
+    asyncio.TaskGroup = OrderedTaskGroup  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        asyncio.TaskGroup = original  # type: ignore[misc]
