@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
+.PHONY: run test simulate test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
 
 # dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
@@ -71,6 +71,14 @@ fence-packages:
 # pytest-xdist workers: most of its time is spent waiting on processes, servers and dbt, not on CPU.
 FAULTS_LOG := $(VENV)/test-faults.log
 TEST_WORKERS ?= 2
+# The scheduling protocol under deterministic simulation, for SIMULATE_SECONDS: random histories from
+# consecutive seeds (SIMULATE_FIRST_SEED on), histories per second printed; a failure prints its
+# seed and trace (replay one: python -m tests.simulation.run --seed N). make test runs a bounded set.
+SIMULATE_SECONDS ?= 600
+SIMULATE_FIRST_SEED ?= 0
+simulate: $(STAMP)
+	$(BIN)/python -m tests.simulation.run --seconds $(SIMULATE_SECONDS) --first-seed $(SIMULATE_FIRST_SEED)
+
 test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
 	@$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
 	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=15; rest=$$?; \

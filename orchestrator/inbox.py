@@ -11,10 +11,18 @@ from google.protobuf.message import Message
 from orchestrator.job_sync import JobSync
 from orchestrator.outbox import WorkerInfo
 from runplane.adapters.bus import Delivery
-from runplane.basics.stamps import Stamp
+from runplane.basics.stamps import ZERO, Stamp
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
+
+
+def _dropped_as_told(info: WorkerInfo | None, beat: bus_pb2.Heartbeat) -> bool:
+    """A registering worker has dropped what it held when it had to: a worker never declared dead,
+    or one that applied the drop-everything sent for its death."""
+    if info is None or not info.buried:
+        return True
+    return info.drop_stamp is not None and Stamp.from_proto(beat.dropped) >= info.drop_stamp
 
 
 class Inbox(JobSync):
@@ -48,14 +56,21 @@ class Inbox(JobSync):
         if info is not None and info.alive:
             await self._on_live_heartbeat(info, beat)  # registered while this one waited
             return
-        if not beat.registering:
-            # Declared dead (or unknown to us): whatever it holds was given to others.
+        if not beat.registering or not _dropped_as_told(info, beat):
+            # Declared dead (or unknown to us): whatever it holds was given to others. A registering
+            # beat sent before it heard of its death (it was starting, or had re-registered after an
+            # earlier death) does not bring it back either.
             await self._drop_all(worker_id)
             return
         now = self.monotonic.now()
-        info = WorkerInfo(True, now, now)
+        refused, floor = (info.refused, info.floor) if info is not None else (set[int](), ZERO)
+        info = WorkerInfo(True, now, now, floor=floor)
         self.workers[worker_id] = info
         log.info("queuer worker registered", extra={"worker_id": worker_id})
+        if refused:
+            # It may still hold what it took while dead (an Assign stamped after its drop-everything
+            # but taken before it): let go, with a stamp newer than any it applied then.
+            await self._revoke(worker_id, sorted(refused))
         # Jobs may be waiting for workers: assign them once the workers starting together are in.
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
@@ -63,20 +78,43 @@ class Inbox(JobSync):
         await self.store.heartbeat(worker_id, beat.jobs_owned, info.owned_digest)
 
     async def _drop_all(self, worker_id: str) -> None:
-        stamp = self.clock.tick()
+        """Tell a worker declared dead (or unknown) to drop everything it was given before now.
+
+        Every beat it sends before it hears this is answered, so several may be on the way; all carry
+        the stamp of the first. A worker that applied one, re-registered and claimed new Assigns keeps
+        them when a later copy arrives: with a newer stamp per copy, that copy would drop jobs it owns
+        (they were never fired again, until the ownership digest's repair).
+        """
+        now = self.monotonic.now()
+        info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
+        if info.drop_stamp is None:
+            info.drop_stamp = info.floor = self.clock.tick()
         log.warning("telling a worker declared dead to drop everything", extra={"worker_id": worker_id})
-        await self.bus.publish(self.topology.worker(worker_id), bus_pb2.Revoke(stamp=stamp.to_proto(), drop_all=True))
+        revoke = bus_pb2.Revoke(stamp=info.drop_stamp.to_proto(), drop_all=True)
+        await self.bus.publish(self.topology.worker(worker_id), revoke)
+
+    async def _refuse_claim(self, claimer: str, job_ids: list[int], stamp: Stamp) -> None:
+        rows = await self.store.ownership(job_ids)
+        unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
+        if unclaimed:
+            await self._resend(unclaimed, None)
+        if self._is_alive(claimer):
+            owns = {r["job_id"] for r in rows if r["worker_id"] == claimer and r["state"] == "claimed"}
+            await self._revoke(claimer, [job_id for job_id in job_ids if job_id not in owns])
+        else:
+            now = self.monotonic.now()
+            self.workers.setdefault(claimer, WorkerInfo(False, now, now)).refused.update(job_ids)
 
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id
         job_ids = list(claimed.job_ids)
         stamp = Stamp.from_proto(claimed.stamp)
-        if not self._is_alive(claimer):
-            # Refused: what a dead worker took from the shared queue goes out again to the others.
-            rows = await self.store.ownership(job_ids)
-            unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
-            if unclaimed:
-                await self._resend(unclaimed, None)
+        info = self.workers.get(claimer)
+        if info is None or not info.alive or stamp <= info.floor:
+            # Refused: the claim of a dead worker, or of an Assign its drop-everything made it drop
+            # (sent once it had re-registered: its two consumers run side by side). What it took from
+            # the shared queue goes out again to the others; it lets go once it hears its queue.
+            await self._refuse_claim(claimer, job_ids, stamp)
             return
         # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
         accepted = await self.store.claim(claimer, job_ids, stamp)

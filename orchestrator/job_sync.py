@@ -103,10 +103,12 @@ class JobSync(Liveness):
             elif row["owned"] and row["state"] == "claimed" and row["version"] != row["sent_version"]:
                 changed.append(row)
         for worker_id, job_ids in gone.items():
-            await self.store.delete_ownership(job_ids)
+            # The Revoke first: when it cannot be sent (the broker is away) the row stays, and the
+            # next leader or sweep finds the job owned but not schedulable and revokes it again.
             # A pending Assign on the shared queue has no owner yet: its claim will be refused.
             if worker_id is not None:
                 await self._revoke(worker_id, job_ids)
+            await self.store.delete_ownership(job_ids)
         if changed:
             await self._send_updates(changed)
         if not new or not self._alive():

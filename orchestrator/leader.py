@@ -45,7 +45,9 @@ class Leader(Inbox):
         now = self.monotonic.now()
         for row in await self.store.workers():
             alive = row["state"] == "alive"
-            self.workers[str(row["worker_id"])] = WorkerInfo(alive, now, now)
+            # A worker found dead was declared dead by an earlier leader: it registers again only
+            # after dropping what it held, on this leader's word.
+            self.workers[str(row["worker_id"])] = WorkerInfo(alive, now, now, buried=not alive)
         log.info(
             "leading",
             extra={"term": self.term, "leader": self.leader_id, "workers": sum(w.alive for w in self.workers.values())},

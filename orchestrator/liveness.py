@@ -13,6 +13,7 @@ from orchestrator.balance import balanced, plan_moves
 from orchestrator.outbox import Outbox, WorkerInfo, optional_str
 from runplane.basics.ownership import job_digest
 from runplane.basics.supervise import sleep_or_stop
+from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,7 @@ class Liveness(Outbox):
     async def _liveness_loop(self, stop: asyncio.Event) -> None:
         interval = self.settings.orchestrator.heartbeat_interval
         tick = 0
+        self._last_tick = self.monotonic.now()
         while not await sleep_or_stop(stop, interval / 10):
             tick += 1
             await self._declare_dead()
@@ -28,22 +30,42 @@ class Liveness(Outbox):
                 await self._rebalance()
 
     async def _declare_dead(self) -> None:
+        """Bury the workers silent for ``dead_after`` while this leader could hear them.
+
+        When the leader hears nobody — the broker is away, every live worker has missed two beats
+        at once, or the leader itself did not run for a heartbeat interval (frozen, starved) — the
+        silence is the leader's own, not the workers' death: their deadlines wait (DESIGN.md,
+        "Exactly once, on time"). Otherwise an outage of the broker the beats travel on would bury
+        every worker at once and put all their jobs on whichever beat first after it.
+        """
         now = self.monotonic.now()
+        interval = self.settings.orchestrator.heartbeat_interval
+        alive = [info for info in self.workers.values() if info.alive]
+        late_tick, self._last_tick = now - self._last_tick > interval, now
+        newest_beat = max((info.last_seen for info in alive), default=now)
+        if late_tick or not self.bus.connected or now - newest_beat > 2 * interval:
+            for info in alive:
+                info.last_seen = now
+            return
         dead = [w for w, i in self.workers.items() if i.alive and now - i.last_seen > self._dead_after]
         for worker_id in dead:
             await self._bury(worker_id)
 
     async def _bury(self, worker_id: str) -> None:
-        """Declare a worker dead: delete its queue and reassign everything it owned."""
+        """Declare a worker dead (once per death: its queue deleted, the death logged and counted) and
+        reassign everything it still owns."""
         async with self._lock:
             now = self.monotonic.now()
             info = self.workers.setdefault(worker_id, WorkerInfo(False, now, now))
-            info.alive = False
-            await self.store.mark_dead(worker_id)
-            await self.bus.delete(self.topology.worker(worker_id))
+            first = not info.buried
+            info.alive, info.buried = False, True
+            if first:
+                await self.store.mark_dead(worker_id)
+                await self.bus.delete(self.topology.worker(worker_id))
             job_ids = await self.store.owned_by(worker_id)
-        log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
-        metrics.workers_declared_dead.add(1)
+        if first:
+            log.warning("queuer worker dead", extra={"worker_id": worker_id, "jobs": len(job_ids)})
+            metrics.workers_declared_dead.add(1)
         await self._reassign(job_ids, worker_id)
 
     async def _reassign_orphans(self) -> None:
@@ -83,10 +105,10 @@ class Liveness(Outbox):
         (``runplane.basics.ownership``); the leader computes the same from the ownership rows. A difference
         is normal while an Assign or Update is on its way, so only one that lasts a claim timeout,
         with no Assign pending for the worker, counts: the worker lost jobs or missed an Update, and
-        would never fire them. The Assign carries a new stamp, so the worker takes it over anything
-        older it applied; jobs it holds already are replaced by the same definition. A worker holding
-        a job it no longer owns also differs; the Assign cannot remove that, and the run of a fire
-        queued twice is one run (its idempotency key).
+        would never fire them, or holds jobs it does not own (a Revoke that went nowhere: its queue
+        was deleted under it). It is told to drop everything, then assigned all it owns, on its own
+        queue and in that order: it ends holding exactly what it owns. The protocol does not rely on
+        this (DESIGN.md, "Exactly once, on time"); it is the safety net, counted and alerted on.
         """
         now = self.monotonic.now()
         expected: dict[str, int] = defaultdict(int)
@@ -116,10 +138,14 @@ class Liveness(Outbox):
             metrics.workers_drifted.add(1)
             size = self.settings.orchestrator.assign_batch_size
             job_ids = owned[worker_id]
-            for start in range(0, len(job_ids), size):
+            for start in range(0, max(len(job_ids), 1), size):
                 async with self._lock:
                     if not self._is_alive(worker_id):
                         return  # buried meanwhile: the dead-worker path reassigns its jobs
+                    if start == 0:
+                        info.floor = self.clock.tick()  # a claim of an older Assign is refused now
+                        drop = bus_pb2.Revoke(stamp=info.floor.to_proto(), drop_all=True)
+                        await self.bus.publish(self.topology.worker(worker_id), drop)
                     rows = await self.store.definitions(job_ids[start : start + size], worker_id, claimed=True)
                     fires_after = {r["job_id"]: r["fires_after"] for r in rows}
                     await self._assign(rows, worker_id=worker_id, fires_after=fires_after)

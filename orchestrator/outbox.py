@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
@@ -19,7 +19,7 @@ from orchestrator import metrics
 from orchestrator.ownership_store import OwnershipStore, Row
 from runplane.adapters.bus import Bus, Topology
 from runplane.basics.settings import Settings
-from runplane.basics.stamps import LogicalClock, Stamp
+from runplane.basics.stamps import ZERO, LogicalClock, Stamp
 from runplane.basics.types import JOB_TYPE_TO_PROTO, JobType
 from runplane.basics.wall_clock import SYSTEM_CLOCK, SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from runplane.v1 import bus_pb2
@@ -45,6 +45,15 @@ class WorkerInfo:
     jobs_owned: int = 0
     owned_digest: int = 0
     drifted_since: float | None = None  # monotonic time since its digest has differed from its rows
+    # While it is dead: the one stamp of every drop-everything sent to it for this death (so a late
+    # copy drops nothing it was given after it re-registered), and the jobs whose claims it sent
+    # meanwhile were refused (revoked once it has re-registered and hears its queue again).
+    drop_stamp: Stamp | None = None
+    refused: set[int] = field(default_factory=set)
+    # The newest drop-everything it was sent, kept across re-registering: it drops every job it took
+    # from an Assign stamped at or before it, so a claim of one is refused (see Inbox._on_claimed).
+    floor: Stamp = ZERO
+    buried: bool = False  # declared dead by this leader (its queue deleted, its jobs reassigned)
 
 
 class Outbox:
@@ -78,6 +87,7 @@ class Outbox:
         self._sweeping = asyncio.Lock()  # held through a full sweep: one at a time
         cfg = settings.orchestrator
         self._dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals
+        self._last_tick = self.monotonic.now()  # the liveness loop's last look at the workers
         metrics.observe(
             lambda: self.clock.term,
             lambda: {w: self.monotonic.now() - i.last_seen for w, i in self.workers.items() if i.alive},

@@ -125,11 +125,17 @@ class QueuerWorker:
             return
         now = self.wall_clock.now()
         taken: list[int] = []
+        before: dict[int, Stamp | None] = {}  # what the gate had applied for each job taken anew
         never: list[Definition] = []
         for assignment in message.jobs:
             job = assignment.job
             job_stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else stamp
+            previous = self.gate.applied.get(job.job_id)
             if not self.gate.admit(job.job_id, job_stamp):
+                if self.gate.applied.get(job.job_id) == job_stamp and job.job_id in self.heap:
+                    # This very Assign again (its Claimed was not sent: the broker went away while the
+                    # handler ran, and the message came back): claim again what it gave.
+                    taken.append(job.job_id)
                 continue
             if job.active and job.cron:
                 try:
@@ -139,13 +145,23 @@ class QueuerWorker:
                     never.append(_definition(job))
                     continue
                 taken.append(job.job_id)
+                before[job.job_id] = previous
             else:
                 self.heap.remove(job.job_id)
         await self._deactivate_never_fires(never)
         metrics.messages_applied.add(1, {"kind": "assign", "applied": bool(taken)})
         if taken:
             claimed = bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken)
-            await self.bus.publish(self.topology.orchestrator, claimed)
+            try:
+                await self.bus.publish(self.topology.orchestrator, claimed)
+            except ServiceUnavailable:
+                # The Assign goes back to its queue and may go to another worker, who claims it:
+                # hold none of it meanwhile. Taken here again, it is applied again.
+                for job_id in taken:
+                    self.heap.remove(job_id)
+                    if job_id in before:
+                        self.gate.restore(job_id, before[job_id])
+                raise
 
     async def _on_update(self, message: bus_pb2.Update) -> None:
         assignment = message.job
@@ -220,6 +236,7 @@ class QueuerWorker:
                 sent_at_ms=int(self.wall_clock.now() * 1000),
                 registering=registering,
                 owned_digest=self.heap.digest,
+                dropped=self.gate.floor.to_proto(),
             )
             try:
                 await self.bus.publish(self.topology.orchestrator, beat)

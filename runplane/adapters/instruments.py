@@ -119,7 +119,7 @@ orchestrator_revoked = _counter("runplane.orchestrator.revoked", "Jobs sent in R
 workers_declared_dead = _counter("runplane.orchestrator.workers_dead", "Queuer workers declared dead")
 workers_drifted = _counter(
     "runplane.orchestrator.workers_drifted",
-    "Queuer workers found not holding what they own, and sent their jobs again",
+    "Queuer workers found not holding exactly what they own, told to drop everything and take their jobs again",
 )
 webhook_attempts = _counter(
     "runplane.webhooks.attempts", "Outgoing webhook delivery attempts (result: delivered, failed)"

@@ -80,5 +80,12 @@ class StampGate:
         self.floor = max(self.floor, stamp)
         return True
 
+    def restore(self, job_id: int, stamp: Stamp | None) -> None:
+        """Undo an ``admit`` whose effect was undone: ``stamp`` is what was applied before (None: nothing)."""
+        if stamp is None:
+            self.applied.pop(job_id, None)
+        else:
+            self.applied[job_id] = stamp
+
     def forget(self, job_id: int) -> None:
         self.applied.pop(job_id, None)

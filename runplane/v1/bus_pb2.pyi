@@ -246,6 +246,7 @@ class Heartbeat(_message.Message):
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
     REGISTERING_FIELD_NUMBER: _builtins.int
     OWNED_DIGEST_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     newest_term: _builtins.int
     """the newest term the worker has seen"""
@@ -257,6 +258,12 @@ class Heartbeat(_message.Message):
     """XOR of a 63-bit hash of (job_id, version) over the jobs the worker holds (queuer_worker/heap.py):
     the leader compares it with its own view of what the worker owns.
     """
+    @_builtins.property
+    def dropped(self) -> Global___Stamp:
+        """The drop-everything the worker applied last (unset: none since it started). A worker the leader
+        declared dead registers again only with the one the leader sent it for that death.
+        """
+
     def __init__(
         self,
         *,
@@ -266,10 +273,11 @@ class Heartbeat(_message.Message):
         sent_at_ms: _builtins.int = ...,
         registering: _builtins.bool = ...,
         owned_digest: _builtins.int = ...,
+        dropped: Global___Stamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "owned_digest", b"owned_digest", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "owned_digest", b"owned_digest", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
