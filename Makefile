@@ -1,5 +1,10 @@
 # The two commands of the README: `make run` and `make test`. Both make .venv on first use.
-PYTHON ?= python3
+# Runs execute as uids of their own, and a runner started as a fresh process imports the rest of
+# itself after switching to its run's uid: the Python of both virtual environments must be one every
+# user can execute. The system's (Debian's) when there is one; a Python under a private home (pyenv
+# in /root, mode 700) is not.
+SYSTEM_PYTHON := $(shell test -x /usr/bin/python3 && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3)
+PYTHON ?= $(or $(SYSTEM_PYTHON),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
@@ -13,9 +18,8 @@ DBT_VERSION := 1.10
 # dbt and every warehouse adapter runplane writes profiles for; a change to the list reinstalls.
 DBT_REQUIREMENTS := deploy/dbt-$(DBT_VERSION).txt
 DBT_STAMP := $(DBT_VENV)/.installed-$(DBT_VERSION)
-# dbt runs as each run's own uid: its Python must be one every user can execute. The system's
-# (Debian's) when there is one; a Python under a private home (pyenv in /root) is not.
-DBT_PYTHON ?= $(shell test -x /usr/bin/python3 && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3 || echo $(PYTHON))
+# dbt runs as each run's own uid too.
+DBT_PYTHON ?= $(PYTHON)
 # What the runner reads to find the dbt of an environment's dbt_version.
 export RUNPLANE_RUNNER__DBT_VERSIONS := {"$(DBT_VERSION)": "$(CURDIR)/$(DBT_VENV)/bin"}
 
