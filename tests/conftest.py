@@ -91,15 +91,14 @@ def _services() -> None:
 
 
 @pytest.fixture(scope="session")
-def template_db() -> Iterator[str]:
+def template_db(_dropper: _Dropper) -> Iterator[str]:
     """A migrated database that every test's database is cloned from."""
     name = f"rp_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
     migrate(_db_url(name))
     yield name
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        _drop(conn, name)
+    _dropper.names.put(name)
 
 
 class _Dropper:
@@ -130,11 +129,24 @@ class _Dropper:
         assert not self.failures, f"test databases not dropped: {self.failures}"
 
 
+# One per test process, closed in ``pytest_sessionfinish``: a session fixture's teardown runs inside
+# the last test's teardown and so under that test's timeout, and waiting there for the drops still
+# queued (a second or more each on a loaded machine) failed whichever test happened to come last.
+_DROPPER: _Dropper | None = None
+
+
 @pytest.fixture(scope="session")
-def _dropper() -> Iterator[_Dropper]:
-    dropper = _Dropper()
-    yield dropper
-    dropper.close()
+def _dropper() -> _Dropper:
+    global _DROPPER
+    if _DROPPER is None:
+        _DROPPER = _Dropper()
+    return _DROPPER
+
+
+def pytest_sessionfinish() -> None:
+    """Wait for every test database to be dropped; a drop that failed ends the run in an error."""
+    if _DROPPER is not None:
+        _DROPPER.close()
 
 
 @pytest.fixture
