@@ -2,9 +2,10 @@
 REST's ``.../runs/{id}/retry/`` and ``.../jobs/{id}/rerun/`` (dbt Cloud's "Rerun from failure").
 
 The new run links to the failed one (``parent_run_id``), is triggered ``retry`` (dbt Cloud's run
-reason category "retry") and keeps the failed run's overrides. Its steps are the failed step and the
-ones after it (the job options' optional steps are left to the job: freshness is not run again,
-docs are generated again when the job or the run asks). A failed dbt step that ``dbt retry``
+reason category "retry") and keeps the failed run's overrides. Its steps are the failed command and
+the ones after it, all the job's commands when a setup step failed (every run has its own setup; it
+is no command to rerun). The job options' optional steps are left to the job: freshness is not run
+again, docs are generated again when the job or the run asks. A failed dbt step that ``dbt retry``
 supports (dbt >= 1.6) becomes ``dbt retry --state <dir>``, with the failed run's
 ``run_results.json`` of that step fetched into ``<dir>`` before the steps (``RunSpec.state_files``):
 only the nodes that failed or were skipped run again. Any other step runs again as it was.
@@ -43,11 +44,13 @@ def retryable_with_dbt_retry(command: str) -> bool:
 
 
 def resume_from(steps: list[Row]) -> int:
-    """The step to start again from: the first required one that did not succeed (0 if none did)."""
-    for step in steps:
-        if not step["optional"] and step["status"] != RunStatus.SUCCESS:
-            return int(step["step_index"])
-    return 0
+    """The command to start again from: the first required one that did not succeed; the first
+    command when a setup step failed (setup runs in every run, it is no command to rerun) or none
+    did."""
+    commands = [s for s in steps if not s["setup"]]
+    failed = next((s for s in steps if not s["optional"] and s["status"] != RunStatus.SUCCESS), None)
+    start = failed if failed is not None and not failed["setup"] else (commands[0] if commands else None)
+    return int(start["step_index"]) if start is not None else 0
 
 
 async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int) -> Row:
@@ -62,7 +65,7 @@ async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id:
         steps = (await store.run_steps(conn, [run_id]))[run_id]
         artifacts = {(r["path"], r["step_index"]) for r in await store.list_artifacts(conn, failed["id"])}
     start = resume_from(steps)
-    commands = [str(s["command"]) for s in steps if not s["optional"] and s["step_index"] >= start]
+    commands = [str(s["command"]) for s in steps if not s["optional"] and not s["setup"] and s["step_index"] >= start]
     state_files: list[dict[str, object]] = []
     if commands and retryable_with_dbt_retry(commands[0]) and (RUN_RESULTS, start) in artifacts:
         commands[0] = f"dbt retry --state {RETRY_STATE_DIR}"

@@ -4,7 +4,9 @@
 commit (recorded through ``on_checkout``) from the host's repository cache, the profile written and
 the packages installed, from the host's package cache when it holds the project's lock
 (``runner.package_cache``: ``dbt deps`` is skipped) or by ``dbt deps``, whose result the host then
-keeps. On exit the profile is removed (the clone goes with the run's directory).
+keeps. On exit the profile is removed (the clone goes with the run's directory). ``on_part`` is
+awaited as each part starts (``checkout``, ``profile``, ``deps``): the runner runs them as the run's
+setup steps, what ``say`` and ``on_output`` write going to the part's log.
 
 Every way a part can fail ends in :class:`PrepareError` with a message safe to show (credentials
 masked) that names the part: git's own words, a file the run could not write (permissions, a full
@@ -108,17 +110,15 @@ async def prepared_run(
     work_dir: Path,
     dbt_versions: Mapping[str, str],
     on_checkout: Callable[[str], Awaitable[None]],
+    on_part: Callable[[str], Awaitable[None]],
     say: Callable[[str], None],
     on_output: Callable[[bytes], None],
     control: StepControl,
     limits: Limits,
 ) -> AsyncIterator[PreparedRun]:
     secrets = context.secrets()
-    try:
-        dbt_bin = dbt_bin_directory(context.dbt_version, dbt_versions)
-    except DbtNotInstalled as exc:
-        raise PrepareError(str(exc), part="dbt version") from exc
     repository = Repository(context.repository_url, context.git_credential_kind, context.git_credential)
+    await on_part("checkout")
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         with _part("checkout", secrets):
@@ -140,7 +140,12 @@ async def prepared_run(
         how = "cloned" if checkout.cloned else "from this host's cache"
         say(f"checked out {checkout.sha} ({checkout.branch or 'detached'}, {how}) in {timings['checkout']:.2f} s")
 
+        await on_part("profile")
         started = time.monotonic()
+        try:
+            dbt_bin = dbt_bin_directory(context.dbt_version, dbt_versions)
+        except DbtNotInstalled as exc:
+            raise PrepareError(str(exc), part="dbt version") from exc
         with _part("profile", secrets):
             profile_dir = Path(tempfile.mkdtemp(prefix=f"runplane-profile-{context.run_id}-"))
             stack.callback(shutil.rmtree, profile_dir, True)
@@ -163,10 +168,13 @@ async def prepared_run(
             f"threads {context.threads}, dbt {context.dbt_version} ({dbt_bin})"
         )
 
+        await on_part("deps")
         started = time.monotonic()
         if has_packages(project):
             await _packages(context, project, env, cache=cache, say=say, on_output=on_output, control=control,
                             limits=limits)  # fmt: skip
+        else:
+            say("no dbt packages to install: dbt deps skipped")
         timings["deps"] = round(time.monotonic() - started, 4)
         say(
             f"prepared in {sum(timings.values()):.3f} s (checkout {timings['checkout']:.3f} s, "

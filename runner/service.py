@@ -11,10 +11,11 @@ goes through :mod:`runner.control_plane`.
    request in between; if the lease was taken away (the reaper declared the runner lost), the
    steps are killed and the runner leaves without writing anything.
 3. A job with an environment is prepared first (``runner.prepare``: checkout at the run's commit,
-   a profile for this run, the dbt packages; the host's caches through ``runner.cache_keeper``);
-   a failing preparation, or a run directory the run cannot make, ends the run as error with its
-   reason in the run's log (a cancel or timeout during it as cancelled or timed out), never as a
-   lost runner.
+   a profile for this run, the dbt packages; the host's caches through ``runner.cache_keeper``),
+   each part as one of the run's setup steps (``runner.setup_steps``); a failing preparation ends
+   its setup step and the run as error with its reason in that step's log (a cancel or timeout
+   during it as cancelled or timed out), never as a lost runner. A run directory the run cannot
+   make ends it before its first step, the reason in that step's log.
 4. Steps run in order (in the project's directory, or a per-run working directory for plain
    commands), their output streamed into log chunks with secrets masked, and dbt's artifacts
    stored per step after each one (``runner.artifacts``).
@@ -50,6 +51,7 @@ from runner.fence import Fence, enter
 from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.run_user import RunUser
+from runner.setup_steps import SetupSteps
 from runner.state_files import StateFileError, place_state_file
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane.adapters import tracing
@@ -187,15 +189,19 @@ class Runner:
         collector = ArtifactCollector(work_dir / "target")
         async with contextlib.AsyncExitStack() as stack:
             if context is not None:
+                setup = SetupSteps(self._api, logs, spec.setup_steps)
                 try:
-                    prepared = await stack.enter_async_context(self._prepared(context, logs, work_dir, limits, env))
+                    prepared = await stack.enter_async_context(self._prepared(context, setup, work_dir, limits, env))
                 except PrepareError as exc:
-                    return await self._prepare_failed(spec, logs, exc)
+                    return await self._prepare_failed(spec, setup, exc)
                 except Exception as exc:  # a defect of the runner's own: still the run's error, with its reason
                     log.exception("preparing the run failed", extra={"run_id": spec.run_id})
-                    return await self._not_prepared(logs, f"preparing the run failed: {exc!r}")
+                    message = f"preparing the run failed: {exc!r}"
+                    await setup.failed(message)
+                    return Outcome.error(message, FailureKind.STEP)
                 finally:
                     await self._cache.close()  # nothing after prep may reach the host's caches
+                await setup.done()
                 # The job's variables (secret ones decrypted) over the environment's, the run's identity over both.
                 env = {
                     **prepared.env,
@@ -203,16 +209,19 @@ class Runner:
                     **{k: v for k, v in env.items() if k.startswith(RUN_IDENTITY)},
                 }
                 cwd, collector = prepared.project, prepared.collector
+            first = spec.setup_steps  # the job's first command: what comes before it is said in its log
             for index, state_file in enumerate(spec.state_files):
                 try:
                     place_state_file(cwd, state_file.dest, await self._api.fetch_state_file(index))
                 except (StateFileError, RunnerApiError) as exc:
-                    await self._api.steps_skipped(0)
+                    await self._api.steps_skipped(first)
                     message = f"state file {state_file.path} of run {state_file.source_run_id}: {exc}"
-                    logs.write(0, f"runplane: {message}\n".encode())
+                    logs.write(first, f"runplane: {message}\n".encode())
                     return Outcome.error(message, FailureKind.STEP)
-                logs.write(0, f"runplane: {state_file.dest} from run {state_file.source_run_id}\n".encode())
+                logs.write(first, f"runplane: {state_file.dest} from run {state_file.source_run_id}\n".encode())
             for index, command in enumerate(spec.steps):
+                if index < first:
+                    continue  # a setup step: run as the prep above
                 if self._control.abandoned:
                     return None
                 if self._control.cancel_requested:
@@ -230,25 +239,26 @@ class Runner:
                 await self._store_artifacts(index, collector, logs)
         return Outcome.success()
 
-    async def _prepare_failed(self, spec: RunSpec, logs: RunLogs, exc: PrepareError) -> Outcome | None:
+    async def _prepare_failed(self, spec: RunSpec, setup: SetupSteps, exc: PrepareError) -> Outcome | None:
+        """The prep ended the run: the failure of its setup step (cancelled for a cancel), the run's error."""
         match exc.end:
             case StepEnd.ABANDONED:
                 await self._api.steps_skipped(0)
                 return None
             case StepEnd.CANCELLED:
-                await self._api.steps_skipped(0)
-                logs.write(0, f"runplane: {exc}\n".encode())
-                logs.end_step(0)
+                await setup.failed(str(exc), RunStatus.CANCELLED)
                 return Outcome.cancelled(str(exc))
             case StepEnd.TIMED_OUT:
-                return await self._not_prepared(logs, f"timed out after {spec.timeout_seconds} s: {exc}")
+                message = f"timed out after {spec.timeout_seconds} s: {exc}"
             case StepEnd.MEMORY_LIMIT:
-                return await self._not_prepared(logs, f"{MEMORY_LIMIT_ERROR}: {exc}")
+                message = f"{MEMORY_LIMIT_ERROR}: {exc}"
             case StepEnd.EXITED:
-                return await self._not_prepared(logs, str(exc))
+                message = str(exc)
+        await setup.failed(message)
+        return Outcome.error(message, FailureKind.STEP)
 
     def _prepared(
-        self, context: DbtContext, logs: RunLogs, work_dir: Path, limits: Limits, base_env: dict[str, str]
+        self, context: DbtContext, setup: SetupSteps, work_dir: Path, limits: Limits, base_env: dict[str, str]
     ) -> contextlib.AbstractAsyncContextManager[PreparedRun]:
         return prepared_run(
             context,
@@ -257,8 +267,9 @@ class Runner:
             work_dir=work_dir,
             dbt_versions=self._settings.runner.dbt_versions,
             on_checkout=self._api.record_git_sha,
-            say=lambda line: logs.write(0, f"runplane: {line}\n".encode()),
-            on_output=lambda data: logs.write(0, data),
+            on_part=setup.part,
+            say=setup.say,
+            on_output=setup.output,
             control=self._control,
             limits=limits,
         )

@@ -123,6 +123,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
                 skipped=s["skipped"],
                 end_reason=s["end_reason"],
                 optional=s["optional"],
+                setup=s["setup"],
             )
             for s in steps
         ],

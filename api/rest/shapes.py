@@ -510,7 +510,8 @@ def step(run: Row, row: Row, logs: str, *, debug_logs: bool) -> RunStep:
         status=row["status"],
         status_color=STATUS_COLORS.get(row["status"], "#C0C0C0"),
         status_humanized=humanized(row["status"]),
-        name=f"Invoke `{row['command']}`",
+        # A setup step's command is its name ("Clone git repository", …); a command is invoked.
+        name=row["command"] if row["setup"] else f"Invoke `{row['command']}`",
         logs=logs,
         # runplane keeps one log stream per step: the debug log is that stream.
         debug_logs=logs if debug_logs else None,

@@ -10,8 +10,9 @@ SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_par
  WHERE r.id = %(run_id)s AND r.status = 3 AND r.lease_owner = %(lease_id)s AND r.runner_token_hash = %(token_hash)s
 
 -- name: create_steps
-INSERT INTO run_steps (run_id, step_index, command, optional)
-SELECT %(run_id)s, i - 1, c, (i - 1) = ANY(%(optional)b::int[]) FROM unnest(%(commands)b::text[]) WITH ORDINALITY AS s(c, i)
+INSERT INTO run_steps (run_id, step_index, command, optional, setup)
+SELECT %(run_id)s, i - 1, c, (i - 1) = ANY(%(optional)b::int[]), i <= %(setup)s
+  FROM unnest(%(commands)b::text[]) WITH ORDINALITY AS s(c, i)
 ON CONFLICT (run_id, step_index) DO NOTHING
 
 -- name: run_access

@@ -25,6 +25,10 @@ Q = load_queries("api.runner")
 
 SOURCE_FRESHNESS_STEP = "dbt source freshness"
 GENERATE_DOCS_STEP = "dbt docs generate"
+# A dbt run's setup steps, named as dbt Cloud names them; the runner's prep runs as these steps.
+CLONE_STEP = "Clone git repository"
+PROFILE_STEP = "Create profile from connection {connection}"
+DEPS_STEP = "Invoke dbt deps"
 DEFER_STATE_DIR = ".runplane/defer-state"
 DEFER_MANIFEST = f"{DEFER_STATE_DIR}/manifest.json"
 # dbt commands that take --defer --state, and those of them that take a node selection.
@@ -53,7 +57,9 @@ def build_run_spec(
     """The spec of a claimed run. ``box`` may be None only when the job has no secret. ``dbt``: the
     run's context when its job has an environment, secrets already decrypted."""
     overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
-    steps, optional = job_steps(row, overrides, dbt)
+    commands, optional = job_steps(row, overrides, dbt)
+    setup = setup_steps(dbt)
+    steps = [*setup, *commands]
     environment = {str(k): str(v) for k, v in (row["environment"] or {}).items()}
     secrets = decrypt_secret_environment(row["secret_environment"] or {}, box)
     environment.update(secrets)
@@ -80,7 +86,8 @@ def build_run_spec(
         heartbeat_interval=heartbeat_interval,
         job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
         trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
-        optional_steps=optional,
+        optional_steps=[len(setup) + i for i in optional],
+        setup_steps=len(setup),
         state_files=[runner_pb2.StateFile(**f) for f in overrides.get("state_files") or []],
     )
     if dbt is not None:
@@ -88,8 +95,18 @@ def build_run_spec(
     return spec
 
 
+def setup_steps(dbt: DbtContext | None) -> list[str]:
+    """The setup steps listed before the job's commands: checkout, profile and dbt packages for a
+    job with an environment (run even when ``dbt deps`` is skipped for the host's cache: its step
+    then says so); none for plain commands, which check nothing out."""
+    if dbt is None:
+        return []
+    return [CLONE_STEP, PROFILE_STEP.format(connection=dbt.adapter_type), DEPS_STEP]
+
+
 def job_steps(row: dict[str, Any], overrides: dict[str, Any], dbt: DbtContext | None) -> tuple[list[str], list[int]]:
-    """The run's steps with the job options around them, and the indexes of the optional ones.
+    """The job's commands with the job options around them, and the indexes of the optional ones
+    among them.
 
     A dbt job's "run source freshness" adds ``dbt source freshness`` first and "generate docs" (the
     run's ``generate_docs`` override, else the job's) adds ``dbt docs generate`` last; neither one's

@@ -139,7 +139,12 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             if claimed:
                 await conn.execute(
                     Q["create_steps"],
-                    {"run_id": request.run_id, "commands": list(spec.steps), "optional": list(spec.optional_steps)},
+                    {
+                        "run_id": request.run_id,
+                        "commands": list(spec.steps),
+                        "optional": list(spec.optional_steps),
+                        "setup": spec.setup_steps,
+                    },
                 )
         log.info(
             "run claimed",

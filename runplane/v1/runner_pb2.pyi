@@ -136,6 +136,7 @@ class RunSpec(_message.Message):
     DBT_FIELD_NUMBER: _builtins.int
     OPTIONAL_STEPS_FIELD_NUMBER: _builtins.int
     STATE_FILES_FIELD_NUMBER: _builtins.int
+    SETUP_STEPS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -157,6 +158,11 @@ class RunSpec(_message.Message):
     heartbeat_interval: _builtins.float
     job_type: _common_pb2.JobType.ValueType
     trigger: _common_pb2.Trigger.ValueType
+    setup_steps: _builtins.int
+    """How many of the first steps are the run's setup, as dbt Cloud lists it ("Clone git repository",
+    "Create profile from connection …", "Invoke dbt deps"): the runner's checkout, profile and dbt
+    packages, each with its own status, duration and log; the job's commands come after them.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -212,10 +218,11 @@ class RunSpec(_message.Message):
         dbt: _projects_pb2.DbtContext | None = ...,
         optional_steps: _abc.Iterable[_builtins.int] | None = ...,
         state_files: _abc.Iterable[Global___StateFile] | None = ...,
+        setup_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dbt", b"dbt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "optional_steps", b"optional_steps", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "state_files", b"state_files", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "optional_steps", b"optional_steps", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "setup_steps", b"setup_steps", "state_files", b"state_files", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -190,6 +190,7 @@ class RunStep(_message.Message):
     SKIPPED_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
     OPTIONAL_FIELD_NUMBER: _builtins.int
+    SETUP_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     command: _builtins.str
     status: _common_pb2.RunStatus.ValueType
@@ -200,6 +201,8 @@ class RunStep(_message.Message):
     """how it ended when not by itself: "SIGINT", "SIGKILL", "runner lost", …"""
     optional: _builtins.bool
     """its failure does not fail the run (docs, source freshness)"""
+    setup: _builtins.bool
+    """the run's setup (checkout, profile, dbt packages), not a command of the job"""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -216,10 +219,11 @@ class RunStep(_message.Message):
         skipped: _builtins.bool = ...,
         end_reason: _builtins.str = ...,
         optional: _builtins.bool = ...,
+        setup: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "end_reason", b"end_reason", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "optional", b"optional", "skipped", b"skipped", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "end_reason", b"end_reason", "exit_code", b"exit_code", "finished_at", b"finished_at", "index", b"index", "optional", b"optional", "setup", b"setup", "skipped", b"skipped", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

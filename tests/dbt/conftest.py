@@ -162,9 +162,18 @@ def start_run(db: psycopg.Connection[Any], run_id: int) -> str:
     return make_starting(db, run_id)
 
 
-async def run_log(client: Client, run_id: int) -> str:
+# A dbt run's setup steps (checkout, profile, dbt packages) come first; the job's commands after them.
+SETUP = 3
+
+
+def commands_of(run: runs_pb2.Run) -> list[runs_pb2.RunStep]:
+    return [step for step in run.steps if not step.setup]
+
+
+async def run_log(client: Client, run_id: int, step: int | None = None) -> str:
+    """The run's log, or one step's."""
     chunks = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id))
-    return "".join([chunk.text async for chunk in chunks])
+    return "".join([chunk.text async for chunk in chunks if step is None or chunk.step_index == step])
 
 
 def tables(db: psycopg.Connection[Any], schema: str) -> set[str]:

@@ -68,7 +68,12 @@ async def test_checkout_failures_end_the_run_with_gits_message(
     missing_branch = await run_job(client, dbt_settings, db, job.id, overrides=runs_pb2.RunOverrides(git_branch="nope"))
     assert missing_branch.status == common_pb2.RUN_STATUS_ERROR
     assert missing_branch.status_message == f"branch 'nope' not found in {repo}"
-    assert missing_branch.steps[0].skipped and not missing_branch.git_sha
+    assert not missing_branch.git_sha
+    # The failure is the clone step's: it ended as error with git's words in its log; nothing after it ran.
+    clone, *after = missing_branch.steps
+    assert (clone.command, clone.status, clone.setup) == ("Clone git repository", common_pb2.RUN_STATUS_ERROR, True)
+    assert f"runplane: branch 'nope' not found in {repo}" in await run_log(client, missing_branch.id, 0)
+    assert all(step.skipped for step in after) and [s.command for s in after][-1] == "echo never"
 
     missing_sha = await run_job(client, dbt_settings, db, job.id, overrides=runs_pb2.RunOverrides(git_sha="deadbeef"))
     assert missing_sha.status_message == f"commit deadbeef not found in {repo}"

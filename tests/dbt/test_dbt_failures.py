@@ -16,6 +16,7 @@ from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
 from tests.dbt.conftest import (
     Client,
+    commands_of,
     commit,
     dbt_job,
     environment,
@@ -67,13 +68,15 @@ async def test_cancel_interrupts_dbt_which_cancels_its_query(
 
     done = await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert done.status == common_pb2.RUN_STATUS_CANCELLED
-    first, second = done.steps
+    first, second = commands_of(done)
     assert first.status == common_pb2.RUN_STATUS_CANCELLED and second.skipped
     # SIGINT was the first signal, and dbt ended of it within the grace period: no SIGTERM was needed.
     ended = first.end_reason
     assert ended.startswith(("exited with code", "SIGINT")) and ended.endswith("SIGINT"), ended
     dbt_log = (
-        await client.runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path="logs/dbt.log", step_index=0))
+        await client.runs.GetArtifact(
+            runs_pb2.GetArtifactRequest(run_id=run.id, path="logs/dbt.log", step_index=first.index)
+        )
     ).content.decode()
     assert "CANCEL query model.jaffle_shop.slow_model" in dbt_log, dbt_log[-3000:]
     assert sleeping_queries(db) == 0  # dbt cancelled its query in the warehouse

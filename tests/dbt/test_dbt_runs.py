@@ -14,6 +14,7 @@ from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
 from tests.dbt.conftest import (
     DBT_VERSION,
+    SETUP,
     Client,
     dbt_job,
     environment,
@@ -57,7 +58,7 @@ async def test_deploy_run_with_overrides_then_a_ci_run_in_its_own_schema(
     assert {"customers", "orders", "raw_orders"} <= tables(db, "analytics_nightly")
     assert tables(db, "analytics") == set()  # the environment's default schema was not used
     assert run.git_sha == git_head(repo)
-    assert [s.status for s in run.steps] == [common_pb2.RUN_STATUS_SUCCESS] * 3
+    assert [s.status for s in run.steps] == [common_pb2.RUN_STATUS_SUCCESS] * (SETUP + 3)
 
     # dbt Cloud's run variables, none empty.
     variables = dict(line.split("=", 1) for line in log.splitlines() if line.startswith("DBT_CLOUD_"))
@@ -81,11 +82,13 @@ async def test_deploy_run_with_overrides_then_a_ci_run_in_its_own_schema(
     # another target path.
     listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))
     kept = {(a.path, a.step_index) for a in listed.artifacts}
-    assert {("target/run_results.json", 0), ("target/run_results.json", 1), ("target/manifest.json", 0)} <= kept
-    assert {("target/catalog.json", 1), ("target/index.html", 1), ("logs/dbt.log", 0)} <= kept
-    build = json.loads((await artifact(client, run.id, "target/run_results.json", 0)).content)
+    build_step, docs_step = SETUP, SETUP + 1
+    assert {("target/run_results.json", build_step), ("target/run_results.json", docs_step)} <= kept
+    assert {("target/manifest.json", build_step), ("logs/dbt.log", build_step)} <= kept
+    assert {("target/catalog.json", docs_step), ("target/index.html", docs_step)} <= kept
+    build = json.loads((await artifact(client, run.id, "target/run_results.json", build_step)).content)
     docs = await artifact(client, run.id, "target/run_results.json")  # the last step that wrote it
-    assert docs.artifact.step_index == 1
+    assert docs.artifact.step_index == docs_step
     assert build["args"]["which"] == "build" and json.loads(docs.content)["args"]["which"] == "generate"
     assert len(build["results"]) == 20
     for path, step in kept:

@@ -13,7 +13,18 @@ import pytest
 from api.runner.run_spec import DEFER_STATE_DIR
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
-from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log, tables
+from tests.dbt.conftest import (
+    SETUP,
+    Client,
+    commands_of,
+    commit,
+    dbt_job,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+    tables,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
 
@@ -23,7 +34,7 @@ OK = common_pb2.RUN_STATUS_SUCCESS
 
 async def executed_nodes(client: Client, run_id: int) -> set[str]:
     content = await client.runs.GetArtifact(
-        runs_pb2.GetArtifactRequest(run_id=run_id, path="target/run_results.json", step_index=0)
+        runs_pb2.GetArtifactRequest(run_id=run_id, path="target/run_results.json", step_index=SETUP)
     )
     return {r["unique_id"] for r in json.loads(content.content)["results"]}
 
@@ -56,7 +67,9 @@ async def test_slim_ci_builds_only_the_changed_model_and_its_children(
     log = await run_log(client, slim.id)
     assert slim.status == OK, log
     assert slim.deferring_run_id == built.id
-    assert [s.command for s in slim.steps] == [f"dbt build --defer --state {DEFER_STATE_DIR} --select state:modified+"]
+    assert [s.command for s in commands_of(slim)] == [
+        f"dbt build --defer --state {DEFER_STATE_DIR} --select state:modified+"
+    ]
     nodes = await executed_nodes(client, slim.id)
     models = {n for n in nodes if n.startswith("model.")}
     assert models == {"model.jaffle_shop.stg_payments", "model.jaffle_shop.orders", "model.jaffle_shop.customers"}
@@ -74,13 +87,15 @@ async def test_defer_to_an_environment_and_what_a_deferral_must_name(
     downstream = await dbt_job(client, env.id, ["dbt run --select stg_orders"], defer_to_environment_id=env.id)
     # Nothing to defer to yet: the steps run as written.
     first = await run_job(client, dbt_settings, db, downstream.id)
-    assert first.deferring_run_id == 0 and [s.command for s in first.steps] == ["dbt run --select stg_orders"]
+    assert first.deferring_run_id == 0 and [s.command for s in commands_of(first)] == ["dbt run --select stg_orders"]
     seeded = await run_job(client, dbt_settings, db, seed.id)
     assert seeded.status == OK
     second = await run_job(client, dbt_settings, db, downstream.id)
     assert second.status == OK, await run_log(client, second.id)
     assert second.deferring_run_id == seeded.id
-    assert [s.command for s in second.steps] == [f"dbt run --select stg_orders --defer --state {DEFER_STATE_DIR}"]
+    assert [s.command for s in commands_of(second)] == [
+        f"dbt run --select stg_orders --defer --state {DEFER_STATE_DIR}"
+    ]
 
     for settings, field in (
         (jobs_pb2.JobSettings(environment_id=env.id, defer_to_job_id=10_000_000), "defer_to_job_id"),

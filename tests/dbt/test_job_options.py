@@ -15,7 +15,18 @@ from api.process import RunningApi
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
-from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log, start_run
+from tests.dbt.conftest import (
+    SETUP,
+    Client,
+    commands_of,
+    commit,
+    dbt_job,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+    start_run,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
 
@@ -24,7 +35,7 @@ OK, ERROR = common_pb2.RUN_STATUS_SUCCESS, common_pb2.RUN_STATUS_ERROR
 
 
 def steps_of(run: runs_pb2.Run) -> list[tuple[str, int, bool]]:
-    return [(s.command, s.status, s.optional) for s in run.steps]
+    return [(s.command, s.status, s.optional) for s in commands_of(run)]
 
 
 async def artifact_paths(client: Client, run_id: int) -> set[tuple[str, int]]:
@@ -45,13 +56,27 @@ async def test_freshness_first_and_docs_last_and_their_failures_do_not_fail_the_
     first = await run_job(client, dbt_settings, db, job.id)
     log = await run_log(client, first.id)
     assert first.status == OK, log
+    # dbt Cloud's setup steps first, each with its own status, times and log; the commands after them.
+    setup = first.steps[:SETUP]
+    assert [(s.index, s.command, s.status, s.setup) for s in setup] == [
+        (0, "Clone git repository", OK, True),
+        (1, "Create profile from connection postgres", OK, True),
+        (2, "Invoke dbt deps", OK, True),
+    ]
+    assert all(s.started_at.seconds and s.finished_at.seconds for s in setup)
+    setup_logs = [await run_log(client, first.id, step) for step in range(SETUP)]
+    assert "runplane: checked out " in setup_logs[0]
+    assert "runplane: profile 'jaffle_shop': target " in setup_logs[1]
+    assert "runplane: no dbt packages to install: dbt deps skipped" in setup_logs[2]
+    assert "dbt build" not in "".join(setup_logs)
     assert steps_of(first) == [
         ("dbt source freshness", ERROR, True),
         ("dbt build", OK, False),
         ("dbt docs generate", OK, True),
     ]
-    assert "step 1 failed; it is optional, the run goes on" in log
-    assert {("target/catalog.json", 2), ("target/index.html", 2), ("target/run_results.json", 1)} <= (
+    assert f"step {SETUP + 1} failed; it is optional, the run goes on" in log
+    docs, build = SETUP + 2, SETUP + 1
+    assert {("target/catalog.json", docs), ("target/index.html", docs), ("target/run_results.json", build)} <= (
         await artifact_paths(client, first.id)
     )
 
@@ -59,9 +84,9 @@ async def test_freshness_first_and_docs_last_and_their_failures_do_not_fail_the_
     # sources.json is kept with its step.
     second = await run_job(client, dbt_settings, db, job.id)
     assert second.status == OK
-    assert [s.status for s in second.steps] == [OK, OK, OK]
+    assert [s.status for s in second.steps] == [OK] * (SETUP + 3)
     sources = await client.runs.GetArtifact(
-        runs_pb2.GetArtifactRequest(run_id=second.id, path="target/sources.json", step_index=0)
+        runs_pb2.GetArtifactRequest(run_id=second.id, path="target/sources.json", step_index=SETUP)
     )
     assert json.loads(sources.content)["results"][0]["unique_id"] == "source.jaffle_shop.jaffle_raw.raw_orders"
 
@@ -71,7 +96,7 @@ async def test_freshness_first_and_docs_last_and_their_failures_do_not_fail_the_
     commit(repo, "sources must be a day fresh")
     stale = await run_job(client, dbt_settings, db, job.id)
     assert stale.status == OK
-    assert [s.status for s in stale.steps] == [ERROR, OK, OK]
+    assert [s.status for s in commands_of(stale)] == [ERROR, OK, OK]
     assert "ERROR STALE" in await run_log(client, stale.id)
 
 

@@ -23,6 +23,7 @@ from tests.support.git_servers import SilentGitServer
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(300), pytest.mark.usefixtures("_cleanup_bus")]
 
 Db = psycopg.Connection[Any]
+OK = common_pb2.RUN_STATUS_SUCCESS
 
 
 async def test_a_timeout_during_dbt_deps_is_reported_as_the_timeout(
@@ -44,7 +45,13 @@ async def test_a_timeout_during_dbt_deps_is_reported_as_the_timeout(
     assert elapsed < 60
     log = await run_log(client, run.id)
     assert f"runplane: {run.status_message}" in log, log[-2000:]
-    assert all(step.skipped for step in run.steps)
+    # Checkout and profile succeeded; the deps step ended as error with the reason in its own log;
+    # the job's command never started.
+    clone, profile, deps, command = run.steps
+    assert [clone.status, profile.status, deps.status] == [OK, OK, common_pb2.RUN_STATUS_ERROR]
+    assert deps.command == "Invoke dbt deps" and deps.finished_at.seconds and not deps.skipped
+    assert f"runplane: {run.status_message}" in await run_log(client, run.id, 2)
+    assert command.command == "echo never" and command.skipped
 
 
 async def test_a_cancel_during_the_checkout_stops_it_and_says_so(
@@ -70,7 +77,9 @@ async def test_a_cancel_during_the_checkout_stops_it_and_says_so(
     done = await client.runs.GetRun(runs_pb2.GetRunRequest(run_id=run.id))
     assert done.status == common_pb2.RUN_STATUS_CANCELLED
     assert done.status_message == "cancelled by request during checkout"
-    assert "runplane: cancelled by request during checkout" in await run_log(client, run.id)
+    assert "runplane: cancelled by request during checkout" in await run_log(client, run.id, 0)
+    assert done.steps[0].status == common_pb2.RUN_STATUS_CANCELLED
+    assert all(step.skipped for step in done.steps[1:])
 
 
 @pytest.fixture
@@ -103,4 +112,5 @@ async def test_a_full_disk_during_prep_is_the_runs_error(
     assert run.status == common_pb2.RUN_STATUS_ERROR
     # git's trust file for a local repository is the first thing written there
     assert run.status_message.startswith("checkout: No space left on device"), run.status_message
-    assert f"runplane: {run.status_message}" in await run_log(client, run.id)
+    assert f"runplane: {run.status_message}" in await run_log(client, run.id, 0)
+    assert run.steps[0].status == common_pb2.RUN_STATUS_ERROR and all(s.skipped for s in run.steps[1:])

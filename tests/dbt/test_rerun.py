@@ -15,7 +15,18 @@ from api.rerunning import RETRY_STATE_DIR
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
-from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_log, start_run, tables
+from tests.dbt.conftest import (
+    SETUP,
+    Client,
+    commands_of,
+    commit,
+    dbt_job,
+    environment,
+    make_repository,
+    run_log,
+    start_run,
+    tables,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
 
@@ -49,8 +60,9 @@ async def test_a_failed_dbt_build_resumes_with_dbt_retry_and_runs_only_what_fail
         runs_pb2.TriggerRunRequest(job_id=job.id, overrides=runs_pb2.RunOverrides(threads=2))
     )).id)  # fmt: skip
     assert failed.status == ERROR
-    assert [s.status for s in failed.steps] == [ERROR, common_pb2.RUN_STATUS_QUEUED]
-    first_results = await run_results(client, failed.id, 0)
+    # The setup steps succeeded, the build (the job's first command, dbt Cloud's step 4) failed.
+    assert [s.status for s in failed.steps] == [OK] * SETUP + [ERROR, common_pb2.RUN_STATUS_QUEUED]
+    first_results = await run_results(client, failed.id, SETUP)
     assert first_results["model.jaffle_shop.customers"] == "error"
     not_done = {node for node, status in first_results.items() if status in ("error", "skipped", "fail")}
     assert "model.jaffle_shop.orders" not in not_done and "seed.jaffle_shop.raw_orders" not in not_done
@@ -59,15 +71,15 @@ async def test_a_failed_dbt_build_resumes_with_dbt_retry_and_runs_only_what_fail
     commit(repo, "customers fixed")
     rerun = await client.runs.RerunRun(runs_pb2.RerunRunRequest(run_id=failed.id))
     assert (rerun.parent_run_id, rerun.trigger) == (failed.id, common_pb2.TRIGGER_RETRY)
-    assert rerun.cause == f"Rerun of run {failed.id} from step 1"
+    assert rerun.cause == f"Rerun of run {failed.id} from step {SETUP + 1}"
     assert rerun.overrides.threads == 2  # the failed run's overrides are kept
     done = await execute(client, dbt_settings, db, rerun.id)
     log = await run_log(client, rerun.id)
     assert done.status == OK, log
-    assert [s.command for s in done.steps] == [f"dbt retry --state {RETRY_STATE_DIR}", "echo after the build"]
+    assert [s.command for s in commands_of(done)] == [f"dbt retry --state {RETRY_STATE_DIR}", "echo after the build"]
     assert f"{RETRY_STATE_DIR}/run_results.json from run {failed.id}" in log
     # dbt retry ran what failed or was skipped, and nothing that had succeeded.
-    retried = await run_results(client, rerun.id, 0)
+    retried = await run_results(client, rerun.id, SETUP)
     assert set(retried) == not_done
     assert set(retried.values()) <= {"success", "pass"}
     assert "customers" in tables(db, "analytics")

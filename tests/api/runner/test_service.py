@@ -281,6 +281,38 @@ async def test_claim_carries_the_dbt_context_its_secrets_decrypted_and_masked(
     assert "pw-warehouse" not in stored and "ghp-token" not in stored
 
 
+async def test_a_dbt_runs_claim_lists_its_setup_steps_before_its_commands(db: Conn, channel: grpc.aio.Channel) -> None:
+    run_id, token = starting_run(db, ["dbt seed", "dbt build"])
+    give_environment(db, run_id, password="pw", git_token="t")
+    db.execute("UPDATE jobs SET generate_docs = true FROM runs WHERE runs.job_id = jobs.id AND runs.id = %s", (run_id,))
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
+    md = (("authorization", f"Bearer {token}"),)
+    spec = await stub.Claim(runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=md)
+
+    setup = ["Clone git repository", "Create profile from connection postgres", "Invoke dbt deps"]
+    assert list(spec.steps) == [*setup, "dbt seed", "dbt build", "dbt docs generate"]
+    assert spec.setup_steps == 3 and list(spec.optional_steps) == [5]
+    stored = rows(
+        db, "SELECT step_index, command, setup, optional FROM run_steps WHERE run_id = %s ORDER BY 1", (run_id,)
+    )
+    assert [(r["command"], r["setup"], r["optional"]) for r in stored] == [
+        *[(name, True, False) for name in setup],
+        ("dbt seed", False, False),
+        ("dbt build", False, False),
+        ("dbt docs generate", False, True),
+    ]
+
+
+async def test_a_plain_jobs_claim_has_no_setup_steps(db: Conn, channel: grpc.aio.Channel) -> None:
+    run_id, token = starting_run(db, ["echo 1"])
+    stub = runner_pb2_grpc.RunnerServiceStub(channel)
+    spec = await stub.Claim(
+        runner_pb2.ClaimRequest(run_id=run_id, lease_id=LEASE), metadata=(("authorization", f"Bearer {token}"),)
+    )
+    assert list(spec.steps) == ["echo 1"] and spec.setup_steps == 0
+    assert [r["setup"] for r in rows(db, "SELECT setup FROM run_steps WHERE run_id = %s", (run_id,))] == [False]
+
+
 async def test_the_checked_out_commit_is_recorded_under_the_lease_only(db: Conn, channel: grpc.aio.Channel) -> None:
     runner = await claimed(db, channel)
     sha = "0123456789abcdef0123456789abcdef01234567"
