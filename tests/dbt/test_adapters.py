@@ -20,7 +20,7 @@ from runplane.basics.types import JobType, Trigger
 from runplane.dbt.connections import ADAPTERS, ConnectionFieldError, check_secret_fields, typed_profile_fields
 from runplane.dbt.context import DbtContext
 from runplane.v1 import common_pb2, projects_pb2, runs_pb2
-from tests.dbt.conftest import DBT_BIN, EXAMPLE, Client, dbt_job, environment, make_repository, run_job, run_log
+from tests.dbt.conftest import DBT_BIN, EXAMPLE, SETUP, Client, dbt_job, environment, make_repository, run_job, run_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(600)]
 
@@ -166,9 +166,14 @@ async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_e
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     assert "customers" in tables.stdout and "orders" in tables.stdout, tables.stdout
+    docs_step = SETUP + 3  # the job's fourth command, after the setup steps
     manifest, catalog = [
         json.loads(
-            (await client.runs.GetArtifact(runs_pb2.GetArtifactRequest(run_id=run.id, path=path, step_index=3))).content
+            (
+                await client.runs.GetArtifact(
+                    runs_pb2.GetArtifactRequest(run_id=run.id, path=path, step_index=docs_step)
+                )
+            ).content
         )
         for path in ("target/manifest.json", "target/catalog.json")
     ]
