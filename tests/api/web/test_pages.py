@@ -523,3 +523,21 @@ async def test_a_job_that_generates_docs_links_to_them(browser: Browser, adb: As
     for path in (f"/ui/jobs/{documented}", f"/ui/runs/{run_id}"):
         assert f'<a href="/ui/jobs/{documented}/docs/" id="docs">' in (await browser.http.get(path)).text
     assert 'id="docs"' not in (await browser.http.get(f"/ui/jobs/{plain}")).text
+
+
+async def test_a_dbt_runs_setup_steps_are_listed_by_name_before_its_commands(browser: Browser, adb: AsyncDb) -> None:
+    job_id = await insert_job(adb, browser.account_id, steps=["dbt build"])
+    (run_id,) = await insert_runs(adb, browser.account_id, job_id, 1, status=int(RunStatus.ERROR))
+    setup = ("Clone git repository", "Create profile from connection postgres", "Invoke dbt deps")
+    await insert_steps(adb, run_id, *[(name, 10, True) for name in setup], ("dbt build", 20, True))
+    await adb.execute("UPDATE run_steps SET setup = step_index < 3 WHERE run_id = %s", (run_id,))
+    await browser.login()
+    page = (await browser.http.get(f"/ui/runs/{run_id}")).text
+    steps = page[page.index('id="steps"') : page.index("</table>", page.index('id="steps"'))]
+    shown = re.findall(r'<tr><td>(\d+)</td><td class="wrap">(.*?)</td>', steps)
+    assert shown == [
+        ("1", "Clone git repository"),
+        ("2", "Create profile from connection postgres"),
+        ("3", "Invoke dbt deps"),
+        ("4", "<code>dbt build</code>"),
+    ]
