@@ -197,5 +197,6 @@ async def test_the_client_sets_up_a_project_and_reads_a_runs_log_and_artifacts(
     assert code == 0 and "profile: jaffle_shop" in out
     code, out, _ = await finish(await start(env, "artifacts", str(run.id)))
     assert code == 0 and "target/run_results.json" in out
-    code, out, _ = await finish(await start(env, "artifact", str(run.id), "target/run_results.json", "--step", "1"))
+    # The CLI's steps count the setup steps too: the job's command is step 4.
+    code, out, _ = await finish(await start(env, "artifact", str(run.id), "target/run_results.json", "--step", "4"))
     assert code == 0 and json.loads(out) == {"ok": 1}
