@@ -5,8 +5,9 @@ of ``packages.yml``/``dependencies.yml`` and ``package-lock.yml`` (dbt's lock): 
 new entry, and one account's packages (private git packages included) never reach another's run.
 
 The first run of a key runs ``dbt deps`` in its own project; the host then takes a copy of what it
-installed (``tar`` run as the run's uid, so it reads only what the run could read; extracted with
-tarfile's ``data`` filter, so nothing in it is a device, runs setuid or points outside the project)
+installed (``tar`` run as the run's uid, so it reads only what the run could read; each member
+checked before it is extracted, so nothing in it is a device, runs setuid or points outside the
+project)
 into a staging directory renamed into place when complete. Later runs get the entry hard-linked
 into their project: the files stay the host's (read-only to the run), the directories are the run's.
 The cache's root is the host's alone (0700): a run reaches only the entries linked into its project.
@@ -26,7 +27,6 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -45,7 +45,7 @@ class PackageCacheError(RunplaneError):
     """An entry could not be linked into a run."""
 
 
-class _Refused(tarfile.FilterError):
+class _Refused(Exception):
     """Something installed that an entry must not hold (the packages stay uncached)."""
 
 
@@ -209,7 +209,9 @@ def _copy_as(owner: int | None, project: Path, install_dir: str, tree: Path) -> 
     assert tar.stdout is not None and tar.stderr is not None
     try:
         with tarfile.open(fileobj=tar.stdout, mode="r|") as archive:
-            archive.extractall(tree, filter=_installed_member(project, install_dir))
+            installed = _InstalledMember(project, install_dir, tree)
+            for member in archive:  # a stream: each member is checked, then extracted, in order
+                archive.extract(installed.checked(member), tree)
     except _Refused as exc:
         return str(exc)
     except tarfile.TarError as exc:
@@ -224,27 +226,48 @@ def _copy_as(owner: int | None, project: Path, install_dir: str, tree: Path) -> 
     return ""
 
 
-def _installed_member(project: Path, install_dir: str) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
-    """tarfile's ``data`` filter, except for symlinks: dbt links a ``local:`` package by its absolute
-    path in this run's project, which the entry keeps relative so it points into every later run's
-    own project. A link that leaves the project refuses the whole entry."""
-    roots = [PurePosixPath(project), PurePosixPath(project.resolve())]
+class _InstalledMember:
+    """What an entry may hold of what ``dbt deps`` installed: directories, regular files and symlinks,
+    inside the tree, owned by nobody in particular, with no setuid, setgid or sticky bit and nothing
+    writable by others (tarfile's ``data`` filter, written out: Debian bookworm's Python 3.11.2, the
+    runner image's, predates it). dbt links a ``local:`` package by its absolute path in this run's
+    project; the entry keeps such a link relative, so it points into every later run's own project. A
+    member that is anything else, or a link that leaves the project, refuses the whole entry."""
 
-    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-        if not member.issym():
-            return tarfile.data_filter(member, dest)
-        where = PurePosixPath(install_dir, member.name).parent  # relative to the project
+    def __init__(self, project: Path, install_dir: str, tree: Path) -> None:
+        self._roots = [PurePosixPath(project), PurePosixPath(project.resolve())]
+        self._install_dir = install_dir
+        self._tree = os.path.realpath(tree)
+
+    def checked(self, member: tarfile.TarInfo) -> tarfile.TarInfo:
+        name = PurePosixPath(member.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise _Refused(f"{self._install_dir}/{member.name} is outside the packages' directory")
+        # Through a symlink extracted before it, a member could still land outside the tree.
+        if os.path.commonpath([os.path.realpath(os.path.join(self._tree, member.name)), self._tree]) != self._tree:
+            raise _Refused(f"{self._install_dir}/{member.name} is reached through a link")
+        if not (member.isfile() or member.isdir() or member.issym()):
+            raise _Refused(f"{self._install_dir}/{member.name} is not a file, a directory or a symlink")
+        member.uid = member.gid = 0
+        member.uname = member.gname = ""
+        member.mode = (member.mode | (0o755 if member.isdir() else 0o644)) & 0o755
+        if member.issym():
+            member.linkname = self._link_target(member)
+        return member
+
+    def _link_target(self, member: tarfile.TarInfo) -> str:
+        where = PurePosixPath(self._install_dir, member.name).parent  # relative to the project
         target = member.linkname
         if os.path.isabs(target):
-            inside = next((_relative(PurePosixPath(target), root) for root in roots if _within(target, root)), None)
+            inside = next(
+                (_relative(PurePosixPath(target), root) for root in self._roots if _within(target, root)), None
+            )
             if inside is None:
-                raise _Refused(f"{install_dir}/{member.name} links outside the project ({target})")
+                raise _Refused(f"{self._install_dir}/{member.name} links outside the project ({target})")
             target = os.path.relpath(inside, where)
         if os.path.normpath(os.path.join(where, target)).startswith(".."):
-            raise _Refused(f"{install_dir}/{member.name} links outside the project ({member.linkname})")
-        return member.replace(linkname=target, uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
-
-    return keep
+            raise _Refused(f"{self._install_dir}/{member.name} links outside the project ({member.linkname})")
+        return target
 
 
 def _within(path: str, root: PurePosixPath) -> bool:
