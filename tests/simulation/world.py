@@ -138,6 +138,12 @@ class World:
         self.errors: list[BaseException] = []
         self.loop.set_exception_handler(self._loop_error)
         logging.getLogger("orchestrator").setLevel(logging.CRITICAL)
+        # The ownership digest's repair is a safety net: count each time it has to act.
+        self.repairs = 0
+        self.queues_deleted = False
+        self._repair_log = _RepairLog(self)
+        logging.getLogger("orchestrator.liveness").addHandler(self._repair_log)
+        logging.getLogger("orchestrator.liveness").setLevel(logging.WARNING)
         logging.getLogger("queuer_worker").setLevel(logging.CRITICAL)
         logging.getLogger("runplane").setLevel(logging.CRITICAL)
 
@@ -398,6 +404,7 @@ class World:
         slot = self._live_worker(index)
         if slot is not None:
             queue = slot.worker.own_queue
+            self.queues_deleted = True
             self._fault(0.0, lambda: self.broker.delete(queue), lambda: None, f"queue of {slot.process.name} deleted")
 
     def leader_loses_lock(self) -> None:
@@ -464,8 +471,10 @@ class World:
                     self.violated(f"{key[0]} has held job {key[1]}, which it does not own, for {self.now - since:.0f}s")
                     del self._not_owned_since[key]
 
-    def check(self) -> None:
-        """Heal, let the world run quiet for B and three minutes more, and check every property."""
+    def check(self, *, strict: bool = False) -> None:
+        """Heal, let the world run quiet for B and three minutes more, and check every property;
+        ``strict``: also that the ownership digest's repair never had to act (unless a worker's queue
+        was deleted under it, which only the repair can heal)."""
         self.heal_all()
         self.run_for(self.bound + 180.0)
         end = self.now
@@ -479,6 +488,8 @@ class World:
             self.run_for(1.0)
         for what in settled:
             self.violated(what)
+        if strict and self.repairs and not self.queues_deleted:
+            self.violated(f"the ownership digest's repair had to act {self.repairs} times")
         if self.violations:
             raise PropertyViolated("; ".join(dict.fromkeys(self.violations)))
 
@@ -540,6 +551,8 @@ class World:
         return found
 
     def close(self) -> None:
+        logging.getLogger("orchestrator.liveness").removeHandler(self._repair_log)
+
         async def shutdown() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
@@ -564,3 +577,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in _leaves(e)]
     return [exc]
+
+
+class _RepairLog(logging.Handler):
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.WARNING)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "does not hold what it owns" in record.getMessage():
+            self.world.repairs += 1
+            self.world.trace("leader", "REPAIR: " + record.getMessage())

@@ -1,0 +1,100 @@
+"""Break the protocol on purpose and count the histories the simulator needs to notice.
+
+    python -m tests.simulation.mutations [--seconds 60]
+
+Each mutation is applied by monkeypatching, only in this process: the regression histories run
+first (as in the normal test run), then random and freeze histories from seed 0 on, until one
+fails or the time is up. Prints, per mutation, how many histories it took and the end of the
+failing trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from orchestrator.inbox import Inbox
+from queuer_worker.worker import QueuerWorker
+from runplane.basics.stamps import Stamp, StampGate
+from tests.simulation.run import run_seed
+from tests.simulation.test_protocol import REGRESSIONS
+
+
+def _admit_without_floor(self: StampGate, job_id: int, stamp: Stamp) -> bool:
+    if not self.observe_term(stamp.term):
+        return False
+    last = self.applied.get(job_id)
+    if last is not None and stamp <= last:
+        return False
+    self.applied[job_id] = stamp
+    return True
+
+
+def _any_term(self: StampGate, term: int) -> bool:
+    self.newest_term = max(self.newest_term, term)
+    return True
+
+
+def _keep_everything(self: QueuerWorker, stamp: Stamp) -> None:
+    self._registering_beats = 3
+
+
+async def _accept_dead_claim(self: Inbox, claimer: str, job_ids: list[int], stamp: Stamp) -> None:
+    await self.store.claim(claimer, job_ids, stamp)
+
+
+MUTATIONS: dict[str, tuple[Any, str, Callable[..., Any]]] = {
+    "drop the stamp floor": (StampGate, "admit", _admit_without_floor),
+    "accept an older term": (StampGate, "observe_term", _any_term),
+    "skip drop-everything": (QueuerWorker, "_drop_older_than", _keep_everything),
+    "let a dead worker's claim through": (Inbox, "_refuse_claim", _accept_dead_claim),
+}
+
+
+@contextlib.contextmanager
+def mutated(owner: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def hunt(seconds: float) -> tuple[int, str, str] | None:
+    """Histories until one fails: (count, history and seed, end of its trace); None when none did."""
+    started = time.monotonic()
+    candidates = [*REGRESSIONS, *((kind, seed) for seed in range(100_000) for kind in ("random", "freezes"))]
+    for ran, (kind, seed) in enumerate(candidates, 1):
+        if time.monotonic() - started > seconds:
+            return None
+        try:
+            run_seed(kind, seed, strict=True)
+        except Exception as exc:
+            notes = getattr(exc, "__notes__", [""])
+            trace = "\n".join(notes[-1].splitlines()[-30:])
+            return ran, f"{kind} seed {seed}: {exc!r}"[:400], trace
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    for title, (owner, name, replacement) in MUTATIONS.items():
+        with mutated(owner, name, replacement):
+            found = hunt(args.seconds)
+        if found is None:
+            print(f"== {title}: NOT caught in {args.seconds:.0f}s", flush=True)
+            continue
+        ran, what, trace = found
+        where = "a regression history" if ran <= len(REGRESSIONS) else "a new history"
+        print(f"== {title}: caught after {ran} histories ({where}): {what}\n{trace}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
