@@ -14,7 +14,7 @@ import pytest
 from dispatcher.local_launcher import LocalLauncher, closed_to_others
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
-from tests.support.local_runs import ended, starting_run
+from tests.support.local_runs import ended, fork_server_of_this_process, starting_run, waiting_spares
 from tests.support.polling import eventually
 from tests.support.records import Conn, rows, run_row
 
@@ -61,19 +61,14 @@ async def test_forked_runners_run_a_duplicate_changes_nothing_and_a_dead_server_
         await launcher.close()
 
 
-def fork_server_of_this_process() -> psutil.Process:
-    [server] = [p for p in psutil.Process(os.getpid()).children() if "runner.fork_server" in " ".join(p.cmdline())]
-    return server
+async def spare_of(server: psutil.Process, settings: Settings) -> psutil.Process:
+    """The started runner the fork server keeps waiting for the next run."""
 
-
-async def spare_of(server: psutil.Process) -> psutil.Process:
-    """The child the fork server keeps waiting for the next run."""
-
-    def only_child() -> psutil.Process | None:
-        waiting = [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE]
+    def only_spare() -> psutil.Process | None:
+        waiting = [p for p in waiting_spares(server, settings.runner.api_address) if p.status() != psutil.STATUS_ZOMBIE]
         return waiting[0] if len(waiting) == 1 else None
 
-    spare = await eventually(only_child, 30, what="the fork server's spare runner")
+    spare = await eventually(only_spare, 30, what="the fork server's spare runner")
     assert spare is not None
     return spare
 
@@ -83,7 +78,7 @@ async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(db: Con
     try:
         await launcher.start()
         server = fork_server_of_this_process()
-        spare = await spare_of(server)
+        spare = await spare_of(server, settings)
         assert spare.uids().real == os.getuid()  # no run yet: not yet switched to a run's uid
         request = starting_run(db, ["echo from the spare"])
         result = await launcher.launch(request)
@@ -91,7 +86,7 @@ async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(db: Con
         assert (await ended(db, request.run_id))["status"] == RunStatus.SUCCESS
         text = rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (request.run_id,))
         assert text == [{"text": "from the spare\n"}]
-        following = await spare_of(server)
+        following = await spare_of(server, settings)
         assert following.pid != spare.pid
     finally:
         await launcher.close()
@@ -102,7 +97,7 @@ async def test_a_killed_spare_is_replaced_for_the_run(db: Conn, settings: Settin
     launcher = LocalLauncher(settings)
     try:
         await launcher.start()
-        spare = await spare_of(fork_server_of_this_process())
+        spare = await spare_of(fork_server_of_this_process(), settings)
         spare.send_signal(signal.SIGKILL)
         await gone(spare.pid)
         request = starting_run(db, ["echo after the spare died"])

@@ -4,10 +4,8 @@ run taken meanwhile is given to one runner only."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
-import psutil
 import pytest
 
 from dispatcher.local_launcher import LocalLauncher
@@ -16,7 +14,7 @@ from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
 from runplane.demand.forecast import MINUTE
-from tests.support.local_runs import ended, starting_run
+from tests.support.local_runs import ended, fork_server_of_this_process, starting_run, waiting_spares
 from tests.support.polling import eventually
 from tests.support.records import Conn, rows
 from tests.support.wall_clock import FakeClock
@@ -26,26 +24,9 @@ pytestmark = [pytest.mark.usefixtures("_cleanup_bus", "runner_api"), pytest.mark
 PEAK = 1_900_000_020 // MINUTE * MINUTE  # a minute far from the real clock: only the forecast names it
 
 
-def _command(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except (psutil.ZombieProcess, psutil.NoSuchProcess):
-        return ""
-
-
-def _connected_to(process: psutil.Process, port: int) -> bool:
-    try:
-        return any(c.raddr and c.raddr.port == port for c in process.net_connections(kind="tcp"))
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-
-
-def waiting_spares(settings: Settings) -> int:
-    """Children of this test's fork server connected to the runner API: started runners waiting for a
-    run (nothing here gives them one)."""
-    port = int(settings.runner.api_address.rpartition(":")[2])
-    [server] = [p for p in psutil.Process(os.getpid()).children() if "runner.fork_server" in _command(p)]
-    return sum(1 for child in server.children() if _connected_to(child, port))
+def waiting_spare_count(settings: Settings) -> int:
+    """Started runners of this test's fork server waiting for a run (nothing here gives them one)."""
+    return len(waiting_spares(fork_server_of_this_process(), settings.runner.api_address))
 
 
 def forecast(db: Conn, minute: int, fires: int) -> None:
@@ -84,12 +65,12 @@ async def test_spares_grow_before_the_minute_and_shrink_after(
 
     await keeper.keep()
     assert keeper.spares == 1
-    await eventually(lambda: waiting_spares(settings) == 1, 20, what="one spare")
+    await eventually(lambda: waiting_spare_count(settings) == 1, 20, what="one spare")
 
     clock.advance_to(PEAK - 20)  # the lead time before the peak
     await keeper.keep()
     assert keeper.plan is not None and (keeper.plan.forecast, keeper.plan.target) == (4, 4)
-    await eventually(lambda: waiting_spares(settings) == 4, 20, what="four spares before the minute")
+    await eventually(lambda: waiting_spare_count(settings) == 4, 20, what="four spares before the minute")
 
     request = starting_run(db, ["true"])  # a run during the peak takes one spare, which is refilled
     await launcher.launch(request)
@@ -99,7 +80,7 @@ async def test_spares_grow_before_the_minute_and_shrink_after(
     clock.advance_to(PEAK + MINUTE)  # the minute is over, nothing queued
     await keeper.keep()
     assert keeper.plan is not None and keeper.plan.target == 1
-    await eventually(lambda: waiting_spares(settings) == 1, 20, what="back to one spare after the minute")
+    await eventually(lambda: waiting_spare_count(settings) == 1, 20, what="back to one spare after the minute")
 
     clock.advance_to(PEAK + 3 * MINUTE - 20)
     await keeper.keep()

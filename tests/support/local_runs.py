@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import psutil
 
 from dispatcher.launcher import LaunchRequest
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
@@ -28,3 +31,29 @@ async def ended(db: Conn, run_id: int, timeout: float = 30) -> dict[str, Any]:
     row = await eventually(row_if_ended, timeout, what=f"run {run_id} to end")
     assert row is not None
     return row
+
+
+def _command(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
+
+
+def _connected_to(process: psutil.Process, port: int) -> bool:
+    try:
+        return any(c.raddr and c.raddr.port == port for c in process.net_connections(kind="tcp"))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+def fork_server_of_this_process() -> psutil.Process:
+    [server] = [p for p in psutil.Process(os.getpid()).children() if "runner.fork_server" in _command(p)]
+    return server
+
+
+def waiting_spares(server: psutil.Process, runner_api_address: str) -> list[psutil.Process]:
+    """The fork server's children connected to the runner API: its started runners. (A root server
+    also keeps a cache keeper beside each, which never connects.)"""
+    port = int(runner_api_address.rpartition(":")[2])
+    return [child for child in server.children() if _connected_to(child, port)]
