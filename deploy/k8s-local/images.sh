@@ -42,7 +42,7 @@ make_rootfs() {
 
 # The inputs of the runner image, each file by content: what decides whether a saved image is reused.
 content_key() {
-    (cd "$ROOT" && find .dockerignore pyproject.toml README.md runplane api orchestrator queuer_worker scheduler dispatcher runner \
+    (cd "$ROOT" && find .dockerignore pyproject.toml README.md runplane api client orchestrator queuer_worker scheduler dispatcher runner \
         proto deploy/docker -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort \
         | xargs sha256sum; echo "$ROOTFS") | sha256sum | cut -c1-16
 }
