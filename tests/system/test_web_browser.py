@@ -154,19 +154,21 @@ def _walk_through(page: Page, demo: Demo, other_run: int) -> None:
     _shot(page, "03-job")
     page.click("#run-now-button")
     expect(page).to_have_url(re.compile(r"/ui/runs/\d+$"))
-    # dbt's first lines show while the page still follows the running run (it reloads once the run ends).
+    # dbt's first lines show while the page still follows the running run (it reloads once the run ends):
+    # the build is step 4, after the setup steps (its log is log-3, its models models-4).
     page.wait_for_function(
         """() => document.querySelector("#following") !== null
                  && document.querySelector("#status").textContent === "running"
-                 && (document.querySelector("#log-0")?.textContent ?? "").includes("Running with dbt")""",
+                 && (document.querySelector("#log-3")?.textContent ?? "").includes("Running with dbt")""",
         polling="raf",
         timeout=120_000,
     )
     _shot(page, "04-run-live")
     expect(page.locator("#status")).to_have_text(re.compile("success|error"), timeout=240_000)
     assert _status(page) == "success", page.inner_text("main")
-    expect(page.locator("#log-0")).to_contain_text("Completed successfully")
-    expect(page.locator("#models-1")).to_contain_text("model.jaffle_shop.")
+    expect(page.locator("#log-0")).to_contain_text("runplane: checked out")
+    expect(page.locator("#log-3")).to_contain_text("Completed successfully")
+    expect(page.locator("#models-4")).to_contain_text("model.jaffle_shop.")
     _shot(page, "05-run-done")
 
     with page.expect_download() as download_info:
@@ -238,7 +240,7 @@ def _make_and_run_a_job(page: Page, demo: Demo, source: dict[str, Any]) -> None:
     expect(page).to_have_url(re.compile(r"/ui/runs/\d+$"))
     expect(page.locator("#status")).to_have_text(re.compile("success|error"), timeout=240_000)
     assert _status(page) == "success", page.inner_text("main")
-    expect(page.locator("#models-1")).to_contain_text("model.jaffle_shop.")
+    expect(page.locator("#models-4")).to_contain_text("model.jaffle_shop.")
     _shot(page, "13-job-from-the-pages-ran")
     page.click("#logout")
     expect(page).to_have_url(re.compile(r"/ui/login$"))
