@@ -92,7 +92,7 @@ async def test_a_warehouse_that_refuses_the_connection_fails_the_run_with_secret
     run = await run_job(client, dbt_settings, db, job.id)
     log = await run_log(client, run.id)
     assert run.status == common_pb2.RUN_STATUS_ERROR
-    assert run.status_message == "step 1 failed with exit code 2: dbt run --select stg_customers"
+    assert run.status_message == "step 4 failed with exit code 2: dbt run --select stg_customers"
     assert 'role "no_such_role" does not exist' in log
     listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))
     contents = [
