@@ -143,6 +143,17 @@ def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
         parser.add_argument("--expected-version", type=int, default=0)
 
 
+def _step_number(text: str) -> int:
+    """A step as runs number them: 1 the first."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"steps count from 1 (the run's first step), not {text!r}")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m client", description="runplane API client")
     parser.add_argument("--json", action="store_true", help="print whole objects as JSON")
@@ -218,7 +229,9 @@ def _parser() -> argparse.ArgumentParser:
     artifact.add_argument("run_id", type=int)
     artifact.add_argument("path")
     artifact.add_argument("-o", "--output", help="file to write (default: standard output)")
-    artifact.add_argument("--step", type=int, help="the step that wrote it, 1 the first (default: the last one)")
+    artifact.add_argument(
+        "--step", type=_step_number, help="the step that wrote it, 1 the first (default: the last one)"
+    )
     add_webhook_commands(sub)
     return parser
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from api.process import RunningApi
+from client.cli import _parser
 from tests.api.conftest import AsyncDb, Client, scalar
 from tests.support.client import run_client, start
 from tests.support.polling import eventually
@@ -161,3 +162,11 @@ async def test_every_job_setting_from_the_command_line(
     later = await run_client(env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs")
     assert later["overrides"]["generateDocs"] is False
     assert await scalar(adb, "SELECT scheduled_at FROM runs WHERE id = %s", later["id"]) == at
+
+
+def test_a_step_counted_from_zero_is_refused_with_how_steps_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(["artifact", "7", "run_results.json", "--step", "0"])
+    assert exit_info.value.code == 2
+    assert "steps count from 1 (the run's first step), not '0'" in capsys.readouterr().err
+    assert _parser().parse_args(["artifact", "7", "run_results.json", "--step", "2"]).step == 2
