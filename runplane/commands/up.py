@@ -10,8 +10,10 @@ runners), so no process is left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +68,8 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
     keys = base.pop("RUNPLANE_SECRET_KEYS", "") or settings.secret_keys.get_secret_value()
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
+    # Runners reach the runner API this `up` starts: one setting, the port, moves both ends.
+    base.setdefault("RUNPLANE_RUNNER__API_ADDRESS", f"{settings.api.host}:{settings.api.runner_port}")
     exe = [sys.executable, "-m", "runplane"]
     names = ["api", "orchestrator"]
     names += [f"queuer-worker-{i + 1}" for i in range(queuer_workers)]
@@ -80,6 +84,34 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
         command = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
         children.append(Child(name, [*exe, command], env))
     return children
+
+
+def ports_to_bind(settings: Settings, children: list[Child]) -> list[tuple[str, int, str]]:
+    """(host, port, the setting that moves it) of every port the processes ``up`` starts listen on."""
+    api = settings.api
+    ports = [(api.host, api.port, "RUNPLANE_API__PORT"), (api.host, api.runner_port, "RUNPLANE_API__RUNNER_PORT")]
+    if api.rest_port >= 0:
+        ports.append((api.host, api.rest_port, "RUNPLANE_API__REST_PORT"))
+    ports += [
+        ("0.0.0.0", int(port), f"RUNPLANE_METRICS_PORT (the first of {len(children)} in a row)")
+        for port in metrics_ports(children).values()
+    ]
+    return ports
+
+
+def taken_ports(ports: list[tuple[str, int, str]]) -> list[str]:
+    """What is wrong with each port another program (another runplane, say) already listens on."""
+    problems = []
+    for host, port, setting in ports:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                problems.append(f"port {port} on {host} is taken by another program: set {setting} to a free one")
+    return problems
 
 
 def metrics_ports(children: list[Child]) -> dict[str, str]:
@@ -143,6 +175,13 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     from runplane.basics.secrets import ensure_local_keys
     from runplane.commands.migrate import ensure_database, migrate
 
+    planned = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
+    taken = taken_ports(ports_to_bind(settings, planned))
+    if taken:
+        for problem in taken:
+            print(f"runplane: {problem}", file=sys.stderr, flush=True)
+        print('runplane: README, "A second install on one machine", lists every setting to change', file=sys.stderr)
+        return 1
     ensure_database(settings.database_url)
     migrate(settings.database_url)
     # Every service that stores or reads a secret needs the same keys: one machine keeps them in a file.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from runplane.basics.settings import ApiSettings, Settings
+from runplane.commands.up import plan, ports_to_bind, taken_ports
 from tests.support.polling import wait_for
 from tests.support.ports import free_ports, listening
 
@@ -133,3 +136,25 @@ def test_restart_backoff_doubles_to_a_bound_and_starts_over_after_a_stable_run()
     assert delays == [1, 2, 4, 8, 16, 30, 30, 30] and max(delays) == RESTART_BACKOFF_CAP
     child.started_at = 100.0
     assert restart_delay(child, now=100.0 + RESTART_STABLE_AFTER) == 1
+
+
+def test_a_taken_port_is_named_with_the_setting_that_moves_it() -> None:
+    api_port, runner_port, rest_port, metrics_port, *_ = free_ports(8)  # 5 services: 5 metrics ports
+    settings = Settings(
+        api=ApiSettings(port=api_port, runner_port=runner_port, rest_port=rest_port), metrics_port=metrics_port
+    )
+    children = plan(settings, queuer_workers=1, dispatchers=1, launcher="noop")
+    assert taken_ports(ports_to_bind(settings, children)) == []
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", runner_port))
+        other.listen()
+        assert taken_ports(ports_to_bind(settings, children)) == [
+            f"port {runner_port} on 127.0.0.1 is taken by another program: set RUNPLANE_API__RUNNER_PORT to a free one"
+        ]
+
+
+def test_runners_are_told_the_runner_port_up_starts_the_runner_api_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RUNPLANE_RUNNER__API_ADDRESS", raising=False)
+    settings = Settings(api=ApiSettings(runner_port=61234))
+    children = plan(settings, queuer_workers=1, dispatchers=1, launcher="noop")
+    assert {c.env["RUNPLANE_RUNNER__API_ADDRESS"] for c in children} == {"127.0.0.1:61234"}
