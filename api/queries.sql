@@ -35,14 +35,14 @@ RETURNING id, account_id;
 INSERT INTO jobs (
     account_id, name, job_type, steps, cron, timezone, on_pull_request, on_merge, threads,
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
-    missed_run_grace_seconds, priority, secret_environment, create_key, environment_id, schema_name,
-    generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
+    missed_run_grace_seconds, priority, secret_environment, create_key, create_fingerprint, environment_id,
+    schema_name, generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
     completion_mode
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
-    %(create_key)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
+    %(create_key)s, %(create_fingerprint)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
     %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING

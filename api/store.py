@@ -160,10 +160,23 @@ class Store:
     # jobs
 
     async def insert_job(
-        self, conn: Connection, account_id: AccountId, spec: JobSpec, *, create_key: str | None = None
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        spec: JobSpec,
+        *,
+        create_key: str | None = None,
+        create_fingerprint: str | None = None,
     ) -> tuple[Row, bool]:
         """The new job and True; with a ``create_key`` used before, the job it created and False."""
-        row = await _one(conn, "insert_job", account_id=account_id, create_key=create_key, **self._job_params(spec))
+        row = await _one(
+            conn,
+            "insert_job",
+            account_id=account_id,
+            create_key=create_key,
+            create_fingerprint=create_fingerprint,
+            **self._job_params(spec),
+        )
         if row is not None:
             return row, True
         existing = await _one(conn, "job_by_create_key", account_id=account_id, create_key=create_key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Header, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from api.job_definitions import create_job, delete_job, update_job
@@ -18,7 +18,7 @@ from api.rest import params, related, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.store import JobFilters, Row, Store
-from api.validation import JobSpec, job_spec
+from api.validation import MAX_IDEMPOTENCY_KEY, JobSpec, job_spec, text
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.types import AccountId, JobId
@@ -323,11 +323,24 @@ async def list_jobs(
 
 
 @router.post("/api/v2/accounts/{account_id}/jobs/", summary="Create a job", status_code=201)
-async def create_job_(request: Request, account_id: Account, body: Annotated[JobBody, Body()]) -> Envelope[shapes.Job]:
+async def create_job_(
+    request: Request,
+    account_id: Account,
+    body: Annotated[JobBody, Body()],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="A retry with the same key returns the job the first create made (201 again) and "
+            "creates nothing; the same key with another definition is 409.",
+        ),
+    ] = None,
+) -> Envelope[shapes.Job]:
     store = _store(request)
+    key = text(idempotency_key or "", "Idempotency-Key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
     spec = await _checked_spec(store, account_id, body)
     with params.named_as(JOB_NAMES):
-        created = await create_job(store, account_id, spec)
+        created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, created["id"])
     return Envelope[shapes.Job](status=success(201), data=job)

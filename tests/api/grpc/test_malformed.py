@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
 
 from api.process import RunningApi
 from client.cli import channel
-from runplane.v1 import common_pb2, jobs_pb2
+from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from tests.api.conftest import Client
 from tests.api.conftest import status_of as call_status
 
@@ -68,3 +69,49 @@ async def test_concurrent_creates_with_one_key_make_one_job(client: Client) -> N
     request.idempotency_key = "burst"
     jobs = await asyncio.gather(*(client.jobs.CreateJob(request) for _ in range(8)))
     assert len({job.id for job in jobs}) == 1
+
+
+def _create_in_threads(port: int, token: str, request: jobs_pb2.CreateJobRequest, threads: int) -> list[int]:
+    """The ids ``threads`` blocking clients, each on its own thread and channel, got from one create."""
+    ids: list[int] = []
+    start = threading.Barrier(threads)
+
+    def create() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as chan:
+            stub = jobs_pb2_grpc.JobServiceStub(chan)
+            start.wait()
+            job = stub.CreateJob(request, metadata=(("authorization", f"Bearer {token}"),), timeout=60)
+            ids.append(job.id)
+
+    workers = [threading.Thread(target=create) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return ids
+
+
+async def test_creates_from_two_threads_with_one_key_make_one_job(api: RunningApi, client: Client) -> None:
+    request = deploy_job()
+    request.idempotency_key = "two-threads"
+    ids = await asyncio.to_thread(_create_in_threads, api.port, client.token, request, 2)
+    assert len(ids) == 2 and len(set(ids)) == 1
+    listed = await client.jobs.ListJobs(jobs_pb2.ListJobsRequest())
+    assert [job.id for job in listed.jobs] == ids[:1]
+
+
+async def test_the_same_key_with_another_definition_is_refused(client: Client, other: Client) -> None:
+    request = deploy_job(cron="0 2 * * *")
+    request.idempotency_key = "create-nightly"
+    first = await client.jobs.CreateJob(request)
+    changed = jobs_pb2.CreateJobRequest()
+    changed.CopyFrom(request)
+    changed.name = "another job"
+    code, details = await call_status(client.jobs.CreateJob(changed))
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "idempotency key" in details and str(first.id) in details
+    listed = await client.jobs.ListJobs(jobs_pb2.ListJobsRequest())
+    assert [job.id for job in listed.jobs] == [first.id]
+    # The same definition again still returns the first job; another account's key is its own.
+    assert (await client.jobs.CreateJob(request)).id == first.id
+    assert (await other.jobs.CreateJob(changed)).name == "another job"

@@ -8,6 +8,7 @@ a 400 naming it, and secret fields are write-only.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -472,3 +473,33 @@ async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) ->
     assert priority_only.json()["data"]["runplane"]["priority"] == 1
     assert priority_only.json()["data"]["runplane"]["secret_names"] == ["DBT_ENV_SECRET_TOKEN"]  # kept
     assert priority_only.json()["data"]["runplane"]["retry_max_attempts"] == 2  # kept
+
+
+async def test_a_job_create_retried_with_its_idempotency_key_makes_one_job(
+    rest: Rest, other_rest: Rest, adb: AsyncDb
+) -> None:
+    project = await _project(rest)
+    env = await _environment(rest, project["id"])
+    body = _job_body(env["id"], project["id"])
+    key = {"Idempotency-Key": "create-daily-build"}
+    first = await rest.http.post(f"{rest.base}/jobs/", json=body, headers=key)
+    assert first.status_code == 201, first.text
+    job_id = first.json()["data"]["id"]
+    again = await asyncio.gather(*(rest.http.post(f"{rest.base}/jobs/", json=body, headers=key) for _ in range(4)))
+    assert [(r.status_code, r.json()["data"]["id"]) for r in again] == [(201, job_id)] * 4
+    assert await scalar(adb, "SELECT count(*) FROM jobs WHERE account_id = %s", rest.account_id) == 1
+
+    refused = await rest.http.post(f"{rest.base}/jobs/", json={**body, "name": "Another build"}, headers=key)
+    assert refused.status_code == 409, refused.text
+    assert "idempotency key" in refused.text and str(job_id) in refused.text
+    assert await scalar(adb, "SELECT count(*) FROM jobs WHERE account_id = %s", rest.account_id) == 1
+
+    # Another account's key is its own; a create without a key always creates.
+    their_project = await _project(other_rest)
+    their_env = await _environment(other_rest, their_project["id"])
+    theirs = await other_rest.http.post(
+        f"{other_rest.base}/jobs/", json=_job_body(their_env["id"], their_project["id"]), headers=key
+    )
+    assert theirs.status_code == 201 and theirs.json()["data"]["id"] != job_id
+    unkeyed = await rest.http.post(f"{rest.base}/jobs/", json=body)
+    assert unkeyed.status_code == 201 and unkeyed.json()["data"]["id"] != job_id
