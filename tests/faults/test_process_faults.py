@@ -24,6 +24,7 @@ from tests.faults.world import (
     WITH_STANDBYS,
     World,
     fire_done,
+    fire_queued,
     make_world,
     probe_run,
     run_delay_p99,
@@ -31,6 +32,10 @@ from tests.faults.world import (
 from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(300)]
+
+# The bound after a fire within which its runs are queued once faults have healed: DESIGN.md's B, with
+# this suite's faster heartbeats, claim timeout and reconcile, is about 32 s.
+QUEUED_WITHIN = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -306,20 +311,23 @@ def test_a_dispatcher_frozen_inside_its_transaction_holds_nothing_for_long(world
     assert world.exited() == [], world.logs()
 
 
+@pytest.mark.timeout(600)
 def test_every_cron_occurrence_has_exactly_one_run(world: World) -> None:
-    """Every fire since the module began, its faults included, has exactly one run, and each of those
-    runs ended once. Checked up to the first fire after the faults; on a saturated machine (the rest of
-    the suite beside it) that minute's fires can take more than 100 s to finish, and then up to the
-    fire before it, which must have finished: how fast runs start is what each fault's report
-    measures, not this check."""
+    """Every fire since the module began, its faults included, up to the first fire after the faults,
+    has exactly one run, and each of those runs ended once.
+
+    Two bounds, not one: that fire's runs are queued within the protocol's bound after it (DESIGN.md,
+    "Exactly once, on time"), whatever the machine's load; their ending is dispatch and runners on a
+    machine the rest of the suite may saturate, so it gets the time that takes (minutes then), never
+    a step back to an earlier fire."""
     fire = next_fire(EVERY_MINUTE, "UTC", time.time())
     try:
-        wait_for(lambda: fire_done(world, fire), 100, what=f"the fires of {fire}")
-    except AssertionError:
-        print(f"\nthe fires of {fire} had not finished after 100 s; checking up to the fire before")
-        fire -= 60
-    try:
-        wait_for(lambda: fire_done(world, fire), 60, what=f"the fires of {fire}")
+        wait_for(
+            lambda: fire_queued(world, fire),
+            fire - time.time() + QUEUED_WITHIN,
+            what=f"every job's run of {fire} to be queued",
+        )
+        wait_for(lambda: fire_done(world, fire), 300, what=f"the runs of {fire} to end")
         wait_for(lambda: world.invariants(until=fire).ok, 60, what="every run of those fires to end")
     except AssertionError:
         print(world.logs())

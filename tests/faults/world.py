@@ -97,6 +97,16 @@ class World:
         return "\n".join(f"== {name}\n{self.services.log_text(name)[-3000:]}" for name, _ in self.services.processes)
 
 
+def fire_queued(world: World, fire_ts: int) -> bool:
+    """Every job has a run of ``fire_ts``, whatever its status."""
+    with world.db() as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT job_id) FROM runs WHERE trigger = 'schedule' AND scheduled_at = to_timestamp(%s)",
+            (fire_ts,),
+        ).fetchone()
+    return row is not None and int(row[0]) == len(world.jobs)
+
+
 def fire_done(world: World, fire_ts: int) -> bool:
     """Every job's run of ``fire_ts`` exists and has finished."""
     with world.db() as conn:
