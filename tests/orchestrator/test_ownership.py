@@ -34,11 +34,11 @@ def term(db: Db) -> int:
     return int(scalar(db, "SELECT term FROM orchestrator_term"))
 
 
-async def test_three_workers_share_3000_jobs(cluster: Cluster, db: Db) -> None:
+async def test_three_workers_share_3000_jobs(queuers: Cluster, db: Db) -> None:
     job_ids = insert_jobs(db, 3000, cron=NEVER_SOON)
     for _ in range(3):
-        cluster.worker()
-    cluster.orchestrator()
+        queuers.worker()
+    queuers.orchestrator()
 
     def shared() -> bool:
         counts = claimed_counts(db)
@@ -60,17 +60,17 @@ async def test_three_workers_share_3000_jobs(cluster: Cluster, db: Db) -> None:
     assert reduce(lambda a, b: a ^ b, worker_digests, 0) == digest
 
 
-async def test_standby_takes_over_when_the_leader_is_killed(cluster: Cluster, db: Db) -> None:
+async def test_standby_takes_over_when_the_leader_is_killed(queuers: Cluster, db: Db) -> None:
     insert_jobs(db, 300, cron=NEVER_SOON)
-    leader = cluster.orchestrator()
+    leader = queuers.orchestrator()
     await eventually(lambda: term(db) == 1, 20, what="term 1")
-    standby = cluster.orchestrator()
-    cluster.worker()
-    cluster.worker()
+    standby = queuers.orchestrator()
+    queuers.worker()
+    queuers.worker()
     await eventually(lambda: all_claimed(db, 300) and workers_agree(db), 30, what="jobs claimed")
     before = ownership(db)
 
-    cluster.kill9(leader)
+    queuers.kill9(leader)
     await eventually(lambda: term(db) == 2, 10, what="term 2 within 10 s of the kill")
     assert standby.poll() is None
     # The new leader keeps every ownership: nothing reassigned, the workers still agree with Postgres.
@@ -78,10 +78,10 @@ async def test_standby_takes_over_when_the_leader_is_killed(cluster: Cluster, db
     assert ownership(db) == before
 
 
-async def test_a_paused_job_is_revoked_and_an_unpaused_one_assigned_again(cluster: Cluster, db: Db) -> None:
+async def test_a_paused_job_is_revoked_and_an_unpaused_one_assigned_again(queuers: Cluster, db: Db) -> None:
     jobs = insert_jobs(db, 20, cron=NEVER_SOON)
-    cluster.orchestrator()
-    cluster.worker()
+    queuers.orchestrator()
+    queuers.worker()
     await eventually(lambda: all_claimed(db, 20) and workers_agree(db), 30)
     paused = jobs[:5]
     # What PauseJob writes: paused_at and a version bump (the NOTIFY the orchestrator hears).
@@ -91,11 +91,11 @@ async def test_a_paused_job_is_revoked_and_an_unpaused_one_assigned_again(cluste
     await eventually(lambda: all_claimed(db, 20) and workers_agree(db), 20, what="unpaused jobs assigned again")
 
 
-async def test_a_worker_declared_dead_that_returns_drops_everything(cluster: Cluster, db: Db) -> None:
+async def test_a_worker_declared_dead_that_returns_drops_everything(queuers: Cluster, db: Db) -> None:
     insert_jobs(db, 400, cron=NEVER_SOON)
-    cluster.orchestrator()
-    frozen = cluster.worker()
-    cluster.worker()
+    queuers.orchestrator()
+    frozen = queuers.worker()
+    queuers.worker()
     await eventually(lambda: all_claimed(db, 400) and len(claimed_counts(db)) == 2 and workers_agree(db), 30)
     worker_id = scalar(db, "SELECT worker_id FROM queuer_workers WHERE worker_id LIKE %s", (f"%-{frozen.pid}-%",))
 
@@ -116,13 +116,13 @@ async def test_a_worker_declared_dead_that_returns_drops_everything(cluster: Clu
     assert all_claimed(db, 400)
 
 
-async def test_workers_all_silent_at_once_are_not_declared_dead(cluster: Cluster, db: Db) -> None:
+async def test_workers_all_silent_at_once_are_not_declared_dead(queuers: Cluster, db: Db) -> None:
     # What a broker outage longer than the dead-worker timeout looks like to the leader: every worker
     # silent at once. That is the leader's deafness, not every worker's death: nobody is buried, and
     # back, every worker still holds exactly what it owns.
     insert_jobs(db, 200, cron=NEVER_SOON)
-    cluster.orchestrator()
-    workers = [cluster.worker(), cluster.worker()]
+    queuers.orchestrator()
+    workers = [queuers.worker(), queuers.worker()]
     await eventually(
         lambda: all_claimed(db, 200) and len(claimed_counts(db)) == 2 and workers_agree(db), 30, what="jobs claimed"
     )
@@ -140,10 +140,10 @@ async def test_workers_all_silent_at_once_are_not_declared_dead(cluster: Cluster
     assert scalar(db, "SELECT count(*) FROM queuer_workers WHERE state = 'alive'") == 2
 
 
-async def test_a_leader_that_loses_its_lock_connection_steps_down(cluster: Cluster, db: Db) -> None:
-    leader = cluster.orchestrator()
+async def test_a_leader_that_loses_its_lock_connection_steps_down(queuers: Cluster, db: Db) -> None:
+    leader = queuers.orchestrator()
     await eventually(lambda: term(db) == 1, 20, what="term 1")
-    standby = cluster.orchestrator()
+    standby = queuers.orchestrator()
     # Only the connection of this test's leader: advisory locks are server-wide, and another install
     # on the same server holds a lock with the same key in its own database.
     terminated = db.execute(
@@ -161,15 +161,15 @@ async def test_a_leader_that_loses_its_lock_connection_steps_down(cluster: Clust
     term_2 = str(scalar(db, "SELECT leader FROM orchestrator_term"))
     first, second = (leader, standby) if term_2.endswith(f"-{leader.pid}") else (standby, leader)
     assert term_2.endswith(f"-{first.pid}")
-    cluster.kill9(first)
+    queuers.kill9(first)
     await eventually(lambda: term(db) == 3, 20, what="term 3")
     assert str(scalar(db, "SELECT leader FROM orchestrator_term")).endswith(f"-{second.pid}")
 
 
-async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(cluster: Cluster, db: Db) -> None:
+async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(queuers: Cluster, db: Db) -> None:
     job_ids = insert_jobs(db, 50, cron=NEVER_SOON)
-    cluster.orchestrator()
-    cluster.worker()
+    queuers.orchestrator()
+    queuers.worker()
     await eventually(lambda: all_claimed(db, 50) and workers_agree(db), 30, what="jobs claimed")
     worker_id = scalar(db, "SELECT worker_id FROM queuer_workers WHERE state = 'alive'")
     newest = Stamp(term(db), int(scalar(db, "SELECT max(clock) FROM job_ownership")) + 1)
@@ -177,10 +177,10 @@ async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(clust
     # A Revoke its leader never meant (as one that came late would be): the worker lets ten jobs go,
     # and Postgres still says it owns them, so nothing would ever fire them.
     lost = job_ids[:10]
-    bus = await AmqpBus.connect(cluster.settings.amqp_url)
+    bus = await AmqpBus.connect(queuers.settings.amqp_url)
     try:
         revoke = bus_pb2.Revoke(stamp=newest.to_proto(), job_ids=lost)
-        await bus.publish(Topology(cluster.settings.bus_prefix).worker(worker_id), revoke)
+        await bus.publish(Topology(queuers.settings.bus_prefix).worker(worker_id), revoke)
     finally:
         await bus.close()
     await eventually(
@@ -194,4 +194,4 @@ async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(clust
         40,
         what="the worker to hold every job it owns again",
     )
-    assert "does not hold what it owns" in cluster.logs()
+    assert "does not hold what it owns" in queuers.logs()

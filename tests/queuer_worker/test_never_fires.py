@@ -31,14 +31,14 @@ def test_a_leap_day_schedule_is_accepted_across_a_century() -> None:
 
 
 @pytest.mark.slow
-async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(cluster: Cluster, db: Db) -> None:
+async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(queuers: Cluster, db: Db) -> None:
     accounts = [
         int(r[0]) for r in db.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 2), ('b', 2) RETURNING id")
     ]
     good = insert_jobs(db, 40, cron=NEVER_SOON, accounts=accounts)
     bad = [insert_jobs(db, 1, cron=expr, accounts=accounts[:1])[0] for expr in NEVER]
-    workers = [cluster.worker(), cluster.worker()]
-    cluster.orchestrator()
+    workers = [queuers.worker(), queuers.worker()]
+    queuers.orchestrator()
 
     def bad_deactivated() -> bool:
         rows = db.execute(
@@ -54,9 +54,9 @@ async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(clu
             what="every other job claimed",
         )
     except AssertionError:
-        print(cluster.logs())
+        print(queuers.logs())
         raise
-    assert all(w.poll() is None for w in workers), cluster.logs()
+    assert all(w.poll() is None for w in workers), queuers.logs()
     # The schedule is the job's error: no worker holds it, and saving a fixed schedule brings it back.
     assert not any(ownership(db).get(j, (None, ""))[1] == "claimed" for j in bad)
     db.execute(
@@ -65,4 +65,4 @@ async def test_a_job_that_never_fires_is_deactivated_and_the_workers_live_on(clu
         (NEVER_SOON, bad[0]),
     )
     await eventually(lambda: ownership(db).get(bad[0], (None, ""))[1] == "claimed", 30, what="the fixed job claimed")
-    assert all(w.poll() is None for w in workers), cluster.logs()
+    assert all(w.poll() is None for w in workers), queuers.logs()

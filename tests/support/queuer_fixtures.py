@@ -1,4 +1,4 @@
-"""The ``cluster`` fixture: real orchestrator and queuer worker processes on this test's database and
+"""The ``queuers`` fixture: real orchestrator and queuer worker processes on this test's database and
 bus, stopped after the test (their logs printed when it failed). Loaded by the root conftest."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.support.reports import failed
 
 
 @pytest.fixture
-async def cluster(
+async def queuers(
     request: pytest.FixtureRequest, settings: Settings, service_env: dict[str, str], db: Db
 ) -> AsyncIterator[Cluster]:
     c = Cluster(settings, service_env)
