@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from runner import run_cgroup, sandbox
 from runner.control_plane import RunSpec
@@ -30,6 +31,8 @@ from runplane.basics.settings import Settings
 log = logging.getLogger(__name__)
 
 # Warehouse adapters whose profile names a host and port, with their default port.
+# OTLP over gRPC, the exporter runplane uses, by the endpoint's scheme when it names no port.
+_OTLP_PORTS = {"http": 4317, "https": 4317}
 WAREHOUSE_PORTS = {"postgres": 5432, "redshift": 5439, "materialize": 6875, "mysql": 3306, "sqlserver": 1433}
 
 
@@ -55,6 +58,16 @@ def warehouse_endpoints(spec: RunSpec) -> list[Endpoint]:
     return network_fence.resolve(host, port) if port > 0 else []
 
 
+def _traces(settings: Settings) -> list[Endpoint]:
+    """Where the runner exports its traces (``otlp_endpoint``), which it does as the run's uid. A step
+    reaching it too can only add spans: a collector takes telemetry and holds no credential."""
+    endpoint = settings.otlp_endpoint
+    url = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")  # a URL, or host:port as gRPC takes it
+    if not url.hostname:
+        return []
+    return network_fence.resolve(url.hostname, url.port or _OTLP_PORTS.get(url.scheme, 4317))
+
+
 def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     """As root: fence the run, then switch to its uid for good."""
     if not settings.runner.local_fence:
@@ -72,7 +85,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             )
             warehouse = []
         earlier = network_fence.load(os.pread(user.lease_fd, 65536, 0))
-        reach = sorted({*network_fence.address_endpoints(settings.runner.api_address), *warehouse})
+        reach = sorted({*network_fence.address_endpoints(settings.runner.api_address), *warehouse, *_traces(settings)})
         network_fence.allow_run(user.uid, reach, earlier)
         record = network_fence.dump(reach)  # for the next holder of the uid to take away
         os.ftruncate(user.lease_fd, 0)
