@@ -63,14 +63,20 @@ class Inbox(JobSync):
             await self._drop_all(worker_id)
             return
         now = self.monotonic.now()
-        refused, floor = (info.refused, info.floor) if info is not None else (set[int](), ZERO)
+        refused, floor = (info.refused, info.floor) if info is not None else (dict[int, Stamp](), ZERO)
         info = WorkerInfo(True, now, now, floor=floor)
         self.workers[worker_id] = info
         log.info("queuer worker registered", extra={"worker_id": worker_id})
         if refused:
             # It may still hold what it took while dead (an Assign stamped after its drop-everything
-            # but taken before it): let go, with a stamp newer than any it applied then.
-            await self._revoke(worker_id, sorted(refused))
+            # but taken before it): let go, under the stamps taken when those claims were refused,
+            # newer than the Assigns it claimed and older than any sent for those jobs since (the
+            # shared queue may give it one of them again, which it keeps).
+            by_stamp: dict[Stamp, list[int]] = {}
+            for job_id, revoke_stamp in sorted(refused.items()):
+                by_stamp.setdefault(revoke_stamp, []).append(job_id)
+            for revoke_stamp, revoked in sorted(by_stamp.items()):
+                await self._revoke(worker_id, revoked, revoke_stamp)
         # Jobs may be waiting for workers: assign them once the workers starting together are in.
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
@@ -94,16 +100,23 @@ class Inbox(JobSync):
         await self.bus.publish(self.topology.worker(worker_id), revoke)
 
     async def _refuse_claim(self, claimer: str, job_ids: list[int], stamp: Stamp) -> None:
+        """The claimer lets go of what it claimed, and what it took from the shared queue goes out again.
+
+        The Revoke is stamped before the Assign sent again: the claimer may take that Assign from the
+        shared queue itself, and a Revoke stamped after it would make it drop jobs it then owns (a
+        Revoke kept for a dead claimer is sent when it re-registers, later than the Assign)."""
         rows = await self.store.ownership(job_ids)
         unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
-        if unclaimed:
-            await self._resend(unclaimed, None)
+        revoke_stamp = self.clock.tick()
         if self._is_alive(claimer):
             owns = {r["job_id"] for r in rows if r["worker_id"] == claimer and r["state"] == "claimed"}
-            await self._revoke(claimer, [job_id for job_id in job_ids if job_id not in owns])
+            await self._revoke(claimer, [job_id for job_id in job_ids if job_id not in owns], revoke_stamp)
         else:
             now = self.monotonic.now()
-            self.workers.setdefault(claimer, WorkerInfo(False, now, now)).refused.update(job_ids)
+            info = self.workers.setdefault(claimer, WorkerInfo(False, now, now))
+            info.refused.update(dict.fromkeys(job_ids, revoke_stamp))
+        if unclaimed:
+            await self._resend(unclaimed, None)
 
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id

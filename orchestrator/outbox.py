@@ -47,9 +47,10 @@ class WorkerInfo:
     drifted_since: float | None = None  # monotonic time since its digest has differed from its rows
     # While it is dead: the one stamp of every drop-everything sent to it for this death (so a late
     # copy drops nothing it was given after it re-registered), and the jobs whose claims it sent
-    # meanwhile were refused (revoked once it has re-registered and hears its queue again).
+    # meanwhile were refused, each with the stamp of its Revoke, taken when the claim was refused
+    # (sent once it has re-registered and hears its queue again; see Inbox._refuse_claim).
     drop_stamp: Stamp | None = None
-    refused: set[int] = field(default_factory=set)
+    refused: dict[int, Stamp] = field(default_factory=dict)
     # The newest drop-everything it was sent, kept across re-registering: it drops every job it took
     # from an Assign stamped at or before it, so a claim of one is refused (see Inbox._on_claimed).
     floor: Stamp = ZERO
@@ -142,11 +143,14 @@ class Outbox:
             fires_after = {r["job_id"]: r["fires_after"] for r in rows}
             await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
 
-    async def _revoke(self, worker_id: str, job_ids: list[int]) -> None:
+    async def _revoke(self, worker_id: str, job_ids: list[int], stamp: Stamp | None = None) -> None:
+        """Tell a live worker to let go of ``job_ids``; ``stamp``: one taken earlier, when that was decided
+        (so the Revoke is older than any Assign of those jobs sent since, which it must not undo)."""
         info = self.workers.get(worker_id)
         if info is None or not info.alive:
             return  # its queue is gone; a returning worker is told to drop everything
-        stamp = self.clock.tick()
+        if stamp is None:
+            stamp = self.clock.tick()
         await self.bus.publish(self.topology.worker(worker_id), bus_pb2.Revoke(stamp=stamp.to_proto(), job_ids=job_ids))
         metrics.jobs_revoked.add(len(job_ids))
 

@@ -1,7 +1,7 @@
 """``make simulate``: random histories from consecutive seeds, as many as fit in the time given;
 prints histories per second, and for a failure its seed and trace.
 
-    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history random]
+    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history random] [--strict]
     python -m tests.simulation.run --seed 229 --history freezes      # one history, its whole trace
 """
 
@@ -105,10 +105,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--history", choices=sorted(HISTORIES), default="random")
     parser.add_argument("--seed", type=int, help="run this one seed and print its whole trace")
+    parser.add_argument("--strict", action="store_true", help="also fail when the ownership digest's repair acted")
     args = parser.parse_args()
     if args.seed is not None:
         try:
-            world = run_seed(args.history, args.seed, args.steps)
+            world = run_seed(args.history, args.seed, args.steps, strict=args.strict)
         except Exception as exc:
             print(*getattr(exc, "__notes__", []), f"FAILED: {exc!r}", sep="\n")
             return 1
@@ -119,7 +120,7 @@ def main() -> int:
     failed: list[int] = []
     while time.monotonic() - started < args.seconds:
         try:
-            run_seed(args.history, seed, args.steps)
+            run_seed(args.history, seed, args.steps, strict=args.strict)
         except Exception as exc:
             failed.append(seed)
             print(*getattr(exc, "__notes__", [])[-1:], f"seed {seed} FAILED: {exc!r}\n", sep="\n", flush=True)
