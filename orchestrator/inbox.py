@@ -10,6 +10,7 @@ from google.protobuf.message import Message
 
 from orchestrator.job_sync import JobSync
 from orchestrator.outbox import WorkerInfo
+from orchestrator.ownership_store import Row
 from runplane.adapters.bus import Delivery
 from runplane.basics.stamps import ZERO, Stamp
 from runplane.v1 import bus_pb2
@@ -123,11 +124,20 @@ class Inbox(JobSync):
         job_ids = list(claimed.job_ids)
         stamp = Stamp.from_proto(claimed.stamp)
         info = self.workers.get(claimer)
+        # Jobs of this very Assign claimed already by another worker: the broker gave it out twice.
+        doubled = [
+            r
+            for r in await self.store.ownership(job_ids)
+            if r["state"] == "claimed"
+            and r["worker_id"] not in (None, claimer)
+            and Stamp(r["term"], r["clock"]) == stamp
+        ]
         if info is None or not info.alive or stamp <= info.floor:
             # Refused: the claim of a dead worker, or of an Assign its drop-everything made it drop
             # (sent once it had re-registered: its two consumers run side by side). What it took from
             # the shared queue goes out again to the others; it lets go once it hears its queue.
             await self._refuse_claim(claimer, job_ids, stamp)
+            await self._reassign_doubled(doubled)
             return
         # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
         accepted = await self.store.claim(claimer, job_ids, stamp)
@@ -141,8 +151,30 @@ class Inbox(JobSync):
             refused = [job_id for job_id in rest if job_id not in holds]
             if refused:
                 await self._revoke(claimer, refused)
+        await self._reassign_doubled(doubled)
         # An update that arrived while the claim was pending goes to the owner now.
         behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
         if behind:
             fresh = await self.store.job_states(behind)
             await self._publish_assigns(await self._sync_locked(fresh))
+
+    async def _reassign_doubled(self, rows: list[Row]) -> None:
+        """Take back from their owners the jobs of an Assign another worker claimed too, and assign them
+        again on the shared queue (after the second claimer's Revoke, stamped before it).
+
+        The broker gives an Assign out again only when its taker did not ack it: its Claimed could not
+        be published, so it holds none of it, yet that Claimed may have reached the leader (no confirm
+        came, but the message was routed) and made it the owner of jobs it does not hold. Or the
+        delivery was doubled and both hold it. Either way, neither owner is sure: the owner is revoked
+        and the jobs go out under a new stamp, to whichever worker takes them."""
+        by_owner: dict[str, list[int]] = {}
+        for row in rows:
+            by_owner.setdefault(str(row["worker_id"]), []).append(row["job_id"])
+        for owner, job_ids in sorted(by_owner.items()):
+            definitions = await self.store.definitions(job_ids, owner, claimed=True)
+            if not definitions:
+                continue
+            log.info("an Assign claimed twice goes out again", extra={"worker_id": owner, "jobs": len(job_ids)})
+            await self._revoke(owner, [r["job_id"] for r in definitions])
+            fires_after = {r["job_id"]: r["fires_after"] for r in definitions}
+            await self._assign(definitions, worker_id=None, fires_after=fires_after)
