@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from api.admin import issue_token
 from api.projects_validation import EnvironmentSpec, ProjectSpec
 from api.store import Store
-from api.validation import CompletionTriggerSpec, JobSpec
+from api.validation import CompletionTriggerSpec, JobSpec, Variables
 from runplane.adapters.db import Connection, open_pool
 from runplane.basics.secrets import SecretBox, box_from_settings
 from runplane.basics.settings import Settings
@@ -148,7 +148,7 @@ async def _seed_dbt_demo(
         target_name="prod",
         schema="analytics",
         threads=4,
-        variables={"DBT_DEMO": "runplane"},
+        variables=Variables(plain={"DBT_DEMO": "runplane"}, secrets={}, unset_secrets=[]),
     )
     secrets = {name: box.encrypt(value) for name, value in project.warehouse_secrets.items()}
     if environments:

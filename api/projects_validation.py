@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
-from api.validation import MAX_NAME, environment, git_branch, positive_id, text
+from api.validation import MAX_NAME, Variables, git_branch, positive_id, split_variables, text
 from runplane.basics.errors import InvalidArgument
 from runplane.dbt import fields
 from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
@@ -56,7 +56,7 @@ class EnvironmentSpec:
     target_name: str
     schema: str
     threads: int
-    variables: dict[str, str]
+    variables: Variables  # plain ones stored in clear, secret ones set and unset apart
 
 
 def repository_url(value: str, name: str) -> str:
@@ -149,5 +149,5 @@ def environment_spec(
         target_name=target_name,
         schema=schema,
         threads=threads,
-        variables=environment(dict(request.variables), "variables"),
+        variables=split_variables(dict(request.variables), "variables"),
     )

@@ -232,7 +232,7 @@ WITH project AS (
      WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
     RETURNING id
 )
-UPDATE environments e SET deleted_at = now(), connection_secrets = '{}'::jsonb
+UPDATE environments e SET deleted_at = now(), connection_secrets = '{}'::jsonb, secret_variables = '{}'::jsonb
   FROM project WHERE e.project_id = project.id AND e.deleted_at IS NULL
 RETURNING e.id;
 
@@ -250,10 +250,11 @@ SELECT * FROM projects WHERE account_id = %(account_id)s AND deleted_at IS NULL 
 
 -- name: insert_environment
 INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, git_branch, adapter_type,
-                          connection, connection_secrets, target_name, schema_name, threads, variables)
+                          connection, connection_secrets, target_name, schema_name, threads, variables,
+                          secret_variables)
 VALUES (%(account_id)s, %(project_id)s, %(name)s, %(environment_type)s, %(dbt_version)s, %(git_branch)s,
         %(adapter_type)s, %(connection)s, %(connection_secrets)s, %(target_name)s, %(schema_name)s, %(threads)s,
-        %(variables)s)
+        %(variables)s, %(set_secrets)s)
 RETURNING *;
 
 -- name: get_environment
@@ -268,12 +269,14 @@ UPDATE environments
    SET name = %(name)s, environment_type = %(environment_type)s, dbt_version = %(dbt_version)s,
        git_branch = %(git_branch)s, adapter_type = %(adapter_type)s, connection = %(connection)s,
        connection_secrets = %(connection_secrets)s, target_name = %(target_name)s, schema_name = %(schema_name)s,
-       threads = %(threads)s, variables = %(variables)s, updated_at = now()
+       threads = %(threads)s, variables = %(variables)s,
+       -- As a job's: set or unset one by one; a secret the update does not name keeps its value.
+       secret_variables = (secret_variables - %(unset_secrets)b::text[]) || %(set_secrets)s, updated_at = now()
  WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
 RETURNING *;
 
 -- name: delete_environment
-UPDATE environments SET deleted_at = now(), connection_secrets = '{}'::jsonb
+UPDATE environments SET deleted_at = now(), connection_secrets = '{}'::jsonb, secret_variables = '{}'::jsonb
  WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
 RETURNING id;
 

@@ -145,9 +145,12 @@ class Store:
             "defer_to_environment_id": spec.defer_to_environment_id,
             "run_only_modified": spec.run_only_modified,
             "completion_mode": spec.completion_mode,
-            "set_secrets": Jsonb(self._sealed(spec.secrets)),
-            "unset_secrets": spec.unset_secrets,
+            **self._secret_variables(spec.secrets, spec.unset_secrets),
         }
+
+    def _secret_variables(self, secrets: dict[str, str], unset: list[str]) -> dict[str, Any]:
+        """The parameters that set and unset secret variables, of a job or an environment, one by one."""
+        return {"set_secrets": Jsonb(self._sealed(secrets)), "unset_secrets": unset}
 
     def _sealed(self, secrets: dict[str, str]) -> dict[str, str]:
         """Secret values as ciphertext: the database never sees them."""
@@ -156,6 +159,24 @@ class Store:
         if self._box is None:
             raise FailedPrecondition("secret variables need RUNPLANE_SECRET_KEYS on the API server")
         return {name: self._box.encrypt(value) for name, value in secrets.items()}
+
+    def _environment_fields(self, spec: EnvironmentSpec, secrets: dict[str, str]) -> dict[str, object]:
+        """An environment's columns as the insert and the update write them (``secrets``: the
+        connection's, encrypted)."""
+        return {
+            "name": spec.name,
+            "environment_type": spec.environment_type,
+            "dbt_version": spec.dbt_version,
+            "git_branch": spec.git_branch,
+            "adapter_type": spec.adapter_type,
+            "connection": Jsonb(spec.connection),
+            "connection_secrets": Jsonb(secrets),
+            "target_name": spec.target_name,
+            "schema_name": spec.schema,
+            "threads": spec.threads,
+            "variables": Jsonb(spec.variables.plain),
+            **self._secret_variables(spec.variables.secrets, spec.variables.unset_secrets),
+        }
 
     # jobs
 
@@ -364,7 +385,7 @@ class Store:
             "insert_environment",
             account_id=account_id,
             project_id=spec.project_id,
-            **_environment_fields(spec, secrets),
+            **self._environment_fields(spec, secrets),
         )
         assert row is not None
         return row
@@ -388,7 +409,7 @@ class Store:
             "update_environment",
             account_id=account_id,
             environment_id=environment_id,
-            **_environment_fields(spec, secrets),
+            **self._environment_fields(spec, secrets),
         )
 
     async def delete_environment(self, conn: Connection, account_id: AccountId, environment_id: int) -> bool:
@@ -543,23 +564,6 @@ async def _database_errors() -> AsyncIterator[None]:
     except ServiceUnavailable as exc:  # clients see no detail of the database
         log.warning("database unavailable: %s", exc)
         raise ServiceUnavailable("the database is unavailable; try again") from exc
-
-
-def _environment_fields(spec: EnvironmentSpec, secrets: dict[str, str]) -> dict[str, object]:
-    """An environment's columns as the insert and the update write them (``secrets`` encrypted)."""
-    return {
-        "name": spec.name,
-        "environment_type": spec.environment_type,
-        "dbt_version": spec.dbt_version,
-        "git_branch": spec.git_branch,
-        "adapter_type": spec.adapter_type,
-        "connection": Jsonb(spec.connection),
-        "connection_secrets": Jsonb(secrets),
-        "target_name": spec.target_name,
-        "schema_name": spec.schema,
-        "threads": spec.threads,
-        "variables": Jsonb(spec.variables),
-    }
 
 
 async def _one(conn: Connection, query: str, **params: Any) -> Row | None:

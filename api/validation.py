@@ -213,9 +213,7 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         or (0 if settings.environment_id else fields.DEFAULT_THREADS),
         timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
         target_name=fields.target_name(settings.target_name, "settings.target_name"),
-        environment=plain(checked := environment(dict(settings.environment), "settings.environment")),
-        secrets={k: v for k, v in checked.items() if is_secret_name(k) and v},
-        unset_secrets=sorted(k for k, v in checked.items() if is_secret_name(k) and not v),
+        **_variables(dict(settings.environment), "settings.environment"),
         git_branch=git_branch(settings.git_branch, "settings.git_branch"),
         retry_max_attempts=bounded(settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS),
         retry_on_step_failure=settings.retry_on_step_failure,
@@ -229,6 +227,11 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         run_source_freshness=settings.run_source_freshness,
         **_deferral(settings),
     )
+
+
+def _variables(env: dict[str, str], name: str) -> dict[str, Any]:
+    checked = split_variables(env, name)
+    return {"environment": checked.plain, "secrets": checked.secrets, "unset_secrets": checked.unset_secrets}
 
 
 def _deferral(settings: jobs_pb2.JobSettings) -> dict[str, Any]:
@@ -262,6 +265,27 @@ def environment(env: dict[str, str], name: str) -> dict[str, str]:
 def plain(env: dict[str, str]) -> dict[str, str]:
     """The variables that are not secrets (secrets are stored apart, encrypted)."""
     return {k: v for k, v in env.items() if not is_secret_name(k)}
+
+
+@dataclass(frozen=True)
+class Variables:
+    """Variables as a job or an environment stores them: plain ones in clear, secret ones
+    (``DBT_ENV_SECRET_*``) apart and write-only, set one by one: a secret sent with a value is set,
+    sent empty is removed, not sent is kept."""
+
+    plain: dict[str, str]
+    secrets: dict[str, str] = field(repr=False)  # to set (plaintext)
+    unset_secrets: list[str]  # sent empty: removed
+
+
+def split_variables(env: dict[str, str], name: str) -> Variables:
+    """Check variables sent for a job or an environment, and split them as they are stored."""
+    checked = environment(env, name)
+    return Variables(
+        plain=plain(checked),
+        secrets={k: v for k, v in checked.items() if is_secret_name(k) and v},
+        unset_secrets=sorted(k for k, v in checked.items() if is_secret_name(k) and not v),
+    )
 
 
 def git_branch(value: str, name: str) -> str:

@@ -1,8 +1,9 @@
 """What a run with a dbt environment adds to a step's environment, and finding the dbt to use.
 
 On top of what every step gets (``runner.service.step_environment``: the host's allow-list, the
-run's identity, the job's variables): the environment's variables, dbt Cloud's run variables (none
-of them empty), the profile's secret variables, and a PATH that starts with the environment's dbt.
+run's identity, the job's variables): the environment's variables (secret ones decrypted), dbt
+Cloud's run variables (none of them empty), the profile's secret variables, and a PATH that starts
+with the environment's dbt.
 ``dbt …`` steps and plain commands of such a run get the same environment and run in the project's
 directory.
 """
@@ -75,6 +76,7 @@ def step_environment(
     """``base`` (what every step gets) with the dbt environment's additions on top."""
     env = dict(base)
     env.update(context.variables)
+    env.update(context.secret_variables)
     env.update(profile_environment)
     env.update(dbt_cloud_variables(context, sha=sha, branch=branch))
     env["PATH"] = os.pathsep.join([str(dbt_bin), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])

@@ -175,6 +175,7 @@ def environment(row: Row) -> projects_pb2.Environment:
         schema=row["schema_name"],
         threads=row["threads"],
         variables=row["variables"],
+        secret_variable_names=sorted(row["secret_variables"]),
         created_at=timestamp(row["created_at"]),
         updated_at=timestamp(row["updated_at"]),
     )

@@ -2,8 +2,9 @@
 reads and writes them; v2 lists and reads projects too.
 
 A body becomes ProjectService's request and goes through the same checks and use cases as gRPC.
-Secret fields (the repository's credential, a connection's password or key) are write-only: an
-answer says which are set. An update changes what the body names and keeps the rest.
+Secret fields (the repository's credential, a connection's password or key, the environment's
+``DBT_ENV_SECRET_*`` variables) are write-only: an answer says which are set. An update changes what
+the body names and keeps the rest.
 """
 
 from __future__ import annotations
@@ -130,7 +131,12 @@ class EnvironmentBody(BaseModel):
     custom_branch: str | None = Field(None, max_length=255)
     connection: ConnectionBody | None = None
     credentials: CredentialsBody | None = None
-    custom_environment_variables: dict[str, str] | None = Field(None, max_length=100)
+    custom_environment_variables: dict[str, str] | None = Field(
+        None,
+        max_length=100,
+        description="Replaces the plain variables. DBT_ENV_SECRET_* ones are write-only: one sent with a value "
+        "is set, sent empty is removed, not sent is kept; an answer lists them in secret_variable_names.",
+    )
     clear_secrets: list[str] = Field(default_factory=list, max_length=20, description="Secret fields to remove.")
 
 

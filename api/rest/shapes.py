@@ -151,7 +151,8 @@ class Environment(BaseModel):
     dbt_version: str
     use_custom_branch: bool
     custom_branch: str | None
-    custom_environment_variables: dict[str, str]
+    custom_environment_variables: dict[str, str]  # the plain ones
+    secret_variable_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
     connection_id: int | None
     credentials_id: int | None
     connection: Connection
@@ -383,6 +384,7 @@ def environment(row: Row) -> Environment:
         use_custom_branch=bool(branch),
         custom_branch=branch or None,
         custom_environment_variables=dict(row["variables"]),
+        secret_variable_names=sorted(row["secret_variables"]),
         connection_id=None,
         credentials_id=None,
         connection=Connection(

@@ -116,6 +116,7 @@ SELECT r.id AS run_id, r.job_id, r.account_id, r.job_type, r.trigger, r.cause, r
        e.id AS environment_id, e.environment_type, e.dbt_version, e.git_branch AS environment_git_branch,
        e.adapter_type, e.connection, e.connection_secrets, e.target_name AS environment_target_name,
        e.schema_name AS environment_schema, e.threads AS environment_threads, e.variables,
+       e.secret_variables,
        p.id AS project_id, p.repository_url, p.subdirectory, p.git_credential_kind, p.git_credential
   FROM runs r
   JOIN jobs j ON j.id = r.job_id

@@ -3,8 +3,8 @@
 Run overrides are applied here, once, so the runner never needs the rules; secret environment
 variables are decrypted here, for this runner alone, and listed in ``masked_values`` so the runner
 replaces them with ``*****`` in everything it uploads. A job with an environment also gets its
-``DbtContext`` (``runplane.dbt.context``), its connection secrets and git credential decrypted here
-and masked the same way.
+``DbtContext`` (``runplane.dbt.context``), its environment's secret variables, connection secrets
+and git credential decrypted here and masked the same way.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from runplane.basics.errors import InvalidArgument
+from runplane.basics.secrets import is_secret_name
 
 _CONNECTION_FIELD = re.compile(r"connection\.(?:secret_)?fields\[(\w+)\]")
 
@@ -37,6 +38,12 @@ def variables(value: str, name: str) -> dict[str, str]:
             raise InvalidArgument(name, f"line {i} is not NAME=value")
         out[key.strip()] = rest
     return out
+
+
+def without_secret_lines(value: str) -> str:
+    """A variables text area without its secret (``DBT_ENV_SECRET_*``) lines: what a refused form
+    shows again, so that a secret typed is never sent back."""
+    return "\n".join(line for line in value.splitlines() if not is_secret_name(line.strip()))
 
 
 def field_of(api_field: str) -> str:

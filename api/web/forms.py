@@ -22,7 +22,7 @@ from api.lookup import existing_job
 from api.project_definitions import create_environment, create_project, update_environment, update_project
 from api.store import Row, Store
 from api.validation import MAX_IDEMPOTENCY_KEY, job_spec, text
-from api.web.form_fields import FormErrors, lines, number, variables
+from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
 from api.web.layout import page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -47,6 +47,7 @@ ENVIRONMENT_FIELDS = {
     "threads", "variables", "clear_secret_fields", "project_id", *(f"conn_{f}" for f in CONNECTION_FIELDS),
     "conn_password",
 }  # fmt: skip
+VARIABLES_FIELDS = {"environment", "variables"}  # NAME=value text areas of the job and the environment forms
 CREDENTIAL_KINDS = {
     "none": projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
     "token": projects_pb2.GIT_CREDENTIAL_KIND_TOKEN,
@@ -96,6 +97,8 @@ async def _refused(
     """The form again, with what was typed and the error next to its field (secrets are not echoed)."""
     form = await request.form()
     values = {k: str(v) for k, v in form.items() if k not in {"git_credential", "conn_password", "csrf_token"}}
+    for name in VARIABLES_FIELDS & set(values):
+        values[name] = without_secret_lines(values[name])
     answer = await page(
         request, template, who, values=values, errors=FormErrors.of(exc, known, FIELD_ALIASES), **context
     )

@@ -33,8 +33,9 @@ DROP_SCHEMA_MACRO = "runplane_drop_pull_request_schema"
 class DbtContext:
     """Everything a runner needs to check out a project and run dbt in an environment.
 
-    The secret fields (``git_credential``, ``connection_secrets``) hold plain text: the value is
-    built for one run, travels only to its runner, and is masked in everything the run writes.
+    The secret fields (``git_credential``, ``connection_secrets``, ``secret_variables``) hold plain
+    text: the value is built for one run, travels only to its runner, and is masked in everything the
+    run writes.
     """
 
     run_id: int
@@ -62,10 +63,12 @@ class DbtContext:
     variables: Mapping[str, str]
     pull_request_number: int | None
     drop_schema: bool = False  # a pull request's schema drop run (runplane.runs.pull_requests)
+    # The environment's DBT_ENV_SECRET_* variables; steps get them over ``variables``, under the job's.
+    secret_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def secrets(self) -> list[str]:
         """The values to mask wherever the run writes text."""
-        values = [self.git_credential, *self.connection_secrets.values()]
+        values = [self.git_credential, *self.connection_secrets.values(), *self.secret_variables.values()]
         return [v for v in values if v]
 
     def run_reason_category(self) -> str:
@@ -152,6 +155,7 @@ def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> D
         variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
         pull_request_number=int(pull_request) if pull_request else None,
         drop_schema=job_type is JobType.CI and bool(overrides.get("drop_schema")),
+        secret_variables={str(k): decrypt(str(v)) for k, v in dict(row["secret_variables"]).items()},
     )
 
 
@@ -183,6 +187,7 @@ def to_proto(context: DbtContext) -> projects_pb2.DbtContext:
         variables=dict(context.variables),
         pull_request_number=context.pull_request_number or 0,
         drop_schema=context.drop_schema,
+        secret_variables=dict(context.secret_variables),
     )
 
 
@@ -213,4 +218,5 @@ def from_proto(message: projects_pb2.DbtContext) -> DbtContext:
         variables=dict(message.variables),
         pull_request_number=message.pull_request_number or None,
         drop_schema=message.drop_schema,
+        secret_variables=dict(message.secret_variables),
     )

@@ -414,6 +414,7 @@ class Environment(_message.Message):
     VARIABLES_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    SECRET_VARIABLE_NAMES_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     project_id: _builtins.int
@@ -438,12 +439,20 @@ class Environment(_message.Message):
 
     @_builtins.property
     def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """environment variables of every step"""
+        """Environment variables of every step, but the secret ones (DBT_ENV_SECRET_*): those are
+        write-only. Set one by sending it in `variables`, unset it by sending it with an empty value; a
+        secret not sent keeps its value. Stored encrypted, given to runners only, masked in logs and
+        artifacts; a job's variable of the same name wins over the environment's.
+        """
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def secret_variable_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the secret variables that are set; never their values"""
+
     def __init__(
         self,
         *,
@@ -463,10 +472,11 @@ class Environment(_message.Message):
         variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        secret_variable_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "connection_fields", b"connection_fields", "created_at", b"created_at", "dbt_version", b"dbt_version", "environment_type", b"environment_type", "git_branch", b"git_branch", "id", b"id", "name", b"name", "project_id", b"project_id", "schema", b"schema", "secret_fields_set", b"secret_fields_set", "target_name", b"target_name", "threads", b"threads", "updated_at", b"updated_at", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "connection_fields", b"connection_fields", "created_at", b"created_at", "dbt_version", b"dbt_version", "environment_type", b"environment_type", "git_branch", b"git_branch", "id", b"id", "name", b"name", "project_id", b"project_id", "schema", b"schema", "secret_fields_set", b"secret_fields_set", "secret_variable_names", b"secret_variable_names", "target_name", b"target_name", "threads", b"threads", "updated_at", b"updated_at", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -519,7 +529,9 @@ class CreateEnvironmentRequest(_message.Message):
     @_builtins.property
     def connection(self) -> Global___Connection: ...
     @_builtins.property
-    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """DBT_ENV_SECRET_* ones are write-only (see Environment)"""
+
     def __init__(
         self,
         *,
@@ -611,7 +623,11 @@ class UpdateEnvironmentRequest(_message.Message):
     @_builtins.property
     def connection(self) -> Global___Connection: ...
     @_builtins.property
-    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Replaces the plain variables; a secret one (DBT_ENV_SECRET_*) sent replaces the stored one, sent
+        empty removes it, not sent is kept.
+        """
+
     @_builtins.property
     def clear_secret_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -782,6 +798,26 @@ class DbtContext(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class SecretVariablesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     ACCOUNT_ID_FIELD_NUMBER: _builtins.int
@@ -807,6 +843,7 @@ class DbtContext(_message.Message):
     VARIABLES_FIELD_NUMBER: _builtins.int
     PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
     DROP_SCHEMA_FIELD_NUMBER: _builtins.int
+    SECRET_VARIABLES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     job_id: _builtins.int
     account_id: _builtins.int
@@ -844,6 +881,10 @@ class DbtContext(_message.Message):
     def connection_secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def secret_variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the environment's DBT_ENV_SECRET_* variables"""
+
     def __init__(
         self,
         *,
@@ -872,10 +913,11 @@ class DbtContext(_message.Message):
         variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         pull_request_number: _builtins.int = ...,
         drop_schema: _builtins.bool = ...,
+        secret_variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "cause", b"cause", "connection", b"connection", "connection_secrets", b"connection_secrets", "dbt_version", b"dbt_version", "drop_schema", b"drop_schema", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "git_sha", b"git_sha", "job_id", b"job_id", "job_type", b"job_type", "project_id", b"project_id", "pull_request_number", b"pull_request_number", "repository_url", b"repository_url", "run_id", b"run_id", "schema", b"schema", "subdirectory", b"subdirectory", "target_name", b"target_name", "threads", b"threads", "trigger", b"trigger", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "cause", b"cause", "connection", b"connection", "connection_secrets", b"connection_secrets", "dbt_version", b"dbt_version", "drop_schema", b"drop_schema", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "git_sha", b"git_sha", "job_id", b"job_id", "job_type", b"job_type", "project_id", b"project_id", "pull_request_number", b"pull_request_number", "repository_url", b"repository_url", "run_id", b"run_id", "schema", b"schema", "secret_variables", b"secret_variables", "subdirectory", b"subdirectory", "target_name", b"target_name", "threads", b"threads", "trigger", b"trigger", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

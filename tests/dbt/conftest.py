@@ -131,7 +131,10 @@ async def environment(
         threads=4,
     )
     for name, value in fields.items():
-        setattr(request, name, value)
+        if isinstance(value, dict):  # a map field is filled, not assigned
+            getattr(request, name).update(value)
+        else:
+            setattr(request, name, value)
     return await client.projects.CreateEnvironment(request)
 
 

@@ -284,3 +284,44 @@ async def test_a_job_runs_on_another_jobs_completion_set_on_its_form(browser: Br
     assert saved.status_code == 303
     kept = await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", second_id)
     assert kept == 2
+
+
+async def test_an_environments_secret_variables_are_write_only_on_its_form(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    project_id = await _project(browser, adb)
+    environment_id = await _environment(browser, adb, project_id)
+    fields = {
+        "name": "production", "environment_type": "deployment", "dbt_version": "1.10", "conn_host": "127.0.0.1",
+        "conn_user": "dbt", "conn_dbname": "warehouse", "schema": "analytics",
+    }  # fmt: skip
+    path = f"/ui/environments/{environment_id}/edit"
+
+    async def stored() -> tuple[dict[str, str], dict[str, str]]:
+        cur = await adb.execute("SELECT variables, secret_variables FROM environments WHERE id = %s", (environment_id,))
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    saved = await browser.post(path, **fields, variables=f"PLAIN=1\nDBT_ENV_SECRET_WAREHOUSE_KEY={SECRET_VALUE}")
+    assert saved.status_code == 303, saved.text
+    plain, sealed = await stored()
+    assert plain == {"PLAIN": "1"} and set(sealed) == {"DBT_ENV_SECRET_WAREHOUSE_KEY"}
+    assert SECRET_VALUE not in str(sealed)  # encrypted at rest
+    edit = (await browser.http.get(path)).text
+    assert "DBT_ENV_SECRET_WAREHOUSE_KEY" in edit and SECRET_VALUE not in edit and ">PLAIN=1</textarea>" in edit
+
+    refused = await browser.post(path, **{**fields, "threads": "1000"}, variables=f"DBT_ENV_SECRET_NEW={SECRET_VALUE}")
+    assert refused.status_code == 400 and SECRET_VALUE not in refused.text  # a refused form echoes no secret
+    assert 'id="e-threads"' in refused.text
+    job = await browser.post(
+        "/ui/jobs/new", name="j", job_type="deploy", steps="dbt build", threads="1000",
+        environment=f"PLAIN=typed\nDBT_ENV_SECRET_KEY={SECRET_VALUE}",
+    )  # fmt: skip
+    assert job.status_code == 400 and SECRET_VALUE not in job.text and "PLAIN=typed" in job.text  # nor a job's
+
+    kept = await browser.post(path, **fields, variables="PLAIN=2")  # not named: kept
+    assert kept.status_code == 303, kept.text
+    assert await stored() == ({"PLAIN": "2"}, sealed)
+    removed = await browser.post(path, **fields, variables="DBT_ENV_SECRET_WAREHOUSE_KEY=")  # empty: removed
+    assert removed.status_code == 303, removed.text
+    assert await stored() == ({}, {})
