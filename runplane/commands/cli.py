@@ -156,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     match args.command:
         case "migrate":
+            from runplane.basics.secrets import box_from_settings, parse_keys
             from runplane.commands.migrate import ensure_database, migrate
 
             logs.configure("migrate", fmt=settings.log_format, level=settings.log_level)
             ensure_database(settings.database_url)
-            applied = migrate(settings.database_url)
+            keys = parse_keys(settings.secret_keys.get_secret_value())
+            applied = migrate(settings.database_url, box_from_settings(settings) if keys else None)
             print(f"migrations applied: {applied}" if applied else "schema is up to date")
             return 0
         case "check-services":

@@ -1,7 +1,11 @@
-"""Numbered SQL migrations, applied in order under an advisory lock.
+"""Numbered SQL migrations, applied in order under an advisory lock, then the sealing of secrets.
 
 Safe to run from several processes at once: the first takes the lock and applies what is missing,
 the others wait for it and then find nothing to do.
+
+Encrypting needs the secret keys, which SQL never sees, so a secret that an older version stored in
+clear is sealed here, after the SQL, under the same lock: each call looks for such values and
+encrypts what it finds (nothing, once done). Without keys it refuses to go on when there is one.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from runplane.adapters.db import redact
 from runplane.basics.errors import FailedPrecondition, ServiceUnavailable
+from runplane.basics.secrets import SECRET_ENV_PREFIX, SecretBox, is_secret_name
+from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
 
 # Any fixed 64-bit number; it names the "migrating" advisory lock.
 _MIGRATION_LOCK_KEY = 0x72756E706C616E65  # "runplane"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+Q = load_queries("runplane.sql", "sealing.sql")
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,10 @@ def migrations() -> list[Migration]:
     return found
 
 
-def migrate(database_url: str) -> list[int]:
-    """Apply missing migrations; returns the versions applied by this call."""
+def migrate(database_url: str, box: SecretBox | None = None, *, until: int | None = None) -> list[int]:
+    """Apply missing migrations, then seal secrets stored in clear with ``box``; returns the versions
+    applied by this call. ``until`` stops after that version, before any sealing (a schema as an
+    older runplane left it)."""
     try:
         conn = psycopg.connect(database_url, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -73,6 +83,8 @@ def migrate(database_url: str) -> list[int]:
                     "Use a new database (or drop this one) and run `runplane migrate` again."
                 ) from exc
             for migration in migrations():
+                if until is not None and migration.version > until:
+                    break
                 if migration.version in done:
                     # An applied migration whose text changed means this schema is not the one the code
                     # expects; going on would fail later, far from the cause.
@@ -91,9 +103,37 @@ def migrate(database_url: str) -> list[int]:
                     )
                 log.info("applied migration", extra={"version": migration.version, "migration": migration.name})
                 applied_now.append(migration.version)
+            if until is None:
+                seal_environment_secrets(conn, box)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
     return applied_now
+
+
+def seal_environment_secrets(conn: psycopg.Connection[tuple[object, ...]], box: SecretBox | None) -> int:
+    """Move the secret variables (``DBT_ENV_SECRET_*``) that environments hold in clear to their
+    encrypted column (an empty one is dropped: empty means unset); the number of environments changed."""
+    with conn.transaction():
+        found = conn.execute(Q["environments_with_plaintext_secrets"], {"prefix": SECRET_ENV_PREFIX}).fetchall()
+        if found and box is None:
+            raise FailedPrecondition(
+                f"{len(found)} environments hold secret variables in clear, and encrypting them needs "
+                "RUNPLANE_SECRET_KEYS: set it and run `runplane migrate` again"
+            )
+        for environment_id, variables in found:
+            assert box is not None and isinstance(variables, dict)
+            secrets = {str(k): str(v) for k, v in variables.items() if is_secret_name(str(k))}
+            conn.execute(
+                Q["seal_environment_secrets"],
+                {
+                    "environment_id": environment_id,
+                    "names": sorted(secrets),
+                    "sealed": Jsonb({name: box.encrypt(value) for name, value in secrets.items() if value}),
+                },
+            )
+    if found:
+        log.info("sealed environments' secret variables", extra={"environments": len(found)})
+    return len(found)
 
 
 def ensure_database(database_url: str) -> bool:

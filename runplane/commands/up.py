@@ -172,7 +172,7 @@ def _restart_exited(children: list[Child]) -> None:
 
 
 def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int, launcher: str | None) -> int:
-    from runplane.basics.secrets import ensure_local_keys
+    from runplane.basics.secrets import box_from_settings, ensure_local_keys
     from runplane.commands.migrate import ensure_database, migrate
 
     planned = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
@@ -183,9 +183,9 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         print('runplane: README, "A second install on one machine", lists every setting to change', file=sys.stderr)
         return 1
     ensure_database(settings.database_url)
-    migrate(settings.database_url)
     # Every service that stores or reads a secret needs the same keys: one machine keeps them in a file.
     settings = settings.model_copy(update={"secret_keys": SecretStr(ensure_local_keys(settings))})
+    migrate(settings.database_url, box_from_settings(settings))
     banner: list[str] = []
     warehouse = None
     if demo:

@@ -164,6 +164,14 @@ def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> No
         assert env["RUNPLANE_KUBERNETES__CONTEXT"] == (f"{cluster}-prod" if remote else "")
         assert spec["automountServiceAccountToken"] is (not remote)
     assert not [d for d in docs if d["kind"] == "Secret"]  # existingSecret: the chart makes none
+    (migrate,) = [d for d in docs if d["kind"] == "Job"]  # it encrypts secrets stored in clear before
+    (keys,) = migrate["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert keys["name"] == "RUNPLANE_SECRET_KEYS"
+    assert keys["valueFrom"]["secretKeyRef"] == {
+        "name": "runplane-secret-keys",
+        "key": "RUNPLANE_SECRET_KEYS",
+        "optional": True,
+    }
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import uuid
@@ -9,10 +10,15 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
+from api.runner.run_spec import decrypter, load_dbt_context
 from runplane.basics.errors import FailedPrecondition
+from runplane.basics.secrets import SecretBox
 from runplane.commands.migrate import migrate, migrations
-from tests.conftest import ADMIN_URL, _db_url, _drop
+from runplane.dbt.context import DbtContext
+from tests.conftest import ADMIN_URL, TEST_SECRET_KEYS, _db_url, _drop
 
 SCHEMA_QUERY = """
 SELECT table_name, column_name, data_type, is_nullable, column_default
@@ -101,3 +107,69 @@ def test_a_database_made_by_another_version_is_refused_with_the_fix(empty_db: st
     )
     assert done.returncode == 2
     assert "differs from the one applied" in done.stderr
+
+
+SEALED_VERSION = 23  # environments.secret_variables: the environments' secret variables, encrypted
+
+
+def test_secret_variables_an_environment_held_in_clear_are_encrypted_and_still_reach_the_run(empty_db: str) -> None:
+    migrate(empty_db, until=SEALED_VERSION - 1)  # the schema as the previous version left it
+    secret = "env-pa55-from-before"
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        (account_id,) = conn.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id").fetchone()  # type: ignore[misc]
+        (project_id,) = conn.execute(  # type: ignore[misc]
+            "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'p', 'file:///srv/p') RETURNING id",
+            (account_id,),
+        ).fetchone()
+        (environment_id,) = conn.execute(  # type: ignore[misc]
+            "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+            " schema_name, variables) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics', %s)"
+            " RETURNING id",
+            (account_id, project_id, Jsonb({"DBT_ENV_SECRET_TOKEN": secret, "DBT_ENV_SECRET_EMPTY": "", "PLAIN": "p"})),
+        ).fetchone()
+        (job_id,) = conn.execute(  # type: ignore[misc]
+            "INSERT INTO jobs (account_id, name, job_type, steps, environment_id)"
+            " VALUES (%s, 'j', 'deploy', ARRAY['true'], %s) RETURNING id",
+            (account_id, environment_id),
+        ).fetchone()
+        (run_id,) = conn.execute(  # type: ignore[misc]
+            "INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, scheduled_at)"
+            " VALUES (%s, %s, 'deploy', 'manual', 'k', true, now()) RETURNING id",
+            (account_id, job_id),
+        ).fetchone()
+
+    env = {"RUNPLANE_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin", "RUNPLANE_LOG_FORMAT": "text"}
+    keyless = subprocess.run(
+        [sys.executable, "-m", "runplane", "migrate"], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert keyless.returncode == 2 and "RUNPLANE_SECRET_KEYS" in keyless.stderr, keyless.stderr
+    assert secret not in keyless.stdout + keyless.stderr
+    keyed = subprocess.run(
+        [sys.executable, "-m", "runplane", "migrate"],
+        env={**env, "RUNPLANE_SECRET_KEYS": TEST_SECRET_KEYS},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert keyed.returncode == 0, keyed.stderr
+
+    box = SecretBox.from_keys(TEST_SECRET_KEYS)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        clear, sealed = conn.execute(
+            "SELECT variables, secret_variables FROM environments WHERE id = %s", (environment_id,)
+        ).fetchone()  # type: ignore[misc]
+        raw = conn.execute("SELECT secret_variables::text FROM environments WHERE id = %s", (environment_id,))
+        assert secret not in raw.fetchone()[0]  # type: ignore[index]
+    assert clear == {"PLAIN": "p"}  # no secret left in clear; the empty one (unset) is gone
+    assert sorted(sealed) == ["DBT_ENV_SECRET_TOKEN"] and box.decrypt(sealed["DBT_ENV_SECRET_TOKEN"]) == secret
+    assert migrate(empty_db, box) == []  # sealed once: a second call finds nothing
+    context = asyncio.run(_dbt_context(empty_db, run_id, box))  # what the runner API gives the run's runner
+    assert context is not None
+    assert context.secret_variables == {"DBT_ENV_SECRET_TOKEN": secret} and secret in context.secrets()
+    assert dict(context.variables) == {"PLAIN": "p"}
+
+
+async def _dbt_context(url: str, run_id: int, box: SecretBox) -> DbtContext | None:
+    async with await psycopg.AsyncConnection.connect(url, row_factory=dict_row) as conn:
+        return await load_dbt_context(conn, run_id, decrypter(box))
