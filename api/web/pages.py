@@ -28,7 +28,19 @@ from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_ove
 from api.web import views
 from api.web.form_fields import FormErrors, lines, number
 from api.web.layout import page, see_other, store_of
-from api.web.session import COOKIE, CSRF_FIELD, Changing, Looking, Posting, Viewer, grant_for, viewer
+from api.web.session import (
+    COOKIE,
+    CSRF_FIELD,
+    LOGIN_CSRF_COOKIE,
+    Changing,
+    Looking,
+    Posting,
+    Viewer,
+    grant_for,
+    login_csrf,
+    login_csrf_matches,
+    viewer,
+)
 from runplane.basics.errors import InvalidArgument, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger, WaitingReason
@@ -72,24 +84,37 @@ async def home() -> RedirectResponse:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
-    return await page(request, "login.html", None, next=_safe_next(next), error="")
+    return await _login_page(request, next, "", 200)
+
+
+async def _login_page(request: Request, next: str, error: str, status: int) -> HTMLResponse:
+    """The login form, with a fresh CSRF value in it and in a cookie only this path sees."""
+    value = login_csrf()
+    answer = await page(request, "login.html", None, next=_safe_next(next), error=error, login_csrf=value)
+    answer.status_code = status
+    secure = request.url.scheme == "https"
+    answer.set_cookie(LOGIN_CSRF_COOKIE, value, httponly=True, samesite="strict", secure=secure, path="/ui/login")
+    return answer
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(
-    request: Request, token: Annotated[str, Form(max_length=500)] = "", next: Annotated[str, Form()] = "/ui/runs"
+    request: Request,
+    token: Annotated[str, Form(max_length=500)] = "",
+    next: Annotated[str, Form()] = "/ui/runs",
+    csrf_token: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
+    if not login_csrf_matches(request.cookies.get(LOGIN_CSRF_COOKIE, ""), csrf_token):
+        error = "This login form was out of date or did not come from runplane's pages; log in again."
+        return await _login_page(request, next, error, 403)
     grant = await grant_for(store_of(request), token)
     if grant is None:
-        answer = await page(
-            request, "login.html", None, next=_safe_next(next), error="Unknown, revoked or expired token."
-        )
-        answer.status_code = 401
-        return answer
+        return await _login_page(request, next, "Unknown, revoked or expired token.", 401)
     response = see_other(_safe_next(next))
     response.set_cookie(
         COOKIE, token.strip(), httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
     )
+    response.delete_cookie(LOGIN_CSRF_COOKIE, path="/ui/login")
     return response
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -24,6 +25,10 @@ from runplane.basics.types import AccountId
 
 COOKIE = "runplane_session"
 CSRF_FIELD = "csrf_token"
+# The login form's own CSRF value (no session yet to key one with): a random value in a cookie that
+# only /ui/login sees and in the form, which must match (a page of another site can set neither), so
+# no other site can log a browser into an account of its choosing.
+LOGIN_CSRF_COOKIE = "runplane_login_csrf"
 _CSRF_LABEL = b"runplane web pages: csrf"
 MAX_TOKEN_LENGTH = 200
 
@@ -49,6 +54,14 @@ class Viewer:
         except PermissionDenied:
             return False
         return True
+
+
+def login_csrf() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def login_csrf_matches(cookie: str, field: str) -> bool:
+    return bool(cookie) and hmac.compare_digest(cookie.encode(), field.encode())
 
 
 def csrf_for(token: str) -> str:

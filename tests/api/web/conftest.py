@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -24,8 +25,13 @@ class Browser:
     def csrf(self) -> str:
         return csrf_for(self.token)
 
-    async def login(self, token: str | None = None) -> httpx.Response:
-        return await self.http.post("/ui/login", data={"token": token or self.token, "next": "/ui/runs"})
+    async def login(self, token: str | None = None, next: str = "/ui/runs") -> httpx.Response:
+        """Log in as a browser does: the form first (its CSRF value, in it and in a cookie), then the post."""
+        form = await self.http.get("/ui/login")
+        found = re.findall(r'name="csrf_token" value="([^"]+)"', form.text)
+        assert len(found) == 1, (form.status_code, form.text)
+        value = found[0]
+        return await self.http.post("/ui/login", data={"token": token or self.token, "next": next, "csrf_token": value})
 
     async def post(self, path: str, **form: str) -> httpx.Response:
         return await self.http.post(path, data={"csrf_token": self.csrf, **form})

@@ -42,9 +42,22 @@ async def test_login_sets_an_http_only_cookie_and_logout_needs_csrf(browser: Bro
     assert (await browser.http.get("/ui/runs")).status_code == 303
 
 
+async def test_a_login_not_from_the_login_form_is_refused(browser: Browser) -> None:
+    """Another site cannot log this browser into an account of its choosing (login CSRF)."""
+    forged = await browser.http.post("/ui/login", data={"token": browser.token, "next": "/ui/runs"})
+    assert forged.status_code == 403 and "did not come from runplane" in forged.text
+    form = await browser.http.get("/ui/login")
+    assert "samesite=strict" in form.headers["set-cookie"].lower()
+    stale = await browser.http.post("/ui/login", data={"token": browser.token, "csrf_token": "0" * 43})
+    assert stale.status_code == 403
+    assert (await browser.http.get("/ui/runs")).status_code == 303  # not logged in by either
+    assert (await browser.login()).status_code == 303
+    assert (await browser.http.get("/ui/runs")).status_code == 200
+
+
 async def test_login_never_redirects_off_the_site(browser: Browser) -> None:
     for target in ("https://evil.example/", "//evil.example/ui/", "/api/v2/accounts/"):
-        response = await browser.http.post("/ui/login", data={"token": browser.token, "next": target})
+        response = await browser.login(next=target)
         assert response.headers["location"] == "/ui/runs"
 
 
