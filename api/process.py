@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -153,6 +154,7 @@ async def _open(
                     log_poll_interval=settings.api.log_poll_interval,
                     draining=draining,
                     max_body_bytes=settings.api.max_body_bytes,
+                    web_session_lifetime=timedelta(hours=settings.api.web_session_hours),
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

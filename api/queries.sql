@@ -3,8 +3,7 @@
 
 -- name: account_for_token
 -- Read on every call (no cache): a revoked or expired token fails at once.
-SELECT account_id, scopes FROM api_tokens
- WHERE token_hash = %(token_hash)s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+SELECT account_id, scopes FROM live_api_tokens WHERE token_hash = %(token_hash)s;
 
 -- name: insert_account
 INSERT INTO accounts (name, run_slots, memory_mb)

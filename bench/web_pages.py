@@ -118,9 +118,17 @@ def _fill(url: str, runs: int, jobs: int) -> dict[str, Any]:
     }
 
 
+async def _log_in(http: httpx.AsyncClient, token: str) -> httpx.Response:
+    """The login form's post, with the CSRF value the form carries (and its cookie, kept by ``http``)."""
+    form = (await http.get("/ui/login")).text
+    value = re.search(r'name="csrf_token" value="([^"]+)"', form)
+    assert value is not None, form
+    return await http.post("/ui/login", data={"token": token, "csrf_token": value.group(1)})
+
+
 async def _timings(base: str, token: str, paths: dict[str, str], count: int) -> dict[str, dict[str, float]]:
     async with httpx.AsyncClient(base_url=base, timeout=60, headers={"Authorization": f"Token {token}"}) as http:
-        login = await http.post("/ui/login", data={"token": token})
+        login = await _log_in(http, token)
         assert login.status_code == 303, login.text
         out = {}
         for name, path in paths.items():
@@ -142,7 +150,7 @@ async def _timings(base: str, token: str, paths: dict[str, str], count: int) -> 
 async def _deep_cursor(base: str, token: str, pages: int) -> str:
     """The runs page ``pages`` pages into the history, reached by following "Older"."""
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-        await http.post("/ui/login", data={"token": token})
+        await _log_in(http, token)
         path = "/ui/runs"
         for _ in range(pages):
             page = (await http.get(path)).text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from datetime import timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,7 @@ from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
 from api.store import Store
 from api.web import docs, errors, forms, pages
+from api.web.sessions import WebSessions
 from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
 from api.webhooks.targets import TargetPolicy
@@ -43,11 +45,13 @@ def create_app(
     log_poll_interval: float = 0.5,
     draining: asyncio.Event | None = None,
     max_body_bytes: int = 1024 * 1024,
+    web_session_lifetime: timedelta = timedelta(hours=12),
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
     default). Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
-    request body may pass ``max_body_bytes`` (``api.rest.body_limit``).
+    request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
+    ``web_session_lifetime`` at most.
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -61,6 +65,7 @@ def create_app(
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
+    app.state.web_sessions = WebSessions(store, web_session_lifetime)
     rest = (runs.router, jobs.router, projects.router, webhooks.router, git_hooks.router)
     for router in (*rest, forms.router, docs.router, pages.router):
         app.include_router(router)

@@ -36,9 +36,9 @@ from api.web.session import (
     Looking,
     Posting,
     Viewer,
-    grant_for,
     login_csrf,
     login_csrf_matches,
+    sessions_of,
     viewer,
 )
 from runplane.basics.errors import InvalidArgument, RunplaneError
@@ -50,6 +50,7 @@ PAGE_SIZE = 50
 LOG_BATCH = 500
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 PING_SECONDS = 15.0
+SESSION_CHECK_SECONDS = 15.0  # a followed log stops this long at most after its session ended
 RUN_RESULTS = "target/run_results.json"
 MAX_SHOWN_BYTES = 5 * 1024 * 1024  # larger artifacts are downloaded, not drawn on a page
 VIEWABLE = frozenset({"json", "log", "txt", "sql", "yml", "yaml", "md", "csv"})
@@ -107,12 +108,15 @@ async def login(
     if not login_csrf_matches(request.cookies.get(LOGIN_CSRF_COOKIE, ""), csrf_token):
         error = "This login form was out of date or did not come from runplane's pages; log in again."
         return await _login_page(request, next, error, 403)
-    grant = await grant_for(store_of(request), token)
-    if grant is None:
+    sessions = sessions_of(request)
+    started = await sessions.start(token)
+    if started is None:
         return await _login_page(request, next, "Unknown, revoked or expired token.", 401)
+    session_id, _ = started
+    await sessions.end(request.cookies.get(COOKIE, ""))  # a session this browser had before is replaced
     response = see_other(_safe_next(next))
     response.set_cookie(
-        COOKIE, token.strip(), httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
+        COOKIE, session_id, httponly=True, samesite="lax", secure=request.url.scheme == "https", path="/ui"
     )
     response.delete_cookie(LOGIN_CSRF_COOKIE, path="/ui/login")
     return response
@@ -129,7 +133,9 @@ async def time_zone(zone: Annotated[str, Query(max_length=64)], next: str = "/ui
 
 
 @router.post("/logout")
-async def logout(who: Posting) -> RedirectResponse:
+async def logout(request: Request, who: Posting) -> RedirectResponse:
+    """The session ends on the server: its cookie, kept or copied, no longer opens a page."""
+    await sessions_of(request).end(request.cookies.get(COOKIE, ""))
     response = see_other("/ui/login")
     response.delete_cookie(COOKIE, path="/ui")
     return response
@@ -278,17 +284,24 @@ async def run_logs(request: Request, who: Looking, run_id: int) -> StreamingResp
     """The run's log as server-sent events (``log``: seq, step, text; ``status`` when it changes), followed
     until the run ends (``end``).
 
-    A reconnecting browser sends ``Last-Event-ID`` (the last seq it got) and resumes after it.
+    A reconnecting browser sends ``Last-Event-ID`` (the last seq it got) and resumes after it. The
+    stream stops when its session ends (logged out, expired, its token revoked): the browser's
+    reconnection then gets a 401.
     """
     store = store_of(request)
     config: WebConfig = request.app.state.web
+    sessions, session_id = sessions_of(request), request.cookies.get(COOKIE, "")
     after_seq = _last_event_id(request)
     async with store.connection() as conn:
         run_id = RunId((await existing_run(store, conn, who.account_id, run_id))["id"])
 
     async def events() -> AsyncIterator[str]:
-        seq, quiet_since, shown = after_seq, time.monotonic(), None
+        seq, quiet_since, shown, checked = after_seq, time.monotonic(), None, time.monotonic()
         while True:
+            if time.monotonic() - checked > SESSION_CHECK_SECONDS:
+                if await sessions.resolve(session_id) is None:
+                    return
+                checked = time.monotonic()
             # Status first, chunks second (as RunService.StreamRunLogs): a terminal status read
             # before the chunks means no chunk can follow them.
             async with store.connection() as conn:

@@ -1,10 +1,12 @@
-"""Who is looking at a page: the account's API token in a cookie, and the CSRF token of its forms.
+"""Who is looking at a page: the session in a cookie, and the CSRF values of the forms.
 
-Logging in checks the token exactly as an API call does (``Store.account_for_token``) and every
-page checks it again, so a revoked or expired token ends its sessions at once. The cookie is
-HttpOnly and SameSite=Lax (a link from elsewhere opens the page logged in); every form that
-changes something carries a CSRF value, an HMAC of a fixed label keyed with the session's token,
-which a page of another site can neither read nor compute.
+Logging in checks the API token exactly as an API call does (``live_api_tokens``) and makes a
+server-side session (``api.web.sessions``); the cookie holds only the session's random id, never
+the token. Every page resolves the session again, so logging out, the session's expiry, or its
+token revoked or expired ends it at once. The cookie is HttpOnly, SameSite=Lax (a link from
+elsewhere opens the page logged in) and Secure under TLS; every form that changes something
+carries a CSRF value, an HMAC of a fixed label keyed with the session's id, which a page of another
+site can neither read nor compute. The login form, before any session, has a CSRF value of its own.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from typing import Annotated
 from fastapi import Depends, Form, Request
 
 from api.scopes import Scope, TokenGrant, check_scope
-from api.store import Store
+from api.web.sessions import WebSessions
 from runplane.basics.errors import PermissionDenied, Unauthenticated
-from runplane.basics.tokens import token_hash
 from runplane.basics.types import AccountId
 
 COOKIE = "runplane_session"
@@ -30,11 +31,10 @@ CSRF_FIELD = "csrf_token"
 # no other site can log a browser into an account of its choosing.
 LOGIN_CSRF_COOKIE = "runplane_login_csrf"
 _CSRF_LABEL = b"runplane web pages: csrf"
-MAX_TOKEN_LENGTH = 200
 
 
 class LoginRequired(Unauthenticated):
-    """No session, or its token no longer works: the page sends the browser to the login form."""
+    """No session, or it ended: the page sends the browser to the login form."""
 
 
 @dataclass(frozen=True)
@@ -64,26 +64,23 @@ def login_csrf_matches(cookie: str, field: str) -> bool:
     return bool(cookie) and hmac.compare_digest(cookie.encode(), field.encode())
 
 
-def csrf_for(token: str) -> str:
-    return hmac.new(token.encode("utf-8"), _CSRF_LABEL, hashlib.sha256).hexdigest()
+def csrf_for(session_id: str) -> str:
+    """The CSRF value of a session's forms."""
+    return hmac.new(session_id.encode("utf-8"), _CSRF_LABEL, hashlib.sha256).hexdigest()
 
 
-async def grant_for(store: Store, token: str) -> TokenGrant | None:
-    """The token's account and scopes, or None when it is unknown, revoked or expired."""
-    token = token.strip()
-    if not token or len(token) > MAX_TOKEN_LENGTH:
-        return None
-    return await store.account_for_token(token_hash(token))
+def sessions_of(request: Request) -> WebSessions:
+    sessions: WebSessions = request.app.state.web_sessions
+    return sessions
 
 
 async def viewer(request: Request) -> Viewer:
-    """The session's account; LoginRequired without a session whose token still works."""
-    token = request.cookies.get(COOKIE, "")
-    store: Store = request.app.state.store
-    grant = await grant_for(store, token)
-    if grant is None:
+    """The session's account; LoginRequired without a session that still works."""
+    session_id = request.cookies.get(COOKIE, "")
+    session = await sessions_of(request).resolve(session_id)
+    if session is None:
         raise LoginRequired("log in with an API token of your account")
-    return Viewer(grant, csrf_for(token))
+    return Viewer(session.grant, csrf_for(session_id))
 
 
 async def poster(who: Annotated[Viewer, Depends(viewer)], csrf_token: Annotated[str, Form()] = "") -> Viewer:

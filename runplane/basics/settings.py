@@ -27,6 +27,12 @@ class ApiSettings(BaseModel):
         description="Largest HTTP request body, refused (413) while it is read, before authentication; Git "
         "webhooks take up to 25 MB (GitHub's own cap).",
     )
+    web_session_hours: float = Field(
+        12.0,
+        gt=0,
+        description="How long a login to the web pages lasts at most; logging out, or revoking the API token it "
+        "was made with, ends it sooner.",
+    )
 
 
 class WebhookSettings(BaseModel):

@@ -11,7 +11,7 @@ import pytest
 
 from api.admin import create_account
 from api.process import RunningApi
-from api.web.session import csrf_for
+from api.web.session import COOKIE, csrf_for
 from runplane.basics.settings import Settings
 
 
@@ -22,8 +22,14 @@ class Browser:
     token: str
 
     @property
+    def session_id(self) -> str:
+        """The id in the session cookie (empty before a login)."""
+        return self.http.cookies.get(COOKIE) or ""
+
+    @property
     def csrf(self) -> str:
-        return csrf_for(self.token)
+        """The CSRF value of the current session's forms."""
+        return csrf_for(self.session_id)
 
     async def login(self, token: str | None = None, next: str = "/ui/runs") -> httpx.Response:
         """Log in as a browser does: the form first (its CSRF value, in it and in a cookie), then the post."""

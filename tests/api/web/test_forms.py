@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 from api.admin import create_token
-from api.web.session import csrf_for
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
@@ -235,7 +234,7 @@ async def test_a_read_only_token_sees_no_forms_and_cannot_save(
     await browser.login(reader)
     assert 'id="new-job"' not in (await browser.http.get("/ui/jobs")).text
     refused = await browser.http.post(
-        "/ui/jobs/new", data={"csrf_token": csrf_for(reader), "name": "x", "job_type": "deploy", "steps": "echo"}
+        "/ui/jobs/new", data={"csrf_token": browser.csrf, "name": "x", "job_type": "deploy", "steps": "echo"}
     )
     assert refused.status_code == 403
     assert await scalar(adb, "SELECT count(*) FROM jobs") == 0

@@ -106,7 +106,12 @@ async def test_cancel_needs_the_forms_csrf_value_and_a_job_admin_token(
     await browser.login()
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
     assert f'value="{browser.csrf}"' in page and 'id="cancel"' in page
-    for form in ({}, {"csrf_token": "nope"}, {"csrf_token": csrf_for("rp_another-token")}):
+    for form in (
+        {},
+        {"csrf_token": "nope"},
+        {"csrf_token": csrf_for("another-session")},
+        {"csrf_token": csrf_for(browser.token)},
+    ):
         response = await browser.http.post(f"/ui/runs/{run_id}/cancel", data=form)
         assert response.status_code == 403
     assert await scalar(adb, "SELECT status FROM runs WHERE id = %s", run_id) == 1
@@ -115,11 +120,11 @@ async def test_cancel_needs_the_forms_csrf_value_and_a_job_admin_token(
     await browser.login(reader)
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
     assert "read only" in page and 'id="cancel"' not in page and 'id="rerun"' not in page
-    response = await browser.http.post(f"/ui/runs/{run_id}/cancel", data={"csrf_token": csrf_for(reader)})
+    response = await browser.http.post(f"/ui/runs/{run_id}/cancel", data={"csrf_token": browser.csrf})
     assert response.status_code == 403 and "do not allow" in response.text
     assert await scalar(adb, "SELECT status FROM runs WHERE id = %s", run_id) == 1
 
-    out = await browser.http.post("/ui/logout", data={"csrf_token": csrf_for(reader)})
+    out = await browser.http.post("/ui/logout", data={"csrf_token": browser.csrf})
     assert out.status_code == 303  # a read-only session can still log out
     await browser.login()
     response = await browser.post(f"/ui/runs/{run_id}/cancel")
