@@ -10,10 +10,9 @@ Every write that matters to scheduling bumps ``jobs.version``; the table's trigg
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 
+from api.idempotency import check_same_request, fingerprint
 from api.lookup import existing_job
 from api.store import Row, Store
 from api.validation import JobSpec, positive_id
@@ -29,22 +28,15 @@ async def create_job(store: Store, account_id: AccountId, spec: JobSpec, *, crea
     """The new job; with a ``create_key`` used before, the job that key created.
 
     The key is the account's (the unique index is on ``jobs (account_id, create_key)``), so a retry,
-    even one racing the first create, makes no second job. A retry must describe the same job: the
-    same key with another definition is FailedPrecondition, since the job it would return is not
-    the one asked for.
+    even one racing the first create, makes no second job. A retry must describe the same job
+    (``api.idempotency``).
     """
-    fingerprint = create_fingerprint(spec) if create_key else None
+    sent = create_fingerprint(spec) if create_key else None
     async with store.transaction() as conn:
         await _check_references(store, conn, account_id, None, spec)
-        row, created = await store.insert_job(
-            conn, account_id, spec, create_key=create_key, create_fingerprint=fingerprint
-        )
+        row, created = await store.insert_job(conn, account_id, spec, create_key=create_key, create_fingerprint=sent)
         if not created:
-            if row["create_fingerprint"] not in (None, fingerprint):
-                raise FailedPrecondition(
-                    f"idempotency key already used to create job {row['id']} with another definition: "
-                    "send that definition again, or use a new key"
-                )
+            check_same_request(row["create_fingerprint"], sent, made=f"create job {row['id']}", request="definition")
             if row["deleted_at"] is not None:
                 raise FailedPrecondition(f"the job created with this idempotency key ({row['id']}) was deleted")
             log.info("job create retried", extra={"account_id": account_id, "job_id": row["id"]})
@@ -61,8 +53,7 @@ def create_fingerprint(spec: JobSpec) -> str:
     """
     fields = dataclasses.asdict(spec)
     fields["secrets"] = sorted(spec.secrets)
-    canonical = json.dumps(fields, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return fingerprint(fields)
 
 
 async def update_job(

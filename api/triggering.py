@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from api.idempotency import check_same_request, fingerprint
 from api.pickup_publisher import PickupPublisher
 from api.store import Row, Store
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides
@@ -40,7 +41,8 @@ async def trigger_run(
 ) -> tuple[Row, list[Row]]:
     """Queue a run of ``spec.job_id`` (or return the run its idempotency key already made), with its steps.
 
-    A job of another account is NotFound, exactly like a missing one.
+    A job of another account is NotFound, exactly like a missing one. A client's key replays its
+    first run only for the same request (``api.idempotency``).
     """
     key = client_idempotency_key(account_id, spec.client_key) if spec.client_key else generated_idempotency_key()
     async with store.transaction() as conn:
@@ -51,7 +53,9 @@ async def trigger_run(
         if spec.client_key and (existing := await store.run_by_idempotency_key(conn, key)):
             return await _replayed(store, conn, existing, spec)
         await _check_trigger(store, conn, job, spec)
-        row = await store.insert_run(conn, **_run_params(job, spec, key, parent_run_id))
+        row = await store.insert_run(
+            conn, **_run_params(job, spec, key, parent_run_id), trigger_fingerprint=trigger_fingerprint(spec)
+        )
         if row is None:  # a concurrent trigger with the same key won
             existing = await store.run_by_idempotency_key(conn, key)
             assert existing is not None
@@ -74,10 +78,29 @@ def rerun_spec(job_id: int, source: Row | None, trigger: Trigger) -> TriggerSpec
     return TriggerSpec(JobId(job_id), trigger, cause, None, checked_overrides(raw, lambda name: name))
 
 
+def trigger_fingerprint(spec: TriggerSpec) -> str | None:
+    """The digest a keyed trigger keeps, to tell its retry from another trigger reusing the key.
+
+    ``run_at`` is left out: a retry may arrive after the time it asks for, which then reads as "now".
+    """
+    if not spec.client_key or not spec.same_request_on_retry:
+        return None
+    return fingerprint(
+        {
+            "job_id": spec.job_id,
+            "trigger": spec.trigger.value,
+            "cause": spec.cause,
+            "overrides": spec.overrides.as_json(),
+        }
+    )
+
+
 async def _replayed(store: Store, conn: Connection, existing: Row, spec: TriggerSpec) -> tuple[Row, list[Row]]:
-    """The run an idempotency key already made; the key must have been used for this job."""
+    """The run an idempotency key already made; the key must have been used for this job and request."""
     if existing["job_id"] != spec.job_id:
         raise FailedPrecondition(f"idempotency_key {spec.client_key!r} was already used for job {existing['job_id']}")
+    made = f"trigger run {existing['id']}"
+    check_same_request(existing["trigger_fingerprint"], trigger_fingerprint(spec), made=made, request="request")
     return existing, (await store.run_steps(conn, [existing["id"]]))[existing["id"]]
 
 

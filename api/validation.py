@@ -68,6 +68,11 @@ def text(value: str, name: str, *, max_length: int, single_line: bool = True, re
     return value
 
 
+def checked_idempotency_key(value: str | None, name: str) -> str | None:
+    """A client's idempotency key, checked as text; None when it sent none (or only blanks)."""
+    return text(value or "", name, max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+
+
 def bounded(value: int, name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgument(name, f"must be between {low} and {high} (got {value})")
@@ -331,6 +336,9 @@ class TriggerSpec:
     client_key: str | None
     overrides: RunOverridesSpec
     run_at: datetime | None = None  # None: now
+    # A client's key is a retry's: it must come with the same request (api/idempotency.py). False for
+    # a key named after an event, whose redelivery may word its cause differently.
+    same_request_on_retry: bool = True
 
 
 def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
@@ -340,7 +348,7 @@ def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
     if trigger is None or trigger not in CLIENT_TRIGGERS:
         raise InvalidArgument("trigger", "must be api, manual, ci or merge (the others are internal)")
     cause = text(request.cause, "cause", max_length=MAX_CAUSE)
-    key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+    key = checked_idempotency_key(request.idempotency_key, "idempotency_key")
     overrides = run_overrides(request.overrides) if request.HasField("overrides") else RunOverridesSpec()
     run_at = later_time(request.run_at.ToDatetime(UTC), "run_at") if request.HasField("run_at") else None
     return TriggerSpec(job_id, trigger, cause, key, overrides, run_at)

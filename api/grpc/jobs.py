@@ -13,7 +13,7 @@ from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
 from api.store import Row, Store
-from api.validation import MAX_IDEMPOTENCY_KEY, job_spec, positive_id, text
+from api.validation import checked_idempotency_key, job_spec, positive_id
 from runplane.adapters.db import Connection
 from runplane.basics.types import AccountId, JobId
 from runplane.v1 import jobs_pb2, jobs_pb2_grpc
@@ -30,7 +30,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: Context) -> jobs_pb2.Job:
         spec = job_spec(request)
-        key = text(request.idempotency_key, "idempotency_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+        key = checked_idempotency_key(request.idempotency_key, "idempotency_key")
         row = await create_job(self._store, current_account(), spec, create_key=key)
         async with self._store.connection() as conn:
             return await self._job(conn, row)

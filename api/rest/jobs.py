@@ -18,7 +18,7 @@ from api.rest import params, related, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.store import JobFilters, Row, Store
-from api.validation import MAX_IDEMPOTENCY_KEY, JobSpec, job_spec, text
+from api.validation import JobSpec, checked_idempotency_key, job_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.types import AccountId, JobId
@@ -337,7 +337,7 @@ async def create_job_(
     ] = None,
 ) -> Envelope[shapes.Job]:
     store = _store(request)
-    key = text(idempotency_key or "", "Idempotency-Key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+    key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
     spec = await _checked_spec(store, account_id, body)
     with params.named_as(JOB_NAMES):
         created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")

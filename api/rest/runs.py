@@ -5,7 +5,7 @@ from __future__ import annotations
 import mimetypes
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from api.cancelling import cancel_run
@@ -17,7 +17,15 @@ from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.store import Row, RunFilters, Store
 from api.triggering import rerun_spec, trigger_run
-from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, positive_id, text
+from api.validation import (
+    MAX_CAUSE,
+    RunOverridesSpec,
+    TriggerSpec,
+    checked_idempotency_key,
+    checked_overrides,
+    positive_id,
+    text,
+)
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus, Trigger
@@ -71,7 +79,7 @@ _BODY_NAMES = {
 }
 
 
-def trigger_of(job_id: int, body: TriggerRunBody) -> TriggerSpec:
+def trigger_of(job_id: int, body: TriggerRunBody, idempotency_key: str | None = None) -> TriggerSpec:
     """The REST trigger as runplane's TriggerSpec, checked by the same rules as gRPC's."""
     prs = {
         name: value
@@ -102,7 +110,8 @@ def trigger_of(job_id: int, body: TriggerRunBody) -> TriggerSpec:
         lambda name: _BODY_NAMES.get(name, name),
     )
     cause = text(body.cause, "cause", max_length=MAX_CAUSE)
-    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, None, overrides)
+    key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
+    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, key, overrides)
 
 
 async def views(
@@ -196,9 +205,20 @@ async def _one_run(request: Request, row: Row, include: set[str]) -> Envelope[sh
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/run/", summary="Trigger a job run")
 async def trigger(
-    request: Request, account_id: Account, job_id: JobPath, body: Annotated[TriggerRunBody | None, Body()] = None
+    request: Request,
+    account_id: Account,
+    job_id: JobPath,
+    body: Annotated[TriggerRunBody | None, Body()] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="A retry with the same key returns the run the first trigger made and queues nothing; "
+            "the same key with another job or body is 409. Keys are the account's.",
+        ),
+    ] = None,
 ) -> Envelope[shapes.Run]:
-    spec = trigger_of(job_id, body or TriggerRunBody())
+    spec = trigger_of(job_id, body or TriggerRunBody(), idempotency_key)
     row, _ = await trigger_run(_store(request), request.app.state.pickups, account_id, spec)
     return await _one_run(request, row, {"trigger", "job"})
 

@@ -21,7 +21,7 @@ from api.job_definitions import create_job, update_job
 from api.lookup import existing_job
 from api.project_definitions import create_environment, create_project, update_environment, update_project
 from api.store import Row, Store
-from api.validation import MAX_IDEMPOTENCY_KEY, job_spec, text
+from api.validation import checked_idempotency_key, job_spec
 from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
 from api.web.layout import page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
@@ -238,7 +238,7 @@ async def create_job_form(request: Request, who: Changing) -> Response:
                 settings=definition.settings,
             )
         )
-        key = text(_text(form, "create_key"), "create_key", max_length=MAX_IDEMPOTENCY_KEY).strip() or None
+        key = checked_idempotency_key(_text(form, "create_key"), "create_key")
         row = await create_job(store, who.account_id, spec, create_key=key and f"web:{key}")
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id)

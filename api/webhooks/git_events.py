@@ -176,6 +176,7 @@ class GitHooks:
                 f"{provider} {REQUEST_NAMES[provider]} #{event.number} {event.action}",
                 f"git:{hook['id']}:{event.number}:{event.sha}:{job_id}",
                 overrides,
+                same_request_on_retry=False,
             )
             row, _ = await trigger_run(self._store, self._pickups, account_id, spec)
             run_ids.append(int(row["id"]))

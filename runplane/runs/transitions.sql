@@ -9,11 +9,12 @@
 -- at a later time enters the queue (queued_at) then, so its wait is counted from then.
 INSERT INTO runs (
     account_id, job_id, job_type, trigger, cause, idempotency_key, priority, takes_slot, overrides,
-    pull_request_number, schema_name, trace_parent, parent_run_id, job_paused, scheduled_at, queued_at
+    pull_request_number, schema_name, trace_parent, parent_run_id, job_paused, scheduled_at, queued_at,
+    trigger_fingerprint
 ) VALUES (
     %(account_id)s, %(job_id)s, %(job_type)s, %(trigger)s, %(cause)s, %(idempotency_key)s, %(priority)s,
     %(takes_slot)s, %(overrides)s, %(pull_request_number)s, %(schema_name)s, %(trace_parent)s, %(parent_run_id)s,
-    %(job_paused)s, COALESCE(%(run_at)s, now()), GREATEST(now(), %(run_at)s)
+    %(job_paused)s, COALESCE(%(run_at)s, now()), GREATEST(now(), %(run_at)s), %(trigger_fingerprint)s
 )
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *

@@ -160,6 +160,16 @@ async def test_the_same_idempotency_key_returns_the_same_run(client: Client, oth
         client.runs.TriggerRun(runs_pb2.TriggerRunRequest(job_id=another.id, idempotency_key="deploy-2024-06-01"))
     )
     assert code is grpc.StatusCode.FAILED_PRECONDITION and "idempotency_key" in details
+    # A retry must ask for what the first trigger asked: another cause or overrides is refused.
+    for changed in (
+        runs_pb2.TriggerRunRequest(job_id=job.id, idempotency_key="deploy-2024-06-01", cause="backfill"),
+        runs_pb2.TriggerRunRequest(
+            job_id=job.id, idempotency_key="deploy-2024-06-01", overrides=runs_pb2.RunOverrides(threads=2)
+        ),
+    ):
+        code, details = await status_of(client.runs.TriggerRun(changed))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION and f"trigger run {first.id}" in details, details
+    assert await scalar(adb, "SELECT count(*) FROM runs") == 1
     # Another account's identical key is its own.
     theirs = await other.jobs.CreateJob(deploy_job())
     their_run = await other.runs.TriggerRun(

@@ -475,6 +475,44 @@ async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) ->
     assert priority_only.json()["data"]["runplane"]["retry_max_attempts"] == 2  # kept
 
 
+async def test_a_trigger_retried_with_its_idempotency_key_makes_one_run(
+    rest: Rest, other_rest: Rest, adb: AsyncDb
+) -> None:
+    job_id = await rest.create_job(adb)
+    key = {"Idempotency-Key": "nightly-2026-11-26"}
+    body = {"cause": "Nightly from Airflow", "git_branch": "release", "steps_override": ["dbt build"]}
+    first = await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json=body, headers=key)
+    assert first.status_code == 200, first.text
+    run_id = first.json()["data"]["id"]
+    again = await asyncio.gather(
+        *(rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json=body, headers=key) for _ in range(4))
+    )
+    assert [(r.status_code, r.json()["data"]["id"]) for r in again] == [(200, run_id)] * 4
+    assert again[0].json()["data"]["trigger"]["cause"] == "Nightly from Airflow"
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE account_id = %s", rest.account_id) == 1
+
+    # The same key with another body, or for another job, is refused and queues nothing.
+    other_job = await rest.create_job(adb, name="hourly")
+    for path, changed in (
+        (f"{rest.base}/jobs/{job_id}/run/", {**body, "git_branch": "main"}),
+        (f"{rest.base}/jobs/{job_id}/run/", {**body, "cause": "Manual rerun"}),
+        (f"{rest.base}/jobs/{job_id}/run/", None),
+        (f"{rest.base}/jobs/{other_job}/run/", body),
+    ):
+        refused = await rest.http.post(path, json=changed, headers=key)
+        assert refused.status_code == 409, refused.text
+        assert "idempotency" in refused.json()["status"]["user_message"], refused.text
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE account_id = %s", rest.account_id) == 1
+
+    # Another account's key is its own; a trigger without a key always queues.
+    their_job = await other_rest.create_job(adb)
+    theirs = await other_rest.http.post(f"{other_rest.base}/jobs/{their_job}/run/", json=body, headers=key)
+    assert theirs.status_code == 200 and theirs.json()["data"]["id"] != run_id
+    unkeyed = await rest.http.post(f"{rest.base}/jobs/{job_id}/run/", json=body)
+    assert unkeyed.status_code == 200 and unkeyed.json()["data"]["id"] != run_id
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE account_id = %s", rest.account_id) == 2
+
+
 async def test_a_job_create_retried_with_its_idempotency_key_makes_one_job(
     rest: Rest, other_rest: Rest, adb: AsyncDb
 ) -> None:
