@@ -410,16 +410,24 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
 
 
 async def _follow(args: argparse.Namespace, runs: runs_pb2_grpc.RunServiceAsyncStub, run_id: int) -> int:
-    """Print log chunks until the run ends (resuming if the server drops the stream), then the run."""
+    """Print log chunks until the run ends (resuming if the server drops the stream), then the run.
+
+    Chunks are printed as they are: a chunk ends where the runner flushed, not where a line ends.
+    """
     after_seq = 0
+    line_open = False  # the last chunk printed did not end its line
     while True:
         async for chunk in runs.StreamRunLogs(
             runs_pb2.StreamRunLogsRequest(run_id=run_id, follow=True, after_seq=after_seq)
         ):
-            print(chunk.text, end="" if chunk.text.endswith("\n") else "\n", file=sys.stderr, flush=True)
+            print(chunk.text, end="", file=sys.stderr, flush=True)
+            if chunk.text:
+                line_open = not chunk.text.endswith("\n")
             after_seq = chunk.seq
         run = await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
         if run.status in TERMINAL_STATUSES:
+            if line_open:
+                print(file=sys.stderr, flush=True)
             _show(args, run)
             return 0 if run.status == common_pb2.RUN_STATUS_SUCCESS else 1
 

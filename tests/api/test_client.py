@@ -72,15 +72,18 @@ async def test_trigger_follow_prints_the_logs_then_the_outcome(
 
         run_id = await eventually(triggered, 30, what="the client to trigger a run")
         await adb.execute("UPDATE runs SET status = 3, started_at = now() WHERE id = %s", (run_id,))
-        await adb.execute(
-            "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, 1, 0, 'hi from the runner\n')",
-            (run_id,),
-        )
+        # A chunk ends where the runner flushed: here in the middle of a line, and the log's last
+        # line has no line break.
+        for seq, text in enumerate(("hi from ", "the runner\nbye"), start=1):
+            await adb.execute(
+                "INSERT INTO run_log_chunks (run_id, seq, step_index, text) VALUES (%s, %s, 0, %s)",
+                (run_id, seq, text),
+            )
         await adb.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
     finally:
         code, out, err = await finish(proc)
     assert code == 0, err
-    assert "hi from the runner" in err
+    assert "hi from the runner\nbye\n" in err, err
     assert json.loads(out)["status"] == "RUN_STATUS_SUCCESS"
 
 
