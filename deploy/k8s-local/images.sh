@@ -43,15 +43,15 @@ make_rootfs() {
 # The inputs of the runner image, each file by content: what decides whether a saved image is reused.
 content_key() {
     (cd "$ROOT" && find .dockerignore pyproject.toml README.md runplane api client orchestrator queuer_worker scheduler dispatcher runner \
-        proto deploy/docker -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort \
+        proto deploy/docker deploy/dbt-*.txt -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort \
         | xargs sha256sum; echo "$ROOTFS") | sha256sum | cut -c1-16
 }
 
-# The inputs of the slow layers (the root filesystem, the Python dependencies, dbt): a change to the
-# sources alone keeps this key, so the build reuses those layers.
+# The inputs of the slow layers (the root filesystem, the Python dependencies, dbt and its adapters):
+# a change to the sources alone keeps this key, so the build reuses those layers.
 layers_key() {
-    (cd "$ROOT" && sha256sum pyproject.toml deploy/docker/Dockerfile deploy/docker/Dockerfile.runner; echo "$ROOTFS") \
-        | sha256sum | cut -c1-16
+    (cd "$ROOT" && sha256sum pyproject.toml deploy/docker/Dockerfile deploy/docker/Dockerfile.runner deploy/dbt-*.txt \
+        && echo "$ROOTFS") | sha256sum | cut -c1-16
 }
 
 # Keep the newest $KEEP files matching a pattern (several checkouts share the cache: no one evicts
