@@ -6,11 +6,14 @@
    clients: reaching the port is a superuser login).
 2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own) and pids limits,
    joined by the runner so everything the run starts is counted and killed at its end.
-3. The switch to the uid (``runner.run_user``), and the namespaces every step of the run gets
+3. A Landlock domain of the run's own (``runplane.landlock``), entered by the thread that starts
+   every process of the run: abstract Unix sockets, which nftables does not see, are reachable only
+   when the run made them.
+4. The switch to the uid (``runner.run_user``), and the namespaces every step of the run gets
    (``runner.sandbox``).
 
 What this machine cannot offer (``runplane.local_fence``: not root, no nftables, no bubblewrap, no
-memory or pids controller) is said at start by the dispatcher and ``runplane up``; a run then goes
+memory or pids controller, no Landlock scopes) is said at start by the dispatcher and ``runplane up``; a run then goes
 without it.
 """
 
@@ -24,7 +27,7 @@ from urllib.parse import urlsplit
 from runner import run_cgroup, sandbox
 from runner.control_plane import RunSpec
 from runner.run_user import RunUser, switch_to
-from runplane.adapters import cgroups, local_fence, network_fence
+from runplane.adapters import cgroups, landlock, local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.settings import Settings
 
@@ -99,5 +102,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         confinement = sandbox.confinement(user.tmp, settings.runner.local_hidden_paths)
+    if landlock.unavailable() is None:
+        landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
     switch_to(user)
     return Fence(confinement, cgroup, refusal, keeper)

@@ -14,7 +14,8 @@ A step of a run with a uid of its own starts as ``bwrap … -- /bin/sh -c <comma
 
 bwrap runs unprivileged (a user namespace mapping the run's uid to itself), so the runner, already
 the run's uid, starts it. The network is left to the nftables fence keyed by that uid
-(``runplane.network_fence``). bwrap's own process ignores SIGINT and SIGTERM (``env
+(``runplane.network_fence``), and abstract Unix sockets to the run's Landlock scope, entered by the
+runner before the step (``runplane.landlock``). bwrap's own process ignores SIGINT and SIGTERM (``env
 --ignore-signal``), so a cancel reaches the step (dbt cancels its queries) without ending the
 sandbox under it; the step gets them back at their defaults (``env --default-signal``).
 """

@@ -2,7 +2,8 @@
 
 A run on one machine is fenced like a Pod (``runner.fence``) only with what the kernel and the
 machine offer: root (uids of their own), nftables (the network), cgroup memory and pids
-controllers (limits, and killing the run whole), and bubblewrap (namespaces for its steps). Each
+controllers (limits, and killing the run whole), bubblewrap (namespaces for its steps), and
+Landlock scopes (abstract Unix sockets, which nftables does not see). Each
 thing missing is said loudly, with what it leaves open.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from runplane.adapters import cgroups, network_fence
+from runplane.adapters import cgroups, landlock, network_fence
 from runplane.basics.settings import Settings
 
 
@@ -49,5 +50,10 @@ def problems(settings: Settings) -> list[str]:
         found.append(
             f"steps get no namespaces ({why}): a step shares /tmp and /proc with the machine, sees other "
             "runs' command lines, can signal its own runner and outlive its run as a daemon"
+        )
+    if (why := landlock.unavailable()) is not None:
+        found.append(
+            f"abstract Unix sockets are not fenced ({why}): a step can connect to any on this machine, the "
+            "control plane's processes' and other runs' included"
         )
     return found

@@ -14,11 +14,12 @@ import pytest
 
 from runner import run_cgroup
 from runner.run_user import remove_files_of
-from runplane.basics.settings import RunnerSettings
+from runplane.basics.settings import RunnerSettings, Settings
+from runplane.basics.types import RunStatus
 from tests.support.files import readable_by_all
 from tests.support.polling import wait_for
 from tests.support.processes import Services
-from tests.support.records import Conn, rows, run_row
+from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a fenced run needs a root dispatcher")
 
@@ -84,3 +85,16 @@ def reported(db: Conn, run_id: int) -> dict[str, object]:
 def wait_until_ended(db: Conn, run_id: int, timeout: float = 90) -> dict[str, Any]:
     wait_for(lambda: run_row(db, run_id)["status"] >= 10, timeout=timeout, what=f"run {run_id} to end")
     return run_row(db, run_id)
+
+
+def connect_from_a_step(db: Conn, system: Services, settings: Settings, targets: list[str]) -> dict[str, object]:
+    """What a step got connecting to ``targets`` (``connect``), once it reached the runner API."""
+    job = create_job(db, create_account(db), steps=[hostile("connect", settings.runner.api_address, *targets)])
+    run_id = queue_run(db, job)
+    system.start("scheduler")
+    system.start("dispatcher")
+    run = wait_until_ended(db, run_id)
+    assert run["status"] == RunStatus.SUCCESS, run_log(db, run_id)
+    outcome = reported(db, run_id)
+    assert outcome[settings.runner.api_address] == "connected", outcome
+    return outcome

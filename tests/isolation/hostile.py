@@ -19,15 +19,20 @@ def report(result: object) -> None:
     print("HOSTILE " + json.dumps(result), flush=True)
 
 
+def unix_address(target: str) -> str:
+    """A Unix socket's address: a path, or ``@name`` for an abstract socket (a name starting with NUL)."""
+    return "\0" + target[1:] if target.startswith("@") else target
+
+
 def connect(targets: list[str]) -> dict[str, str]:
-    """``host:port`` over TCP, or a path (a Unix socket)."""
+    """``host:port`` over TCP, or a Unix socket: a path, or ``@name`` (abstract)."""
     outcome = {}
     for target in targets:
         try:
-            if target.startswith("/"):
+            if target.startswith(("/", "@")):
                 with socket.socket(socket.AF_UNIX) as sock:
                     sock.settimeout(3)
-                    sock.connect(target)
+                    sock.connect(unix_address(target))
             else:
                 host, port = target.rsplit(":", 1)
                 socket.create_connection((host, int(port)), timeout=3).close()
@@ -35,6 +40,29 @@ def connect(targets: list[str]) -> dict[str, str]:
         except OSError as exc:
             outcome[target] = f"refused: {exc.strerror or exc}"
     return outcome
+
+
+def listen(marker: str) -> dict[str, str]:
+    """Listen on ``@marker`` (abstract) and ``/tmp/<marker>.sock`` (open to every uid), say so, and
+    keep listening (a minute at most) until ``/tmp/<marker>.seen`` exists: the test has tried them
+    from elsewhere. The step's own connection to each is reported too: a run keeps its own sockets."""
+    path = Path("/tmp") / f"{marker}.sock"
+    listeners = []
+    for target in (f"@{marker}", str(path)):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(unix_address(target))
+        sock.listen()
+        listeners.append(sock)
+    path.chmod(0o777)
+    outcome = {f"own {target}": result for target, result in connect([f"@{marker}", str(path)]).items()}
+    report(outcome)
+    seen = Path("/tmp") / f"{marker}.seen"
+    deadline = time.monotonic() + 60
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sock in listeners:
+        sock.close()
+    return {"seen": str(seen.exists())}
 
 
 def places(marker: str) -> dict[str, Path]:
@@ -169,6 +197,8 @@ def main() -> None:
     match attack:
         case "connect":
             report(connect(arguments))
+        case "listen":
+            report(listen(arguments[0]))
         case "plant":
             report(plant(arguments[0]))
         case "read":

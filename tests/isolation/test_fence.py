@@ -18,7 +18,7 @@ import pytest
 
 from runplane.basics.settings import RunnerSettings, Settings
 from runplane.basics.types import RunStatus
-from tests.isolation.conftest import UID_BASE, hostile, reported, run_log, wait_until_ended
+from tests.isolation.conftest import UID_BASE, connect_from_a_step, hostile, reported, run_log, wait_until_ended
 from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import Conn, create_account, create_job, queue_run, run_row
@@ -47,15 +47,7 @@ def test_a_step_reaches_the_runner_api_and_none_of_the_control_plane_servers(
         f"127.0.0.1:{settings.api.port}",  # the public gRPC API
         f"127.0.0.1:{settings.api.rest_port}",  # the public REST API and its admin pages
     ]
-    job = create_job(db, create_account(db), steps=[hostile("connect", settings.runner.api_address, *refused)])
-    run_id = queue_run(db, job)
-    system.start("scheduler")
-    system.start("dispatcher")
-
-    run = wait_until_ended(db, run_id)
-    assert run["status"] == RunStatus.SUCCESS, run_log(db, run_id)
-    outcome = reported(db, run_id)
-    assert outcome[settings.runner.api_address] == "connected"
+    outcome = connect_from_a_step(db, system, settings, refused)
     for target in refused:
         assert str(outcome[target]).startswith("refused"), (target, outcome[target])
 
