@@ -2,8 +2,8 @@
 
 A form becomes the same request the gRPC API takes and is checked and saved by the same use cases
 (``api.validation``, ``api.projects_validation``, ``api.job_definitions``,
-``api.project_definitions``). An edit starts from what is stored, so settings the form does not show
-(priority, missed-run grace, fan-in, more than one completion trigger) stay as they are. What the
+``api.project_definitions``). An edit starts from what is stored, so what the form does not show
+(more than one completion trigger) stays as it is. What the
 checks refuse comes back on the form, next to its field, with what was typed; secrets are
 write-only: never shown, kept when left empty.
 """
@@ -37,7 +37,8 @@ JOB_FIELDS = {
     "name", "job_type", "environment_id", "steps", "cron", "timezone", "on_pull_request", "on_merge",
     "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
     "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
-    "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id",
+    "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id", "priority", "missed_run_grace_seconds",
+    "completion_mode",
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
 ADAPTER = "postgres"
@@ -111,7 +112,10 @@ async def _refused(
 
 def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
     if job is None:
-        return {"job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex, "upstream_success": "on"}
+        return {
+            "job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex, "upstream_success": "on",
+            "completion_mode": "any",
+        }  # fmt: skip
     flags = (
         "on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified",
         "retry_on_step_failure",
@@ -136,6 +140,9 @@ def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
         "git_branch": job["git_branch"],
         "defer_to_job_id": str(job["defer_to_job_id"] or ""),
         "retry_max_attempts": str(job["retry_max_attempts"] or ""),
+        "priority": str(job["priority"] or ""),
+        "missed_run_grace_seconds": str(job["missed_run_grace_seconds"]),
+        "completion_mode": job["completion_mode"],
         "environment": "\n".join(f"{k}={v}" for k, v in sorted(job["environment"].items())),
         "version": str(job["version"]),
         **{k: "on" for k in flags if job[k]},
@@ -151,12 +158,17 @@ def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -
     """The job the form describes; what it does not show is kept from ``stored`` (None: a new job)."""
     job = jobs_pb2.Job()
     s, t = job.settings, job.triggers
-    if stored is None:
-        s.missed_run_grace_seconds = -1  # the default, as a request without settings gets
-    else:
+    # A page loaded before the form had these fields posts none of them: the stored values stay.
+    if stored is not None and not {"priority", "missed_run_grace_seconds", "completion_mode"} & set(form):
         s.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
         s.priority = stored["priority"]
         t.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+    else:
+        grace = number(_text(form, "missed_run_grace_seconds"), "missed_run_grace_seconds")
+        s.missed_run_grace_seconds = -1 if grace is None else grace  # empty: the default, as the API's -1
+        s.priority = number(_text(form, "priority"), "priority") or 0
+        if "completion_mode" in form:
+            t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES)
     if len(completion) > 1:  # more than the form shows: kept as they are
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))

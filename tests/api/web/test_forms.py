@@ -324,3 +324,61 @@ async def test_an_environments_secret_variables_are_write_only_on_its_form(brows
     removed = await browser.post(path, **fields, variables="DBT_ENV_SECRET_WAREHOUSE_KEY=")  # empty: removed
     assert removed.status_code == 303, removed.text
     assert await stored() == ({}, {})
+
+
+async def test_priority_missed_run_grace_and_fan_in_set_on_the_job_form(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    new = (await browser.http.get("/ui/jobs/new")).text
+    for name in ("priority", "missed_run_grace_seconds", "completion_mode"):
+        assert f'name="{name}"' in new, name
+    upstream = await browser.post("/ui/jobs/new", name="upstream", job_type="deploy", steps="echo up")
+    upstream_id = _id(upstream.headers["location"], r"/ui/jobs/(\d+)$")
+    made = await browser.post(
+        "/ui/jobs/new", name="urgent", job_type="deploy", steps="echo 1", cron="0 6 * * *", priority="9",
+        missed_run_grace_seconds="0", upstream_job_id=str(upstream_id), upstream_success="on", completion_mode="all",
+    )  # fmt: skip
+    assert made.status_code == 303, made.text
+    job_id = _id(made.headers["location"], r"/ui/jobs/(\d+)$")
+
+    async def stored() -> tuple[int, int, str]:
+        cur = await adb.execute(
+            "SELECT priority, missed_run_grace_seconds, completion_mode FROM jobs WHERE id = %s", (job_id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+    assert await stored() == (9, 0, "all")  # 0: a missed fire is skipped, not the default grace
+    edit = (await browser.http.get(f"/ui/jobs/{job_id}/edit")).text
+    assert 'name="priority" type="text" value="9"' in edit
+    assert 'name="missed_run_grace_seconds" type="text" value="0"' in edit
+    assert '<option value="all" selected>' in edit
+    version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
+    edited = {
+        "name": "urgent", "job_type": "deploy", "steps": "echo 1", "cron": "0 6 * * *", "version": str(version),
+        "upstream_job_id": str(upstream_id), "upstream_success": "on",
+    }  # fmt: skip
+    saved = await browser.post(
+        f"/ui/jobs/{job_id}/edit", **edited, priority="-3", missed_run_grace_seconds="", completion_mode="any"
+    )
+    assert saved.status_code == 303, saved.text
+    assert await stored() == (-3, 300, "any")  # empty grace: the default, as the API's
+
+    # The API's bounds, each refused at its field with what was typed; nothing is saved.
+    version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
+    for form, field, words in (
+        ({"priority": "5000"}, "priority", "must be between -1000 and 1000 (got 5000)"),
+        ({"priority": "high"}, "priority", "&#39;high&#39; is not a whole number"),
+        ({"missed_run_grace_seconds": "-5"}, "missed_run_grace_seconds", "must be between 0 and 86400 (got -5)"),
+        ({"missed_run_grace_seconds": "90000"}, "missed_run_grace_seconds", "must be between 0 and 86400"),
+        ({"completion_mode": "some"}, "completion_mode", "choose one of any, all"),
+    ):
+        refused = await browser.post(f"/ui/jobs/{job_id}/edit", **{**edited, "version": str(version), **form})
+        assert refused.status_code == 400, (form, refused.text[-500:])
+        error = re.search(r'<p class="field-error" id="e-(\w+)">([^<]*)</p>', refused.text)
+        assert error is not None and error.group(1) == field and words in error.group(2), (form, error)
+        typed = next(iter(form.values()))
+        if field != "completion_mode":  # a select shows its choices; the text fields show what was typed
+            assert f'name="{field}" type="text" value="{typed}"' in refused.text, form
+    assert await stored() == (-3, 300, "any")
+
