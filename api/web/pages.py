@@ -24,7 +24,7 @@ from api.lookup import existing_job, existing_run, run_artifact
 from api.pausing import set_paused
 from api.rerunning import rerun_from_failure
 from api.triggering import rerun_spec, trigger_run
-from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, text
+from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, later_time, text
 from api.web import views
 from api.web.form_fields import FormErrors, lines, number
 from api.web.layout import page, see_other, store_of
@@ -58,8 +58,9 @@ REFRESH_SECONDS = 30
 CHART_RUNS = 50
 RUN_NOW_FIELDS = {
     "cause", "steps", "git_branch", "git_sha", "schema", "target_name", "threads", "timeout_seconds",
-    "pull_request_number",
+    "pull_request_number", "run_at", "generate_docs",
 }  # fmt: skip
+GENERATE_DOCS = {"on": True, "off": False}  # the Run now choice; empty: the job's setting
 
 
 @dataclass(frozen=True)
@@ -460,10 +461,14 @@ async def run_now(
     threads: Annotated[str, Form()] = "",
     timeout_seconds: Annotated[str, Form()] = "",
     pull_request_number: Annotated[str, Form()] = "",
+    generate_docs: Annotated[str, Form()] = "",
+    run_at: Annotated[str, Form()] = "",
 ) -> Response:
     """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
-    a CI job's run names its pull request. A refused override comes back at its field."""
+    a CI job's run names its pull request. ``run_at`` (in the viewer's time zone) queues the run for a
+    later time instead. A refused override comes back at its field."""
     try:
+        later = _time(run_at.strip(), "run_at", views.viewer_zone(request.cookies.get(views.ZONE_COOKIE)))
         overrides = checked_overrides(
             RunOverridesSpec(
                 steps=lines(steps),
@@ -474,11 +479,13 @@ async def run_now(
                 threads=number(threads, "threads"),
                 timeout_seconds=number(timeout_seconds, "timeout_seconds"),
                 pull_request_number=number(pull_request_number, "pull_request_number"),
+                generate_docs=_choice(generate_docs, GENERATE_DOCS, "generate_docs"),
             ),
             lambda name: name,
         )
         cause = text(cause, "cause", max_length=MAX_CAUSE)
-        spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, None, overrides)
+        at = later_time(later, "run_at") if later is not None else None
+        spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, None, overrides, run_at=at)
         row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
     except InvalidArgument as exc:
         form = await request.form()

@@ -5,6 +5,8 @@ form does not show."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from api.admin import create_token
 from runplane.basics.settings import Settings
@@ -382,3 +384,45 @@ async def test_priority_missed_run_grace_and_fan_in_set_on_the_job_form(browser:
             assert f'name="{field}" type="text" value="{typed}"' in refused.text, form
     assert await stored() == (-3, 300, "any")
 
+
+async def test_run_now_at_a_later_time_and_with_docs_overridden(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    project_id = await _project(browser, adb)
+    environment_id = await _environment(browser, adb, project_id)
+    made = await browser.post(
+        "/ui/jobs/new", name="docs", job_type="deploy", steps="dbt build", environment_id=str(environment_id),
+        generate_docs="on",
+    )  # fmt: skip
+    job_id = _id(made.headers["location"], r"/ui/jobs/(\d+)$")
+    await browser.http.get("/ui/time-zone", params={"zone": "Europe/Paris"})  # the viewer's zone
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert 'name="run_at" type="datetime-local"' in page and "Run at (Europe/Paris)" in page
+    assert "the job&#39;s setting (yes)" in page
+
+    at = (datetime.now(UTC) + timedelta(days=2)).replace(second=0, microsecond=0)
+    typed = at.astimezone(ZoneInfo("Europe/Paris")).strftime("%Y-%m-%dT%H:%M")  # what datetime-local sends
+    later = await browser.post(f"/ui/jobs/{job_id}/run", run_at=typed, generate_docs="off")
+    assert later.status_code == 303, later.text
+    run_id = int(later.headers["location"].rsplit("/", 1)[1])
+    row = await (
+        await adb.execute("SELECT status, scheduled_at, overrides FROM runs WHERE id = %s", (run_id,))
+    ).fetchone()
+    assert row == (1, at, {"generate_docs": False})  # queued for then, in the viewer's zone
+
+    now = await browser.post(f"/ui/jobs/{job_id}/run")  # both left empty: now, with the job's docs setting
+    now_id = int(now.headers["location"].rsplit("/", 1)[1])
+    assert await scalar(adb, "SELECT overrides FROM runs WHERE id = %s", now_id) == {}
+
+    for form, field, words in (
+        ({"run_at": "2020-01-01T06:00"}, "run_at", "is in the past"),
+        ({"run_at": "tomorrow"}, "run_at", "is not a time"),
+        ({"run_at": "2999-01-01T06:00"}, "run_at", "at most 366 days ahead"),
+        ({"generate_docs": "maybe"}, "generate_docs", "is not one of on, off"),
+    ):
+        refused = await browser.post(f"/ui/jobs/{job_id}/run", **form)
+        assert refused.status_code == 400, (form, refused.text[-500:])
+        error = re.search(r'<p class="field-error" id="e-(\w+)">([^<]*)</p>', refused.text)
+        assert error is not None and error.group(1) == field and words in error.group(2), (form, error)
+        if field == "run_at":
+            assert f'name="run_at" type="datetime-local" value="{form["run_at"]}"' in refused.text
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 2
