@@ -139,7 +139,11 @@ def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
     parser.add_argument(
         "--completion-mode", choices=COMPLETION_MODES, default="any", help="all: one run once every upstream ran"
     )
-    if not create:
+    if create:
+        parser.add_argument(
+            "--idempotency-key", default="", help="a retry with the same key returns the job the first one made"
+        )
+    else:
         parser.add_argument("--expected-version", type=int, default=0)
 
 
@@ -201,6 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     trigger.add_argument("--step", action="append", default=[], help="override the job's steps; repeat")
     trigger.add_argument("--threads", type=int, default=0)
     trigger.add_argument("--schema", default="")
+    trigger.add_argument("--target-name", default="", help="dbt's target name for this run")
     trigger.add_argument("--git-branch", default="")
     trigger.add_argument("--git-sha", default="")
     trigger.add_argument("--timeout", type=int, default=0)
@@ -339,7 +344,8 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
             case "create-environment":
                 print(to_json(await projects.CreateEnvironment(_environment_request(args))))
             case "create-job":
-                _show(args, await jobs.CreateJob(_job_request(args, jobs_pb2.CreateJobRequest())))
+                request = _job_request(args, jobs_pb2.CreateJobRequest(idempotency_key=args.idempotency_key))
+                _show(args, await jobs.CreateJob(request))
             case "update-job":
                 request = _job_request(args, jobs_pb2.UpdateJobRequest(job_id=args.job_id))
                 request.expected_version = args.expected_version
@@ -359,7 +365,7 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 overrides = runs_pb2.RunOverrides(
                     steps=args.step, threads=args.threads, schema=args.schema, git_branch=args.git_branch,
                     git_sha=args.git_sha, timeout_seconds=args.timeout, pull_request_number=args.pull_request,
-                    generate_docs=args.generate_docs,
+                    generate_docs=args.generate_docs, target_name=args.target_name,
                 )  # fmt: skip
                 request = runs_pb2.TriggerRunRequest(
                     job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,

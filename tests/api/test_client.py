@@ -140,7 +140,9 @@ async def test_every_job_setting_from_the_command_line(
         env, "create-environment", "--project", project["id"], "--name", "prod", "--dbt-version", "1.10",
         "--field", "host=db", "--field", "user=dbt", "--field", "dbname=shop", "--schema", "analytics",
     )  # fmt: skip
-    upstream = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up")
+    upstream = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up", "--idempotency-key", "k1")
+    again = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up", "--idempotency-key", "k1")
+    assert again["id"] == upstream["id"]  # a retried create makes no second job
     other = await run_client(env, "create-job", "--name", "other", "--step", "echo other")
     job = await run_client(
         env, "create-job", "--name", "dbt", "--step", "dbt build", "--environment", environment["id"],
@@ -162,8 +164,10 @@ async def test_every_job_setting_from_the_command_line(
     assert code == 1 and "settings.environment_id" in err  # the server's check, as over gRPC and REST
     at = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
     at_text = at.astimezone(timezone(timedelta(hours=2))).isoformat()  # an offset, read as the moment it names
-    later = await run_client(env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs")
-    assert later["overrides"]["generateDocs"] is False
+    later = await run_client(
+        env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs", "--target-name", "prod"
+    )
+    assert later["overrides"]["generateDocs"] is False and later["overrides"]["targetName"] == "prod"
     assert await scalar(adb, "SELECT scheduled_at FROM runs WHERE id = %s", later["id"]) == at
 
 
