@@ -2,14 +2,15 @@
 
 A form becomes the same request the gRPC API takes and is checked and saved by the same use cases
 (``api.validation``, ``api.projects_validation``, ``api.job_definitions``,
-``api.project_definitions``). An edit starts from what is stored, so what the form does not show
-(more than one completion trigger) stays as it is. What the
-checks refuse comes back on the form, next to its field, with what was typed; secrets are
-write-only: never shown, kept when left empty.
+``api.project_definitions``). A job's completion triggers are rows of its form: one per trigger and
+an empty one to add another. What the checks refuse comes back on the form, next to its field (a
+completion trigger's at its row), with what was typed; secrets are write-only: never shown, kept
+when left empty.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -21,7 +22,7 @@ from api.job_definitions import create_job, update_job
 from api.lookup import existing_job
 from api.project_definitions import create_environment, create_project, update_environment, update_project
 from api.store import Row, Store
-from api.validation import checked_idempotency_key, job_spec
+from api.validation import MAX_COMPLETION_TRIGGERS, checked_idempotency_key, job_spec
 from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
 from api.web.layout import page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
@@ -38,7 +39,7 @@ JOB_FIELDS = {
     "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
     "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
     "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id", "priority", "missed_run_grace_seconds",
-    "completion_mode",
+    "completion_mode", *(f"upstream_job_id_{i}" for i in range(1, MAX_COMPLETION_TRIGGERS)),
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
 ADAPTER = "postgres"
@@ -87,7 +88,7 @@ def _id(form: FormData, name: str) -> int:
     return number(_text(form, name), name) or 0
 
 
-# The API's name of a field where the form's differs: triggers.schedule is the cron field, a completion
+# The API's name of a field where the form's differs: triggers.schedule is the cron field, the completion
 # trigger's statuses and loops are told at its upstream job.
 FIELD_ALIASES = {"schedule": "cron", "statuses": "upstream_job_id", "on_completion": "upstream_job_id"}
 
@@ -120,10 +121,10 @@ def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
         "on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified",
         "retry_on_step_failure",
     )  # fmt: skip
-    upstream: dict[str, str] = {}
-    if len(completion) == 1:
-        upstream["upstream_job_id"] = str(completion[0]["upstream_job_id"])
-        upstream |= {f"upstream_{RunStatus(s).name.lower()}": "on" for s in completion[0]["statuses"]}
+    upstream = {f"upstream_success{_row(len(completion))}": "on"}  # the row to add one, success ticked
+    for i, trigger in enumerate(completion):
+        upstream[f"upstream_job_id{_row(i)}"] = str(trigger["upstream_job_id"])
+        upstream |= {f"upstream_{RunStatus(s).name.lower()}{_row(i)}": "on" for s in trigger["statuses"]}
     return {
         **upstream,
         "defer_to_environment_id": str(job["defer_to_environment_id"] or ""),
@@ -152,6 +153,29 @@ def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
 JOB_TYPES = {t.value: JOB_TYPE_TO_PROTO[t] for t in JobType}
 COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
 UPSTREAM_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
+_ON_COMPLETION = re.compile(r"triggers\.on_completion\[(\d+)\]")
+
+
+def _row(i: int) -> str:
+    """The suffix of a completion trigger row's fields: none for the first (``upstream_job_id``), then
+    ``_1``, ``_2``..."""
+    return f"_{i}" if i else ""
+
+
+def _upstream_rows(form: FormData) -> list[int]:
+    """The completion trigger rows that name a job, in order: the API's ``on_completion`` list."""
+    return [i for i in range(MAX_COMPLETION_TRIGGERS) if _text(form, f"upstream_job_id{_row(i)}").strip()]
+
+
+def _at_its_row(exc: InvalidArgument, form: FormData) -> InvalidArgument:
+    """An error about the k-th completion trigger, put at the job select of the form's row it came from."""
+    found = _ON_COMPLETION.match(exc.field)
+    if found is None:
+        return exc
+    rows = _upstream_rows(form)
+    k = int(found.group(1))
+    row = rows[k] if k < len(rows) else 0
+    return InvalidArgument(f"upstream_job_id{_row(row)}", str(exc).removeprefix(f"{exc.field}: "))
 
 
 def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -> jobs_pb2.Job:
@@ -169,15 +193,17 @@ def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -
         s.priority = number(_text(form, "priority"), "priority") or 0
         if "completion_mode" in form:
             t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES)
-    if len(completion) > 1:  # more than the form shows: kept as they are
+    if stored is not None and "upstream_job_id" not in form:  # a page from before the rows: kept as stored
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
             for c in completion
         )
-    elif upstream := _id(form, "upstream_job_id"):
-        trigger = t.on_completion.add(upstream_job_id=upstream)
+    for i in _upstream_rows(form):
+        trigger = t.on_completion.add(upstream_job_id=_id(form, f"upstream_job_id{_row(i)}"))
         trigger.statuses.extend(
-            common_pb2.RunStatus.ValueType(s) for s in UPSTREAM_STATUSES if _checked(form, f"upstream_{s.name.lower()}")
+            common_pb2.RunStatus.ValueType(s)
+            for s in UPSTREAM_STATUSES
+            if _checked(form, f"upstream_{s.name.lower()}{_row(i)}")
         )
     job.name = _text(form, "name")
     job.job_type = _choice(form, "job_type", JOB_TYPES)
@@ -216,6 +242,7 @@ async def _job_choices(store: Store, account_id: AccountId, job_id: int | None =
         "defer_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
         "upstream_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
         "upstream_statuses": [s.name.lower() for s in UPSTREAM_STATUSES],
+        "upstream_rows": MAX_COMPLETION_TRIGGERS,
     }
 
 
@@ -254,7 +281,7 @@ async def create_job_form(request: Request, who: Changing) -> Response:
         row = await create_job(store, who.account_id, spec, create_key=key and f"web:{key}")
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id)
-        return await _refused(request, who, "job_form.html", exc, JOB_FIELDS, job=None, **choices)
+        return await _refused(request, who, "job_form.html", _at_its_row(exc, form), JOB_FIELDS, job=None, **choices)
     return see_other(f"/ui/jobs/{row['id']}")
 
 
@@ -264,9 +291,7 @@ async def edit_job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
     job, completion = await _stored_job(store, who.account_id, job_id)
     choices = await _job_choices(store, who.account_id, job_id)
     values = _job_values(job, completion)
-    return await page(
-        request, "job_form.html", who, job=job, completion=completion, values=values, errors=FormErrors(), **choices
-    )
+    return await page(request, "job_form.html", who, job=job, values=values, errors=FormErrors(), **choices)
 
 
 @router.post("/jobs/{job_id}/edit", response_model=None)
@@ -290,9 +315,7 @@ async def update_job_form(request: Request, who: Changing, job_id: int) -> Respo
         await update_job(store, who.account_id, JobId(job_id), spec, expected_version=expected)
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id, job_id)
-        return await _refused(
-            request, who, "job_form.html", exc, JOB_FIELDS, job=stored, completion=completion, **choices
-        )
+        return await _refused(request, who, "job_form.html", _at_its_row(exc, form), JOB_FIELDS, job=stored, **choices)
     return see_other(f"/ui/jobs/{job_id}")
 
 

@@ -24,6 +24,13 @@ def _id(response_location: str, pattern: str) -> int:
     return int(found.group(1))
 
 
+def _selected(page: str, name: str) -> str | None:
+    """The value chosen in the page's select ``name`` (None: no such select, or nothing chosen)."""
+    select = re.search(rf'<select id="f-{name}" name="{name}".*?</select>', page, re.S)
+    chosen = select and re.search(r'<option value="([^"]*)" selected>', select.group(0))
+    return chosen.group(1) if chosen else None
+
+
 async def _project(browser: Browser, adb: AsyncDb) -> int:
     response = await browser.post(
         "/ui/projects/new",
@@ -272,19 +279,77 @@ async def test_a_job_runs_on_another_jobs_completion_set_on_its_form(browser: Br
     )
     assert no_status.status_code == 400 and 'id="e-upstream_job_id">name at least one of' in no_status.text
 
-    # More triggers than the form shows (set through the API) are kept by a save on the form.
+    # A page from before the form had rows for every trigger posts none: a save keeps them all.
     third = await browser.post("/ui/jobs/new", name="third", job_type="deploy", steps="echo 3")
     third_id = _id(third.headers["location"], r"/ui/jobs/(\d+)$")
     await adb.execute(
         "INSERT INTO job_completion_triggers (job_id, upstream_job_id, statuses) VALUES (%s, %s, '{30}')",
         (second_id, third_id),
     )
-    edit = (await browser.http.get(f"/ui/jobs/{second_id}/edit")).text
-    assert 'id="completion-kept"' in edit and 'name="upstream_job_id"' not in edit
     saved = await browser.post(f"/ui/jobs/{second_id}/edit", name="second", job_type="deploy", steps="echo 2")
     assert saved.status_code == 303
     kept = await scalar(adb, "SELECT count(*) FROM job_completion_triggers WHERE job_id = %s", second_id)
     assert kept == 2
+
+
+async def test_several_completion_triggers_and_fan_in_on_the_job_form(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    ids = []
+    for name in ("orders", "customers", "payments"):
+        made = await browser.post("/ui/jobs/new", name=name, job_type="deploy", steps=f"echo {name}")
+        ids.append(_id(made.headers["location"], r"/ui/jobs/(\d+)$"))
+    orders, customers, payments = ids
+    fan_in = {
+        "name": "marts", "job_type": "deploy", "steps": "echo marts", "completion_mode": "all",
+        "upstream_job_id": str(orders), "upstream_success": "on",
+        "upstream_job_id_1": str(customers), "upstream_success_1": "on", "upstream_error_1": "on",
+        "upstream_job_id_2": "", "upstream_success_2": "on",  # the empty row to add one: ignored
+    }  # fmt: skip
+    made = await browser.post("/ui/jobs/new", **fan_in)
+    assert made.status_code == 303, made.text
+    job_id = _id(made.headers["location"], r"/ui/jobs/(\d+)$")
+
+    async def triggers() -> list[tuple[int, list[int]]]:
+        cur = await adb.execute(
+            "SELECT upstream_job_id, statuses FROM job_completion_triggers WHERE job_id = %s ORDER BY upstream_job_id",
+            (job_id,),
+        )
+        return [(row[0], row[1]) for row in await cur.fetchall()]
+
+    assert await triggers() == [(orders, [10]), (customers, [10, 20])]
+    assert await scalar(adb, "SELECT completion_mode FROM jobs WHERE id = %s", job_id) == "all"
+
+    # The edit form has a row per trigger, and one more to add another.
+    edit = (await browser.http.get(f"/ui/jobs/{job_id}/edit")).text
+    assert _selected(edit, "upstream_job_id_1") == str(customers)
+    assert 'name="upstream_error_1" checked' in edit and 'name="upstream_job_id_2"' in edit
+    assert 'name="upstream_job_id_3"' not in edit
+    version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
+    added = await browser.post(
+        f"/ui/jobs/{job_id}/edit",
+        **{**fan_in, "version": str(version), "upstream_job_id_2": str(payments), "upstream_cancelled_2": "on"},
+    )
+    assert added.status_code == 303, added.text
+    assert await triggers() == [(orders, [10]), (customers, [10, 20]), (payments, [10, 30])]
+
+    # An error of one trigger is shown at its own row, with every row as it was typed.
+    version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
+    for form, words in (
+        ({"upstream_job_id_1": str(orders)}, f"job {orders} is listed twice"),
+        ({"upstream_success_1": "", "upstream_error_1": ""}, "name at least one of success, error, cancelled"),
+        ({"upstream_job_id_1": str(job_id)}, "a job cannot run on its own completion"),
+    ):
+        sent = {k: v for k, v in {**fan_in, "version": str(version), **form}.items() if v}
+        refused = await browser.post(f"/ui/jobs/{job_id}/edit", **sent)
+        assert refused.status_code == 400, (form, refused.text[-500:])
+        assert re.search(rf'id="e-upstream_job_id_1">{words}<', refused.text), (form, refused.text[-2000:])
+        assert _selected(refused.text, "upstream_job_id") == str(orders)
+    assert len(await triggers()) == 3
+
+    # A row set back to no job removes its trigger.
+    removed = await browser.post(f"/ui/jobs/{job_id}/edit", **{**fan_in, "upstream_job_id_1": ""}, version=str(version))
+    assert removed.status_code == 303, removed.text
+    assert await triggers() == [(orders, [10])]
 
 
 async def test_an_environments_secret_variables_are_write_only_on_its_form(browser: Browser, adb: AsyncDb) -> None:
