@@ -376,6 +376,7 @@ def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
             timeout_seconds=overrides.timeout_seconds or None,
             pull_request_number=overrides.pull_request_number or None,
             target_name=overrides.target_name or None,
+            dbt_version=overrides.dbt_version or None,
             generate_docs=overrides.generate_docs if overrides.HasField("generate_docs") else None,
         ),
         lambda name: f"overrides.{name}",

@@ -206,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     trigger.add_argument("--threads", type=int, default=0)
     trigger.add_argument("--schema", default="")
     trigger.add_argument("--target-name", default="", help="dbt's target name for this run")
+    trigger.add_argument("--dbt-version", default="", help="run with this dbt instead of the environment's")
     trigger.add_argument("--git-branch", default="")
     trigger.add_argument("--git-sha", default="")
     trigger.add_argument("--timeout", type=int, default=0)
@@ -365,7 +366,7 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 overrides = runs_pb2.RunOverrides(
                     steps=args.step, threads=args.threads, schema=args.schema, git_branch=args.git_branch,
                     git_sha=args.git_sha, timeout_seconds=args.timeout, pull_request_number=args.pull_request,
-                    generate_docs=args.generate_docs, target_name=args.target_name,
+                    generate_docs=args.generate_docs, target_name=args.target_name, dbt_version=args.dbt_version,
                 )  # fmt: skip
                 request = runs_pb2.TriggerRunRequest(
                     job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,

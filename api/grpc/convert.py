@@ -96,6 +96,7 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
             pull_request_number=overrides.get("pull_request_number", 0),
             target_name=overrides.get("target_name", ""),
             generate_docs=overrides.get("generate_docs"),
+            dbt_version=overrides.get("dbt_version", ""),
         ),
         waiting_reason=row["waiting_reason"],
         status_message=row["status_message"],

@@ -58,7 +58,7 @@ REFRESH_SECONDS = 30
 CHART_RUNS = 50
 RUN_NOW_FIELDS = {
     "cause", "steps", "git_branch", "git_sha", "schema", "target_name", "threads", "timeout_seconds",
-    "pull_request_number", "run_at", "generate_docs",
+    "pull_request_number", "run_at", "generate_docs", "dbt_version",
 }  # fmt: skip
 GENERATE_DOCS = {"on": True, "off": False}  # the Run now choice; empty: the job's setting
 
@@ -462,6 +462,7 @@ async def run_now(
     timeout_seconds: Annotated[str, Form()] = "",
     pull_request_number: Annotated[str, Form()] = "",
     generate_docs: Annotated[str, Form()] = "",
+    dbt_version: Annotated[str, Form()] = "",
     run_at: Annotated[str, Form()] = "",
 ) -> Response:
     """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
@@ -480,6 +481,7 @@ async def run_now(
                 timeout_seconds=number(timeout_seconds, "timeout_seconds"),
                 pull_request_number=number(pull_request_number, "pull_request_number"),
                 generate_docs=_choice(generate_docs, GENERATE_DOCS, "generate_docs"),
+                dbt_version=dbt_version.strip() or None,
             ),
             lambda name: name,
         )

@@ -35,6 +35,7 @@ class RunOverrides(_message.Message):
     PULL_REQUEST_NUMBER_FIELD_NUMBER: _builtins.int
     TARGET_NAME_FIELD_NUMBER: _builtins.int
     GENERATE_DOCS_FIELD_NUMBER: _builtins.int
+    DBT_VERSION_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     git_branch: _builtins.str
     git_sha: _builtins.str
@@ -44,6 +45,10 @@ class RunOverrides(_message.Message):
     target_name: _builtins.str
     generate_docs: _builtins.bool
     """unset: the job's setting"""
+    dbt_version: _builtins.str
+    """Run with this dbt instead of the environment's (an installed dbt on one machine, a runner image
+    in Kubernetes) in a job with an environment; empty: the environment's.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -58,10 +63,11 @@ class RunOverrides(_message.Message):
         pull_request_number: _builtins.int = ...,
         target_name: _builtins.str = ...,
         generate_docs: _builtins.bool | None = ...,
+        dbt_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs", "generate_docs", b"generate_docs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs", "dbt_version", b"dbt_version", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "git_sha", b"git_sha", "pull_request_number", b"pull_request_number", "schema", b"schema", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__generate_docs: _TypeAlias = _typing.Literal["generate_docs"]  # noqa: Y015
     _WhichOneofArgType__generate_docs: _TypeAlias = _typing.Literal["_generate_docs", b"_generate_docs"]  # noqa: Y015

@@ -165,9 +165,13 @@ async def test_every_job_setting_from_the_command_line(
     at = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
     at_text = at.astimezone(timezone(timedelta(hours=2))).isoformat()  # an offset, read as the moment it names
     later = await run_client(
-        env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs", "--target-name", "prod"
-    )
+        env, "trigger", upstream["id"], "--run-at", at_text, "--no-generate-docs", "--target-name", "prod",
+        "--dbt-version", "1.11",
+    )  # fmt: skip
     assert later["overrides"]["generateDocs"] is False and later["overrides"]["targetName"] == "prod"
+    assert later["overrides"]["dbtVersion"] == "1.11"
+    code, _, err = await finish(await start(env, "trigger", upstream["id"], "--dbt-version", "1.11; rm -rf /"))
+    assert code == 1 and "INVALID_ARGUMENT" in err and "overrides.dbt_version" in err
     assert await scalar(adb, "SELECT scheduled_at FROM runs WHERE id = %s", later["id"]) == at
 
 

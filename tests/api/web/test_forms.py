@@ -450,7 +450,7 @@ async def test_priority_missed_run_grace_and_fan_in_set_on_the_job_form(browser:
     assert await stored() == (-3, 300, "any")
 
 
-async def test_run_now_at_a_later_time_and_with_docs_overridden(browser: Browser, adb: AsyncDb) -> None:
+async def test_run_now_at_a_later_time_with_docs_and_dbt_version_overridden(browser: Browser, adb: AsyncDb) -> None:
     await browser.login()
     project_id = await _project(browser, adb)
     environment_id = await _environment(browser, adb, project_id)
@@ -462,17 +462,17 @@ async def test_run_now_at_a_later_time_and_with_docs_overridden(browser: Browser
     await browser.http.get("/ui/time-zone", params={"zone": "Europe/Paris"})  # the viewer's zone
     page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
     assert 'name="run_at" type="datetime-local"' in page and "Run at (Europe/Paris)" in page
-    assert "the job&#39;s setting (yes)" in page
+    assert "the job&#39;s setting (yes)" in page and 'name="dbt_version"' in page
 
     at = (datetime.now(UTC) + timedelta(days=2)).replace(second=0, microsecond=0)
     typed = at.astimezone(ZoneInfo("Europe/Paris")).strftime("%Y-%m-%dT%H:%M")  # what datetime-local sends
-    later = await browser.post(f"/ui/jobs/{job_id}/run", run_at=typed, generate_docs="off")
+    later = await browser.post(f"/ui/jobs/{job_id}/run", run_at=typed, generate_docs="off", dbt_version="1.11")
     assert later.status_code == 303, later.text
     run_id = int(later.headers["location"].rsplit("/", 1)[1])
     row = await (
         await adb.execute("SELECT status, scheduled_at, overrides FROM runs WHERE id = %s", (run_id,))
     ).fetchone()
-    assert row == (1, at, {"generate_docs": False})  # queued for then, in the viewer's zone
+    assert row == (1, at, {"generate_docs": False, "dbt_version": "1.11"})  # queued for then, in the viewer's zone
 
     now = await browser.post(f"/ui/jobs/{job_id}/run")  # both left empty: now, with the job's docs setting
     now_id = int(now.headers["location"].rsplit("/", 1)[1])
@@ -483,6 +483,7 @@ async def test_run_now_at_a_later_time_and_with_docs_overridden(browser: Browser
         ({"run_at": "tomorrow"}, "run_at", "is not a time"),
         ({"run_at": "2999-01-01T06:00"}, "run_at", "at most 366 days ahead"),
         ({"generate_docs": "maybe"}, "generate_docs", "is not one of on, off"),
+        ({"dbt_version": "1.11; rm -rf /"}, "dbt_version", "a version or image tag"),
     ):
         refused = await browser.post(f"/ui/jobs/{job_id}/run", **form)
         assert refused.status_code == 400, (form, refused.text[-500:])
