@@ -10,6 +10,7 @@ import asyncio
 import json
 import mimetypes
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -24,7 +25,15 @@ from api.lookup import existing_job, existing_run, run_artifact
 from api.pausing import set_paused
 from api.rerunning import rerun_from_failure
 from api.triggering import rerun_spec, trigger_run
-from api.validation import MAX_CAUSE, RunOverridesSpec, TriggerSpec, checked_overrides, later_time, text
+from api.validation import (
+    MAX_CAUSE,
+    RunOverridesSpec,
+    TriggerSpec,
+    checked_idempotency_key,
+    checked_overrides,
+    later_time,
+    text,
+)
 from api.web import views
 from api.web.form_fields import FormErrors, lines, number
 from api.web.layout import page, see_other, store_of
@@ -421,7 +430,11 @@ async def job(request: Request, who: Looking, job_id: int) -> HTMLResponse:
 async def _job_page(
     request: Request, who: Viewer, job_id: int, values: dict[str, str], errors: FormErrors
 ) -> HTMLResponse:
-    """The job's page; ``values`` and ``errors`` are its Run now form's."""
+    """The job's page; ``values`` and ``errors`` are its Run now form's.
+
+    The form carries a key of its own, so that sending it twice (a double click, a resent post) makes
+    one run; the page is not kept by the browser, so going back to it gives a new key, a new run."""
+    values = {"run_key": uuid.uuid4().hex, **values}
     store = store_of(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, who.account_id, job_id)
@@ -429,7 +442,7 @@ async def _job_page(
     chart = views.duration_chart(recent)
     recent = recent[:10]
     now = datetime.now(UTC)
-    return await page(
+    answer = await page(
         request,
         "job.html",
         who,
@@ -440,6 +453,8 @@ async def _job_page(
         values=values,
         errors=errors,
     )
+    answer.headers["Cache-Control"] = "no-store"
+    return answer
 
 
 def _job_filter(job_id: int) -> dict[str, Any]:
@@ -464,6 +479,7 @@ async def run_now(
     generate_docs: Annotated[str, Form()] = "",
     dbt_version: Annotated[str, Form()] = "",
     run_at: Annotated[str, Form()] = "",
+    run_key: Annotated[str, Form()] = "",
 ) -> Response:
     """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
     a CI job's run names its pull request. ``run_at`` (in the viewer's time zone) queues the run for a
@@ -487,7 +503,8 @@ async def run_now(
         )
         cause = text(cause, "cause", max_length=MAX_CAUSE)
         at = later_time(later, "run_at") if later is not None else None
-        spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, None, overrides, run_at=at)
+        key = checked_idempotency_key(run_key, "run_key")
+        spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, key and f"web:{key}", overrides, run_at=at)
         row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
     except InvalidArgument as exc:
         form = await request.form()

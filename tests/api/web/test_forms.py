@@ -492,3 +492,26 @@ async def test_run_now_at_a_later_time_with_docs_and_dbt_version_overridden(brow
         if field == "run_at":
             assert f'name="run_at" type="datetime-local" value="{form["run_at"]}"' in refused.text
     assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 2
+
+
+async def test_run_now_sent_twice_makes_one_run(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    made = await browser.post("/ui/jobs/new", name="once", job_type="deploy", steps="echo once")
+    job_id = _id(made.headers["location"], r"/ui/jobs/(\d+)$")
+    page = await browser.http.get(f"/ui/jobs/{job_id}")
+    assert page.headers["cache-control"] == "no-store"  # going back to the page gives it a new key
+    key = re.search(r'name="run_key" value="(\w+)"', page.text)
+    assert key is not None
+    again = re.search(r'name="run_key" value="(\w+)"', (await browser.http.get(f"/ui/jobs/{job_id}")).text)
+    assert again is not None and again.group(1) != key.group(1)  # each page its own
+
+    first = await browser.post(f"/ui/jobs/{job_id}/run", run_key=key.group(1), cause="deploy fix")
+    second = await browser.post(f"/ui/jobs/{job_id}/run", run_key=key.group(1), cause="deploy fix")
+    assert first.status_code == second.status_code == 303, second.text
+    assert first.headers["location"] == second.headers["location"]
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 1
+    other = await browser.post(f"/ui/jobs/{job_id}/run", run_key=key.group(1), cause="another cause")
+    assert other.status_code == 409  # the key of one run, sent with another request: nothing queued
+    fresh = await browser.post(f"/ui/jobs/{job_id}/run", run_key=again.group(1), cause="deploy fix")
+    assert fresh.status_code == 303 and fresh.headers["location"] != first.headers["location"]
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 2
