@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import aio_pika
 import aio_pika.abc
@@ -209,7 +209,7 @@ class AmqpBus:
             body=message.SerializeToString(),
             type=type(message).__name__,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers=tracing.inject(headers),  # type: ignore[arg-type]
+            headers=_field_table(tracing.inject(headers)),
         )
         await self._publish(queue, amqp_message)
 
@@ -495,8 +495,14 @@ def _copy(incoming: aio_pika.abc.AbstractIncomingMessage, headers: dict[str, obj
         body=incoming.body,
         type=incoming.type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers=headers,  # type: ignore[arg-type]
+        headers=_field_table(headers),
     )
+
+
+def _field_table(headers: dict[str, object]) -> aio_pika.abc.HeadersType:
+    """Headers as an AMQP field table: their values are the broker's own (from a message's headers) or the
+    strings and counts runplane adds, all of them field values."""
+    return cast("aio_pika.abc.HeadersType", headers)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -27,10 +27,13 @@ from psycopg_pool import AsyncConnectionPool
 from runplane.adapters import readiness
 from runplane.basics.errors import Contention, DatabaseError, ServiceUnavailable
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 _CHECK_TIMEOUT = 2.0
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
-T = TypeVar("T")
+RowT = TypeVar("RowT", bound="DataclassInstance")
 
 _CONTENTION = (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -111,13 +114,13 @@ async def transaction(pool: AsyncConnectionPool[Connection]) -> AsyncIterator[Co
         yield conn
 
 
-def _row_factory(row: type[T]) -> BaseRowFactory[T]:
+def _row_factory(row: type[RowT]) -> BaseRowFactory[RowT]:
     """psycopg's ``class_row``, but positional when the columns are the dataclass's fields in order
     (a hot query's thousands of rows then skip building a keyword dict each)."""
     by_name = class_row(row)
-    fields = tuple(field.name for field in dataclasses.fields(row))  # type: ignore[arg-type]
+    fields = tuple(field.name for field in dataclasses.fields(row))
 
-    def factory(cursor: Any) -> RowMaker[T]:
+    def factory(cursor: Any) -> RowMaker[RowT]:
         description = cursor.description or ()
         if tuple(column.name for column in description) == fields:
             return lambda values: row(*values)
@@ -126,14 +129,14 @@ def _row_factory(row: type[T]) -> BaseRowFactory[T]:
     return factory
 
 
-async def fetch_all(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> list[T]:
+async def fetch_all(conn: Connection, query: str, params: Mapping[str, Any], row: type[RowT]) -> list[RowT]:
     """Every row of ``query`` as a ``row`` (a dataclass whose fields are the query's columns)."""
     async with conn.cursor(row_factory=_row_factory(row)) as cur:
         await cur.execute(query, params)
         return await cur.fetchall()
 
 
-async def fetch_one(conn: Connection, query: str, params: Mapping[str, Any], row: type[T]) -> T | None:
+async def fetch_one(conn: Connection, query: str, params: Mapping[str, Any], row: type[RowT]) -> RowT | None:
     """The first row of ``query`` as a ``row``, or None."""
     async with conn.cursor(row_factory=_row_factory(row)) as cur:
         await cur.execute(query, params)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from google.protobuf.message import Message
 
 from queuer_worker.runs_store import PostgresRunsStore
 from queuer_worker.worker import QueuerWorker
@@ -107,7 +108,7 @@ def held(worker: QueuerWorker) -> dict[int, int]:
 
 async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running: Running) -> None:
     rng = random.Random(20260321)
-    messages: list[tuple[str, object]] = []
+    messages: list[tuple[str, Message]] = []
     expected: dict[int, int] = {}
     clock = 0
     for job_id in range(1, 31):
@@ -132,7 +133,7 @@ async def test_shuffled_and_duplicated_messages_end_at_the_newest_stamp(running:
     topo = running.topology
     for where, message in messages:
         queue = topo.assign if where == "assign" else topo.worker("w-test")
-        await running.publisher.publish(queue, message)  # type: ignore[arg-type]
+        await running.publisher.publish(queue, message)
 
     await eventually(lambda: held(running.worker) == expected, 20, what="the newest stamp per job")
     assert running.worker.gate.newest_term == 2

@@ -50,6 +50,7 @@ async def test_messages_arrive_in_order_and_are_acked(bus: AmqpBus, prefix: str)
 
     async def handler(message: Message, delivery: Delivery) -> None:
         assert isinstance(message, bus_pb2.Pickup)
+        assert isinstance(message, bus_pb2.Pickup)
         seen.append(message.account_id)
 
     await _consume_until(bus, queue, handler, 5, seen)
@@ -189,7 +190,8 @@ async def test_an_undecodable_message_is_dead_lettered_not_looped(bus: AmqpBus, 
     seen: list[object] = []
 
     async def handler(message: Message, delivery: Delivery) -> None:
-        seen.append(message.account_id)  # type: ignore[attr-defined]
+        assert isinstance(message, bus_pb2.Pickup)
+        seen.append(message.account_id)
 
     await _consume_until(bus, queue, handler, 1, seen)
     assert seen == [3]
@@ -242,6 +244,7 @@ async def test_a_consumer_whose_queue_is_deleted_consumes_the_queue_made_again(b
     first = asyncio.Event()
 
     async def handler(message: Message, delivery: Delivery) -> None:
+        assert isinstance(message, bus_pb2.Pickup)
         assert isinstance(message, bus_pb2.Pickup)
         seen.append(message.account_id)
         first.set()
