@@ -28,7 +28,7 @@ import grpc
 from runplane.adapters.grpc_options import RUNNER_CHANNEL
 from runplane.basics.errors import RunplaneError
 from runplane.basics.types import FailureKind, Outcome
-from runplane.v1 import runner_pb2, runner_pb2_grpc
+from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class RunnerApi:
         request = runner_pb2.SetStepStatusRequest(
             step_index=index,
             state=runner_pb2.STEP_STATE_FINISHED,
-            status=status,  # type: ignore[arg-type]
+            status=common_pb2.RunStatus.ValueType(status),
             end_reason=end_reason,
         )
         if exit_code is not None:
@@ -192,7 +192,7 @@ class RunnerApi:
         request = runner_pb2.FinishRequest(
             run_id=self.run_id,
             lease_id=self.lease_id,
-            status=int(outcome.status),  # type: ignore[arg-type]
+            status=common_pb2.RunStatus.ValueType(outcome.status),
             message=outcome.message,
             failure=_FAILURE_KINDS[outcome.failure] if outcome.failure else runner_pb2.FAILURE_KIND_UNSPECIFIED,
         )

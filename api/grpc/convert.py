@@ -7,6 +7,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from api.projects_validation import CREDENTIAL_KINDS, ENVIRONMENT_TYPES
 from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
 from runplane.v1 import jobs_pb2, projects_pb2, runs_pb2
 
@@ -22,6 +23,8 @@ def timestamp(value: datetime | None) -> Timestamp | None:
 
 
 COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+GIT_CREDENTIAL_KINDS = {name: kind for kind, name in CREDENTIAL_KINDS.items()}
+ENVIRONMENT_TYPES_BY_NAME = {name: kind for kind, name in ENVIRONMENT_TYPES.items()}
 
 
 def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
@@ -40,7 +43,7 @@ def job(row: Row, completion_triggers: list[Row]) -> jobs_pb2.Job:
         id=row["id"],
         account_id=row["account_id"],
         name=row["name"],
-        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
+        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],
         steps=row["steps"],
         triggers=triggers,
         settings=jobs_pb2.JobSettings(
@@ -79,9 +82,9 @@ def run(row: Row, steps: list[Row]) -> runs_pb2.Run:
         id=row["id"],
         account_id=row["account_id"],
         job_id=row["job_id"],
-        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
+        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],
         status=row["status"],
-        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
+        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],
         cause=row["cause"],
         idempotency_key=row["idempotency_key"],
         attempt=row["attempt"],
@@ -153,7 +156,7 @@ def project(row: Row) -> projects_pb2.Project:
         name=row["name"],
         repository_url=row["repository_url"],
         subdirectory=row["subdirectory"],
-        git_credential_kind={"none": 0, "token": 1, "ssh_key": 2}[row["git_credential_kind"]],  # type: ignore[arg-type]
+        git_credential_kind=GIT_CREDENTIAL_KINDS[row["git_credential_kind"]],
         git_credential_set=bool(row["git_credential"]),
         created_at=timestamp(row["created_at"]),
         updated_at=timestamp(row["updated_at"]),
@@ -166,7 +169,7 @@ def environment(row: Row) -> projects_pb2.Environment:
         account_id=row["account_id"],
         project_id=row["project_id"],
         name=row["name"],
-        environment_type={"deployment": 1, "development": 2}[row["environment_type"]],  # type: ignore[arg-type]
+        environment_type=ENVIRONMENT_TYPES_BY_NAME[row["environment_type"]],
         dbt_version=row["dbt_version"],
         git_branch=row["git_branch"],
         adapter_type=row["adapter_type"],

@@ -84,8 +84,8 @@ def build_run_spec(
         lease_id=lease_id,
         lease_seconds=lease_seconds,
         heartbeat_interval=heartbeat_interval,
-        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],  # type: ignore[arg-type]
-        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],  # type: ignore[arg-type]
+        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],
+        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],
         optional_steps=[len(setup) + i for i in optional],
         setup_steps=len(setup),
         state_files=[runner_pb2.StateFile(**f) for f in overrides.get("state_files") or []],

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import NewType
 
+from runplane.v1 import common_pb2
+
 AccountId = NewType("AccountId", int)
 JobId = NewType("JobId", int)
 RunId = NewType("RunId", int)
@@ -58,22 +60,22 @@ class WaitingReason(enum.StrEnum):
 
 
 # Proto enums number job types and triggers; the database stores their names.
-JOB_TYPE_TO_PROTO: dict[JobType, int] = {
-    JobType.DEPLOY: 1,
-    JobType.CI: 2,
-    JobType.MERGE: 3,
-    JobType.ADHOC: 4,
+JOB_TYPE_TO_PROTO: dict[JobType, common_pb2.JobType.ValueType] = {
+    JobType.DEPLOY: common_pb2.JOB_TYPE_DEPLOY,
+    JobType.CI: common_pb2.JOB_TYPE_CI,
+    JobType.MERGE: common_pb2.JOB_TYPE_MERGE,
+    JobType.ADHOC: common_pb2.JOB_TYPE_ADHOC,
 }
 JOB_TYPE_FROM_PROTO: dict[int, JobType] = {v: k for k, v in JOB_TYPE_TO_PROTO.items()}
 
-TRIGGER_TO_PROTO: dict[Trigger, int] = {
-    Trigger.SCHEDULE: 1,
-    Trigger.API: 2,
-    Trigger.MANUAL: 3,
-    Trigger.CI: 4,
-    Trigger.MERGE: 5,
-    Trigger.COMPLETION: 6,
-    Trigger.RETRY: 7,
+TRIGGER_TO_PROTO: dict[Trigger, common_pb2.Trigger.ValueType] = {
+    Trigger.SCHEDULE: common_pb2.TRIGGER_SCHEDULE,
+    Trigger.API: common_pb2.TRIGGER_API,
+    Trigger.MANUAL: common_pb2.TRIGGER_MANUAL,
+    Trigger.CI: common_pb2.TRIGGER_CI,
+    Trigger.MERGE: common_pb2.TRIGGER_MERGE,
+    Trigger.COMPLETION: common_pb2.TRIGGER_COMPLETION,
+    Trigger.RETRY: common_pb2.TRIGGER_RETRY,
 }
 TRIGGER_FROM_PROTO: dict[int, Trigger] = {v: k for k, v in TRIGGER_TO_PROTO.items()}
 

@@ -168,8 +168,8 @@ def to_proto(context: DbtContext) -> projects_pb2.DbtContext:
         project_id=context.project_id,
         environment_id=context.environment_id,
         environment_type=context.environment_type,
-        job_type=JOB_TYPE_TO_PROTO[context.job_type],  # type: ignore[arg-type]
-        trigger=TRIGGER_TO_PROTO[context.trigger],  # type: ignore[arg-type]
+        job_type=JOB_TYPE_TO_PROTO[context.job_type],
+        trigger=TRIGGER_TO_PROTO[context.trigger],
         cause=context.cause,
         repository_url=context.repository_url,
         subdirectory=context.subdirectory,

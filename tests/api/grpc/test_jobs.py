@@ -400,6 +400,8 @@ async def test_an_all_of_job_counts_only_upstream_runs_after_its_triggers_were_s
     assert await scalar(adb, baseline, c.id, a.id) == earlier.id
     assert await scalar(adb, baseline, c.id, b.id) == 0
     code, details = await status_of(
-        client.jobs.CreateJob(deploy_job("bad", triggers=jobs_pb2.JobTriggers(completion_mode=7)))  # type: ignore[arg-type]
+        client.jobs.CreateJob(
+            deploy_job("bad", triggers=jobs_pb2.JobTriggers(completion_mode=jobs_pb2.CompletionMode.ValueType(7)))
+        )
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "completion_mode" in details

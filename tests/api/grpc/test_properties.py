@@ -57,7 +57,13 @@ def job_requests(draw: st.DrawFn) -> jobs_pb2.CreateJobRequest:
     chaos = draw(st.sampled_from([0, 15, 50, 100]))
     request = jobs_pb2.CreateJobRequest(
         name=draw(field(names, texts, chaos)),
-        job_type=draw(field(st.integers(1, 4), st.integers(-1, 6), chaos)),  # type: ignore[arg-type]
+        job_type=draw(
+            field(
+                st.integers(1, 4).map(common_pb2.JobType.ValueType),
+                st.integers(-1, 6).map(common_pb2.JobType.ValueType),  # unknown numbers too
+                chaos,
+            )
+        ),
         steps=draw(field(steps, st.lists(texts, max_size=4) | st.just(["true"] * 51), chaos)),
     )
     if draw(st.booleans()):
@@ -112,7 +118,13 @@ def trigger_requests(draw: st.DrawFn, job_ids: list[int]) -> runs_pb2.TriggerRun
     chaos = draw(st.sampled_from([0, 15, 50, 100]))
     request = runs_pb2.TriggerRunRequest(
         job_id=draw(field(st.sampled_from(job_ids), ids, chaos)),
-        trigger=draw(field(st.sampled_from([0, 2, 3, 4, 5]), st.integers(-1, 9), chaos)),  # type: ignore[arg-type]
+        trigger=draw(
+            field(
+                st.sampled_from([0, 2, 3, 4, 5]).map(common_pb2.Trigger.ValueType),
+                st.integers(-1, 9).map(common_pb2.Trigger.ValueType),  # unknown numbers too
+                chaos,
+            )
+        ),
         cause=draw(field(names, texts, chaos)),
         idempotency_key=draw(field(st.sampled_from(["", "k1", "k2"]), texts, chaos)),
     )

@@ -91,7 +91,7 @@ async def test_triggers_must_fit_the_job_type(client: Client, adb: AsyncDb) -> N
         (runs_pb2.TriggerRunRequest(job_id=deploy.id, trigger=common_pb2.TRIGGER_SCHEDULE), "trigger"),
         (runs_pb2.TriggerRunRequest(job_id=deploy.id, trigger=common_pb2.TRIGGER_COMPLETION), "trigger"),
         (runs_pb2.TriggerRunRequest(job_id=deploy.id, trigger=common_pb2.TRIGGER_RETRY), "trigger"),
-        (runs_pb2.TriggerRunRequest(job_id=deploy.id, trigger=99), "trigger"),  # type: ignore[arg-type]
+        (runs_pb2.TriggerRunRequest(job_id=deploy.id, trigger=common_pb2.Trigger.ValueType(99)), "trigger"),
         (runs_pb2.TriggerRunRequest(job_id=0), "job_id"),
     ]
     for request, field in cases:
@@ -279,7 +279,7 @@ async def test_list_runs_filters_and_walks_every_page_newest_first(client: Clien
     first_page = await client.runs.ListRuns(runs_pb2.ListRunsRequest(job_id=a.id, page_size=5))
     for bad in (
         runs_pb2.ListRunsRequest(job_id=b.id, page_size=5, page_token=first_page.next_page_token),
-        runs_pb2.ListRunsRequest(statuses=[7]),  # type: ignore[list-item]
+        runs_pb2.ListRunsRequest(statuses=[common_pb2.RunStatus.ValueType(7)]),
         runs_pb2.ListRunsRequest(page_size=501),
         runs_pb2.ListRunsRequest(job_id=-1),
     ):

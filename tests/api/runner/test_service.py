@@ -205,8 +205,8 @@ async def test_retries_are_idempotent_and_steps_go_in_order(db: Conn, channel: g
     runner = await claimed(db, channel, steps=["one", "two", "three"])
     stub, md, rid = runner.stub, runner.md(), runner.run_id
 
-    def step(index: int, state: int, **kw: Any) -> runner_pb2.SetStepStatusRequest:
-        return runner_pb2.SetStepStatusRequest(run_id=rid, lease_id=LEASE, step_index=index, state=state, **kw)  # type: ignore[arg-type]
+    def step(index: int, state: runner_pb2.StepState.ValueType, **kw: Any) -> runner_pb2.SetStepStatusRequest:
+        return runner_pb2.SetStepStatusRequest(run_id=rid, lease_id=LEASE, step_index=index, state=state, **kw)
 
     with pytest.raises(grpc.aio.AioRpcError) as refused:  # step 1 before step 0 ended
         await stub.SetStepStatus(step(1, runner_pb2.STEP_STATE_STARTED), metadata=md)
