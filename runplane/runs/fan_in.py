@@ -44,7 +44,9 @@ class _Member:
 
 
 @dataclass(frozen=True)
-class _Queued:
+class QueuedRun:
+    """A run an insert queued (``RETURNING id, account_id``)."""
+
     id: RunId
     account_id: AccountId
 
@@ -66,7 +68,7 @@ async def queue_fan_ins(conn: Connection, *, run_id: int, upstream_job_id: int, 
         cause = "all upstream jobs finished: runs " + ", ".join(str(r) for r in upstream_runs)
         key = fan_in_idempotency_key(job_id, upstream_runs)
         row = await fetch_one(
-            conn, Q["queue_fan_in"], {"job_id": job_id, "key": key, "run_id": run_id, "cause": cause}, _Queued
+            conn, Q["queue_fan_in"], {"job_id": job_id, "key": key, "run_id": run_id, "cause": cause}, QueuedRun
         )
         await conn.execute(
             Q["consume_fan_in"],

@@ -30,11 +30,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters import instruments
 from runplane.adapters.bus import Bus, Topology
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all, fetch_one
 from runplane.basics.types import AccountId, JobId, Outcome, RunId, RunStatus
-from runplane.runs.fan_in import queue_fan_ins
+from runplane.runs.fan_in import QueuedRun, queue_fan_ins
 from runplane.runs.pickups import hint_pickups
-from runplane.runs.retries import RetryPolicy, queue_retry
+from runplane.runs.retries import EndedRun, FailedJob, RetryPolicy, queue_retry
 from runplane.runs.transitions import TRANSITIONS
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ async def finish_run(
     if not outcome.status.is_terminal:
         raise ValueError(f"{outcome.status.name} is not a terminal status")
     async with conn.transaction():
-        cur = await conn.execute(
+        run = await fetch_one(
+            conn,
             Q["finish_run"],
             {
                 "run_id": run_id,
@@ -86,8 +87,8 @@ async def finish_run(
                 "lease_owner": lease_owner,
                 "require_lease_expired": require_lease_expired,
             },
+            EndedRun,
         )
-        run = await cur.fetchone()
         if run is None:
             return None
         # Steps end with their run: one still running (its runner lost) ends as the run did, with the
@@ -95,31 +96,31 @@ async def finish_run(
         await conn.execute(
             Q["end_unfinished_steps"], {"run_id": run_id, "status": int(outcome.status), "reason": outcome.message}
         )
-        job_id = JobId(int(run["job_id"]))  # type: ignore[call-overload]
-        account_id = AccountId(int(run["account_id"]))  # type: ignore[call-overload]
+        job_id, account_id = run.job_id, run.account_id
         pickups = {account_id}  # a slot may have freed
         retry_run_id: RunId | None = None
         deactivated = exhausted = False
         if outcome.status is RunStatus.SUCCESS:
             await conn.execute(Q["reset_failures"], {"job_id": job_id})
         elif outcome.status is RunStatus.ERROR:
-            cur = await conn.execute(Q["count_failure"], {"job_id": job_id, "run_id": run_id})
-            job = await cur.fetchone()
+            job = await fetch_one(conn, Q["count_failure"], {"job_id": job_id, "run_id": run_id}, FailedJob)
             if job is not None:
-                deactivated = bool(job["deactivated_now"])
+                deactivated = bool(job.deactivated_now)
                 retry_run_id, exhausted = await queue_retry(
                     conn, run, job, failure=outcome.failure, message=outcome.message, policy=policy
                 )
                 if retry_run_id is not None:
                     pickups.add(account_id)
         downstream: list[RunId] = []
-        cur = await conn.execute(
+        queued = await fetch_all(
+            conn,
             Q["queue_completion_triggers"],
             {"run_id": run_id, "upstream_job_id": job_id, "status": int(outcome.status)},
+            QueuedRun,
         )
-        for row in await cur.fetchall():
-            downstream.append(RunId(int(row["id"])))  # type: ignore[call-overload]
-            pickups.add(AccountId(int(row["account_id"])))  # type: ignore[call-overload]
+        for row in queued:
+            downstream.append(row.id)
+            pickups.add(row.account_id)
         for fan_in in await queue_fan_ins(conn, run_id=run_id, upstream_job_id=job_id, status=outcome.status):
             downstream.append(fan_in.run_id)
             pickups.add(fan_in.account_id)

@@ -15,13 +15,14 @@ queued, after the backoff ceiling of its launch attempts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import psycopg.types.json
 
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.backoff import jittered
 from runplane.basics.settings import RunnerSettings
-from runplane.basics.types import FailureKind, RunId, retry_idempotency_key
+from runplane.basics.types import AccountId, FailureKind, JobId, RunId, retry_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 
 Q = TRANSITIONS
@@ -42,47 +43,81 @@ class RetryPolicy:
         return jittered(self.backoff_base, attempt, cap=self.backoff_cap)
 
 
+@dataclass(frozen=True)
+class EndedRun:
+    """The run a terminal status was just written to (``finish_run``), with what a retry copies from it."""
+
+    id: RunId
+    account_id: AccountId
+    job_id: JobId
+    job_type: str
+    trigger: str
+    cause: str
+    attempt: int
+    priority: int
+    takes_slot: bool
+    overrides: dict[str, object]
+    pull_request_number: int | None
+    schema_name: str
+
+
+@dataclass(frozen=True)
+class FailedJob:
+    """A job after a failed run was counted (``count_failure``): whether it is still active, and its retries."""
+
+    deactivated_now: bool | None
+    deactivated_at: datetime | None
+    deleted_at: datetime | None
+    paused_at: datetime | None
+    retry_max_attempts: int
+    retry_on_step_failure: bool
+
+
+@dataclass(frozen=True)
+class _Queued:
+    id: RunId
+
+
 async def queue_retry(
     conn: Connection,
-    run: dict[str, object],
-    job: dict[str, object],
+    run: EndedRun,
+    job: FailedJob,
     *,
     failure: FailureKind | None,
     message: str,
     policy: RetryPolicy,
 ) -> tuple[RunId | None, bool]:
     """Queue the next attempt when the job's budget allows; else say whether the budget ran out."""
-    budget = int(job["retry_max_attempts"])  # type: ignore[call-overload]
-    retryable = failure is FailureKind.INFRASTRUCTURE or (
-        failure is FailureKind.STEP and bool(job["retry_on_step_failure"])
-    )
+    budget = job.retry_max_attempts
+    retryable = failure is FailureKind.INFRASTRUCTURE or (failure is FailureKind.STEP and job.retry_on_step_failure)
     if budget <= 0 or not retryable:
         return None, False
-    attempt = int(run["attempt"])  # type: ignore[call-overload]
+    attempt = run.attempt
     # A paused job is queued by nothing automatic, its retries included.
-    active = job["deactivated_at"] is None and job["deleted_at"] is None and job["paused_at"] is None
+    active = job.deactivated_at is None and job.deleted_at is None and job.paused_at is None
     if attempt > budget or not active:
         exhausted = f"{message}; retries exhausted after {attempt} attempts" if active else message
         if active:
-            await conn.execute(Q["mark_retries_exhausted"], {"run_id": run["id"], "message": exhausted})
+            await conn.execute(Q["mark_retries_exhausted"], {"run_id": run.id, "message": exhausted})
         return None, active
-    cur = await conn.execute(
+    row = await fetch_one(
+        conn,
         Q["queue_retry"],
         {
-            "account_id": run["account_id"],
-            "job_id": run["job_id"],
-            "job_type": run["job_type"],
-            "cause": f"retry {attempt} of {budget} after run {run['id']}: {message}",
-            "idempotency_key": retry_idempotency_key(int(run["id"])),  # type: ignore[call-overload]
+            "account_id": run.account_id,
+            "job_id": run.job_id,
+            "job_type": run.job_type,
+            "cause": f"retry {attempt} of {budget} after run {run.id}: {message}",
+            "idempotency_key": retry_idempotency_key(run.id),
             "attempt": attempt + 1,
-            "parent_run_id": run["id"],
-            "priority": run["priority"],
-            "takes_slot": run["takes_slot"],
-            "overrides": psycopg.types.json.Jsonb(run["overrides"]),
-            "pull_request_number": run["pull_request_number"],
-            "schema_name": run["schema_name"],
+            "parent_run_id": run.id,
+            "priority": run.priority,
+            "takes_slot": run.takes_slot,
+            "overrides": psycopg.types.json.Jsonb(run.overrides),
+            "pull_request_number": run.pull_request_number,
+            "schema_name": run.schema_name,
             "delay": policy.delay(attempt),
         },
+        _Queued,
     )
-    row = await cur.fetchone()
-    return (RunId(int(row["id"])) if row else None), False  # type: ignore[call-overload]
+    return (row.id if row else None), False
