@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters import instruments
 from runplane.adapters.bus import AmqpBus, Bus, Topology
-from runplane.adapters.db import Connection, open_pool
+from runplane.adapters.db import Connection, fetch_all, fetch_one, open_pool
 from runplane.adapters.outages import Backoff, is_transient
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import sleep_or_stop
+from runplane.basics.types import AccountId
 from runplane.runs.pickups import PendingPickups, pending_pickup_ttl_ms, send_pickups
 from runplane.runs.pull_requests import sweep_pull_request_schemas
 from runplane.sql import load_queries
@@ -31,6 +33,22 @@ from scheduler.retention import delete_expired_runs
 log = logging.getLogger(__name__)
 
 Q = load_queries("scheduler")
+
+
+@dataclass(frozen=True)
+class _DueAccount:
+    account_id: AccountId
+
+
+@dataclass(frozen=True)
+class _RunGauges:
+    queued: int
+    undecided: int
+    running: int
+    slots_in_use: int
+    oldest_queued_age: float
+    stuck: int
+
 
 FORGET_DISPATCHER_AFTER = 60.0
 # Seconds in a row dispatch may count as behind (``SchedulerLoop._behind``): run metrics wait and the
@@ -110,8 +128,8 @@ class SchedulerLoop:
         afford it. A lost one is made up once dispatch has caught up, or after ``BEHIND_MAX``."""
         grace = BEHIND_MAX if behind else self._settings.scheduler.sweep_grace
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["accounts_with_due_runs"], {"grace": grace})
-            due = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
+            rows = await fetch_all(conn, Q["accounts_with_due_runs"], {"grace": grace}, _DueAccount)
+        due = [row.account_id for row in rows]
         accounts = await self._pending.mark(due)  # not those whose last Pickup still waits
         return await send_pickups(self._bus, self._topology, accounts, source="scheduler")
 
@@ -120,16 +138,17 @@ class SchedulerLoop:
 
         Returns how many due runs wait for a first dispatch decision."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["run_gauges"], {"start_timeout": self._settings.scheduler.start_timeout})
-            gauges = await cur.fetchone()
+            gauges = await fetch_one(
+                conn, Q["run_gauges"], {"start_timeout": self._settings.scheduler.start_timeout}, _RunGauges
+            )
             await conn.execute(Q["forget_silent_dispatchers"], {"silent_seconds": FORGET_DISPATCHER_AFTER})
         if gauges is not None:
-            instruments.queued_runs.set(int(gauges["queued"]))  # type: ignore[call-overload]
-            instruments.running_runs.set(int(gauges["running"]))  # type: ignore[call-overload]
-            instruments.slots_in_use.set(int(gauges["slots_in_use"]))  # type: ignore[call-overload]
-            instruments.oldest_queued_age.set(float(gauges["oldest_queued_age"]))  # type: ignore[arg-type]
-            instruments.stuck_runs.set(int(gauges["stuck"]))  # type: ignore[call-overload]
-            return int(gauges["undecided"])  # type: ignore[call-overload, no-any-return]
+            instruments.queued_runs.set(gauges.queued)
+            instruments.running_runs.set(gauges.running)
+            instruments.slots_in_use.set(gauges.slots_in_use)
+            instruments.oldest_queued_age.set(gauges.oldest_queued_age)
+            instruments.stuck_runs.set(gauges.stuck)
+            return gauges.undecided
         return 0
 
 

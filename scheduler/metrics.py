@@ -15,12 +15,13 @@ scheduler loops share the work without counting a run twice), and not while disp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters import instruments
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all
 from runplane.basics.types import RunStatus
 from runplane.sql import load_queries
 
@@ -28,6 +29,21 @@ Q = load_queries("scheduler", "metrics.sql")
 
 BATCH = 2000
 QUEUED, STARTED, FINISHED = 1, 2, 4
+
+
+@dataclass(frozen=True)
+class ObservedRun:
+    """A run whose events are being recorded, with the event flags recorded before (``before``)."""
+
+    before: int
+    status: int
+    trigger: str
+    job_type: str
+    scheduled_at: datetime
+    queued_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
@@ -47,8 +63,7 @@ async def observe_runs(
     seen = 0
     for _ in range(max_batches):
         async with pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(Q["observe_runs"], {"limit": batch, "queued_after": queued_after})
-            rows = await cur.fetchall()
+            rows = await fetch_all(conn, Q["observe_runs"], {"limit": batch, "queued_after": queued_after}, ObservedRun)
         for row in rows:
             record(row)
         seen += len(rows)
@@ -57,12 +72,11 @@ async def observe_runs(
     return seen
 
 
-def record(row: dict[str, object]) -> None:
-    before = int(row["before"])  # type: ignore[call-overload]
-    labels = {"trigger": str(row["trigger"]), "job_type": str(row["job_type"])}
-    queued_at, scheduled_at = row["queued_at"], row["scheduled_at"]
-    dispatched_at, started_at, finished_at = row["dispatched_at"], row["started_at"], row["finished_at"]
-    assert isinstance(queued_at, datetime) and isinstance(scheduled_at, datetime)
+def record(row: ObservedRun) -> None:
+    before = row.before
+    labels = {"trigger": row.trigger, "job_type": row.job_type}
+    queued_at, scheduled_at = row.queued_at, row.scheduled_at
+    dispatched_at, started_at, finished_at = row.dispatched_at, row.started_at, row.finished_at
     if not before & QUEUED:
         instruments.runs_queued.add(1, labels)
         instruments.trigger_lag.record(_seconds(queued_at, scheduled_at) or 0.0, labels)
@@ -73,7 +87,7 @@ def record(row: dict[str, object]) -> None:
             instruments.prep_time.record(_seconds(started_at, dispatched_at) or 0.0, labels)
         instruments.run_delay.record(_seconds(started_at, scheduled_at) or 0.0, labels)
     if not before & FINISHED and isinstance(finished_at, datetime):
-        status = RunStatus(int(row["status"])).name.lower()  # type: ignore[call-overload]
+        status = RunStatus(row.status).name.lower()
         instruments.runs_finished.add(1, {"status": status, **labels})
         if isinstance(started_at, datetime):
             instruments.run_duration.record(_seconds(finished_at, started_at) or 0.0, labels)

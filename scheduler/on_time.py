@@ -7,16 +7,25 @@ few index ranges per account with runs in the window (``runplane/sql/status.sql`
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters import instruments
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all
 from runplane.basics import on_time
 from runplane.basics.settings import SchedulerSettings
 from runplane.sql import load_queries
 
 Q = load_queries("runplane.sql", "status.sql")
+
+
+@dataclass(frozen=True)
+class _AccountOnTime:
+    account_id: int
+    account_name: str
+    considered: int
+    on_time: int
 
 
 class OnTimeGauge:
@@ -37,12 +46,8 @@ class OnTimeGauge:
         """Set the gauge; returns how many accounts are at or below each bound."""
         params = {"window_seconds": self._settings.on_time_window, "on_time_seconds": on_time.ON_TIME_SECONDS}
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["accounts_on_time"], params)
-            rows = await cur.fetchall()
-        counts = on_time.accounts_at_or_below(
-            on_time.ratio(int(r["on_time"]), int(r["considered"]))  # type: ignore[call-overload]
-            for r in rows
-        )
+            rows = await fetch_all(conn, Q["accounts_on_time"], params, _AccountOnTime)
+        counts = on_time.accounts_at_or_below(on_time.ratio(r.on_time, r.considered) for r in rows)
         for le, accounts in counts.items():
             instruments.accounts_by_on_time_ratio.set(accounts, {"at_most": le})
         return counts

@@ -16,13 +16,14 @@ In Kubernetes the Pod watcher sees a runner's Pod die sooner (``dispatcher/kuber
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters.bus import Bus
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all
 from runplane.basics.settings import Settings
-from runplane.basics.types import RUNNER_LOST, FailureKind, Outcome, RunStatus
+from runplane.basics.types import RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 from runplane.runs.finish import end_run
 from runplane.runs.relaunch import launch_failed
 from runplane.runs.retries import RetryPolicy
@@ -35,29 +36,43 @@ Q = load_queries("scheduler")
 REAP_BATCH = 500
 
 
+@dataclass(frozen=True)
+class _StuckRun:
+    id: RunId
+    launch_attempts: int
+    orphaned: bool | None  # its dispatcher stopped heartbeating (NULL when never dispatched)
+
+
+@dataclass(frozen=True)
+class _LostRun:
+    id: RunId
+
+
 async def reap_starting(pool: AsyncConnectionPool[Connection], bus: Bus, settings: Settings) -> tuple[int, int]:
     """Runs starting longer than the start timeout, or whose dispatcher stopped heartbeating before it
     launched them: relaunched, or ended once the launch budget is spent."""
     timeout = settings.scheduler.start_timeout
     dead_after = settings.dispatcher.heartbeat_interval * settings.dispatcher.dead_after_beats
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            Q["stuck_starting"], {"start_timeout": timeout, "dead_after": dead_after, "limit": REAP_BATCH}
+        stuck = await fetch_all(
+            conn,
+            Q["stuck_starting"],
+            {"start_timeout": timeout, "dead_after": dead_after, "limit": REAP_BATCH},
+            _StuckRun,
         )
-        stuck = await cur.fetchall()
     relaunched = failed = 0
     for row in stuck:
-        attempts = int(row["launch_attempts"])  # type: ignore[call-overload]
-        orphaned = bool(row["orphaned"])
+        attempts = row.launch_attempts
+        orphaned = bool(row.orphaned)
         log.warning(
             "run orphaned by a dead dispatcher" if orphaned else "run stuck in starting",
-            extra={"run_id": row["id"], "launch_attempts": attempts},
+            extra={"run_id": row.id, "launch_attempts": attempts},
         )
         await launch_failed(
             pool,
             bus,
             settings,
-            run_id=int(row["id"]),  # type: ignore[call-overload]
+            run_id=row.id,
             launch_attempts=attempts,
             message=(
                 f"the dispatcher that started the run stopped heartbeating for {dead_after:g} s before a runner"
@@ -76,8 +91,7 @@ async def reap_starting(pool: AsyncConnectionPool[Connection], bus: Bus, setting
 async def reap_lost(pool: AsyncConnectionPool[Connection], bus: Bus, settings: Settings) -> int:
     """Running runs whose lease expired lost their runner: they end in error "runner lost"."""
     async with pool.connection() as conn:
-        cur = await conn.execute(Q["lost_running"], {"limit": REAP_BATCH})
-        lost = await cur.fetchall()
+        lost = await fetch_all(conn, Q["lost_running"], {"limit": REAP_BATCH}, _LostRun)
     policy = RetryPolicy.from_settings(settings.runner)
     ended = 0
     for row in lost:
@@ -85,7 +99,7 @@ async def reap_lost(pool: AsyncConnectionPool[Connection], bus: Bus, settings: S
             pool,
             bus,
             settings.bus_prefix,
-            int(row["id"]),  # type: ignore[call-overload]
+            row.id,
             Outcome.error(RUNNER_LOST, FailureKind.INFRASTRUCTURE),
             policy=policy,
             from_statuses=(RunStatus.RUNNING,),

@@ -12,15 +12,23 @@ that finished-and-deleted rows do not bloat, and the foreign keys that a delete 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
 
 Q = load_queries("scheduler", "retention.sql")
+
+
+@dataclass(frozen=True)
+class _Retention:
+    id: int
+    run_retention_days: int
+
 
 BATCH = 200
 MAX_BATCHES = 10
@@ -31,8 +39,8 @@ async def delete_expired_runs(
 ) -> int:
     """Delete at most ``max_batches`` batches of expired runs; how many runs were deleted."""
     async with pool.connection() as conn:
-        cur = await conn.execute(Q["accounts_keeping_runs_for_a_while"])
-        accounts = [(int(r["id"]), int(r["run_retention_days"])) for r in await cur.fetchall()]  # type: ignore[call-overload]
+        rows = await fetch_all(conn, Q["accounts_keeping_runs_for_a_while"], {}, _Retention)
+    accounts = [(r.id, r.run_retention_days) for r in rows]
     deleted = batches = 0
     for account_id, days in accounts:
         while batches < max_batches:

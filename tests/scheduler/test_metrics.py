@@ -38,14 +38,14 @@ async def test_each_event_is_recorded_once_across_racing_loops(
     _arrange(db)
     events: Counter[tuple[str, str]] = Counter()
 
-    def record(row: dict[str, object]) -> None:
-        before = int(row["before"])  # type: ignore[call-overload]
-        key = str(row["status"])
+    def record(row: metrics.ObservedRun) -> None:
+        before = row.before
+        key = str(row.status)
         if not before & metrics.QUEUED:
             events[("queued", key)] += 1
-        if not before & metrics.STARTED and row["started_at"] is not None:
+        if not before & metrics.STARTED and row.started_at is not None:
             events[("started", key)] += 1
-        if not before & metrics.FINISHED and row["finished_at"] is not None:
+        if not before & metrics.FINISHED and row.finished_at is not None:
             events[("finished", key)] += 1
 
     monkeypatch.setattr(metrics, "record", record)
