@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
-from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
+from grpc_health.v1 import _async as health_aio  # the asyncio servicer grpc_health.v1.health.aio names
 from psycopg_pool import AsyncConnectionPool
 
 from api.grpc.server import public_server

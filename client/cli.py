@@ -17,7 +17,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf import json_format
@@ -73,9 +73,11 @@ class _StreamToken(_UnaryStream):
 
 def channel(target: str, token: str | None) -> grpc.aio.Channel:
     """A channel to the API that sends ``token`` with every call (none when None)."""
+    # grpc-stubs leave the type of a client interceptor open (a placeholder that asks for a cast).
+    interceptors = [_UnaryToken(token), _StreamToken(token)] if token is not None else None
     return grpc.aio.insecure_channel(
         target,
-        interceptors=[_UnaryToken(token), _StreamToken(token)] if token is not None else None,  # type: ignore[list-item]
+        interceptors=cast("list[grpc.aio.ClientInterceptor] | None", interceptors),
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager as ContextManager
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 from opentelemetry import trace
@@ -21,6 +21,7 @@ from api.auth import bearer_token
 from api.grpc.errors import status_boundary
 from api.scopes import TokenGrant, check_scope
 from runplane.adapters import tracing
+from runplane.adapters.grpc_interceptor import MethodHandler, ServerInterceptor
 from runplane.basics.errors import InvalidArgument, Unauthenticated
 from runplane.basics.tokens import token_hash
 from runplane.basics.types import AccountId
@@ -48,7 +49,7 @@ class TokenLookup(Protocol):
     async def account_for_token(self, token_hash: bytes) -> TokenGrant | None: ...
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class AuthInterceptor(ServerInterceptor):
     """Authenticates each call and maps its errors to status codes."""
 
     def __init__(self, tokens: TokenLookup) -> None:
@@ -56,9 +57,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],  # type: ignore[type-arg]
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+    ) -> MethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_SERVICES):
@@ -69,7 +70,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if handler.response_streaming:
             assert handler.unary_stream is not None
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.unary_stream),  # type: ignore[arg-type]
+                # grpc-stubs type a handler as the sync API's (an Iterator); grpc.aio's is an async generator.
+                self._wrap_stream(method, cast("Callable[..., AsyncIterator[object]]", handler.unary_stream)),
                 request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )

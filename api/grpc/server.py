@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import _async as health_aio  # the asyncio servicer grpc_health.v1.health.aio names
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from grpc_reflection.v1alpha import reflection
 
 from api.grpc.auth import AuthInterceptor

@@ -19,6 +19,7 @@ import grpc
 
 from api.auth import bearer_token
 from api.grpc.errors import status_boundary
+from runplane.adapters.grpc_interceptor import MethodHandler, ServerInterceptor
 from runplane.basics.errors import Unauthenticated
 from runplane.basics.tokens import token_hash
 
@@ -35,14 +36,14 @@ def caller_token() -> bytes:
         raise Unauthenticated("no run token for this call") from None
 
 
-class RunTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class RunTokenInterceptor(ServerInterceptor):
     """Reads each call's token and maps what its handler raises to a status code."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],  # type: ignore[type-arg]
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+    ) -> MethodHandler:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler

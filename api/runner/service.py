@@ -87,6 +87,27 @@ class Lease:
             raise InvalidArgument("step_index", f"the run has steps 0 to {self.step_count - 1}")
 
 
+@dataclass(frozen=True)
+class _RunAccess:
+    """Why a call on a run is allowed or refused (``run_access``)."""
+
+    status: int
+    lease_owner: str | None
+    token_ok: bool | None  # NULL: the run has no token (yet)
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class _Locked:
+    cancel_requested: bool
+    step_count: int
+
+
+@dataclass(frozen=True)
+class _StateFile:
+    content: bytes
+
+
 class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     """The RPCs; served behind :class:`api.runner.run_token.RunTokenInterceptor`, which reads each call's
     token and maps what the RPCs raise to status codes."""
@@ -176,11 +197,10 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     async def ReadCancel(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.LeaseResponse:
         token, lease_id = caller_token(), _lease_id(request.lease_id)
         async with self._store.connection() as conn:
-            cur = await conn.execute(Q["run_access"], {"run_id": request.run_id, "token_hash": token})
-            row = await cur.fetchone()
+            row = await _run_access(conn, request.run_id, token)
             _check_access(row, request.run_id, lease_id)
             assert row is not None
-        return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
+        return runner_pb2.LeaseResponse(cancel_requested=row.cancel_requested)
 
     # --- writes under the lease
 
@@ -272,11 +292,11 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
     ) -> runner_pb2.FetchStateFileResponse:
         async with self._leased(request.run_id, request.lease_id) as lease:
             # Only a file the run was given (its row says which), of a run of the same account.
-            cur = await lease.conn.execute(Q["state_file"], {"run_id": request.run_id, "index": request.index})
-            row = await cur.fetchone()
+            params = {"run_id": request.run_id, "index": request.index}
+            row = await fetch_one(lease.conn, Q["state_file"], params, _StateFile)
         if row is None:
             raise NotFound(f"run {request.run_id} has no state file {request.index} (or its source run is gone)")
-        return runner_pb2.FetchStateFileResponse(content=bytes(row["content"]))  # type: ignore[call-overload]
+        return runner_pb2.FetchStateFileResponse(content=bytes(row.content))
 
     async def RecordGitSha(
         self, request: runner_pb2.RecordGitShaRequest, context: Context
@@ -356,39 +376,40 @@ def _lease_id(value: str) -> str:
 
 async def _lock_lease(conn: Connection, run_id: int, token: bytes, lease_id: str) -> int:
     """Lock the run while it is ours (token and lease); its step count. Refuses otherwise."""
-    cur = await conn.execute(Q["lock_lease"], {"run_id": run_id, "token_hash": token, "lease_id": lease_id})
-    row = await cur.fetchone()
+    row = await fetch_one(conn, Q["lock_lease"], {"run_id": run_id, "token_hash": token, "lease_id": lease_id}, _Locked)
     if row is None:
         await _refuse(conn, run_id, token, lease_id)
     assert row is not None
-    return int(row["step_count"])  # type: ignore[call-overload,no-any-return]
+    return row.step_count
 
 
 async def _refuse(conn: Connection, run_id: int, token: bytes, lease_id: str, *, claiming: bool = False) -> None:
     """Raise the error that says why the token or the lease does not allow the call."""
-    cur = await conn.execute(Q["run_access"], {"run_id": run_id, "token_hash": token})
-    row = await cur.fetchone()
-    if claiming and row is not None and row["token_ok"]:
-        status = RunStatus(row["status"])  # type: ignore[arg-type]
+    row = await _run_access(conn, run_id, token)
+    if claiming and row is not None and row.token_ok:
+        status = RunStatus(row.status)
         raise FailedPrecondition(f"run {run_id} is not starting (status {status.name.lower()})")
     _check_access(row, run_id, lease_id)
     raise FailedPrecondition(f"run {run_id} changed under the call; try again")
 
 
 async def _already_finished(conn: Connection, run_id: int, token: bytes, lease_id: str, status: RunStatus) -> bool:
-    cur = await conn.execute(Q["run_access"], {"run_id": run_id, "token_hash": token})
-    row = await cur.fetchone()
-    return bool(row and row["token_ok"] and row["lease_owner"] == lease_id and row["status"] == status)
+    row = await _run_access(conn, run_id, token)
+    return bool(row and row.token_ok and row.lease_owner == lease_id and row.status == status)
 
 
-def _check_access(row: dict[str, Any] | None, run_id: int, lease_id: str) -> None:
+async def _run_access(conn: Connection, run_id: int, token: bytes) -> _RunAccess | None:
+    return await fetch_one(conn, Q["run_access"], {"run_id": run_id, "token_hash": token}, _RunAccess)
+
+
+def _check_access(row: _RunAccess | None, run_id: int, lease_id: str) -> None:
     # An unknown run and another run's token look the same: nothing is learnt about other runs.
-    if row is None or not row["token_ok"]:
+    if row is None or not row.token_ok:
         raise PermissionDenied(f"this token is not for run {run_id}")
-    status = RunStatus(row["status"])
+    status = RunStatus(row.status)
     if status is not RunStatus.RUNNING:
         raise FailedPrecondition(f"run {run_id} is {status.name.lower()}: its token is spent")
-    if row["lease_owner"] != lease_id:
+    if row.lease_owner != lease_id:
         raise FailedPrecondition(f"run {run_id}: the lease is held by another runner")
 
 

@@ -101,7 +101,7 @@ async def test_a_follower_that_goes_away_leaves_the_server_serving(
     await write_chunk(adb, run_id, 1, "x\n")
     stream = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id, follow=True))
     first = await asyncio.wait_for(stream.read(), 10)
-    assert first.seq == 1  # type: ignore[attr-defined]
+    assert isinstance(first, runs_pb2.LogChunk) and first.seq == 1
     stream.cancel()
     # The server's handler ends (the leak check of the test harness would see it otherwise) and
     # its pooled connection comes back: every connection can still be used.
@@ -119,8 +119,9 @@ async def test_followers_end_cleanly_when_the_server_drains(api: RunningApi, cli
     run_id = await queued_run(client)
     await write_chunk(adb, run_id, 1, "x\n")
     stream = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id, follow=True))
-    assert (await asyncio.wait_for(stream.read(), 10)).seq == 1  # type: ignore[attr-defined]
+    first = await asyncio.wait_for(stream.read(), 10)
+    assert isinstance(first, runs_pb2.LogChunk) and first.seq == 1
     # A follower holding the drain would keep it for the whole minute of grace.
     await asyncio.wait_for(api.stop(grace=60.0), 10)
-    assert await stream.read() is grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+    assert await stream.read() is grpc.aio.EOF  # type: ignore[attr-defined]  # grpc-stubs do not declare grpc.aio.EOF
     assert await stream.code() is grpc.StatusCode.OK

@@ -29,7 +29,7 @@ def deploy_job(**schedule: str) -> jobs_pb2.CreateJobRequest:
 )
 async def test_an_undecodable_request_is_invalid_argument(api: RunningApi, client: Client, body: bytes) -> None:
     async with channel(f"127.0.0.1:{api.port}", client.token) as chan:
-        call = chan.unary_unary("/runplane.v1.JobService/CreateJob")  # type: ignore[call-arg]  # raw bytes: no serializers
+        call = chan.unary_unary("/runplane.v1.JobService/CreateJob", None, None)  # raw bytes: no serializers
         code, details = await call_status(call(body, timeout=10))
     assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, details)
     assert "malformed" in details
