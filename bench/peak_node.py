@@ -23,6 +23,7 @@ from bench.kubernetes_pods import IMAGES, NAMESPACE, cluster
 from bench.kubernetes_prep import MEMORY_MB, _settings, _with_system
 from bench.peak import _seed, announce, ceiling, due_minute, fire_tick, forecast_until, run_figures, wait_until_claimed
 from bench.sandbox import temporary_database
+from dispatcher.kubernetes.api import close_client
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pool import PooledLauncher
 from dispatcher.launcher import Launcher
@@ -75,7 +76,7 @@ def _clear_namespace(plane: ControlPlane, timeout: float = 180.0) -> None:
         while core.list_namespaced_pod(NAMESPACE).items and time.monotonic() < deadline:
             time.sleep(1)
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        close_client(client)
 
 
 async def _case(case: str, plane: ControlPlane, node: Node, image: str, *, n: int, timeout: float) -> dict[str, Any]:

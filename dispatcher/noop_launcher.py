@@ -16,11 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from runplane.adapters.db import Connection, connect, database_errors
+from runplane.adapters.db import Connection, connect, database_errors, fetch_all
 from runplane.basics.errors import LaunchError, RunplaneError
 from runplane.runs.transitions import TRANSITIONS
+
+
+@dataclass(frozen=True)
+class _Ended:
+    account_id: int  # an account whose runs ended and that has queued runs left
 
 
 class NoopLauncher:
@@ -52,8 +58,8 @@ class NoopLauncher:
                 try:
                     conn = await self._connection()
                     with database_errors():
-                        cur = await conn.execute(TRANSITIONS["noop_claim_and_finish"], {"ids": list(batch)})
-                        ended = [int(row["account_id"]) for row in await cur.fetchall()]  # type: ignore[call-overload]
+                        rows = await fetch_all(conn, TRANSITIONS["noop_claim_and_finish"], {"ids": list(batch)}, _Ended)
+                    ended = [row.account_id for row in rows]
                 except RunplaneError as exc:
                     await self.close()
                     for future in batch.values():

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import kubernetes.client
 import kubernetes.config
@@ -45,18 +45,31 @@ class KubernetesApiError(RunplaneError):
         return self.status in {0, 401, 429} or self.status >= 500
 
 
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_client(client: kubernetes.client.ApiClient) -> None:
+    """Close the client's connection pool (``ApiClient.close`` has no annotations; this is it, typed)."""
+    closable: _Closable = client
+    closable.close()
+
+
 def configuration(settings: KubernetesSettings) -> kubernetes.client.Configuration:
     """Client configuration for the cluster in ``settings``: a kubeconfig context, or in-cluster."""
     config = kubernetes.client.Configuration()
+    # The kubernetes package has no annotations: its loaders are typed here.
+    load_kube_config: Callable[..., None] = kubernetes.config.load_kube_config
+    load_incluster_config: Callable[..., None] = kubernetes.config.load_incluster_config
     try:
         if settings.context or settings.kubeconfig:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            load_kube_config(
                 config_file=settings.kubeconfig or None,
                 context=settings.context or None,
                 client_configuration=config,
             )
         else:
-            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+            load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException as exc:
         where = f"context {settings.context!r}" if settings.context else "in-cluster service account"
         raise ServiceUnavailable(f"cannot configure the Kubernetes client ({where}): {exc}") from exc

@@ -66,7 +66,7 @@ class ClusterGate:
                 if await supervise.sleep_or_stop(stop, self._k8s.health_interval):
                     return
         finally:
-            self._api_client.close()  # type: ignore[no-untyped-call]
+            kubernetes_api.close_client(self._api_client)
 
     async def check(self) -> None:
         """Probe the API once and open or close the gate."""

@@ -172,4 +172,4 @@ class KubernetesLauncher:
         return await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
 
     async def close(self) -> None:
-        self._api_client.close()  # type: ignore[no-untyped-call]
+        kubernetes_api.close_client(self._api_client)

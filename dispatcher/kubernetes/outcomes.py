@@ -11,10 +11,11 @@ retries, completion triggers). The scheduler loop's next pass publishes the pick
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.settings import Settings
 from runplane.basics.types import MEMORY_LIMIT_ERROR, RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 from runplane.runs.finish import finish_run
@@ -23,6 +24,12 @@ from runplane.runs.retries import RetryPolicy
 from runplane.sql import load_queries
 
 QUERIES = load_queries("dispatcher.kubernetes")
+
+
+@dataclass(frozen=True)
+class _PodRun:
+    id: RunId
+    launch_attempts: int
 
 
 class PostgresPodOutcomes:
@@ -52,7 +59,7 @@ class PostgresPodOutcomes:
                 conn,
                 self._settings,
                 run_id=run_id,
-                launch_attempts=int(row["launch_attempts"]) + 1,  # type: ignore[call-overload]
+                launch_attempts=row.launch_attempts + 1,
                 reason=reason,
                 policy=self._policy,
             )
@@ -70,11 +77,9 @@ class PostgresPodOutcomes:
 
     async def _lock(
         self, conn: Connection, run_id: RunId, pod_name: str, statuses: tuple[RunStatus, ...]
-    ) -> dict[str, object] | None:
-        cur = await conn.execute(
-            QUERIES["lock_pod_run"], {"run_id": run_id, "pod_name": pod_name, "statuses": [int(s) for s in statuses]}
-        )
-        return await cur.fetchone()
+    ) -> _PodRun | None:
+        params = {"run_id": run_id, "pod_name": pod_name, "statuses": [int(s) for s in statuses]}
+        return await fetch_one(conn, QUERIES["lock_pod_run"], params, _PodRun)
 
     async def live_pods(self, pods: Sequence[tuple[RunId, str]]) -> set[str]:
         if not pods:

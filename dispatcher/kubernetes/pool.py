@@ -117,7 +117,7 @@ class WarmPools:
                 if await supervise.sleep_or_stop(stop, self._k8s.pool_interval):
                     return
         finally:
-            self._api_client.close()  # type: ignore[no-untyped-call]
+            kubernetes_api.close_client(self._api_client)
 
     async def keep(self) -> None:
         """One look at every pool."""
@@ -298,5 +298,5 @@ class PooledLauncher:
         return await self._cold.delete_pod(name)
 
     async def close(self) -> None:
-        self._api_client.close()  # type: ignore[no-untyped-call]
+        kubernetes_api.close_client(self._api_client)
         await self._cold.close()

@@ -24,13 +24,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import kubernetes.client
 import urllib3
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
+from kubernetes.watch import watch as kubernetes_watch
 
 from dispatcher.kubernetes import api as kubernetes_api
 from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
@@ -103,7 +103,7 @@ class PodWatcher:
                 supervise.spawn(group, "pod-watch", self._watch_loop(stop))
                 supervise.spawn(group, "pod-sweep", self._sweep_loop(stop))
         finally:
-            self._api_client.close()  # type: ignore[no-untyped-call]
+            kubernetes_api.close_client(self._api_client)
 
     # -- list and watch --------------------------------------------------------------------------
 
@@ -317,7 +317,7 @@ class _WatchStream:
             if self._closed.is_set():
                 self.close()
                 return
-            for line in iter_resp_lines(self._response):  # type: ignore[no-untyped-call]
+            for line in _lines(self._response):
                 if self._closed.is_set():
                     return
                 if line:
@@ -335,3 +335,9 @@ class _WatchStream:
                 self._send(error)
             return
         self._send(None)
+
+
+def _lines(response: object) -> Iterator[str]:
+    """The lines of a watch response as they arrive (the kubernetes package's reader, typed: it has no annotations)."""
+    lines: Callable[[object], Iterator[str]] = kubernetes_watch.iter_resp_lines
+    return lines(response)

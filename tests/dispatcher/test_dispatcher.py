@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.service import Dispatcher
-from runplane.adapters.db import open_pool
+from runplane.adapters.db import Pool, open_pool
 from runplane.adapters.locks import RedisAccountLocks
 from runplane.basics.errors import LaunchError
 from runplane.basics.settings import Settings
@@ -125,12 +125,12 @@ def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
     from dispatcher.noop_launcher import NoopLauncher
     from runplane.basics.errors import InvalidArgument
 
-    pool = object()
-    assert isinstance(make_launcher(settings, pool), LocalLauncher)  # type: ignore[arg-type]
+    pool = Pool(settings.database_url, open=False)  # kept by a launcher, never used here
+    assert isinstance(make_launcher(settings, pool), LocalLauncher)
     settings.dispatcher.launcher = "noop"
-    assert isinstance(make_launcher(settings, pool), NoopLauncher)  # type: ignore[arg-type]
-    assert companion(settings, pool) is None  # type: ignore[arg-type]
+    assert isinstance(make_launcher(settings, pool), NoopLauncher)
+    assert companion(settings, pool) is None
     assert intake_gate(settings, None) is None
     settings.dispatcher.launcher = "ssh"
     with pytest.raises(InvalidArgument, match="unknown launcher 'ssh'"):
-        make_launcher(settings, pool)  # type: ignore[arg-type]
+        make_launcher(settings, pool)
