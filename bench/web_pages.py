@@ -183,7 +183,9 @@ def _plans(url: str, account_id: int, job_id: int) -> dict[str, dict[str, Any]]:
         for name, extra in cases.items():
             params = {**base, **extra, "after_id": None, "limit": 51}
             rows = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["runs_page"], params, prepare=False)
-            plan = rows.fetchone()[0][0]  # type: ignore[index]
+            explained = rows.fetchone()
+            assert explained is not None
+            plan = explained[0][0]
             indexes = sorted(set(re.findall(r'"Index Name": "([^"]+)"', json.dumps(plan))))
             out[name] = {"execution_ms": round(plan["Execution Time"], 2), "indexes": indexes}
     return out
@@ -225,7 +227,9 @@ def _server_figures(args: argparse.Namespace) -> dict[str, Any]:
 
 def _hour_a_week_ago() -> tuple[str, str]:
     start = time.time() - 7 * 86400
-    return tuple(time.strftime("%Y-%m-%dT%H:%M", time.gmtime(start + d)) for d in (0, 3600))  # type: ignore[return-value]
+    return time.strftime("%Y-%m-%dT%H:%M", time.gmtime(start)), time.strftime(
+        "%Y-%m-%dT%H:%M", time.gmtime(start + 3600)
+    )
 
 
 def _answers(base: str) -> bool:

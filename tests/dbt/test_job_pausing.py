@@ -13,6 +13,7 @@ from api.admin import update_account_settings
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.dbt.conftest import Client, dbt_job, environment, make_repository, run_job
+from tests.support.records import one
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
 
@@ -58,7 +59,7 @@ async def test_a_paused_job_is_not_queued_by_completion_but_runs_now_and_says_so
     # Run now still runs it, with dbt, and the run says the job was paused.
     manual = await run_job(client, dbt_settings, db, downstream.id, trigger=common_pb2.TRIGGER_MANUAL)
     assert manual.status == common_pb2.RUN_STATUS_SUCCESS and manual.job_paused
-    assert db.execute("SELECT count(*) FROM analytics.customers").fetchone()[0] > 0  # type: ignore[index]
+    assert one(db, "SELECT count(*) FROM analytics.customers")[0] > 0
     still = await client.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=downstream.id))
     assert still.paused  # run now does not unpause
 

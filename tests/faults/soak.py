@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -21,6 +22,7 @@ import signal
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aio_pika
@@ -76,11 +78,11 @@ def _poison(world: World) -> None:
     asyncio.run(publish())
 
 
-def faults(world: World) -> dict[str, object]:
-    kinds: dict[str, object] = {}
+def faults(world: World) -> dict[str, Callable[[], object]]:
+    kinds: dict[str, Callable[[], object]] = {}
     for service in ("orchestrator", "queuer-worker-1", "scheduler", "dispatcher"):
-        kinds[f"kill -9 {service}"] = lambda s=service: _kill9(world, s)
-        kinds[f"SIGSTOP {service}"] = lambda s=service: _sigstop(world, s)
+        kinds[f"kill -9 {service}"] = functools.partial(_kill9, world, service)
+        kinds[f"SIGSTOP {service}"] = functools.partial(_sigstop, world, service)
     kinds["restart postgres"] = lambda: world.postgres.restart(2)
     kinds["restart redis"] = lambda: restart_redis(world)
     kinds["restart rabbitmq"] = lambda: world.rabbit.restart(2)
@@ -185,7 +187,7 @@ def main() -> int:
                 name = rng.choice(sorted(kinds))
                 fault = Fault(name, time.time())
                 print(f"{time.strftime('%X')} fault: {name}", flush=True)
-                kinds[name]()  # type: ignore[operator]
+                kinds[name]()
                 done.append(fault)
                 next_fault = fault.at + FAULT_EVERY
             time.sleep(5)

@@ -3,6 +3,7 @@ the server is down, and every cron occurrence still gets exactly one run."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import time
@@ -48,21 +49,25 @@ def ride_out(world: World, fault: Callable[[], float], report: dict[str, float])
 
 def down_then_up(world: World, stop: Callable[[], None], start: Callable[[], None], dependency: str) -> float:
     """Stop a server, see readiness say so, start it again; returns when it was back up."""
+
+    def reports_down(name: str) -> bool:
+        ready, down = world.ready(name)
+        return not ready and any(dependency in d for d in down)
+
+    def is_ready(name: str) -> bool:
+        return world.ready(name)[0]
+
     stop()
     try:
         for name in ("scheduler", "dispatcher"):
-            wait_for(
-                lambda n=name: not world.ready(n)[0] and any(dependency in d for d in world.ready(n)[1]),  # type: ignore[misc]
-                20,
-                what=f"{name} to report {dependency} down",
-            )
+            wait_for(functools.partial(reports_down, name), 20, what=f"{name} to report {dependency} down")
         time.sleep(3)
     finally:
         start()
     back_at = time.time()
     for name in ("scheduler", "dispatcher"):
         try:
-            wait_for(lambda n=name: world.ready(n)[0], 60, what=f"{name} to be ready again")  # type: ignore[misc]
+            wait_for(functools.partial(is_ready, name), 60, what=f"{name} to be ready again")
         except AssertionError as exc:
             print(world.logs())
             raise AssertionError(f"{exc}; down: {world.ready(name)[1]}") from exc

@@ -136,6 +136,13 @@ def queue_run(
     return int(row[0])
 
 
+def one(db: psycopg.Connection[tuple[Any, ...]], sql: str, params: Sequence[object] = ()) -> tuple[Any, ...]:
+    """The row ``sql`` returns (the first of them); the test fails when it returns none."""
+    row = db.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return row
+
+
 def run_row(db: Conn, run_id: int) -> dict[str, Any]:
     with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
         row = cur.execute("SELECT * FROM runs WHERE id = %s", (run_id,)).fetchone()

@@ -11,7 +11,7 @@ import sys
 import threading
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +53,9 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
 def collector() -> Iterator[tuple[Collector, int]]:
     servicer = Collector()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    # opentelemetry-proto's generated gRPC module has no annotations: its registration is typed here.
+    add_servicer: Callable[[Collector, grpc.Server], None] = trace_service_pb2_grpc.add_TraceServiceServicer_to_server
+    add_servicer(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield servicer, port

@@ -19,6 +19,7 @@ from runplane.basics.secrets import SecretBox
 from runplane.commands.migrate import migrate, migrations
 from runplane.dbt.context import DbtContext
 from tests.conftest import ADMIN_URL, TEST_SECRET_KEYS, _db_url, _drop
+from tests.support.records import one
 
 SCHEMA_QUERY = """
 SELECT table_name, column_name, data_type, is_nullable, column_default
@@ -52,7 +53,7 @@ def test_migrating_from_empty_gives_the_template_schema(empty_db: str, database_
         "accounts", "api_tokens", "jobs", "job_completion_triggers", "runs", "run_steps", "run_log_chunks",
         "artifacts", "orchestrator_term", "queuer_workers", "job_ownership", "schema_migrations",
     } <= tables  # fmt: skip
-    indexes: dict[str, str] = dict(_schema(empty_db)[1])  # type: ignore[arg-type]  # (name, definition) rows
+    indexes = {str(name): str(definition) for name, definition in _schema(empty_db)[1]}
     assert "WHERE (status = 1)" in indexes["runs_queued_idx"]
     assert "UNIQUE" in indexes["runs_idempotency_key_key"]
 
@@ -81,11 +82,12 @@ def test_migrate_from_two_processes_at_once(empty_db: str) -> None:
 
 def test_every_job_change_that_bumps_the_version_notifies(db: psycopg.Connection[tuple[object, ...]]) -> None:
     db.execute("LISTEN runplane_jobs")
-    (account_id,) = db.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id").fetchone()  # type: ignore[misc]
-    (job_id,) = db.execute(  # type: ignore[misc]
+    (account_id,) = one(db, "INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id")
+    (job_id,) = one(
+        db,
         "INSERT INTO jobs (account_id, name, job_type, steps) VALUES (%s, 'j', 'deploy', ARRAY['true']) RETURNING id",
         (account_id,),
-    ).fetchone()
+    )
     db.execute("UPDATE jobs SET consecutive_failures = 3 WHERE id = %s", (job_id,))  # not scheduling: quiet
     db.execute("UPDATE jobs SET cron = '* * * * *', version = version + 1 WHERE id = %s", (job_id,))
     payloads = [n.payload for n in db.notifies(timeout=1, stop_after=3)]
@@ -116,27 +118,31 @@ def test_secret_variables_an_environment_held_in_clear_are_encrypted_and_still_r
     migrate(empty_db, until=SEALED_VERSION - 1)  # the schema as the previous version left it
     secret = "env-pa55-from-before"
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        (account_id,) = conn.execute("INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id").fetchone()  # type: ignore[misc]
-        (project_id,) = conn.execute(  # type: ignore[misc]
+        (account_id,) = one(conn, "INSERT INTO accounts (name, run_slots) VALUES ('a', 1) RETURNING id")
+        (project_id,) = one(
+            conn,
             "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'p', 'file:///srv/p') RETURNING id",
             (account_id,),
-        ).fetchone()
-        (environment_id,) = conn.execute(  # type: ignore[misc]
+        )
+        (environment_id,) = one(
+            conn,
             "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
             " schema_name, variables) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics', %s)"
             " RETURNING id",
             (account_id, project_id, Jsonb({"DBT_ENV_SECRET_TOKEN": secret, "DBT_ENV_SECRET_EMPTY": "", "PLAIN": "p"})),
-        ).fetchone()
-        (job_id,) = conn.execute(  # type: ignore[misc]
+        )
+        (job_id,) = one(
+            conn,
             "INSERT INTO jobs (account_id, name, job_type, steps, environment_id)"
             " VALUES (%s, 'j', 'deploy', ARRAY['true'], %s) RETURNING id",
             (account_id, environment_id),
-        ).fetchone()
-        (run_id,) = conn.execute(  # type: ignore[misc]
+        )
+        (run_id,) = one(
+            conn,
             "INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, takes_slot, scheduled_at)"
             " VALUES (%s, %s, 'deploy', 'manual', 'k', true, now()) RETURNING id",
             (account_id, job_id),
-        ).fetchone()
+        )
 
     env = {"RUNPLANE_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin", "RUNPLANE_LOG_FORMAT": "text"}
     keyless = subprocess.run(
@@ -156,11 +162,11 @@ def test_secret_variables_an_environment_held_in_clear_are_encrypted_and_still_r
 
     box = SecretBox.from_keys(TEST_SECRET_KEYS)
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        clear, sealed = conn.execute(
-            "SELECT variables, secret_variables FROM environments WHERE id = %s", (environment_id,)
-        ).fetchone()  # type: ignore[misc]
-        raw = conn.execute("SELECT secret_variables::text FROM environments WHERE id = %s", (environment_id,))
-        assert secret not in raw.fetchone()[0]  # type: ignore[index]
+        clear, sealed = one(
+            conn, "SELECT variables, secret_variables FROM environments WHERE id = %s", (environment_id,)
+        )
+        raw = one(conn, "SELECT secret_variables::text FROM environments WHERE id = %s", (environment_id,))
+        assert secret not in raw[0]
     assert clear == {"PLAIN": "p"}  # no secret left in clear; the empty one (unset) is gone
     assert sorted(sealed) == ["DBT_ENV_SECRET_TOKEN"] and box.decrypt(sealed["DBT_ENV_SECRET_TOKEN"]) == secret
     assert migrate(empty_db, box) == []  # sealed once: a second call finds nothing

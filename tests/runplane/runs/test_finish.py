@@ -9,7 +9,7 @@ from runplane.basics.settings import Settings
 from runplane.basics.types import FailureKind, Outcome, RunStatus, completion_idempotency_key, retry_idempotency_key
 from runplane.runs.finish import DEFAULT_DEACTIVATE_AFTER_FAILURES, end_run, finish_run
 from runplane.runs.retries import RetryPolicy
-from tests.support.records import Conn, create_account, create_job, queue_run, rows, run_row
+from tests.support.records import Conn, create_account, create_job, one, queue_run, rows, run_row
 
 POLICY = RetryPolicy(backoff_base=10.0, backoff_cap=40.0)
 
@@ -24,7 +24,7 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
 async def test_hundred_consecutive_failures_deactivate_the_job(db: Conn, settings: Settings) -> None:
     account = create_account(db)
     job = create_job(db, account)
-    version = db.execute("SELECT version FROM jobs WHERE id = %s", (job,)).fetchone()[0]  # type: ignore[index]
+    version = one(db, "SELECT version FROM jobs WHERE id = %s", (job,))[0]
     pool = await open_pool(settings.database_url)
     try:
         async with pool.connection() as conn:
@@ -36,10 +36,7 @@ async def test_hundred_consecutive_failures_deactivate_the_job(db: Conn, setting
                 assert finished is not None
                 assert finished.job_deactivated == (n == DEFAULT_DEACTIVATE_AFTER_FAILURES)
                 if n == 50:  # counted from the success before
-                    assert (
-                        db.execute("SELECT consecutive_failures FROM jobs WHERE id = %s", (job,)).fetchone()[0]  # type: ignore[index]
-                        == 50
-                    )
+                    assert one(db, "SELECT consecutive_failures FROM jobs WHERE id = %s", (job,))[0] == 50
             one_more = queue_run(db, job, status=3)
             assert await finish_run(conn, one_more, Outcome.error("boom", FailureKind.STEP), policy=POLICY)
     finally:
