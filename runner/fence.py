@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from runner import run_cgroup, sandbox
@@ -101,7 +102,8 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
         keeper = run_cgroup.join(cgroup)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
-        confinement = sandbox.confinement(user.tmp, settings.runner.local_hidden_paths)
+        dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]
+        confinement = sandbox.confinement(user.tmp, settings.runner.local_hidden_paths, dbt_installs)
     if landlock.unavailable() is None:
         landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
     switch_to(user)

@@ -28,8 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def confinement(run_tmp: Path, hidden: Sequence[str]) -> tuple[str, ...]:
-    """The argv that runs a command (appended to it) in the run's namespaces."""
+def confinement(run_tmp: Path, hidden: Sequence[str], shown: Sequence[str] = ()) -> tuple[str, ...]:
+    """The argv that runs a command (appended to it) in the run's namespaces; ``shown``: directories
+    the steps need (the dbt installs), seen read-only even when they live under the host's
+    ``/tmp`` or ``/var/tmp``, which the run's own temporary directory covers."""
     bwrap = shutil.which("bwrap") or "bwrap"
     argv = [
         "env", "--ignore-signal=INT,TERM", bwrap,
@@ -42,6 +44,10 @@ def confinement(run_tmp: Path, hidden: Sequence[str]) -> tuple[str, ...]:
         "--bind", str(run_tmp), "/var/tmp",
         "--tmpfs", "/dev/shm",
     ]  # fmt: skip
+    for path in shown:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and any(Path(real).is_relative_to(covered) for covered in ("/tmp", "/var/tmp")):
+            argv += ["--ro-bind", real, real]
     seen: set[str] = set()
     for path in hidden:
         real = os.path.realpath(path)
