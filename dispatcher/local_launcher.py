@@ -158,17 +158,29 @@ class ForkServer:
                 await self._discard(process)
                 raise LaunchError(f"runner fork server answered {answer!r}", retryable=True)
 
-    async def _ask(self, line: bytes) -> tuple[asyncio.subprocess.Process, bytes]:
-        """Send one line and read the server's answer (the caller holds the lock)."""
+    async def _ask(self, line: bytes, *, again: bool = True) -> tuple[asyncio.subprocess.Process, bytes]:
+        """Send one line and read the server's answer (the caller holds the lock).
+
+        A server that died since the last question may still look alive (its exit not yet reaped, so
+        ``returncode`` is None): its closed pipe (end of file, or a broken pipe) says so, and the
+        question goes ``again`` to a new server. A duplicate fork is harmless: a run is claimed once."""
         process = await self._ensure_started()
         assert process.stdin is not None and process.stdout is not None
         try:
             process.stdin.write(line)
             await process.stdin.drain()
             answer = await asyncio.wait_for(process.stdout.readline(), timeout=FORK_SERVER_ANSWER_TIMEOUT)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            await self._discard(process)
+            if again:
+                return await self._ask(line, again=False)
+            raise LaunchError(f"runner fork server did not answer: {exc!r}", retryable=True) from exc
         except (OSError, TimeoutError) as exc:
             await self._discard(process)
             raise LaunchError(f"runner fork server did not answer: {exc!r}", retryable=True) from exc
+        if not answer and again:
+            await self._discard(process)
+            return await self._ask(line, again=False)
         return process, answer
 
     async def _discard(self, process: asyncio.subprocess.Process) -> None:
