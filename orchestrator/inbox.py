@@ -26,6 +26,15 @@ def _dropped_as_told(info: WorkerInfo | None, beat: bus_pb2.Heartbeat) -> bool:
     return info.drop_stamp is not None and Stamp.from_proto(beat.dropped) >= info.drop_stamp
 
 
+def _claimed_by_another(rows: list[Row], claimer: str, stamp: Stamp) -> list[Row]:
+    """The jobs of this very Assign claimed already by another worker: the broker gave it out twice."""
+    return [
+        r
+        for r in rows
+        if r["state"] == "claimed" and r["worker_id"] not in (None, claimer) and Stamp(r["term"], r["clock"]) == stamp
+    ]
+
+
 class Inbox(JobSync):
     async def on_message(self, message: Message, _delivery: Delivery) -> None:
         if isinstance(message, bus_pb2.Heartbeat):
@@ -47,6 +56,7 @@ class Inbox(JobSync):
         info.last_seen = self.monotonic.now()
         info.jobs_owned = beat.jobs_owned
         info.owned_digest = beat.owned_digest
+        info.heard = Stamp.from_proto(beat.applied)
         # Only while the row says alive: a burial that got in first stays a burial.
         await self.store.beat(beat.worker_id, beat.jobs_owned, info.owned_digest)
 
@@ -82,6 +92,7 @@ class Inbox(JobSync):
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
         info.owned_digest = beat.owned_digest
+        info.heard = Stamp.from_proto(beat.applied)
         await self.store.heartbeat(worker_id, beat.jobs_owned, info.owned_digest)
 
     async def _drop_all(self, worker_id: str) -> None:
@@ -100,13 +111,13 @@ class Inbox(JobSync):
         revoke = bus_pb2.Revoke(stamp=info.drop_stamp.to_proto(), drop_all=True)
         await self.bus.publish(self.topology.worker(worker_id), revoke)
 
-    async def _refuse_claim(self, claimer: str, job_ids: list[int], stamp: Stamp) -> None:
+    async def _refuse_claim(self, claimer: str, job_ids: list[int], rows: list[Row], stamp: Stamp) -> None:
         """The claimer lets go of what it claimed, and what it took from the shared queue goes out again.
 
         The Revoke is stamped before the Assign sent again: the claimer may take that Assign from the
         shared queue itself, and a Revoke stamped after it would make it drop jobs it then owns (a
-        Revoke kept for a dead claimer is sent when it re-registers, later than the Assign)."""
-        rows = await self.store.ownership(job_ids)
+        Revoke kept for a dead claimer is sent when it re-registers, later than the Assign).
+        ``rows``: the ownership rows of the jobs it claimed (none for a job deleted since)."""
         unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
         revoke_stamp = self.clock.tick()
         if self._is_alive(claimer):
@@ -124,34 +135,34 @@ class Inbox(JobSync):
         job_ids = list(claimed.job_ids)
         stamp = Stamp.from_proto(claimed.stamp)
         info = self.workers.get(claimer)
-        # Jobs of this very Assign claimed already by another worker: the broker gave it out twice.
-        doubled = [
-            r
-            for r in await self.store.ownership(job_ids)
-            if r["state"] == "claimed"
-            and r["worker_id"] not in (None, claimer)
-            and Stamp(r["term"], r["clock"]) == stamp
-        ]
         if info is None or not info.alive or stamp <= info.floor:
             # Refused: the claim of a dead worker, or of an Assign its drop-everything made it drop
             # (sent once it had re-registered: its two consumers run side by side). What it took from
             # the shared queue goes out again to the others; it lets go once it hears its queue.
-            await self._refuse_claim(claimer, job_ids, stamp)
-            await self._reassign_doubled(doubled)
+            rows = await self.store.ownership(job_ids)
+            await self._refuse_claim(claimer, job_ids, rows, stamp)
+            await self._reassign_doubled(_claimed_by_another(rows, claimer, stamp))
             return
         # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
+        # Only when some of it is not (rarely) are the rows read again.
         accepted = await self.store.claim(claimer, job_ids, stamp)
         if len(accepted) < len(job_ids):
             taken = {r["job_id"] for r in accepted}
             rest = [job_id for job_id in job_ids if job_id not in taken]
             rows = await self.store.ownership(rest)
             # A job it holds already is a duplicate or older claim; any other was deleted,
-            # deactivated or given to another worker since, and the claimer must let it go.
+            # deactivated or given to another worker since, and the claimer must let it go. One
+            # given out again on the shared queue (its Assign resent after a claim timeout) may
+            # reach this claimer too: the Revoke is stamped before that Assign is sent once more,
+            # so the claimer keeps the new Assign if it takes it, and the old one is refused by all.
             holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
             refused = [job_id for job_id in rest if job_id not in holds]
             if refused:
                 await self._revoke(claimer, refused)
-        await self._reassign_doubled(doubled)
+                shared = [r["job_id"] for r in rows if r["job_id"] in refused and r["worker_id"] is None]
+                if shared:
+                    await self._resend(shared, None)
+            await self._reassign_doubled(_claimed_by_another(rows, claimer, stamp))
         # An update that arrived while the claim was pending goes to the owner now.
         behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
         if behind:
@@ -175,6 +186,5 @@ class Inbox(JobSync):
             if not definitions:
                 continue
             log.info("an Assign claimed twice goes out again", extra={"worker_id": owner, "jobs": len(job_ids)})
-            await self._revoke(owner, [r["job_id"] for r in definitions])
             fires_after = {r["job_id"]: r["fires_after"] for r in definitions}
-            await self._assign(definitions, worker_id=None, fires_after=fires_after)
+            await self._move(definitions, owner, to=None, fires_after=fires_after)

@@ -12,6 +12,7 @@ from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
 from orchestrator.outbox import Outbox, WorkerInfo, optional_str
 from runplane.basics.ownership import job_digest
+from runplane.basics.stamps import Stamp
 from runplane.basics.supervise import sleep_or_stop
 from runplane.v1 import bus_pb2
 
@@ -96,39 +97,58 @@ class Liveness(Outbox):
             log.info("resending unclaimed Assigns", extra={"jobs": len(job_ids), "worker_id": worker_id})
             for start in range(0, len(job_ids), size):
                 async with self._lock:
-                    await self._resend(job_ids[start : start + size], worker_id)
+                    # Whoever else may hold them (a move's Revoke never sent: its leader stopped
+                    # between recording the move and telling the donor) lets go first.
+                    await self._resend(job_ids[start : start + size], worker_id, revoke_elsewhere=True)
 
     async def _heal_drift(self) -> None:
         """Assign again everything a worker owns when what it holds has differed from what it owns.
 
         A worker's heartbeat carries the digest of the (job, version) pairs it holds
-        (``runplane.basics.ownership``); the leader computes the same from the ownership rows. A difference
-        is normal while an Assign or Update is on its way, so only one that lasts a claim timeout,
-        with no Assign pending for the worker, counts: the worker lost jobs or missed an Update, and
-        would never fire them, or holds jobs it does not own (a Revoke that went nowhere: its queue
-        was deleted under it). It is told to drop everything, then assigned all it owns, on its own
-        queue and in that order: it ends holding exactly what it owns. The protocol does not rely on
-        this (DESIGN.md, "Exactly once, on time"); it is the safety net, counted and alerted on.
+        (``runplane.basics.ownership``) and the newest stamp it had applied then; the leader computes
+        the same digest from the ownership rows. A difference is normal while a message is on its
+        way, so only one that lasts a claim timeout counts: the worker lost jobs or missed an Update,
+        and would never fire them, or holds jobs it does not own (a Revoke that went nowhere: its
+        queue was deleted under it). A look does not count, and the drift starts again, when the
+        difference can be a message still on its way: an Assign pending for the worker; an Assign
+        pending on the shared queue stamped before what the worker had heard (it may hold that
+        one, its claim not in yet); or a beat counted before the worker had heard what it was told
+        last, within a claim timeout of the telling (a beat built before a Revoke and delivered
+        after it). A drift that counts is healed so: the worker is told to drop everything, then
+        assigned all it owns, on its own queue and in that order; it ends holding exactly what it
+        owns. The protocol does not rely on this (DESIGN.md, "Exactly once, on time"); it is the
+        safety net, counted and alerted on.
         """
         now = self.monotonic.now()
+        timeout = self.settings.orchestrator.claim_timeout
         expected: dict[str, int] = defaultdict(int)
         owned: dict[str, list[int]] = defaultdict(list)
         pending: set[str] = set()
+        shared_pending: Stamp | None = None  # the oldest Assign pending on the shared queue
         for row in await self.store.claimed_versions():
-            worker_id = str(row["worker_id"])
             if row["state"] == "pending":
-                pending.add(worker_id)
+                if row["worker_id"] is not None:
+                    pending.add(str(row["worker_id"]))
+                else:
+                    stamp = Stamp(row["term"], row["clock"])
+                    shared_pending = stamp if shared_pending is None else min(shared_pending, stamp)
                 continue
+            worker_id = str(row["worker_id"])
             expected[worker_id] ^= job_digest(row["job_id"], row["version"])
             owned[worker_id].append(row["job_id"])
         for worker_id, info in list(self.workers.items()):
-            if not info.alive or worker_id in pending or info.owned_digest == expected[worker_id]:
+            on_its_way = (
+                worker_id in pending
+                or (shared_pending is not None and info.heard >= shared_pending)
+                or (info.heard < info.told and now - info.told_at < timeout)
+            )
+            if not info.alive or on_its_way or info.owned_digest == expected[worker_id]:
                 info.drifted_since = None
                 continue
             if info.drifted_since is None:
                 info.drifted_since = now
                 continue
-            if now - info.drifted_since < self.settings.orchestrator.claim_timeout:
+            if now - info.drifted_since < timeout:
                 continue
             info.drifted_since = None  # looked at again a claim timeout after this Assign is claimed
             log.warning(
@@ -144,6 +164,7 @@ class Liveness(Outbox):
                         return  # buried meanwhile: the dead-worker path reassigns its jobs
                     if start == 0:
                         info.floor = self.clock.tick()  # a claim of an older Assign is refused now
+                        self._told(worker_id, info.floor)
                         drop = bus_pb2.Revoke(stamp=info.floor.to_proto(), drop_all=True)
                         await self.bus.publish(self.topology.worker(worker_id), drop)
                     rows = await self.store.definitions(job_ids[start : start + size], worker_id, claimed=True)
@@ -184,6 +205,5 @@ class Liveness(Outbox):
                         continue
                     # Revoke first, then Assign: the new owner queues a fire that fell in between
                     # (its missed-fire grace), and the idempotency key makes a fire queued by both one run.
-                    await self._revoke(move.donor, [r["job_id"] for r in rows])
                     fires_after = {r["job_id"]: r["fires_after"] for r in rows}
-                    await self._assign(rows, worker_id=move.target, fires_after=fires_after)
+                    await self._move(rows, move.donor, to=move.target, fires_after=fires_after)

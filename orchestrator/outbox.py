@@ -45,6 +45,11 @@ class WorkerInfo:
     jobs_owned: int = 0
     owned_digest: int = 0
     drifted_since: float | None = None  # monotonic time since its digest has differed from its rows
+    # The newest stamp of what it was told (an Assign on its own queue, an Update, a Revoke) and when:
+    # its digest is compared only when its beat says it had heard that, or it has had time to.
+    told: Stamp = ZERO
+    told_at: float = 0.0
+    heard: Stamp = ZERO  # the newest stamp it had applied when it sent its last beat
     # While it is dead: the one stamp of every drop-everything sent to it for this death (so a late
     # copy drops nothing it was given after it re-registered), and the jobs whose claims it sent
     # meanwhile were refused, each with the stamp of its Revoke, taken when the claim was refused
@@ -114,6 +119,7 @@ class Outbox:
         for start in range(0, len(rows), size):
             batch = rows[start : start + size]
             stamp = self.clock.tick()
+            self._told(worker_id, stamp)
             await self.store.upsert_pending(
                 [r["job_id"] for r in batch],
                 [r["version"] for r in batch],
@@ -129,9 +135,9 @@ class Outbox:
             await self.bus.publish(assign.queue, _assign_message(assign.rows, assign.stamp, assign.fires_after))
             metrics.jobs_assigned.add(len(assign.rows))
 
-    async def _resend(self, job_ids: list[int], worker_id: str | None) -> None:
+    async def _resend(self, job_ids: list[int], worker_id: str | None, *, revoke_elsewhere: bool = False) -> None:
         """Assign again, under a new stamp, those of ``job_ids`` still pending for ``worker_id`` (None:
-        the shared queue).
+        the shared queue); ``revoke_elsewhere``: every other live worker is told to let them go first.
 
         A new stamp, not the recorded one: a worker told to drop everything after the first Assign
         (it was declared dead meanwhile, e.g. while the broker was away) refuses that stamp as stale,
@@ -139,9 +145,33 @@ class Outbox:
         forever. A late claim of the old stamp no longer matches and is revoked from its sender.
         """
         rows = await self.store.pending_definitions(job_ids, worker_id)
-        if rows:
-            fires_after = {r["job_id"]: r["fires_after"] for r in rows}
-            await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
+        if not rows:
+            return
+        revoke_stamp = self.clock.tick()  # before the Assign: a worker that takes it keeps it
+        fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+        outgoing = await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after)
+        if revoke_elsewhere:
+            for other in self._alive():
+                if other != worker_id:
+                    await self._revoke(other, [r["job_id"] for r in rows], revoke_stamp)
+        await self._publish_assigns(outgoing)
+
+    async def _move(self, rows: list[Row], donor: str, *, to: str | None, fires_after: dict[int, int]) -> None:
+        """Give ``rows`` (job definitions ``donor`` owns) to ``to`` (None: whoever takes them from the
+        shared queue): the new ownership is recorded, then ``donor`` is told to let go, then the
+        Assign is sent.
+
+        Recorded first, as every message the leader sends: a leader that stops between the two
+        messages (a crash, or a stall past losing its lock, which makes its next write fail) leaves
+        an Assign pending, which the next one sends again after revoking it from every other worker
+        (``Liveness._resend_stale_pending``); sent first, the Revoke would leave the jobs owned by a
+        worker that no longer holds them, firing nowhere until the ownership digest's repair. The
+        Revoke is stamped before the Assign, so ``donor`` keeps the jobs if it is the one that takes
+        them again from the shared queue."""
+        revoke_stamp = self.clock.tick()
+        outgoing = await self._record_assigns(rows, worker_id=to, fires_after=fires_after)
+        await self._revoke(donor, [r["job_id"] for r in rows], revoke_stamp)
+        await self._publish_assigns(outgoing)
 
     async def _revoke(self, worker_id: str, job_ids: list[int], stamp: Stamp | None = None) -> None:
         """Tell a live worker to let go of ``job_ids``; ``stamp``: one taken earlier, when that was decided
@@ -151,6 +181,7 @@ class Outbox:
             return  # its queue is gone; a returning worker is told to drop everything
         if stamp is None:
             stamp = self.clock.tick()
+        self._told(worker_id, stamp)
         await self.bus.publish(self.topology.worker(worker_id), bus_pb2.Revoke(stamp=stamp.to_proto(), job_ids=job_ids))
         metrics.jobs_revoked.add(len(job_ids))
 
@@ -159,6 +190,7 @@ class Outbox:
         messages: list[tuple[str, Message]] = []
         for row in sendable:
             stamp = self.clock.tick()
+            self._told(str(row["worker_id"]), stamp)
             assignment = bus_pb2.JobAssignment(job=_definition(row), stamp=stamp.to_proto())
             messages.append(
                 (self.topology.worker(str(row["worker_id"])), bus_pb2.Update(stamp=stamp.to_proto(), job=assignment))
@@ -175,6 +207,13 @@ class Outbox:
         for start in range(0, len(messages), _PUBLISH_CONCURRENCY):
             chunk = messages[start : start + _PUBLISH_CONCURRENCY]
             await asyncio.gather(*(self.bus.publish(queue, message) for queue, message in chunk))
+
+    def _told(self, worker_id: str | None, stamp: Stamp) -> None:
+        """Note that ``worker_id`` (None: the shared queue, nobody yet) is being told something stamped ``stamp``."""
+        info = self.workers.get(worker_id) if worker_id is not None else None
+        if info is not None:
+            info.told = max(info.told, stamp)
+            info.told_at = self.monotonic.now()
 
     def _alive(self) -> list[str]:
         return [w for w, i in self.workers.items() if i.alive]

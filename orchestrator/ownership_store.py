@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
+from orchestrator.leadership import LeadershipLost
 from runplane.adapters.db import Connection, connect
 from runplane.basics.stamps import Stamp
 from runplane.sql import load_queries
@@ -114,38 +115,51 @@ class OwnershipStore(Protocol):
 class PostgresOwnershipStore:
     """``OwnershipStore`` on Postgres: each method is one named query of ``orchestrator/queries.sql``."""
 
-    def __init__(self, pool: AsyncConnectionPool[Connection], database_url: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Connection], database_url: str, term: int) -> None:
         self.pool = pool
         self.database_url = database_url
+        self.term = term
+
+    async def _write(self, name: str, params: dict[str, object]) -> list[Row]:
+        """One write of the leader of ``term``, taken only while that term is the newest.
+
+        The term's row is read FOR SHARE in the write's transaction: a standby's election (which
+        bumps the term) waits for writes under way, and every write after it is refused. A leader
+        that stood still past losing its lock (a paused VM) and runs again before its watch notices
+        is deposed at its first write, and the message it was handling goes back to the queue for
+        the new leader: it never records a claim or an Assign that the new leader does not know of.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(QUERIES["fence"], {"term": self.term})
+            if await cur.fetchone() is None:
+                raise LeadershipLost(f"term {self.term} is over: a newer leader was elected")
+            cur = await conn.execute(QUERIES[name], params)
+            return await cur.fetchall() if cur.description is not None else []
 
     async def _fetch(self, name: str, params: dict[str, object]) -> list[Row]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(QUERIES[name], params)
             return await cur.fetchall()
 
-    async def _execute(self, name: str, params: dict[str, object]) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(QUERIES[name], params)
-
     async def workers(self) -> list[Row]:
         return await self._fetch("workers", {})
 
     async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
         params = {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest}
-        await self._execute("heartbeat", params)
+        await self._write("heartbeat", params)
 
     async def beat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
-        await self._execute("beat", {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest})
+        await self._write("beat", {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest})
 
     async def mark_dead(self, worker_id: str) -> None:
-        await self._execute("mark_dead", {"worker_id": worker_id})
+        await self._write("mark_dead", {"worker_id": worker_id})
 
     async def job_states(self, job_ids: list[int]) -> list[Row]:
         return await self._fetch("job_states", {"job_ids": job_ids})
 
     async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
         params = {"job_ids": job_ids, "term": stamp.term, "clock": stamp.clock, "now": now}
-        return await self._fetch("assign_new", params)
+        return await self._write("assign_new", params)
 
     async def drift(self) -> list[int]:
         async with self.pool.connection() as conn:
@@ -173,20 +187,20 @@ class PostgresOwnershipStore:
             "clock": stamp.clock,
             "now": now,
         }
-        await self._execute("upsert_pending", params)
+        await self._write("upsert_pending", params)
 
     async def ownership(self, job_ids: list[int]) -> list[Row]:
         return await self._fetch("ownership", {"job_ids": job_ids})
 
     async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
         params = {"worker_id": worker_id, "job_ids": job_ids, "term": stamp.term, "clock": stamp.clock}
-        return await self._fetch("claim", params)
+        return await self._write("claim", params)
 
     async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None:
-        await self._execute("sent_versions", {"job_ids": job_ids, "versions": versions, "now": now})
+        await self._write("sent_versions", {"job_ids": job_ids, "versions": versions, "now": now})
 
     async def delete_ownership(self, job_ids: list[int]) -> None:
-        await self._execute("delete_ownership", {"job_ids": job_ids})
+        await self._write("delete_ownership", {"job_ids": job_ids})
 
     async def owned_by(self, worker_id: str) -> list[int]:
         return [r["job_id"] for r in await self._fetch("owned_by", {"worker_id": worker_id})]

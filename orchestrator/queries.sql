@@ -1,6 +1,10 @@
 -- name: bump_term
 UPDATE orchestrator_term SET term = term + 1, leader = %(leader)s, elected_at = now() RETURNING term;
 
+-- name: fence
+-- In each write of a leader: its term is still the newest (FOR SHARE: an election waits for it).
+SELECT term FROM orchestrator_term WHERE term = %(term)s FOR SHARE;
+
 -- name: workers
 SELECT worker_id, state FROM queuer_workers;
 
@@ -131,8 +135,10 @@ SELECT worker_id, array_agg(job_id ORDER BY job_id) AS job_ids
 FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;
 
 -- name: claimed_versions
--- What each worker owns, as the versions it was sent; and which workers have an Assign pending.
-SELECT worker_id, job_id, version, state FROM job_ownership WHERE worker_id IS NOT NULL;
+-- What each worker owns, as the versions it was sent; which workers have an Assign pending; and the
+-- stamps of Assigns pending on the shared queue (worker_id NULL), which any worker may hold unclaimed.
+SELECT worker_id, job_id, version, state, term, clock FROM job_ownership
+WHERE worker_id IS NOT NULL OR state = 'pending';
 
 -- name: claimed_counts
 SELECT worker_id, count(*) AS n FROM job_ownership WHERE state = 'claimed' GROUP BY worker_id;

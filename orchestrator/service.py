@@ -60,7 +60,7 @@ async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event, wa
         try:
             bus = await AmqpBus.connect(settings.amqp_url)
             try:
-                store = PostgresOwnershipStore(pool, settings.database_url)
+                store = PostgresOwnershipStore(pool, settings.database_url, term)
                 leader = Leader(settings, store, bus, term, leader_id, wall_clock=wall_clock)
                 async with asyncio.TaskGroup() as group:
                     spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)

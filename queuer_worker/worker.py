@@ -237,6 +237,7 @@ class QueuerWorker:
                 registering=registering,
                 owned_digest=self.heap.digest,
                 dropped=self.gate.floor.to_proto(),
+                applied=self.gate.newest.to_proto(),
             )
             try:
                 await self.bus.publish(self.topology.orchestrator, beat)

@@ -54,6 +54,7 @@ class StampGate:
     newest_term: int = 0
     applied: dict[int, Stamp] = field(default_factory=dict)
     floor: Stamp = ZERO  # nothing at or below it is admitted, for any job (see ``void_before``)
+    newest: Stamp = ZERO  # the newest stamp admitted or voided before: what the holder has heard up to
 
     def observe_term(self, term: int) -> bool:
         """Note a term; False when it is older than the newest seen (drop the message)."""
@@ -70,6 +71,7 @@ class StampGate:
         if stamp <= self.floor or (last is not None and stamp <= last):
             return False
         self.applied[job_id] = stamp
+        self.newest = max(self.newest, stamp)
         return True
 
     def void_before(self, stamp: Stamp) -> bool:
@@ -78,6 +80,7 @@ class StampGate:
         if not self.observe_term(stamp.term):
             return False
         self.floor = max(self.floor, stamp)
+        self.newest = max(self.newest, stamp)
         return True
 
     def restore(self, job_id: int, stamp: Stamp | None) -> None:

@@ -247,6 +247,7 @@ class Heartbeat(_message.Message):
     REGISTERING_FIELD_NUMBER: _builtins.int
     OWNED_DIGEST_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     newest_term: _builtins.int
     """the newest term the worker has seen"""
@@ -264,6 +265,12 @@ class Heartbeat(_message.Message):
         declared dead registers again only with the one the leader sent it for that death.
         """
 
+    @_builtins.property
+    def applied(self) -> Global___Stamp:
+        """The newest stamp the worker applied when it counted what it holds: the leader compares the digest
+        only with what it told the worker up to then (a beat built before a Revoke arrives after it).
+        """
+
     def __init__(
         self,
         *,
@@ -274,10 +281,11 @@ class Heartbeat(_message.Message):
         registering: _builtins.bool = ...,
         owned_digest: _builtins.int = ...,
         dropped: Global___Stamp | None = ...,
+        applied: Global___Stamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "dropped", b"dropped"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "owned_digest", b"owned_digest", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "dropped", b"dropped", "jobs_owned", b"jobs_owned", "newest_term", b"newest_term", "owned_digest", b"owned_digest", "registering", b"registering", "sent_at_ms", b"sent_at_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

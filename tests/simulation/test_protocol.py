@@ -20,10 +20,13 @@ from tests.simulation.world import CRONS, World
 # Histories that failed before the protocol was fixed (python -m tests.simulation.run --history H
 # --seed S replays one with its trace). "freezes": workers frozen past being declared dead on a busy
 # machine; 229 is the lost fires (a second drop-everything of one death dropping what the worker had
-# claimed since it re-registered).
+# claimed since it re-registered); 17 and 581 made the ownership digest's repair act on a healthy
+# worker. "stalls": a leader standing still past losing its lock; 194 and 247 (a deposed leader
+# recording a claim), 15 (a move's Revoke sent, its Assign never recorded).
 REGRESSIONS = [
     *(("random", seed) for seed in (1, 10, 14, 36, 46, 69, 100, 141, 167, 231)),
-    *(("freezes", seed) for seed in (98, 152, 200, 214, 229, 235, 271, 548)),
+    *(("freezes", seed) for seed in (17, 98, 152, 200, 214, 229, 235, 271, 548, 581)),
+    *(("stalls", seed) for seed in (15, 194, 247)),
 ]
 
 
@@ -58,6 +61,10 @@ class Protocol(RuleBasedStateMachine):
     @rule(seconds=seconds)
     def freeze_leader(self, seconds: float) -> None:
         self.world.freeze_leader(seconds)
+
+    @rule(seconds=seconds)
+    def stall_leader(self, seconds: float) -> None:
+        self.world.stall_leader(seconds)
 
     @rule(index=index, seconds=seconds)
     def partition_worker(self, index: int, seconds: float) -> None:

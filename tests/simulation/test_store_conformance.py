@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import psycopg
 import pytest
 
+from orchestrator.leadership import LeadershipLost
 from orchestrator.ownership_store import OwnershipStore, PostgresOwnershipStore
 from queuer_worker.firing import prepare
 from queuer_worker.runs_store import PostgresRunsStore, RunsStore
@@ -40,6 +41,7 @@ class Ports:
     store: OwnershipStore
     runs: RunsStore
     jobs: Jobs
+    elect: Callable[[], int]  # a standby's election: the term bumped, as leadership.start_term does
 
 
 class PostgresJobs:
@@ -77,13 +79,22 @@ class MemoryJobs:
 async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
     if request.param == "memory":
         memory = MemoryDatabase(now=time.time)
-        yield Ports(MemoryOwnershipStore(memory), MemoryRunsStore(memory, "w"), MemoryJobs(memory))
+        term = memory.bump_term()
+        yield Ports(
+            MemoryOwnershipStore(memory, term), MemoryRunsStore(memory, "w"), MemoryJobs(memory), memory.bump_term
+        )
         return
     database_url: str = request.getfixturevalue("database_url")
     db: psycopg.Connection[tuple[object, ...]] = request.getfixturevalue("db")
     pool = await open_pool(database_url, min_size=1, max_size=2, name="conformance")
     try:
-        yield Ports(PostgresOwnershipStore(pool, database_url), PostgresRunsStore(pool), PostgresJobs(db))
+
+        def elect() -> int:
+            [(term,)] = db.execute("UPDATE orchestrator_term SET term = term + 1 RETURNING term").fetchall()
+            return int(cast(int, term))
+
+        store = PostgresOwnershipStore(pool, database_url, elect())
+        yield Ports(store, PostgresRunsStore(pool), PostgresJobs(db), elect)
     finally:
         await pool.close()
 
@@ -97,6 +108,28 @@ async def test_a_new_job_is_recorded_once(ports: Ports) -> None:
     assert (row["worker_id"], row["state"], row["term"], row["clock"]) == (None, "pending", 1, 1)
     assert await ports.store.pending_count() == 1
     assert await ports.store.drift() == []
+
+
+async def test_a_deposed_leader_writes_nothing(ports: Ports) -> None:
+    """Once a standby is elected, every write of the leader before it is refused (it reads still)."""
+    job, other = ports.jobs.add(), ports.jobs.add()
+    assert len(await ports.store.assign_new([job], Stamp(1, 1), 100)) == 1
+    ports.elect()
+    writes = [
+        ports.store.claim("w1", [job], Stamp(1, 1)),
+        ports.store.assign_new([other], Stamp(1, 2), 100),
+        ports.store.upsert_pending([job], [1], "w2", Stamp(1, 3), 100),
+        ports.store.delete_ownership([job]),
+        ports.store.heartbeat("w1", 0, 0),
+        ports.store.mark_dead("w1"),
+    ]
+    for write in writes:
+        with pytest.raises(LeadershipLost):
+            await write
+    [still] = await ports.store.ownership([job])
+    assert (still["worker_id"], still["state"], still["clock"]) == (None, "pending", 1)
+    assert await ports.store.ownership([other]) == []
+    assert await ports.store.workers() == []
 
 
 async def test_a_claim_takes_only_what_is_pending_under_its_very_stamp(ports: Ports) -> None:

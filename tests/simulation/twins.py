@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from orchestrator.leadership import LeadershipLost
 from orchestrator.ownership_store import Row
 from queuer_worker.firing import PreparedTick, TickResult
 from runplane.basics.stamps import Stamp
@@ -130,21 +131,30 @@ class MemoryDatabase:
 class MemoryOwnershipStore:
     """``OwnershipStore`` on a ``MemoryDatabase``: each method does what its query does."""
 
-    def __init__(self, db: MemoryDatabase) -> None:
+    def __init__(self, db: MemoryDatabase, term: int) -> None:
         self.db = db
+        self.term = term
+
+    def _fence(self) -> None:
+        """Every write of a leader is refused once a newer term was elected (the query ``fence``)."""
+        if self.db.term != self.term:
+            raise LeadershipLost(f"term {self.term} is over: a newer leader was elected")
 
     async def workers(self) -> list[Row]:
         return [{"worker_id": w, "state": row.state} for w, row in self.db.workers.items()]
 
     async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        self._fence()
         self.db.workers[worker_id] = WorkerRow("alive", jobs_owned, owned_digest)
 
     async def beat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
+        self._fence()
         row = self.db.workers.get(worker_id)
         if row is not None and row.state == "alive":
             row.jobs_owned, row.owned_digest = jobs_owned, owned_digest
 
     async def mark_dead(self, worker_id: str) -> None:
+        self._fence()
         row = self.db.workers.get(worker_id)
         if row is not None:
             row.state = "dead"
@@ -191,6 +201,7 @@ class MemoryOwnershipStore:
         return rows
 
     async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+        self._fence()
         rows: list[Row] = []
         for job_id in job_ids:
             job = self.db.jobs.get(job_id)
@@ -244,6 +255,7 @@ class MemoryOwnershipStore:
     async def upsert_pending(
         self, job_ids: list[int], versions: list[int], worker_id: str | None, stamp: Stamp, now: int
     ) -> None:
+        self._fence()
         for job_id, version in zip(job_ids, versions, strict=True):
             own = self.db.ownership.get(job_id)
             fires_after = now if own is None else own.fires_after
@@ -272,6 +284,7 @@ class MemoryOwnershipStore:
         return rows
 
     async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+        self._fence()
         taken: list[Row] = []
         for job_id in dict.fromkeys(job_ids):
             own = self.db.ownership.get(job_id)
@@ -288,12 +301,14 @@ class MemoryOwnershipStore:
         return taken
 
     async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None:
+        self._fence()
         for job_id, version in zip(job_ids, versions, strict=True):
             own = self.db.ownership.get(job_id)
             if own is not None:
                 own.version, own.fires_after = version, max(own.fires_after, now)
 
     async def delete_ownership(self, job_ids: list[int]) -> None:
+        self._fence()
         for job_id in job_ids:
             self.db.ownership.pop(job_id, None)
 
@@ -323,9 +338,16 @@ class MemoryOwnershipStore:
 
     async def claimed_versions(self) -> list[Row]:
         return [
-            {"worker_id": o.worker_id, "job_id": o.job_id, "version": o.version, "state": o.state}
+            {
+                "worker_id": o.worker_id,
+                "job_id": o.job_id,
+                "version": o.version,
+                "state": o.state,
+                "term": o.term,
+                "clock": o.clock,
+            }
             for o in self.db.ownership.values()
-            if o.worker_id is not None
+            if o.worker_id is not None or o.state == "pending"
         ]
 
     async def claimed_counts(self) -> dict[str, int]:
