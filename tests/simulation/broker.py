@@ -255,24 +255,24 @@ def _short(queue: str) -> str:
 
 def _describe(message: Message) -> str:
     """A message in a trace line: kind, stamp, jobs."""
-    kind = type(message).__name__
+    text = type(message).__name__
     stamp = getattr(message, "stamp", None)
-    text = f"{kind}"
     if stamp is not None and message.HasField("stamp"):
         text += f"({stamp.term}.{stamp.clock})"
     jobs: list[int] = []
-    if kind == "Assign":
-        jobs = [a.job.job_id for a in message.jobs]  # type: ignore[attr-defined]
-    elif kind in ("Revoke", "Claimed"):
-        jobs = list(message.job_ids)  # type: ignore[attr-defined]
-        if kind == "Revoke" and message.drop_all:  # type: ignore[attr-defined]
+    if isinstance(message, bus_pb2.Assign):
+        jobs = [a.job.job_id for a in message.jobs]
+    elif isinstance(message, bus_pb2.Revoke):
+        jobs = list(message.job_ids)
+        if message.drop_all:
             text += " DROP-ALL"
-    elif kind == "Update":
-        jobs = [message.job.job.job_id]  # type: ignore[attr-defined]
-    if kind in ("Claimed", "Heartbeat"):
-        text += f" of {message.worker_id}"  # type: ignore[attr-defined]
-    if kind == "Heartbeat":
-        text += f" registering={message.registering} held={message.jobs_owned}"  # type: ignore[attr-defined]
+    elif isinstance(message, bus_pb2.Claimed):
+        jobs = list(message.job_ids)
+        text += f" of {message.worker_id}"
+    elif isinstance(message, bus_pb2.Update):
+        jobs = [message.job.job.job_id]
+    elif isinstance(message, bus_pb2.Heartbeat):
+        text += f" of {message.worker_id} registering={message.registering} held={message.jobs_owned}"
     if jobs:
         text += f" jobs={jobs}"
     return text

