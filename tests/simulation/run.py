@@ -1,13 +1,16 @@
 """``make simulate``: random histories from consecutive seeds, as many as fit in the time given;
 prints histories per second, and for a failure its seed and trace.
 
-    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history all]
+    python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history all] [--jobs N]
     python -m tests.simulation.run --seed 229 --history freezes      # one history, its whole trace
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import itertools
+import os
 import random
 import sys
 import time
@@ -123,6 +126,7 @@ def main() -> int:
         "--history", choices=["all", *sorted(HISTORIES)], default="all", help="all: each seed in every kind"
     )
     parser.add_argument("--seed", type=int, help="run this one seed and print its whole trace")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes running histories")
     args = parser.parse_args()
     kinds = sorted(HISTORIES) if args.history == "all" else [args.history]
     if args.seed is not None:
@@ -135,27 +139,47 @@ def main() -> int:
             return 1
         print(world.report(len(world.trace_lines)), "OK", sep="\n")
         return 0
+    return _explore(kinds, args.first_seed, args.steps, args.seconds, args.jobs)
+
+
+def _try(kind: str, seed: int, steps: int) -> str | None:
+    """One history in a worker process: None, or what failed with the end of its trace."""
+    try:
+        run_seed(kind, seed, steps)
+    except Exception as exc:
+        return "\n".join([*getattr(exc, "__notes__", [])[-1:], f"{kind} seed {seed} FAILED: {exc!r}\n"])
+    return None
+
+
+def _explore(kinds: list[str], first_seed: int, steps: int, seconds: float, jobs: int) -> int:
+    """Histories from consecutive seeds, each in every kind, on ``jobs`` processes, for ``seconds``."""
     started = time.monotonic()
-    seed = args.first_seed
-    ran = 0
+    work = ((kind, seed) for seed in itertools.count(first_seed) for kind in kinds)
+    ran, last_seed = 0, first_seed
     failed: list[str] = []
-    while time.monotonic() - started < args.seconds:
-        for kind in kinds:
-            try:
-                run_seed(kind, seed, args.steps)
-            except Exception as exc:
-                failed.append(f"{kind} {seed}")
-                print(
-                    *getattr(exc, "__notes__", [])[-1:], f"{kind} seed {seed} FAILED: {exc!r}\n", sep="\n", flush=True
-                )
-            ran += 1
-            if ran % 50 == 0:
-                elapsed = time.monotonic() - started
-                print(f"{ran} histories, {ran / elapsed:.1f}/s, {len(failed)} failed", flush=True)
-        seed += 1
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        running: dict[concurrent.futures.Future[str | None], tuple[str, int]] = {}
+        while True:
+            while time.monotonic() - started < seconds and len(running) < 2 * jobs:
+                kind, seed = next(work)
+                running[pool.submit(_try, kind, seed, steps)] = (kind, seed)
+            if not running:
+                break
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                kind, seed = running.pop(future)
+                last_seed = max(last_seed, seed)
+                failure = future.result()
+                if failure is not None:
+                    failed.append(f"{kind} {seed}")
+                    print(failure, flush=True)
+                ran += 1
+                if ran % 100 == 0:
+                    elapsed = time.monotonic() - started
+                    print(f"{ran} histories, {ran / elapsed:.1f}/s, {len(failed)} failed", flush=True)
     elapsed = time.monotonic() - started
-    seeds = f"{'/'.join(kinds)} seeds {args.first_seed}..{seed - 1}"
-    print(f"{ran} histories in {elapsed:.0f}s ({ran / elapsed:.1f}/s), {seeds}; failed: {failed}")
+    seeds = f"{'/'.join(kinds)} seeds {first_seed}..{last_seed}"
+    print(f"{ran} histories in {elapsed:.0f}s ({ran / elapsed:.1f}/s) on {jobs} processes, {seeds}; failed: {failed}")
     return 1 if failed else 0
 
 
