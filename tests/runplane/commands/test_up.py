@@ -87,6 +87,7 @@ def _stop(proc: subprocess.Popen[str], output: Path) -> str:
     proc.wait(timeout=60)
     text = output.read_text()
     assert proc.returncode == 0, text[-5000:]
+    assert "Traceback" not in text, text[-5000:]  # every service stops on its own terms, none dies
     return text
 
 
