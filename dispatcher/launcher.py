@@ -31,6 +31,7 @@ class LaunchRequest:
 class LaunchResult:
     cluster: str
     pod_name: str = ""  # where the runner lives (a Pod name, or "pid:1234" locally)
+    warm: bool = False  # a started runner of a warm pool was waiting and took the run
 
 
 class Launcher(Protocol):

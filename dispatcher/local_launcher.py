@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import psycopg
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
+from dispatcher.pool_sizing import record_launch
 from runplane.adapters import local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
@@ -37,6 +38,7 @@ from runplane.basics.settings import Settings
 log = logging.getLogger(__name__)
 
 FORK_SERVER_MODULE = "runner.fork_server"
+POOL_NAME = "local"  # the fork server's spares, as a pool in the metrics
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
 
 
@@ -104,7 +106,8 @@ def closed_to_others(path: Path) -> Path | None:
 
 
 class ForkServer:
-    """The dispatcher's end of ``runner.fork_server``: a run id and its token in, the forked runner's pid out."""
+    """The dispatcher's end of ``runner.fork_server``: a run id and its token in, the forked runner's pid
+    out, and whether that runner was started and waiting (warm) or the run waited for it (cold)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self._env = dict(env)
@@ -141,14 +144,15 @@ class ForkServer:
         log.info("runner fork server ready", extra={"pid": process.pid})
         return process
 
-    async def fork(self, run_id: int, token: str) -> int:
+    async def fork(self, run_id: int, token: str) -> tuple[int, bool]:
+        """The pid of the runner given the run, and whether it was waiting for it (warm)."""
         async with self._lock:
             process, answer = await self._ask(f"{run_id} {token}\n".encode())
             parts = answer.split()
-            if len(parts) != 2 or int(parts[0]) != run_id or int(parts[1]) <= 0:
+            if len(parts) != 3 or int(parts[0]) != run_id or int(parts[1]) <= 0 or parts[2] not in (b"warm", b"cold"):
                 await self._discard(process)
                 raise LaunchError(f"runner fork server answered {answer!r}", retryable=True)
-            return int(parts[1])
+            return int(parts[1]), parts[2] == b"warm"
 
     async def set_spares(self, count: int) -> None:
         """Ask the server to keep ``count`` runners started and waiting (it forks or lets go of spares)."""
@@ -243,11 +247,12 @@ class LocalLauncher:
         if not request.token:
             raise LaunchError(f"run {request.run_id} has no run token", retryable=False)
         if self._fork_server is not None:
-            pid = await self._fork_server.fork(request.run_id, request.token)
+            pid, warm = await self._fork_server.fork(request.run_id, request.token)
         else:
-            pid = self._spawn(request.run_id, request.token)
-        log.info("runner started", extra={"run_id": request.run_id, "pid": pid})
-        return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}")
+            pid, warm = self._spawn(request.run_id, request.token), False
+        record_launch(pool=POOL_NAME, cluster=self._cluster, warm=warm)
+        log.info("runner started", extra={"run_id": request.run_id, "pid": pid, "warm": warm})
+        return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}", warm=warm)
 
     def _spawn(self, run_id: int, token: str) -> int:
         self._reap()

@@ -15,7 +15,7 @@ import logging
 
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.local_launcher import LocalLauncher
+from dispatcher.local_launcher import POOL_NAME, LocalLauncher
 from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
 from runplane.adapters.db import Connection
 from runplane.basics import supervise
@@ -28,7 +28,6 @@ from runplane.sql import load_queries
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("dispatcher")
-POOL_NAME = "local"
 # Spares the fork server starts per second (a fork of the pre-loaded server, its child's connection
 # to the runner API), on a busy two-core machine: only decides how far ahead a large peak is warmed.
 FORK_RATE = 50.0

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from runplane.adapters import instruments
 from runplane.demand.forecast import MINUTE, Forecast, RunnerKind
 
+NO_POOL = "none"  # the pool of a launch no pool fits
+
 
 @dataclass(frozen=True)
 class PoolPlan:
@@ -63,6 +65,12 @@ def plan_pool(
     if room is not None:
         target = min(target, max(0, room))
     return PoolPlan(forecast=ahead, lead=ahead_lead, queued=queued, target=target)
+
+
+def record_launch(*, pool: str, cluster: str, warm: bool) -> None:
+    """Export one launch: whether a started runner of the run's pool was waiting for it (warm) or the
+    run waited for a runner to start (cold); ``pool`` is ``NO_POOL`` when no pool fits the run."""
+    instruments.pool_launches.add(1, {"pool": pool, "cluster": cluster, "served": "warm" if warm else "cold"})
 
 
 def record_plan(plan: PoolPlan, *, pool: str, cluster: str, idle: int) -> None:

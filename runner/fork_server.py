@@ -4,18 +4,21 @@ A fresh ``runplane runner`` process spends most of a second (and as much CPU) im
 can claim its run; at ten runs a second that alone saturates a small machine. The local launcher
 therefore keeps one of these per dispatcher: it imports everything once and says ``ready``; then
 for every line ``<run_id> <token>`` on stdin a child executes :func:`runner.service.run` in its own
-session, and the server answers ``<run_id> <pid>`` on stdout. EOF on stdin (its dispatcher went
-away) ends the server; the children carry on, each holding its own lease.
+session, and the server answers ``<run_id> <pid> <warm|cold>`` on stdout. EOF on stdin (its
+dispatcher went away) ends the server; the children carry on, each holding its own lease.
 
 The child is forked ahead of its run (a *spare*): it has set up its process and opened its channel
 to the runner API (gRPC's start in a fresh child and the connection cost about as much as the rest
-of the prep time together), and waits on a pipe of its own. A run's line goes down that pipe; the
-spare switches to the run's uid and claims it at once, and the server forks the next spare.
+of the prep time together), says so with one byte once connected, and waits on a socket of its
+own. A run's line goes down that socket; the spare switches to the run's uid and claims it at once,
+and the server forks the next spare. The answer says whether the run found its runner waiting
+(``warm``: the spare had said it was connected) or waited for one (``cold``: the spare was still
+starting, or had died and a child was forked for the run).
 
 The server keeps one spare, or as many as its last line ``spares N`` asked (answered ``spares N``):
 the dispatcher raises N ahead of a forecast peak (``dispatcher/local_spares.py``) and lowers it
 after, so a peak's runs find started runners instead of waiting for forks. A spare above N gets EOF
-on its pipe and leaves.
+on its socket and leaves.
 
 When runs have uids of their own (a root server), each spare is forked with a *keeper* beside it:
 a child that stays root and keeps the host's repository and package caches for that one runner
@@ -32,10 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
 from dataclasses import dataclass
+
+import grpc
 
 from runner.cache_keeper import KeeperClient, keeper_socket_pair, serve
 from runner.control_plane import runner_channel
@@ -46,14 +52,15 @@ from runplane.basics.settings import Settings
 
 MAX_LINE = 4096  # far above ``<run_id> <token>``; a longer line is refused whole
 MAX_SPARES = 10_000  # a bound on ``spares N`` whatever the dispatcher asks
+READY = b"r"  # a spare's one byte once it is connected and waiting for its run
 
 
 @dataclass(frozen=True)
 class Spare:
-    """A forked child waiting for its run on the read end of ``pipe``."""
+    """A forked child waiting for its run on its end of a socket pair."""
 
     pid: int
-    pipe: int  # the write end, ours
+    end: int  # our end: the run's line goes out, the spare's READY comes in
 
 
 def _reap(_signum: int = 0, _frame: object = None) -> None:
@@ -69,19 +76,19 @@ def _fork_spare(settings: Settings) -> Spare:
     keeper_end, runner_end = keeper_socket_pair() if runs_have_own_uids(settings.runner) else (None, None)
     if keeper_end is not None and runner_end is not None:
         _fork_keeper(settings, keeper_end, runner_end)
-    read_end, write_end = os.pipe()
+    ours, theirs = (end.detach() for end in socket.socketpair())
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        os.close(write_end)
+        os.close(ours)
         if keeper_end is not None:
             keeper_end.close()
-        _spare(settings, read_end, runner_end)
-    os.close(read_end)
+        _spare(settings, theirs, runner_end)
+    os.close(theirs)
     for end in (keeper_end, runner_end):
         if end is not None:
             end.close()
-    return Spare(pid, write_end)
+    return Spare(pid, ours)
 
 
 def _fork_keeper(settings: Settings, keeper_end: socket.socket, runner_end: socket.socket) -> None:
@@ -93,7 +100,7 @@ def _fork_keeper(settings: Settings, keeper_end: socket.socket, runner_end: sock
     try:
         runner_end.close()
         _detach()
-        # Nothing of the server's but its socket: a spare's pipe held here would never give it EOF.
+        # Nothing of the server's but the keeper's socket: a spare's end held here would never give it EOF.
         keep = keeper_end.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
@@ -136,15 +143,20 @@ def _spare(settings: Settings, assignment: int, keeper: socket.socket | None) ->
 
 
 async def _wait_and_run(settings: Settings, assignment: int, keeper: socket.socket | None) -> int:
-    """Connect to the runner API, wait for ``<run_id> <token>`` on ``assignment``, then run it as the
-    run's user, its prep served by ``keeper`` (the host's caches) when there is one. EOF (the server
-    ended) leaves without a run."""
+    """Connect to the runner API, say READY and wait for ``<run_id> <token>`` on ``assignment``, then
+    run it as the run's user, its prep served by ``keeper`` (the host's caches) when there is one. EOF
+    (the server ended) leaves without a run."""
     channel = runner_channel(settings.runner.api_address, connect=True)
+    ready = asyncio.create_task(_say_ready(channel, assignment), name="say-ready")
     try:
         line = await _read_line(assignment)
     except BaseException:
         await channel.close(None)
         raise
+    finally:
+        ready.cancel()  # before the line's fd is closed; a run that came first is cold
+        with contextlib.suppress(asyncio.CancelledError):
+            await ready
     run_id, token = _parse(line)
     if run_id <= 0:  # the keeper, if any, leaves when this process exits and its end closes
         await channel.close(None)
@@ -152,6 +164,14 @@ async def _wait_and_run(settings: Settings, assignment: int, keeper: socket.sock
     run_user = lease_for_run(settings.runner, run_id)  # switched to after the claim; the connection stays open
     cache = KeeperClient(keeper) if keeper is not None else None
     return await run(settings, run_id, token, channel=channel, run_user=run_user, cache=cache)
+
+
+async def _say_ready(channel: grpc.aio.Channel, assignment: int) -> None:
+    """READY on ``assignment`` once the connection to the runner API is open: from then on a run
+    finds this runner waiting."""
+    await channel.channel_ready()
+    with contextlib.suppress(OSError):  # the server gone: the spare's read sees EOF
+        os.write(assignment, READY)
 
 
 async def _read_line(fd: int) -> bytes:
@@ -206,22 +226,36 @@ def _run_id(line: memoryview) -> int:
         return 0
 
 
-def _hand_over(settings: Settings, spare: Spare, line: memoryview) -> int:
-    """Give the run's line to the spare (or, if it died, to a child forked for it); the pid that runs it, 0 if none."""
+def _hand_over(settings: Settings, spare: Spare, line: memoryview) -> tuple[int, bool]:
+    """Give the run's line to the spare (or, if it died, to a child forked for it): the pid that runs
+    it (0 if none), and whether that runner was already waiting for it (warm)."""
+    waiting = _waiting(spare)
     if _give(spare, line):
-        return spare.pid
+        return spare.pid, waiting
     fresh = _fork_spare(settings)  # the spare is gone (killed): fork one for this run
-    return fresh.pid if _give(fresh, line) else 0
+    return (fresh.pid if _give(fresh, line) else 0), False
+
+
+def _waiting(spare: Spare) -> bool:
+    """Whether the spare has said READY (it is connected and waiting), without waiting for it."""
+    poller = select.poll()
+    poller.register(spare.end, select.POLLIN)
+    if not poller.poll(0):
+        return False
+    try:
+        return os.read(spare.end, 1) == READY  # b"": it died
+    except OSError:
+        return False
 
 
 def _give(child: Spare, line: memoryview) -> bool:
     try:
-        os.write(child.pipe, line)
+        os.write(child.end, line)
         return True
     except OSError:
         return False
     finally:
-        os.close(child.pipe)
+        os.close(child.end)
 
 
 def _spares_line(line: memoryview) -> int:
@@ -233,12 +267,12 @@ def _spares_line(line: memoryview) -> int:
 
 
 def _resize(settings: Settings, spares: list[Spare], target: int) -> None:
-    """Fork spares up to ``target``, or close the pipes of the newest above it (EOF: they leave)."""
+    """Fork spares up to ``target``, or close the sockets of the newest above it (EOF: they leave)."""
     while len(spares) < target:
         spares.append(_fork_spare(settings))
     while len(spares) > target:
         with contextlib.suppress(OSError):
-            os.close(spares.pop().pipe)
+            os.close(spares.pop().end)
 
 
 def main() -> int:
@@ -259,14 +293,14 @@ def main() -> int:
                 run_id = _run_id(line)
                 if run_id > 0:
                     spare = spares.pop(0) if spares else _fork_spare(settings)
-                    pid = _hand_over(settings, spare, line)
-                    answers.write(f"{run_id} {pid}\n")
+                    pid, warm = _hand_over(settings, spare, line)
+                    answers.write(f"{run_id} {pid} {'warm' if warm else 'cold'}\n")
                 elif (count := _spares_line(line)) > 0:
                     target = count
                     answers.write(f"spares {target}\n")
                 else:
                     print("fork server: expected '<run_id> <token>' or 'spares N'", file=sys.stderr, flush=True)
-                    answers.write("0 0\n")  # never echo a token
+                    answers.write("0 0 cold\n")  # never echo a token
                 line.release()
             buffer[:] = bytes(MAX_LINE)  # the token is gone before the next spare is forked
             answers.flush()
@@ -274,7 +308,7 @@ def main() -> int:
     finally:
         for spare in spares:
             with contextlib.suppress(OSError):
-                os.close(spare.pipe)  # EOF: the spare leaves
+                os.close(spare.end)  # EOF: the spare leaves
     return 0
 
 

@@ -29,7 +29,7 @@ from tests.support.ports import free_port
 if TYPE_CHECKING:  # imported by the one fixture that starts it: most tests never load the API server
     from api.process import RunningApi
 
-pytest_plugins = ["tests.support.kubernetes_fixtures", "tests.support.queuer_fixtures"]
+pytest_plugins = ["tests.support.kubernetes_fixtures", "tests.support.metrics", "tests.support.queuer_fixtures"]
 
 BASE = Settings()
 # Two keys, as after a rotation: the newest encrypts, both decrypt.

@@ -36,7 +36,7 @@ from dispatcher.kubernetes.api import CallRetries, KubernetesApiError
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import CLUSTER, MANAGED_BY, MANAGER, run_labels, runner_pod, token_secret
 from dispatcher.launcher import LaunchRequest, LaunchResult
-from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
+from dispatcher.pool_sizing import NO_POOL, PoolPlan, plan_pool, record_launch, record_plan
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics import supervise
 from runplane.basics.errors import ServiceUnavailable
@@ -256,10 +256,14 @@ class PooledLauncher:
     async def launch(self, request: LaunchRequest) -> LaunchResult:
         pool = fitting_pool(request, self._settings)
         name = await self._assign(pool, request) if pool is not None else None
+        pool_name = pool.name if pool is not None else NO_POOL
         if name is None:
             self.cold += 1
-            return await self._cold.launch(request)
+            result = await self._cold.launch(request)  # a launch that fails is counted as a failure, not here
+            record_launch(pool=pool_name, cluster=self.cluster, warm=False)
+            return result
         self.warm += 1
+        record_launch(pool=pool_name, cluster=self.cluster, warm=True)
         fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
         log.info("run given to a pool pod", extra=fields)
         try:  # the run's labels: the Pod watcher now reconciles this Pod with the run
@@ -275,7 +279,7 @@ class PooledLauncher:
             )
         except KubernetesApiError as exc:
             log.warning("pool pod not labelled with its run", extra={**fields, "error": str(exc)})
-        return LaunchResult(cluster=self.cluster, pod_name=name)
+        return LaunchResult(cluster=self.cluster, pod_name=name, warm=True)
 
     async def _assign(self, pool: WarmPoolSettings, request: LaunchRequest) -> str | None:
         params = {

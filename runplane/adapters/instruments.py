@@ -104,6 +104,11 @@ pickups_published = _counter("runplane.pickups.published", "Accounts named by th
 pickups_dropped = _counter(
     "runplane.pickups.dropped", "Pickups dropped because another dispatcher held the account lock"
 )
+pool_launches = _counter(
+    "runplane.pool.launches",
+    "Runs launched, by whether a started runner of a warm pool was waiting for the run (served: warm) or the run "
+    "waited for a runner to start (served: cold) (pool: none when no pool fits the run; cluster, served)",
+)
 lock_attempts = _counter("runplane.dispatcher.lock_attempts", "Account lock attempts (result: acquired, held)")
 launch_failures = _counter("runplane.launch.failures", "Failed launches (launcher, retryable)")
 bus_redeliveries = _counter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,12 +11,21 @@ from pathlib import Path
 
 import psutil
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from dispatcher.local_launcher import LocalLauncher, closed_to_others
 from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
-from tests.support.local_runs import ended, fork_server_of_this_process, starting_run, waiting_spares
+from tests.support.local_runs import (
+    ended,
+    fork_server_of_this_process,
+    spares_said_ready,
+    starting_run,
+    waiting_spares,
+)
+from tests.support.metrics import counted
 from tests.support.polling import eventually
+from tests.support.ports import free_port
 from tests.support.records import Conn, rows, run_row
 
 pytestmark = pytest.mark.usefixtures("_cleanup_bus", "runner_api")
@@ -73,16 +83,26 @@ async def spare_of(server: psutil.Process, settings: Settings) -> psutil.Process
     return spare
 
 
-async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(db: Conn, settings: Settings) -> None:
+def served(reader: InMemoryMetricReader, settings: Settings, how: str) -> float:
+    return counted(reader, "runplane.pool.launches", pool="local", cluster=settings.dispatcher.cluster, served=how)
+
+
+async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(
+    db: Conn, settings: Settings, metric_reader: InMemoryMetricReader
+) -> None:
     launcher = LocalLauncher(settings)
     try:
         await launcher.start()
         server = fork_server_of_this_process()
         spare = await spare_of(server, settings)
         assert spare.uids().real == os.getuid()  # no run yet: not yet switched to a run's uid
+        await eventually(lambda: spares_said_ready(server) == 1, 30, what="the spare to say it is connected")
+        warm_before = served(metric_reader, settings, "warm")
         request = starting_run(db, ["echo from the spare"])
         result = await launcher.launch(request)
         assert result.pod_name == f"pid:{spare.pid}"
+        assert result.warm  # the runner was connected and waiting before the run came
+        assert served(metric_reader, settings, "warm") == warm_before + 1
         assert (await ended(db, request.run_id))["status"] == RunStatus.SUCCESS
         text = rows(db, "SELECT text FROM run_log_chunks WHERE run_id = %s", (request.run_id,))
         assert text == [{"text": "from the spare\n"}]
@@ -93,19 +113,48 @@ async def test_a_run_goes_to_the_waiting_spare_and_a_new_spare_is_forked(db: Con
     await gone(following.pid)  # the server's EOF reaches its spare: nothing is left waiting
 
 
-async def test_a_killed_spare_is_replaced_for_the_run(db: Conn, settings: Settings) -> None:
+async def test_a_killed_spare_is_replaced_for_the_run(
+    db: Conn, settings: Settings, metric_reader: InMemoryMetricReader
+) -> None:
     launcher = LocalLauncher(settings)
     try:
         await launcher.start()
         spare = await spare_of(fork_server_of_this_process(), settings)
         spare.send_signal(signal.SIGKILL)
         await gone(spare.pid)
+        cold_before = served(metric_reader, settings, "cold")
         request = starting_run(db, ["echo after the spare died"])
         result = await launcher.launch(request)
         assert result.pod_name != f"pid:{spare.pid}"
+        assert not result.warm  # the run waited for a runner forked for it
+        assert served(metric_reader, settings, "cold") == cold_before + 1
         assert (await ended(db, request.run_id))["status"] == RunStatus.SUCCESS
     finally:
         await launcher.close()
+
+
+async def test_a_run_that_comes_before_the_spare_is_connected_is_served_cold(db: Conn, settings: Settings) -> None:
+    nowhere = settings.runner.model_copy(update={"api_address": f"127.0.0.1:{free_port()}"})
+    launcher = LocalLauncher(settings.model_copy(update={"runner": nowhere}))
+    pid = 0
+    try:
+        await launcher.start()
+        await spare_started(fork_server_of_this_process())
+        result = await launcher.launch(starting_run(db, ["echo never claimed"]))
+        pid = int(result.pod_name.removeprefix("pid:"))
+        assert not result.warm  # its runner had not reached the runner API: the run waits for it
+    finally:
+        await launcher.close()
+        if pid:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()  # it would wait for the runner API until its claim gives up
+            await gone(pid)
+
+
+async def spare_started(server: psutil.Process) -> None:
+    """Wait until the fork server has its spare (a child) and it is still unconnected."""
+    await eventually(lambda: len(server.children()) >= 1, 30, what="the fork server's spare")
+    assert spares_said_ready(server) == 0
 
 
 async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> None:
@@ -114,6 +163,7 @@ async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> N
     try:
         request = starting_run(db, ["echo from a fresh process"])
         result = await launcher.launch(request)
+        assert not result.warm  # nothing was started ahead of the run
         row = await ended(db, request.run_id, timeout=60)
         assert row["status"] == RunStatus.SUCCESS
         assert row["pod_name"] == "" and result.pod_name.startswith("pid:")  # recording it is the dispatcher's job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Any
 
 import psutil
@@ -57,3 +58,14 @@ def waiting_spares(server: psutil.Process, runner_api_address: str) -> list[psut
     also keeps a cache keeper beside each, which never connects.)"""
     port = int(runner_api_address.rpartition(":")[2])
     return [child for child in server.children() if _connected_to(child, port)]
+
+
+def spares_said_ready(server: psutil.Process) -> int:
+    """How many of the fork server's spares have said they are connected (a byte waits on the
+    server's end of their socket pair; ``ss`` shows its receive queue)."""
+    listing = subprocess.run(["ss", "-x", "-p", "-n", "-H"], capture_output=True, text=True, timeout=10, check=True)
+    return sum(
+        1
+        for line in listing.stdout.splitlines()
+        if f"pid={server.pid}," in line and line.split()[:3] == ["u_str", "ESTAB", "1"]
+    )

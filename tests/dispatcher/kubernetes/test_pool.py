@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import RUN_ID
@@ -24,6 +25,7 @@ from runplane.basics.types import AccountId, JobId, RunId
 from runplane.demand.forecast import MINUTE
 from tests.dispatcher.kubernetes.conftest import k8s_settings
 from tests.support.kubernetes_cluster import ControlPlane, Rest
+from tests.support.metrics import counted
 from tests.support.records import Conn, create_account, create_job, make_starting, queue_run
 from tests.support.wall_clock import FakeClock
 
@@ -204,3 +206,47 @@ async def test_a_pool_pod_that_never_calls_is_replaced(
     pods = kube.get(f"/api/v1/namespaces/{runs_namespace}/pods")["items"]
     gone = [p for p in pods if p["metadata"]["name"] == first and not p["metadata"].get("deletionTimestamp")]
     assert not gone
+
+
+async def test_each_launch_is_counted_warm_or_cold_by_pool(
+    control_plane: ControlPlane, runs_namespace: str, database_url: str, db: Conn, metric_reader: InMemoryMetricReader
+) -> None:
+    settings = peak_settings(runs_namespace, database_url, min_size=1, max_size=1, pod_creates_per_second=0)
+    small_account = create_account(db, memory_mb=256, run_slots=10)
+    big_account = create_account(db, name="big", memory_mb=4096, run_slots=10)
+    small, big = create_job(db, small_account), create_job(db, big_account)
+    pool = await open_pool(database_url, max_size=2)
+    config = control_plane.configuration()
+    keeper = WarmPools(settings, pool, configuration=config)
+    launcher = PooledLauncher(settings, pool, KubernetesLauncher(settings, configuration=config), configuration=config)
+
+    def served(pool_name: str, how: str) -> float:
+        return counted(metric_reader, "runplane.pool.launches", pool=pool_name, cluster="east", served=how)
+
+    def request(account: int, job: int, memory_mb: int) -> LaunchRequest:
+        run_id = queue_run(db, job)
+        return LaunchRequest(
+            RunId(run_id), JobId(job), AccountId(account), 1, memory_mb, 0, token=make_starting(db, run_id)
+        )
+
+    before = {key: served(*key) for key in (("small", "warm"), ("small", "cold"), ("none", "cold"))}
+    try:
+        await keeper.keep()  # the pool's one Pod
+        db.execute("UPDATE pool_runners SET seen_at = now()")  # no node: its call is written for it
+        first, second, other = (
+            request(small_account, small, 256),
+            request(small_account, small, 256),
+            request(big_account, big, 4096),
+        )
+        assert (await launcher.launch(first)).warm  # the waiting Pod takes it
+        assert not (await launcher.launch(second)).warm  # none left waiting: a Pod of its own
+        assert not (await launcher.launch(other)).warm  # no pool has its memory
+        after = {key: served(*key) for key in before}
+        assert {key: after[key] - before[key] for key in before} == {
+            ("small", "warm"): 1,
+            ("small", "cold"): 1,
+            ("none", "cold"): 1,
+        }
+    finally:
+        await launcher.close()
+        await pool.close()

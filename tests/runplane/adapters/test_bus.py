@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 from google.protobuf.message import Message
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from runplane.adapters.bus import MAX_DELIVERIES, AmqpBus, Delivery, Handler, Topology
 from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.settings import Settings
 from runplane.v1 import bus_pb2
+from tests.support.metrics import counted
 from tests.support.polling import eventually
 
 
@@ -100,28 +100,6 @@ async def test_a_failed_batch_is_retried_whole_and_poison_in_it_goes_alone(bus: 
     assert await _passive_count(queue) == 0
 
 
-@pytest.fixture(scope="module")
-def metric_reader() -> InMemoryMetricReader:
-    """This process's meter provider, read in memory (the instruments are global, like in a service)."""
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    return reader
-
-
-def _counted(reader: InMemoryMetricReader, name: str, **attributes: str) -> float:
-    data = reader.get_metrics_data()
-    return sum(
-        point.value
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-        for point in metric.data.data_points
-        if isinstance(point, NumberDataPoint)
-        and all((point.attributes or {}).get(k) == v for k, v in attributes.items())
-    )
-
-
 async def test_a_message_no_handler_can_process_is_dead_lettered_and_the_consumer_lives_on(
     bus: AmqpBus, prefix: str, metric_reader: InMemoryMetricReader
 ) -> None:
@@ -159,7 +137,7 @@ async def test_a_message_no_handler_can_process_is_dead_lettered_and_the_consume
     assert dead.headers["x-runplane-queue"] == queue
     error = str(dead.headers["x-runplane-error"])
     assert error.startswith("RuntimeError: xxx") and len(error) <= 500  # bounded, never the whole input
-    assert _counted(metric_reader, "runplane.bus.dead_lettered", message_type="Pickup", queue_kind="pickup") == 1
+    assert counted(metric_reader, "runplane.bus.dead_lettered", message_type="Pickup", queue_kind="pickup") == 1
 
 
 async def test_a_dependency_down_hands_the_message_back_uncounted(bus: AmqpBus, prefix: str) -> None:
