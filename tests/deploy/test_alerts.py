@@ -3,8 +3,6 @@ installed by `make test`) on the PrometheusRule Helm renders, with the metric na
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +11,8 @@ import yaml
 
 from runplane.adapters import instruments
 from tests.support.helm import helm
+from tests.support.promtool import promtool
 
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 JOB = "rp-runplane-metrics"
 QUEUER = {"job": JOB, "app_kubernetes_io_component": "queuer-worker"}
 DISPATCHER = {"job": JOB, "app_kubernetes_io_component": "dispatcher-default"}
@@ -36,14 +34,6 @@ def _rendered_rules() -> dict[str, Any]:
     return {"groups": rule["spec"]["groups"]}
 
 
-def _promtool(*args: str) -> str:
-    if not Path(PROMTOOL).exists():
-        pytest.fail("promtool is missing: `make test` installs Debian's prometheus package")
-    done = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, f"promtool {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
 @pytest.fixture
 def rules_file(tmp_path: Path) -> Path:
     path = tmp_path / "rules.yaml"
@@ -52,7 +42,7 @@ def rules_file(tmp_path: Path) -> Path:
 
 
 def test_the_rules_are_valid_promql(rules_file: Path) -> None:
-    assert "SUCCESS: 9 rules found" in _promtool("check", "rules", rules_file.as_posix())
+    assert "SUCCESS: 10 rules found" in promtool("check", "rules", rules_file.as_posix())
 
 
 def test_the_rules_name_only_metrics_runplane_exports(rules_file: Path) -> None:
@@ -73,6 +63,9 @@ def _alert(labels: dict[str, str], summary: str, description: str | None = None)
 
 
 WARNING = {"severity": "warning"}
+POOL_SMALL = {**DISPATCHER, "pod": "d-1", "pool": "small", "cluster": "east"}
+POOL_BIG = {**DISPATCHER, "pod": "d-1", "pool": "big", "cluster": "east"}
+POOL_NONE = {**DISPATCHER, "pod": "d-1", "pool": "none", "cluster": "east"}
 LATE = "Accounts whose runs started more than 60 s after their schedule; `runplane status` lists the worst."
 HEALTHY_COMPONENTS = [
     _series("up", {**QUEUER, "pod": "q-1"}, "1x60"),
@@ -193,6 +186,37 @@ CASES: list[dict[str, Any]] = [
             ),
         ],
     },
+    {  # a peak of 8 runs at minute 8: pool small never held more than 3 idle runners and served 5 runs cold;
+        # pool big held its forecast of 4 and served one run past it cold; runs no pool fits are cold by design
+        "input_series": [
+            _series("runplane_pool_forecast", POOL_SMALL, "0x4 8x4 0x20"),
+            _series("runplane_pool_idle", POOL_SMALL, "1x4 3x4 0x20"),
+            _series("runplane_pool_launches_total", {**POOL_SMALL, "served": "cold"}, "0x7 5x25"),
+            _series("runplane_pool_forecast", POOL_BIG, "0x4 4x4 0x20"),
+            _series("runplane_pool_idle", POOL_BIG, "1x4 4x3 0x21"),
+            _series("runplane_pool_launches_total", {**POOL_BIG, "served": "warm"}, "0x7 4x25"),
+            _series("runplane_pool_launches_total", {**POOL_BIG, "served": "cold"}, "0x7 1x25"),
+            _series("runplane_pool_launches_total", {**POOL_NONE, "served": "cold"}, "0x7 3x25"),
+            *HEALTHY_COMPONENTS,
+        ],
+        "alert_rule_test": [
+            _alerts("RunplanePoolServedColdAtPeak", "7m", []),
+            _alerts(
+                "RunplanePoolServedColdAtPeak",
+                "9m",
+                [
+                    _alert(
+                        {"cluster": "east", "pool": "small", "severity": "warning"},
+                        "Pool small of cluster east served runs cold at a forecast peak",
+                        "Its idle runners stayed below the forecast over the last 5m; the dashboard's Warm pools row"
+                        " shows whether the target was capped (max size, capacity) or the pool filled too late (lead"
+                        " time).",
+                    )
+                ],
+            ),
+            _alerts("RunplanePoolServedColdAtPeak", "20m", []),  # the peak is over
+        ],
+    },
     {  # 6 of 10 webhook attempts fail
         "input_series": [
             _series("runplane_webhooks_attempts_total", {"job": JOB, "result": "failed"}, "0+6x60"),
@@ -214,4 +238,4 @@ def test_the_rules_fire_when_they_should_and_not_before(rules_file: Path, tmp_pa
     tests = tmp_path / "tests.yaml"
     cases = [{"interval": "1m", **case} for case in CASES]
     tests.write_text(yaml.safe_dump({"rule_files": [rules_file.name], "evaluation_interval": "1m", "tests": cases}))
-    assert "SUCCESS" in _promtool("test", "rules", tests.as_posix())
+    assert "SUCCESS" in promtool("test", "rules", tests.as_posix())
