@@ -6,7 +6,7 @@ import mimetypes
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
@@ -23,6 +23,7 @@ from api.validation import (
     TriggerSpec,
     checked_idempotency_key,
     checked_overrides,
+    later_time,
     positive_id,
     text,
 )
@@ -49,6 +50,14 @@ RUN_FILTERS = frozenset(
 )
 
 
+class TriggerRunplaneBody(BaseModel):
+    """runplane's trigger options that dbt Cloud's body has no name for."""
+
+    run_at: AwareDatetime | None = Field(
+        None, description="A one-time run at this time (with its offset; up to a year ahead); null: now."
+    )
+
+
 class TriggerRunBody(BaseModel):
     """dbt Cloud's trigger body; every override may be null (what its clients send when unset)."""
 
@@ -65,6 +74,7 @@ class TriggerRunBody(BaseModel):
     generate_docs_override: bool | None = None
     timeout_seconds_override: int | None = None
     steps_override: list[str] | None = None
+    runplane: TriggerRunplaneBody | None = None
 
 
 # runplane's override names, as dbt Cloud's clients call them (for error messages).
@@ -111,7 +121,9 @@ def trigger_of(job_id: int, body: TriggerRunBody, idempotency_key: str | None = 
     )
     cause = text(body.cause, "cause", max_length=MAX_CAUSE)
     key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
-    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, key, overrides)
+    requested = body.runplane.run_at if body.runplane else None
+    run_at = later_time(requested, "runplane.run_at") if requested is not None else None
+    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, key, overrides, run_at)
 
 
 async def views(
