@@ -84,7 +84,8 @@ class SettingsBody(BaseModel):
 
 
 class ExecutionBody(BaseModel):
-    timeout_seconds: int = Field(0, ge=0, le=7 * 24 * 3600, description="0: no timeout.")
+    # Bounded only to what the field holds; the shared rule (api.validation) sets the allowed range.
+    timeout_seconds: int = Field(0, ge=-(2**31), le=2**31 - 1, description="0: no timeout; at most 86,400.")
 
 
 class ScheduleDateBody(BaseModel):

@@ -41,3 +41,17 @@ async def test_a_trigger_with_run_at_queues_a_one_time_run_for_then(rest: Rest, 
         message = refused.json()["status"]["user_message"]
         assert "run_at" in message and reason in message, (run_at, message)
     assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 1
+
+
+async def test_a_job_timeout_is_bounded_by_the_shared_rule(rest: Rest, adb: AsyncDb) -> None:
+    at_most = await rest.http.post(f"{rest.base}/jobs/", json=_body(execution={"timeout_seconds": 86_400}))
+    assert at_most.status_code == 201, at_most.text
+    assert at_most.json()["data"]["execution"]["timeout_seconds"] == 86_400
+    for seconds in (86_401, 7 * 24 * 3600 + 1, -1):
+        response = await rest.http.post(f"{rest.base}/jobs/", json=_body(execution={"timeout_seconds": seconds}))
+        assert response.status_code == 400, (seconds, response.text)
+        message = response.json()["status"]["user_message"]
+        assert f"execution.timeout_seconds: must be between 0 and 86400 (got {seconds})" in message, message
+    too_big = await rest.http.post(f"{rest.base}/jobs/", json=_body(execution={"timeout_seconds": 2**40}))
+    assert too_big.status_code == 400 and "execution.timeout_seconds" in too_big.json()["status"]["user_message"]
+    assert await scalar(adb, "SELECT count(*) FROM jobs") == 1
