@@ -6,9 +6,10 @@ into runplane's request and checked by the same rules), and is written by the sa
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from api.job_definitions import create_job, delete_job, update_job
@@ -28,6 +29,8 @@ router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
 JobPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the job")]
 Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
+# An entity tag is the job's version; If-Match may send it quoted (as ETag shows it) or bare.
+_VERSION_TAG = re.compile(r'"?([1-9][0-9]{0,17})"?')
 JOB_FILTERS = frozenset({"project_id", "project_id__in", "environment_id", "name__icontains", "state"})
 # dbt Cloud's job types as runplane's; "adhoc" is what dbt Cloud's newer clients send for "other".
 JOB_TYPES = {
@@ -124,6 +127,11 @@ class RunplaneBody(BaseModel):
     environment_variables: dict[str, str] | None = Field(
         None, max_length=100, description="DBT_ENV_SECRET_* values are write-only; an empty one removes it."
     )
+    job_completion_trigger_conditions: list[ConditionBody] | None = Field(
+        None,
+        description="Every completion trigger, first to last ([]: none); job_completion_trigger_condition "
+        "is the first, and may be left out or repeat it.",
+    )
 
 
 class JobBody(BaseModel):
@@ -157,7 +165,7 @@ def job_request(
     On an update (``stored``, with its ``completion`` triggers) what dbt Cloud's body cannot say is
     kept: the schedule's time zone while the cron stays, retries, priority, missed-run grace, branch,
     schema, variables, Slim CI while the job still defers, the completion mode, and every completion
-    trigger while the body names the first one as it is."""
+    trigger while the body names the first one as it is (``_with_completion_triggers``)."""
     if body.description:
         raise InvalidArgument("description", "runplane keeps no description of a job: leave it empty")
     job_type = JOB_TYPES.get(body.job_type)
@@ -174,21 +182,7 @@ def job_request(
             raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
         timezone = stored["timezone"] if stored is not None and stored["cron"] == cron else ""
         triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron, timezone=timezone))
-    if body.job_completion_trigger_condition is not None:
-        condition = body.job_completion_trigger_condition.condition
-        statuses = sorted(common_pb2.RunStatus.ValueType(s) for s in set(condition.statuses))
-        kept = completion or []
-        if kept and (kept[0]["upstream_job_id"], sorted(kept[0]["statuses"])) == (condition.job_id, statuses):
-            triggers.on_completion.extend(
-                jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
-                for c in kept
-            )
-            if stored is not None:
-                triggers.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
-        else:
-            triggers.on_completion.append(
-                jobs_pb2.CompletionTrigger(upstream_job_id=condition.job_id, statuses=statuses)
-            )
+    _with_completion_triggers(body, stored, completion or [], triggers)
     settings = jobs_pb2.JobSettings(
         threads=body.settings.threads,
         target_name=body.settings.target_name,
@@ -215,6 +209,53 @@ def job_request(
     return jobs_pb2.CreateJobRequest(
         name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
     )
+
+
+def _with_completion_triggers(
+    body: JobBody, stored: Row | None, completion: list[Row], triggers: jobs_pb2.JobTriggers
+) -> None:
+    """The completion triggers the body sets: all of ``runplane.job_completion_trigger_conditions``,
+    or dbt Cloud's one condition. On a job with several, that one must be the first as it is (the
+    rest are kept): another would silently drop them, so it is refused."""
+    single = body.job_completion_trigger_condition
+    listed = body.runplane.job_completion_trigger_conditions if body.runplane else None
+    conditions: list[tuple[int, list[common_pb2.RunStatus.ValueType]]]
+    if listed is not None:
+        conditions = [_condition(c) for c in listed]
+        if single is not None and conditions[:1] != [_condition(single.condition)]:
+            raise InvalidArgument(
+                "job_completion_trigger_condition",
+                "must be the first of runplane.job_completion_trigger_conditions, or left out",
+            )
+    elif single is None:
+        conditions = []
+    elif completion and _condition(single.condition) == _stored_condition(completion[0]):
+        conditions = [_stored_condition(c) for c in completion]
+    elif len(completion) > 1:
+        raise InvalidArgument(
+            "job_completion_trigger_condition",
+            f"the job has {len(completion)} completion triggers and this field shows only the first: send "
+            "it as it is to keep them all, or set them all in runplane.job_completion_trigger_conditions",
+        )
+    else:
+        conditions = [_condition(single.condition)]
+    triggers.on_completion.extend(
+        jobs_pb2.CompletionTrigger(upstream_job_id=job_id, statuses=statuses) for job_id, statuses in conditions
+    )
+    if stored is not None:
+        triggers.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+
+
+def _condition(condition: ConditionBody) -> tuple[int, list[common_pb2.RunStatus.ValueType]]:
+    return condition.job_id, _statuses(condition.statuses)
+
+
+def _stored_condition(row: Row) -> tuple[int, list[common_pb2.RunStatus.ValueType]]:
+    return row["upstream_job_id"], _statuses(row["statuses"])
+
+
+def _statuses(values: list[int]) -> list[common_pb2.RunStatus.ValueType]:
+    return sorted(common_pb2.RunStatus.ValueType(s) for s in set(values))
 
 
 def _with_runplane_settings(
@@ -274,6 +315,23 @@ async def _one_job(store: Store, conn: Connection, account_id: AccountId, job_id
     return job
 
 
+def _tagged(response: Response, job: shapes.Job) -> shapes.Job:
+    """``job``, its version sent as the answer's ETag (what an update's If-Match names)."""
+    assert job.runplane is not None
+    response.headers["ETag"] = f'"{job.runplane.version}"'
+    return job
+
+
+def expected_version(if_match: str | None) -> int:
+    """The job version an ``If-Match`` header names; 0 (any) without one or with ``*``."""
+    if if_match is None or if_match.strip() == "*":
+        return 0
+    tag = _VERSION_TAG.fullmatch(if_match.strip())
+    if tag is None:
+        raise InvalidArgument("If-Match", "must be the job's version, as its ETag or runplane.version show it")
+    return int(tag.group(1))
+
+
 @router.get("/api/v2/accounts/{account_id}/jobs/", summary="List jobs")
 async def list_jobs(
     request: Request,
@@ -326,6 +384,7 @@ async def list_jobs(
 @router.post("/api/v2/accounts/{account_id}/jobs/", summary="Create a job", status_code=201)
 async def create_job_(
     request: Request,
+    response: Response,
     account_id: Account,
     body: Annotated[JobBody, Body()],
     idempotency_key: Annotated[
@@ -344,30 +403,44 @@ async def create_job_(
         created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, created["id"])
-    return Envelope[shapes.Job](status=success(201), data=job)
+    return Envelope[shapes.Job](status=success(201), data=_tagged(response, job))
 
 
 @router.get("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Get a job")
-async def get_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
+async def get_job(request: Request, response: Response, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
     store = _store(request)
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, job_id)
-    return Envelope[shapes.Job](status=success(), data=job)
+    return Envelope[shapes.Job](status=success(), data=_tagged(response, job))
 
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Update a job")
 async def update_job_(
-    request: Request, account_id: Account, job_id: JobPath, body: Annotated[JobBody, Body()]
+    request: Request,
+    response: Response,
+    account_id: Account,
+    job_id: JobPath,
+    *,
+    body: Annotated[JobBody, Body()],
+    if_match: Annotated[
+        str | None,
+        Header(
+            alias="If-Match",
+            description="The job's version (its ETag, or runplane.version): the update is refused with 409, "
+            "naming the current version, when the job was saved since.",
+        ),
+    ] = None,
 ) -> Envelope[shapes.Job]:
     """Replaces the job's definition with the body, as dbt Cloud does, keeping what the body cannot say
     (time zone, retries, priority, ...); saving a job reactivates it."""
     store = _store(request)
+    version = expected_version(if_match)
     spec = await _checked_spec(store, account_id, body, job_id)
     with params.named_as(JOB_NAMES):
-        await update_job(store, account_id, JobId(job_id), spec)
+        await update_job(store, account_id, JobId(job_id), spec, expected_version=version)
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, job_id)
-    return Envelope[shapes.Job](status=success(), data=job)
+    return Envelope[shapes.Job](status=success(), data=_tagged(response, job))
 
 
 @router.delete("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Delete a job")

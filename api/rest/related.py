@@ -57,7 +57,7 @@ async def jobs(store: Store, conn: Connection, account_id: AccountId, rows: list
             row,
             environment_of=where.environment(row["environment_id"]),
             project_of=where.project(row["environment_id"]),
-            completion=shapes.completion_trigger(triggers.get(row["id"], []), projects_of_jobs),
+            completion=shapes.completion_conditions(triggers.get(row["id"], []), projects_of_jobs),
         )
         for row in rows
     ]

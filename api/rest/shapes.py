@@ -186,6 +186,8 @@ class RunplaneJobSettings(BaseModel):
     completion_mode: str
     environment_variables: dict[str, str]
     secret_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
+    job_completion_trigger_conditions: list[CompletionCondition]  # job_completion_trigger_condition: the first
+    version: int  # read only: each save bumps it; an update's If-Match names it
 
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
@@ -399,17 +401,16 @@ def environment(row: Row) -> Environment:
     )
 
 
-def completion_trigger(triggers: list[Row], projects_of_jobs: dict[int, int | None]) -> CompletionTrigger | None:
-    """dbt Cloud's one completion condition; a runplane job with several shows the first."""
-    if not triggers:
-        return None
-    first = triggers[0]
-    upstream = int(first["upstream_job_id"])
-    return CompletionTrigger(
-        condition=CompletionCondition(
-            job_id=upstream, project_id=projects_of_jobs.get(upstream), statuses=sorted(first["statuses"])
+def completion_conditions(triggers: list[Row], projects_of_jobs: dict[int, int | None]) -> list[CompletionCondition]:
+    """A job's completion triggers as dbt Cloud's conditions, first to last."""
+    return [
+        CompletionCondition(
+            job_id=int(t["upstream_job_id"]),
+            project_id=projects_of_jobs.get(int(t["upstream_job_id"])),
+            statuses=sorted(t["statuses"]),
         )
-    )
+        for t in triggers
+    ]
 
 
 def job(
@@ -417,8 +418,10 @@ def job(
     *,
     environment_of: Environment | None = None,
     project_of: Project | None = None,
-    completion: CompletionTrigger | None = None,
+    completion: list[CompletionCondition] | None = None,
 ) -> Job:
+    """``completion``: every completion trigger; dbt Cloud's one condition shows the first."""
+    conditions = completion or []
     cron: str | None = row["cron"]
     job_type = JobType(row["job_type"])
     return Job(
@@ -453,7 +456,7 @@ def job(
         run_generate_sources=row["run_source_freshness"],
         deferring_job_definition_id=row["defer_to_job_id"],
         deferring_environment_id=row["defer_to_environment_id"],
-        job_completion_trigger_condition=completion,
+        job_completion_trigger_condition=CompletionTrigger(condition=conditions[0]) if conditions else None,
         created_at=stamp(row["created_at"]),
         updated_at=stamp(row["updated_at"]),
         environment=environment_of,
@@ -471,6 +474,8 @@ def job(
                 "completion_mode": row["completion_mode"],
                 "environment_variables": dict(row["environment"]),
                 "secret_names": sorted(row["secret_environment"]),
+                "job_completion_trigger_conditions": conditions,
+                "version": row["version"],
             }
         ),
     )

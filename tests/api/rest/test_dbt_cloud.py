@@ -463,6 +463,8 @@ async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) ->
         **{k: v for k, v in own.items() if k != "environment_variables"},
         "environment_variables": {"FOO": "bar"},
         "secret_names": ["DBT_ENV_SECRET_TOKEN"],
+        "job_completion_trigger_conditions": [],
+        "version": 1,
     }
     assert "s3cret" not in response.text
     job_id = response.json()["data"]["id"]
