@@ -175,15 +175,22 @@ async def _say_ready(channel: grpc.aio.Channel, assignment: int) -> None:
 
 
 async def _read_line(fd: int) -> bytes:
-    reader = asyncio.StreamReader()
+    """A line from the server on ``fd``, its end of a socket pair; b"" when the server has gone. It
+    may go with this spare's READY unread, and closing a socket with data unread resets it: a reset
+    is the end of the server, as end of file is (read as a pipe, it was logged as a fatal error)."""
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
-    try:
-        return await reader.readline()
-    finally:
-        transport.close()
+    with socket.socket(fileno=fd) as end:
+        end.setblocking(False)
+        line = b""
+        while not line.endswith(b"\n"):
+            try:
+                chunk = await loop.sock_recv(end, 4096)
+            except ConnectionResetError:
+                return b""
+            if not chunk:
+                break
+            line += chunk
+        return line
 
 
 def _parse(line: bytes | bytearray) -> tuple[int, str]:
