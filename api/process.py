@@ -100,13 +100,19 @@ def _plain_task(name: str, coro: Coroutine[Any, Any, None], until: asyncio.Event
 
 
 async def start_server(
-    settings: Settings, *, port: int | None = None, runner_port: int | None = None, rest_port: int | None = None
+    settings: Settings,
+    *,
+    port: int | None = None,
+    runner_port: int | None = None,
+    rest_port: int | None = None,
+    deliveries: bool = True,
 ) -> RunningApi:
     """Start the gRPC API on ``settings.api.host`` and ``port`` (default ``settings.api.port``; 0 picks one),
-    the runner API on ``runner_port`` (default ``settings.api.runner_port``), and the REST API on
-    ``rest_port`` (default: ``settings.api.rest_port``, or a free port when ``port`` is 0).
+    the runner API on ``runner_port`` (default ``settings.api.runner_port``), the REST API on ``rest_port``
+    (default: ``settings.api.rest_port``, or a free port when ``port`` is 0; -1 starts none), and, unless
+    ``deliveries`` is False, the outgoing webhook deliveries.
     """
-    api = await _open(settings, port=port, runner_port=runner_port, rest_port=rest_port)
+    api = await _open(settings, port=port, runner_port=runner_port, rest_port=rest_port, deliveries=deliveries)
     try:
         await api.start_side_tasks(_plain_task)
     except BaseException:
@@ -116,7 +122,12 @@ async def start_server(
 
 
 async def _open(
-    settings: Settings, *, port: int | None = None, runner_port: int | None = None, rest_port: int | None = None
+    settings: Settings,
+    *,
+    port: int | None = None,
+    runner_port: int | None = None,
+    rest_port: int | None = None,
+    deliveries: bool = True,
 ) -> RunningApi:
     """The gRPC servers started, the REST port bound; the REST server and the deliveries not yet started."""
     box = _secret_box(settings)
@@ -171,7 +182,7 @@ async def _open(
         extra={"address": f"{settings.api.host}:{bound}", "runner_address": f"{settings.api.host}:{runner_bound}"},
     )
     api = RunningApi(server, bound, public.health, pool, pickups, runner_server, runner_bound, draining, rest)
-    if box is not None:
+    if box is not None and deliveries:
         api.deliverer = WebhookDeliverer(pool, box, settings.webhooks)
     return api
 

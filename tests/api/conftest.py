@@ -14,6 +14,7 @@ import pytest
 
 from api.admin import create_account
 from api.process import RunningApi
+from api.rest.server import RestServer
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc
@@ -38,9 +39,21 @@ def api_settings(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-async def api(api_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    async with serving_api(api_settings) as running:
+async def api(request: pytest.FixtureRequest, api_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    """The API in this process: gRPC and the runner API, and REST only when the test reaches it through
+    ``rest_server`` (as ``rest``, ``other_rest`` and ``browser`` do): uvicorn's stop waits out polls of
+    0.1 s, a cost the gRPC tests need not pay. No test here waits for an outgoing webhook, so the
+    deliveries are not started."""
+    rest = "rest_server" in request.fixturenames
+    async with serving_api(api_settings, rest=rest, deliveries=False) as running:
         yield running
+
+
+@pytest.fixture
+def rest_server(api: RunningApi) -> RestServer:
+    """The API's REST server, which also serves the web pages."""
+    assert api.rest is not None, "the api fixture starts REST for the tests that ask for rest_server"
+    return api.rest
 
 
 @contextlib.asynccontextmanager
@@ -118,20 +131,18 @@ class Rest:
 
 
 @pytest.fixture
-async def rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
+async def rest(rest_server: RestServer, settings: Settings) -> AsyncIterator[Rest]:
     account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
-    assert api.rest is not None
     async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {token}"}
+        base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {token}"}
     ) as http:
         yield Rest(http, account_id, token)
 
 
 @pytest.fixture
-async def other_rest(api: RunningApi, settings: Settings) -> AsyncIterator[Rest]:
+async def other_rest(rest_server: RestServer, settings: Settings) -> AsyncIterator[Rest]:
     account_id, token = await create_account(settings, name="globex", run_slots=1, memory_mb=512)
-    assert api.rest is not None
     async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Bearer {token}"}
+        base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Bearer {token}"}
     ) as http:
         yield Rest(http, account_id, token)

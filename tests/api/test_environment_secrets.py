@@ -13,6 +13,7 @@ import pytest
 
 from api.admin import create_account, create_token
 from api.process import RunningApi
+from api.rest.server import RestServer
 from client.cli import channel
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import Settings
@@ -128,16 +129,15 @@ async def test_grpc_never_returns_an_environments_secrets_and_sets_them_one_by_o
 
 
 async def test_rest_never_returns_an_environments_secrets_and_sets_them_one_by_one(
-    api: RunningApi, tokens: Tokens, adb: AsyncDb
+    rest_server: RestServer, tokens: Tokens, adb: AsyncDb
 ) -> None:
-    assert api.rest is not None
     v3 = f"/api/v3/accounts/{tokens.account_id}"
     async with (
         httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {tokens.full}"}
+            base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {tokens.full}"}
         ) as full,
         httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {tokens.read_only}"}
+            base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {tokens.read_only}"}
         ) as reader,
     ):
         project = await full.post(

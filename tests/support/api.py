@@ -10,10 +10,11 @@ from runplane.basics.settings import Settings
 
 
 @contextlib.asynccontextmanager
-async def serving_api(settings: Settings) -> AsyncIterator[RunningApi]:
-    """Every server of the API process (gRPC and REST on free ports, the runner API on
-    ``settings.api.runner_port``), stopped without a drain when the block ends."""
-    running = await start_server(settings, port=0)
+async def serving_api(settings: Settings, *, rest: bool = True, deliveries: bool = True) -> AsyncIterator[RunningApi]:
+    """The servers of the API process (gRPC and, if ``rest``, REST on free ports, the runner API on
+    ``settings.api.runner_port``) and, if ``deliveries``, its outgoing webhook deliveries; stopped
+    without a drain when the block ends."""
+    running = await start_server(settings, port=0, rest_port=None if rest else -1, deliveries=deliveries)
     try:
         yield running
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from api.admin import create_token
-from api.process import RunningApi
+from api.rest.server import RestServer
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, Rest, scalar
 
@@ -294,9 +294,8 @@ async def test_pause_and_unpause_a_job_and_run_it_while_paused(rest: Rest, other
     assert account["deactivate_after_failures"] == 100
 
 
-async def test_the_openapi_document_lists_the_dbt_cloud_paths(api: RunningApi) -> None:
-    assert api.rest is not None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+async def test_the_openapi_document_lists_the_dbt_cloud_paths(rest_server: RestServer) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_server.port}") as http:
         document = (await http.get("/openapi.json")).json()
     assert set(document["paths"]) == {
         "/api/v2/accounts/",

@@ -6,16 +6,15 @@ import socket
 
 import httpx
 
-from api.process import RunningApi
+from api.rest.server import RestServer
 
 
-async def test_connections_are_served_with_tcp_nodelay(api: RunningApi) -> None:
+async def test_connections_are_served_with_tcp_nodelay(rest_server: RestServer) -> None:
     """Without TCP_NODELAY every answer on a kept-alive connection waited for the client's delayed ACK."""
-    assert api.rest is not None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_server.port}") as http:
         for _ in range(2):  # the second request reuses the connection
             assert (await http.get("/ui/login")).status_code == 200
-        connections = list(api.rest.server.server_state.connections)
+        connections = list(rest_server.server.server_state.connections)
         assert connections
         for protocol in connections:
             sock = protocol.transport.get_extra_info("socket")

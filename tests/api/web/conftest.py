@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from api.admin import create_account
-from api.process import RunningApi
+from api.rest.server import RestServer
 from api.web.session import COOKIE, csrf_for
 from runplane.basics.settings import Settings
 
@@ -44,8 +44,7 @@ class Browser:
 
 
 @pytest.fixture
-async def browser(api: RunningApi, settings: Settings) -> AsyncIterator[Browser]:
+async def browser(rest_server: RestServer, settings: Settings) -> AsyncIterator[Browser]:
     account_id, token = await create_account(settings, name="acme", run_slots=2, memory_mb=1024)
-    assert api.rest is not None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_server.port}") as http:
         yield Browser(http, account_id, token)

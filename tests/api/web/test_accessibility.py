@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Browser as Chromium
 from playwright.async_api import Page, async_playwright
 
-from api.process import RunningApi
+from api.rest.server import RestServer
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
@@ -133,11 +133,10 @@ async def _log_in(page: Page, base: str, token: str) -> None:
 
 
 async def test_every_page_passes_axe_and_fits_a_phone(
-    browser: Browser, adb: AsyncDb, api: RunningApi, chromium: Chromium
+    browser: Browser, adb: AsyncDb, rest_server: RestServer, chromium: Chromium
 ) -> None:
     seeded = await _seed(browser, adb)
-    assert api.rest is not None
-    base = f"http://127.0.0.1:{api.rest.port}"
+    base = f"http://127.0.0.1:{rest_server.port}"
     problems: dict[str, Any] = {}
     for width, height in ((1280, 800), (390, 844)):
         # axe is injected as an inline script, which the pages' Content-Security-Policy refuses (as it
@@ -164,11 +163,10 @@ async def test_every_page_passes_axe_and_fits_a_phone(
 
 
 async def test_the_log_box_is_reached_by_keyboard_and_times_follow_the_browser(
-    browser: Browser, adb: AsyncDb, api: RunningApi, chromium: Chromium
+    browser: Browser, adb: AsyncDb, rest_server: RestServer, chromium: Chromium
 ) -> None:
     seeded = await _seed(browser, adb)
-    assert api.rest is not None
-    base = f"http://127.0.0.1:{api.rest.port}"
+    base = f"http://127.0.0.1:{rest_server.port}"
     # Playwright evaluates wait_for_function's text with eval, which the pages' policy refuses.
     context = await chromium.new_context(
         viewport={"width": 1280, "height": 800}, timezone_id="Asia/Tokyo", bypass_csp=True

@@ -19,11 +19,12 @@ import pytest
 from pydantic import SecretStr
 
 from api.admin import create_account
-from api.process import RunningApi, start_server
+from api.process import RunningApi
 from api.webhooks.git_events import is_repository, repository_path
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
+from tests.support.api import serving_api
 
 HEAD_SHA = "ec26c3e57ca3a959ca5aad62de7213c562f8c821"
 GITHUB_OPENED: dict[str, Any] = {
@@ -61,11 +62,9 @@ GITLAB_OPENED: dict[str, Any] = {
 
 @pytest.fixture
 async def keyed_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    running = await start_server(settings.model_copy(update={"secret_keys": SecretStr(generate_key())}), port=0)
-    try:
+    keyed = settings.model_copy(update={"secret_keys": SecretStr(generate_key())})
+    async with serving_api(keyed, deliveries=False) as running:
         yield running
-    finally:
-        await running.stop(0)
 
 
 @pytest.fixture
