@@ -16,10 +16,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support.kubernetes_cluster import ControlPlane, Node, Rest
+if TYPE_CHECKING:  # imported by the fixtures that start a cluster: most test processes never do
+    from tests.support.kubernetes_cluster import ControlPlane, Node, Rest
 
 IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.sh"
 
@@ -27,6 +29,8 @@ IMAGES = Path(__file__).resolve().parents[2] / "deploy" / "k8s-local" / "images.
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     """A real kube-apiserver v1.20 + etcd on loopback, for the whole session."""
+    from tests.support.kubernetes_cluster import ControlPlane
+
     plane = ControlPlane.start()
     try:
         yield plane
@@ -37,6 +41,8 @@ def control_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def second_control_plane() -> Iterator[ControlPlane]:
     """Another cluster's API server, for tests of two clusters."""
+    from tests.support.kubernetes_cluster import ControlPlane
+
     plane = ControlPlane.start()
     try:
         yield plane
@@ -48,6 +54,8 @@ def second_control_plane() -> Iterator[ControlPlane]:
 def compacting_control_plane() -> Iterator[ControlPlane]:
     """An API server that forgets history within seconds: no watch cache, etcd compacted every second,
     so resuming a watch from a version a few seconds old answers 410 Gone."""
+    from tests.support.kubernetes_cluster import ControlPlane
+
     plane = ControlPlane.start(extra_args=["--watch-cache=false", "--etcd-compaction-interval=1s"])
     try:
         yield plane
@@ -58,6 +66,8 @@ def compacting_control_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def node(control_plane: ControlPlane) -> Iterator[Node]:
     """A real node (kubelet on a private dockerd) on the session's control plane."""
+    from tests.support.kubernetes_cluster import Node
+
     started = Node.start(control_plane)
     try:
         yield started

@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from playwright.async_api import Browser as Chromium
-from playwright.async_api import Page, async_playwright
 
 from api.rest.server import RestServer
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
 from tests.support.web_rows import RUN_RESULTS, insert_job, insert_runs, insert_steps
+
+if TYPE_CHECKING:  # imported by the fixture that starts the browser: collecting this file does not load Playwright
+    from playwright.async_api import Browser as Chromium
+    from playwright.async_api import Page
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +36,8 @@ def installed() -> None:
 
 @pytest.fixture
 async def chromium(installed: None) -> AsyncIterator[Chromium]:
+    from playwright.async_api import async_playwright
+
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         try:
