@@ -268,8 +268,9 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 @pytest.fixture
 async def runner_api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach."""
+    """The API in this process: the runner API on ``settings.api.runner_port`` for runners to reach, and
+    the gRPC API; not REST nor the webhook deliveries, which no test of the runners uses."""
     from tests.support.api import serving_api
 
-    async with serving_api(settings) as running:
+    async with serving_api(settings, rest=False, deliveries=False) as running:
         yield running
