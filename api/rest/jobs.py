@@ -7,7 +7,8 @@ into runplane's request and checked by the same rules), and is written by the sa
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
@@ -104,7 +105,9 @@ class ScheduleBody(BaseModel):
 class ConditionBody(BaseModel):
     job_id: Id
     project_id: Id | None = None
-    statuses: list[int] = Field(min_length=1, max_length=3, description="Run statuses: 10, 20 and/or 30.")
+    statuses: list[Literal[10, 20, 30]] = Field(
+        min_length=1, max_length=3, description="Run statuses: 10, 20 and/or 30."
+    )
 
 
 class CompletionBody(BaseModel):
@@ -254,7 +257,7 @@ def _stored_condition(row: Row) -> tuple[int, list[common_pb2.RunStatus.ValueTyp
     return row["upstream_job_id"], _statuses(row["statuses"])
 
 
-def _statuses(values: list[int]) -> list[common_pb2.RunStatus.ValueType]:
+def _statuses(values: Iterable[int]) -> list[common_pb2.RunStatus.ValueType]:
     return sorted(common_pb2.RunStatus.ValueType(s) for s in set(values))
 
 

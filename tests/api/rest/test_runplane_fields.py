@@ -166,3 +166,17 @@ async def test_a_job_timeout_is_bounded_by_the_shared_rule(rest: Rest, adb: Asyn
     too_big = await rest.http.post(f"{rest.base}/jobs/", json=_body(execution={"timeout_seconds": 2**40}))
     assert too_big.status_code == 400 and "execution.timeout_seconds" in too_big.json()["status"]["user_message"]
     assert await scalar(adb, "SELECT count(*) FROM jobs") == 1
+
+
+async def test_a_completion_trigger_on_a_status_that_is_no_run_end_is_refused(rest: Rest, adb: AsyncDb) -> None:
+    """dbt Cloud's statuses are 10, 20 and 30; any other number, however large, is a 400 naming the
+    field (a number past what the contract holds answered 500)."""
+    upstream = await rest.create_job(adb, job_type="adhoc")
+    for statuses in ([35549213213416], [1], [10, 99]):
+        condition = {"condition": {"job_id": upstream, "statuses": statuses}}
+        answer = await rest.http.post(
+            f"{rest.base}/jobs/", json=_body(name="watcher", job_completion_trigger_condition=condition)
+        )
+        assert answer.status_code == 400, answer.text
+        assert "statuses" in answer.text
+    assert await scalar(adb, "SELECT count(*) FROM jobs WHERE name = 'watcher'") == 0
