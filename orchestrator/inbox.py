@@ -114,21 +114,47 @@ class Inbox(JobSync):
     async def _refuse_claim(self, claimer: str, job_ids: list[int], rows: list[Row], stamp: Stamp) -> None:
         """The claimer lets go of what it claimed, and what it took from the shared queue goes out again.
 
-        The Revoke is stamped before the Assign sent again: the claimer may take that Assign from the
-        shared queue itself, and a Revoke stamped after it would make it drop jobs it then owns (a
+        Each Revoke is stamped below any Assign of its jobs the claimer may take from the shared queue
+        (``_revoke_stamps``): a Revoke stamped after one would make it drop jobs it then owns (a
         Revoke kept for a dead claimer is sent when it re-registers, later than the Assign).
         ``rows``: the ownership rows of the jobs it claimed (none for a job deleted since)."""
         unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
-        revoke_stamp = self.clock.tick()
+        plan = self._revoke_stamps(rows, job_ids, stamp)
         if self._is_alive(claimer):
             owns = {r["job_id"] for r in rows if r["worker_id"] == claimer and r["state"] == "claimed"}
-            await self._revoke(claimer, [job_id for job_id in job_ids if job_id not in owns], revoke_stamp)
+            for revoke_stamp, revoked in sorted(plan.items()):
+                if kept := [job_id for job_id in revoked if job_id not in owns]:
+                    await self._revoke(claimer, kept, revoke_stamp)
         else:
             now = self.monotonic.now()
             info = self.workers.setdefault(claimer, WorkerInfo(False, now, now))
-            info.refused.update(dict.fromkeys(job_ids, revoke_stamp))
+            for revoke_stamp, revoked in plan.items():
+                info.refused.update(dict.fromkeys(revoked, revoke_stamp))
         if unclaimed:
             await self._resend(unclaimed, None)
+
+    def _revoke_stamps(self, rows: list[Row], job_ids: list[int], stamp: Stamp) -> dict[Stamp, list[int]]:
+        """The stamps of the Revokes that take back ``job_ids``, claimed under ``stamp``: a job given out
+        again on the shared queue since (its Assign resent, or its owner buried) is revoked one below
+        that Assign, so the claimer keeps it if it is the one that takes it; any other job under one
+        stamp taken now, before anything sent after (an Assign sent again for it included). Sending
+        the pending Assign once more instead would make every late claim, queued behind others, send
+        it again, and no claim would ever match."""
+        plan: dict[Stamp, list[int]] = {}
+        now: list[int] = []
+        for job_id in job_ids:
+            pending = next(
+                (Stamp(r["term"], r["clock"]) for r in rows if r["job_id"] == job_id and r["worker_id"] is None),
+                None,
+            )
+            below = None if pending is None else Stamp(pending.term, pending.clock - 1)
+            if below is not None and below > stamp:
+                plan.setdefault(below, []).append(job_id)
+            else:
+                now.append(job_id)
+        if now:
+            plan.setdefault(self.clock.tick(), []).extend(now)
+        return plan
 
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id
@@ -151,17 +177,11 @@ class Inbox(JobSync):
             rest = [job_id for job_id in job_ids if job_id not in taken]
             rows = await self.store.ownership(rest)
             # A job it holds already is a duplicate or older claim; any other was deleted,
-            # deactivated or given to another worker since, and the claimer must let it go. One
-            # given out again on the shared queue (its Assign resent after a claim timeout) may
-            # reach this claimer too: the Revoke is stamped before that Assign is sent once more,
-            # so the claimer keeps the new Assign if it takes it, and the old one is refused by all.
+            # deactivated or given to another worker since, and the claimer must let it go.
             holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
             refused = [job_id for job_id in rest if job_id not in holds]
-            if refused:
-                await self._revoke(claimer, refused)
-                shared = [r["job_id"] for r in rows if r["job_id"] in refused and r["worker_id"] is None]
-                if shared:
-                    await self._resend(shared, None)
+            for revoke_stamp, revoked in sorted(self._revoke_stamps(rows, refused, stamp).items()):
+                await self._revoke(claimer, revoked, revoke_stamp)
             await self._reassign_doubled(_claimed_by_another(rows, claimer, stamp))
         # An update that arrived while the claim was pending goes to the owner now.
         behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
