@@ -47,6 +47,8 @@ class Inbox(JobSync):
         async with self._lock:
             if isinstance(message, bus_pb2.Heartbeat):
                 await self._on_heartbeat(message)
+            elif isinstance(message, bus_pb2.Claimed) and message.released:
+                await self._on_released(message)
             elif isinstance(message, bus_pb2.Claimed):
                 await self._on_claimed(message)
             else:
@@ -188,6 +190,20 @@ class Inbox(JobSync):
         if behind:
             fresh = await self.store.job_states(behind)
             await self._publish_assigns(await self._sync_locked(fresh))
+
+    async def _on_released(self, released: bus_pb2.Claimed) -> None:
+        """The claimer let go of an Assign whose Claimed got no confirm: what this leader recorded of
+        that very claim goes out again (revoked from it first, in case it took that Assign again)."""
+        stamp = Stamp.from_proto(released.stamp)
+        rows = await self.store.ownership(list(released.job_ids))
+        recorded = [
+            r
+            for r in rows
+            if r["worker_id"] == released.worker_id
+            and r["state"] == "claimed"
+            and Stamp(r["term"], r["clock"]) == stamp
+        ]
+        await self._reassign_doubled(recorded)
 
     async def _reassign_doubled(self, rows: list[Row]) -> None:
         """Take back from their owners the jobs of an Assign another worker claimed too, and assign them

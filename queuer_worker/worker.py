@@ -67,6 +67,7 @@ class QueuerWorker:
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
         self._registering_beats = _REGISTERING_BEATS
+        self._releases: list[bus_pb2.Claimed] = []  # Claimed(released) not yet confirmed
         self.forecaster = forecaster  # what this worker's heap will fire, published (none: not published)
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
 
@@ -156,11 +157,15 @@ class QueuerWorker:
                 await self.bus.publish(self.topology.orchestrator, claimed)
             except ServiceUnavailable:
                 # The Assign goes back to its queue and may go to another worker, who claims it:
-                # hold none of it meanwhile. Taken here again, it is applied again.
+                # hold none of it meanwhile. Taken here again, it is applied again. The Claimed may
+                # still have reached the leader (routed, no confirm): say that it was let go.
                 for job_id in taken:
                     self.heap.remove(job_id)
                     if job_id in before:
                         self.gate.restore(job_id, before[job_id])
+                self._releases.append(
+                    bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken, released=True)
+                )
                 raise
 
     async def _on_update(self, message: bus_pb2.Update) -> None:
@@ -225,9 +230,26 @@ class QueuerWorker:
 
     # -- heartbeats -------------------------------------------------------------------------------
 
+    async def _send_releases(self) -> None:
+        """Tell the leader of the Assigns let go after their Claimed got no confirm, until it hears;
+        a job taken again under that very Assign since is held, and left out."""
+        while self._releases:
+            release = self._releases[0]
+            stamp = Stamp.from_proto(release.stamp)
+            let_go = [j for j in release.job_ids if not (j in self.heap and self.gate.applied.get(j) == stamp)]
+            if let_go:
+                del release.job_ids[:]
+                release.job_ids.extend(let_go)
+                try:
+                    await self.bus.publish(self.topology.orchestrator, release)
+                except ServiceUnavailable:
+                    return  # at the next beat
+            self._releases.pop(0)
+
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         interval = self.settings.orchestrator.heartbeat_interval
         while not stop.is_set():
+            await self._send_releases()
             registering = self._registering_beats > 0
             beat = bus_pb2.Heartbeat(
                 worker_id=self.worker_id,

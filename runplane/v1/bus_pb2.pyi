@@ -212,7 +212,12 @@ class Claimed(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     STAMP_FIELD_NUMBER: _builtins.int
     JOB_IDS_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
+    released: _builtins.bool
+    """The worker let go of these jobs of that Assign: its Claimed of them got no publisher confirm,
+    yet may have reached the leader. Sent until confirmed; the leader takes back what it recorded.
+    """
     @_builtins.property
     def stamp(self) -> Global___Stamp:
         """the Assign's stamp"""
@@ -225,10 +230,11 @@ class Claimed(_message.Message):
         worker_id: _builtins.str = ...,
         stamp: Global___Stamp | None = ...,
         job_ids: _abc.Iterable[_builtins.int] | None = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stamp", b"stamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "stamp", b"stamp", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids", "released", b"released", "stamp", b"stamp", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -227,6 +227,9 @@ class SimBus:
                 raise
             except Exception as exc:
                 if not is_transient(exc):
+                    # AmqpBus sends it again later (and dead-letters it after too many tries): a
+                    # handler's failure never loses the message, e.g. a deposed leader's claim.
+                    self.broker.hand_back(queue.name, queue.generation, envelope)
                     raise
                 self.broker.trace(self.process.name, f"hands back {_describe(envelope.message)}: {exc}")
                 self.broker.hand_back(queue.name, queue.generation, envelope)
@@ -268,7 +271,7 @@ def _describe(message: Message) -> str:
             text += " DROP-ALL"
     elif isinstance(message, bus_pb2.Claimed):
         jobs = list(message.job_ids)
-        text += f" of {message.worker_id}"
+        text += f" of {message.worker_id}" + (" RELEASED" if message.released else "")
     elif isinstance(message, bus_pb2.Update):
         jobs = [message.job.job.job_id]
     elif isinstance(message, bus_pb2.Heartbeat):
