@@ -31,7 +31,7 @@ from tests.simulation.world import CRONS, World
 REGRESSIONS = [
     *(("random", seed) for seed in (1, 10, 14, 36, 46, 69, 100, 141, 167, 231, 5211, 6632)),
     *(("freezes", seed) for seed in (17, 20, 98, 152, 200, 214, 229, 235, 271, 548, 581, 5188)),
-    *(("stalls", seed) for seed in (15, 194, 225, 247)),
+    *(("stalls", seed) for seed in (15, 194, 225, 247, 8032)),
 ]
 
 
