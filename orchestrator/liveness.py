@@ -76,14 +76,23 @@ class Liveness(Outbox):
                 await self._bury(worker_id)
 
     async def _reassign(self, job_ids: list[int], dead: str) -> None:
-        """Give the jobs of a dead worker to whoever takes them from the shared queue."""
+        """Give the jobs of a dead worker to whoever takes them from the shared queue.
+
+        A job still pending for it was being moved to it (rebalancing): its donor may hold it yet,
+        the move's Revoke unsent (a leader stopped before it), so every other live worker lets go of
+        it first, under a stamp older than the new Assign."""
         size = self.settings.orchestrator.assign_batch_size
         for start in range(0, len(job_ids), size):
             async with self._lock:
                 # Only what the dead worker still owns: the batch may have changed since.
                 rows = await self.store.definitions(job_ids[start : start + size], dead, claimed=False)
+                revoke_stamp = self.clock.tick()
                 fires_after = {r["job_id"]: r["fires_after"] for r in rows}
-                await self._assign(rows, worker_id=None, fires_after=fires_after)
+                outgoing = await self._record_assigns(rows, worker_id=None, fires_after=fires_after)
+                if moving := [r["job_id"] for r in rows if r["state"] == "pending"]:
+                    for other in self._alive():
+                        await self._revoke(other, moving, revoke_stamp)
+                await self._publish_assigns(outgoing)
 
     async def _resend_stale_pending(self) -> None:
         rows = await self.store.stale_pending(self.settings.orchestrator.claim_timeout)

@@ -72,7 +72,7 @@ SELECT id FROM jobs WHERE account_id = %(account_id)s;
 -- Jobs of some ownership rows, optionally only those of one worker (NULL worker: pending on the
 -- shared queue) and only claimed ones.
 SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type, j.priority,
-       o.fires_after, o.term, o.clock
+       o.fires_after, o.term, o.clock, o.state
 FROM job_ownership o JOIN jobs j ON j.id = o.job_id
 WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s
   AND (NOT %(claimed)s OR o.state = 'claimed');

@@ -27,9 +27,10 @@ from tests.simulation.world import CRONS, World
 # floors, stalls 225 the worker's term check with the term fence. random 5211: late claims each
 # sending their jobs' Assign again, so that no claim ever matched; freezes 5188: a refused claim's
 # Revoke stamped after an Assign of its jobs already on the shared queue; random 6632: a Claimed
-# routed without a confirm, every other claim of its Assign lost, the claimer holding none of it.
+# routed without a confirm, every other claim of its Assign lost, the claimer holding none of it;
+# random 8021 and 9467: a move's target buried before it claimed, its donor still holding the job.
 REGRESSIONS = [
-    *(("random", seed) for seed in (1, 10, 14, 36, 46, 69, 100, 141, 167, 231, 5211, 6632)),
+    *(("random", seed) for seed in (1, 10, 14, 36, 46, 69, 100, 141, 167, 231, 5211, 6632, 8021, 9467)),
     *(("freezes", seed) for seed in (17, 20, 98, 152, 200, 214, 229, 235, 271, 548, 581, 5188)),
     *(("stalls", seed) for seed in (15, 194, 225, 247, 8032)),
 ]

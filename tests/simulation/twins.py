@@ -240,7 +240,13 @@ class MemoryOwnershipStore:
 
     async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
         return [
-            {**job.definition(), "fires_after": own.fires_after, "term": own.term, "clock": own.clock}
+            {
+                **job.definition(),
+                "fires_after": own.fires_after,
+                "term": own.term,
+                "clock": own.clock,
+                "state": own.state,
+            }
             for own, job in self._owned(job_ids, worker_id)
             if not claimed or own.state == "claimed"
         ]
