@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 
 import psutil
@@ -15,9 +16,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Below the kernel's ephemeral range (32768 on): a port the kernel hands out never lands in a block.
+_BLOCKS = range(20000, 32000, 97)
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` consecutive ports free right now (``runplane up`` gives service i the metrics port base + i)."""
-    for base in range(24000, 60000, 97):
+    """``n`` consecutive ports free right now (``runplane up`` gives service i the metrics port base + i).
+
+    The search starts at a random block: from a fixed one, tests on two workers picking blocks at
+    once both got the first free one, and one's service found its metrics port taken by the
+    other's (Address already in use)."""
+    start = random.randrange(len(_BLOCKS))
+    for base in [*_BLOCKS[start:], *_BLOCKS[:start]]:
         with contextlib.ExitStack() as held:
             try:
                 for port in range(base, base + n):
