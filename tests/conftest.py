@@ -191,8 +191,8 @@ def settings(database_url: str, prefix: str) -> Settings:
 
 
 @pytest.fixture
-def service_env(settings: Settings) -> dict[str, str]:
-    """Environment for service processes started by a test."""
+def service_env(settings: Settings) -> Iterator[dict[str, str]]:
+    """Environment for service processes started by a test; the queues they made are deleted after."""
     env = os.environ.copy()
     env.update(
         RUNPLANE_DATABASE_URL=settings.database_url,
@@ -205,7 +205,11 @@ def service_env(settings: Settings) -> dict[str, str]:
         RUNPLANE_API__REST_PORT=str(settings.api.rest_port),
         RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address,
     )
-    return env
+    yield env
+    # A fixture's teardown may run while the test's event loop is still set: a thread of its own.
+    cleanup = threading.Thread(target=asyncio.run, args=(delete_queues(settings.bus_prefix, settings.database_url),))
+    cleanup.start()
+    cleanup.join()
 
 
 @pytest.fixture
@@ -216,28 +220,22 @@ def db(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
 
 
 @pytest.fixture
-async def _cleanup_bus(prefix: str) -> AsyncIterator[None]:
+async def _cleanup_bus(prefix: str, database_url: str) -> AsyncIterator[None]:
     yield
-    await delete_queues(prefix)
+    await delete_queues(prefix, database_url)
 
 
-async def delete_queues(prefix: str) -> None:
-    """Delete every queue a test made (names start with its prefix)."""
-    import aio_pika
+async def delete_queues(prefix: str, database_url: str) -> None:
+    """Delete every queue a test made: its prefix's shared queues and the own queue of each queuer
+    worker its processes started (their ids from its database, which outlives this)."""
+    from tests.support.queuer import delete_queues as delete_named
 
-    from runplane.adapters.bus import Topology
-
-    connection = await aio_pika.connect(BASE.amqp_url)
     try:
-        channel = await connection.channel()
-        topo = Topology(prefix)
-        for name in (topo.assign, topo.orchestrator, topo.pickup, topo.dead_letter):
-            try:
-                await channel.queue_delete(name)
-            except Exception:
-                channel = await connection.channel()
-    finally:
-        await connection.close()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            worker_ids = [str(r[0]) for r in conn.execute("SELECT worker_id FROM queuer_workers")]
+    except psycopg.Error:  # not migrated: no worker ever ran
+        worker_ids = []
+    await delete_named(prefix, worker_ids)
 
 
 @pytest.fixture(autouse=True)
