@@ -14,6 +14,7 @@ and a lossy network that drops, duplicates and delays (so reorders) messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from runplane.adapters.bus import Delivery, Handler
 from runplane.adapters.outages import is_transient
 from runplane.basics.errors import ServiceUnavailable
 from runplane.v1 import bus_pb2
+from tests.simulation.order import WorkerOrder
 from tests.simulation.process import Process
 
 Trace = Callable[[str, str], None]
@@ -148,6 +150,7 @@ class SimBus:
         self.process = process
         self.latency = latency
         self._declared: set[str] = set()
+        self.order: WorkerOrder | None = None  # a worker's: what it does with each message is judged
 
     @property
     def connected(self) -> bool:
@@ -173,7 +176,11 @@ class SimBus:
         self._declared.discard(queue)
 
     async def publish(self, queue: str, message: Message, headers: dict[str, object] | None = None) -> None:
-        await self.declare(queue)
+        fault = self.process.before_send
+        if fault is not None and isinstance(message, bus_pb2.Assign | bus_pb2.Update | bus_pb2.Revoke):
+            self.process.before_send = None
+            fault()
+        await self.declare(queue)  # waits while the process is frozen
         await asyncio.sleep(self.latency())  # until the broker's confirm
         if isinstance(message, bus_pb2.Pickup):
             return  # no dispatcher here: the runs themselves are what the simulation checks
@@ -221,7 +228,9 @@ class SimBus:
                     self.broker.trace(
                         self.process.name, f"takes {_describe(envelope.message)} from {_short(queue.name)}"
                     )
-                await handler(envelope.message, Delivery(envelope.redelivered, {}))
+                judged = self.order.handling(envelope.message) if self.order else contextlib.nullcontext()
+                with judged:
+                    await handler(envelope.message, Delivery(envelope.redelivered, {}))
             except asyncio.CancelledError:
                 self.broker.hand_back(queue.name, queue.generation, envelope)
                 raise

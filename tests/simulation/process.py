@@ -10,6 +10,7 @@ of the interleavings a real SIGSTOP makes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: simulated time 0 in wall-clock seconds
 
@@ -22,6 +23,9 @@ class Process:
         self._thawed.set()
         self.task: asyncio.Task[None] | None = None
         self.stop = asyncio.Event()
+        # Called (once) when the process is about to send its next stamped message: a fault that
+        # stops it between a decision it recorded and the message that tells it.
+        self.before_send: Callable[[], None] | None = None
 
     @property
     def frozen(self) -> bool:

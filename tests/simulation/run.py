@@ -65,13 +65,23 @@ def freeze_history(world: World, steps: int) -> None:
 def stall_history(world: World, steps: int) -> None:
     """A leader that stalls past losing its lock, one to three times, with jobs changing around it:
     the newer leader acts on the changes while the deposed one, thawed, may still act on its own."""
+    _stalls(world, at_send=False, shortest=1.0, changes=(0, 4), creates=0.3)
+
+
+def send_stall_history(world: World, steps: int) -> None:
+    """A leader that stalls between recording a decision and sending it, past losing its lock, with
+    jobs changing around it: its message leaves in the old term, after the newer leader's own."""
+    _stalls(world, at_send=True, shortest=3.0, changes=(1, 5), creates=0.4)
+
+
+def _stalls(world: World, *, at_send: bool, shortest: float, changes: tuple[int, int], creates: float) -> None:
     rng = random.Random(world.seed)
     for _ in range(rng.randrange(1, 4)):
         world.run_for(rng.uniform(0, 40))
-        world.stall_leader(rng.uniform(1.0, 15.0))
-        for _ in range(rng.randrange(0, 4)):
+        world.stall_leader(rng.uniform(shortest, 15.0), at_send=at_send)
+        for _ in range(rng.randrange(*changes)):
             world.run_for(rng.uniform(0.0, 3.0))
-            if rng.random() < 0.3:
+            if rng.random() < creates:
                 world.create_job(rng.choice(CRONS))
             else:
                 world.change_job(rng.randrange(8), rng.choice(("cron", "pause", "delete")), rng.choice(CRONS))
@@ -86,6 +96,7 @@ class History:
 HISTORIES = {
     "random": History(random_history, {}),
     "stalls": History(stall_history, {"slow_calls": 0.1, "slowest_call": 2.0}),
+    "sends": History(send_stall_history, {}),
     "freezes": History(
         freeze_history,
         {

@@ -29,10 +29,13 @@ from tests.simulation.world import CRONS, World
 # Revoke stamped after an Assign of its jobs already on the shared queue; random 6632: a Claimed
 # routed without a confirm, every other claim of its Assign lost, the claimer holding none of it;
 # random 8021 and 9467: a move's target buried before it claimed, its donor still holding the job.
+# sends 12: a deposed leader's Assign, sent in its old term after the new leader had spoken, which a
+# worker that ignores terms takes.
 REGRESSIONS = [
     *(("random", seed) for seed in (1, 10, 14, 36, 46, 69, 100, 141, 167, 231, 5211, 6632, 8021, 9467)),
     *(("freezes", seed) for seed in (17, 20, 98, 152, 200, 214, 229, 235, 271, 548, 581, 5188)),
     *(("stalls", seed) for seed in (15, 194, 225, 247, 8032)),
+    ("sends", 12),
 ]
 
 
@@ -71,6 +74,10 @@ class Protocol(RuleBasedStateMachine):
     @rule(seconds=seconds)
     def stall_leader(self, seconds: float) -> None:
         self.world.stall_leader(seconds)
+
+    @rule(seconds=seconds)
+    def stall_leader_at_send(self, seconds: float) -> None:
+        self.world.stall_leader(seconds, at_send=True)
 
     @rule(index=index, seconds=seconds)
     def partition_worker(self, index: int, seconds: float) -> None:

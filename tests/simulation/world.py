@@ -29,6 +29,7 @@ from runplane.basics.settings import Settings
 from runplane.basics.supervise import spawn
 from runplane.basics.types import schedule_idempotency_key
 from tests.simulation.broker import Broker, Lossy, SimBus
+from tests.simulation.order import WatchedHeap, WorkerOrder
 from tests.simulation.process import EPOCH, Process, ProcessMonotonic, ProcessWallClock
 from tests.simulation.twins import MemoryDatabase, MemoryOwnershipStore, MemoryRunsStore
 from tests.simulation.virtual_time import VirtualTimeLoop, ordered_task_groups
@@ -36,6 +37,7 @@ from tests.simulation.virtual_time import VirtualTimeLoop, ordered_task_groups
 STANDBY_POLL = 1.0  # orchestrator.leadership.STANDBY_POLL_SECONDS
 WATCH = 1.0  # orchestrator.leadership.WATCH_SECONDS
 RESTART_DELAY = 3.0  # a supervisor starts a crashed process again after this
+ARMED_AT_MOST = 30.0  # a fault armed for a process's next send comes after this at the latest
 CRONS = ("* * * * *", "* * * * *", "*/2 * * * *", "*/3 * * * *")
 
 
@@ -87,7 +89,6 @@ class WorkerSlot:
     process: Process
     worker: QueuerWorker
     crashed: bool = False
-    terms_seen: int = 0
 
 
 @dataclass
@@ -132,7 +133,7 @@ class World:
         self.bound = settle_bound(self.settings)
         self.violations: list[str] = []
         self._names = 0
-        self._term_floor: dict[str, int] = {}
+        self._persisted_term = 0
         self._not_owned_since: dict[tuple[str, int], float] = {}
         self._sampler: asyncio.Task[None] | None = None
         self.errors: list[BaseException] = []
@@ -265,13 +266,10 @@ class World:
     def _start_worker(self) -> WorkerSlot:
         process = Process(self._name("w"))
         runs = cast(RunsStore, _Gated(MemoryRunsStore(self.db, process.name), process, self.latency))
-        worker = QueuerWorker(
-            self.settings,
-            SimBus(self.broker, process, self.latency),
-            runs,
-            process.name,
-            wall_clock=ProcessWallClock(process),
-        )
+        bus = SimBus(self.broker, process, self.latency)
+        worker = QueuerWorker(self.settings, bus, runs, process.name, wall_clock=ProcessWallClock(process))
+        bus.order = WorkerOrder(process.name, self.violated)
+        worker.heap = WatchedHeap(bus.order)
         slot = WorkerSlot(process, worker)
         self.workers.append(slot)
         process.task = asyncio.ensure_future(self._work(slot))
@@ -332,20 +330,24 @@ class World:
 
     def _fault(self, seconds: float, begin: Callable[[], object], end: Callable[[], object], what: str) -> None:
         async def start() -> None:
-            self.active_faults += 1
-            self.trace("FAULT", f"{what} for {seconds:.1f}s")
-            begin()
-
-            def heal() -> None:
-                end()
-                self.active_faults -= 1
-                self.trace("HEAL", what)
-                if self.active_faults == 0:
-                    self.last_heal = self.now
-
-            self._later(seconds, heal)
+            self._begin_fault(seconds, begin, end, what)
 
         self._run(start())
+
+    def _begin_fault(self, seconds: float, begin: Callable[[], object], end: Callable[[], object], what: str) -> None:
+        """(In the running world.)"""
+        self.active_faults += 1
+        self.trace("FAULT", f"{what} for {seconds:.1f}s")
+        begin()
+
+        def heal() -> None:
+            end()
+            self.active_faults -= 1
+            self.trace("HEAL", what)
+            if self.active_faults == 0:
+                self.last_heal = self.now
+
+        self._later(seconds, heal)
 
     def _live_worker(self, index: int) -> WorkerSlot | None:
         live = [s for s in self.workers if not s.crashed]
@@ -364,20 +366,45 @@ class World:
         if orch is not None:
             self._fault(seconds, orch.process.freeze, orch.process.thaw, f"{orch.process.name} (leader) frozen")
 
-    def stall_leader(self, seconds: float) -> None:
+    def stall_leader(self, seconds: float, *, at_send: bool = False) -> None:
         """The leader stands still (a paused VM, a stop-the-world stall) long enough for the server to
         end its lock's session: a standby is elected under a newer term while it is frozen, and when
-        it runs again it goes on with what it was doing until its watch notices the lost lock."""
+        it runs again it goes on with what it was doing until its watch notices the lost lock.
+
+        ``at_send``: the stall comes when the leader is about to send its next stamped message (after
+        the write that recorded it, or within ``ARMED_AT_MOST``): that message leaves in the old term
+        when it runs again, after the newer leader's own."""
         orch = self._leading()
         if orch is None:
             return
+        what = f"{orch.process.name} (leader) stalls and loses its lock"
 
         def begin() -> None:
             orch.process.freeze()
             if self.lock_holder == orch.process.name:
                 self.lock_holder = None
 
-        self._fault(seconds, begin, orch.process.thaw, f"{orch.process.name} (leader) stalls and loses its lock")
+        if not at_send:
+            self._fault(seconds, begin, orch.process.thaw, what)
+            return
+        stalled = False
+
+        def stall() -> None:
+            nonlocal stalled
+            if stalled:
+                return
+            stalled = True
+            orch.process.before_send = None
+            self._begin_fault(seconds, begin, orch.process.thaw, f"{what} before it sends")
+            self.active_faults -= 1  # the armed fault has become this one
+
+        async def arm() -> None:
+            self.active_faults += 1
+            self.trace("FAULT", f"{orch.process.name} (leader) to stall at its next send")
+            orch.process.before_send = stall
+            self._later(ARMED_AT_MOST, stall)
+
+        self._run(arm())
 
     def partition_worker(self, index: int, seconds: float) -> None:
         slot = self._live_worker(index)
@@ -455,18 +482,13 @@ class World:
         self.violations.append(what)
 
     async def _sample(self) -> None:
-        """Every second: terms only grow; a worker holds a job it does not own no longer than B."""
+        """Every second: the persisted term only grows (a worker's, in ``order.WorkerOrder``); a worker
+        holds a job it does not own no longer than B."""
         while True:
             await asyncio.sleep(1.0)
-            if self.db.term < self._term_floor.get("db", 0):
+            if self.db.term < self._persisted_term:
                 self.violated(f"the persisted term went back to {self.db.term}")
-            self._term_floor["db"] = self.db.term
-            for slot in self.workers:
-                name = slot.process.name
-                newest = slot.worker.gate.newest_term
-                if newest < self._term_floor.get(name, 0):
-                    self.violated(f"{name} went back to term {newest}")
-                self._term_floor[name] = newest
+            self._persisted_term = self.db.term
             if self.active_faults:
                 self._not_owned_since.clear()
                 continue
