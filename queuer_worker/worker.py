@@ -4,8 +4,8 @@ It consumes the shared Assign queue (round robin with the other workers) and its
 (Update, Revoke, and Assigns aimed at it when jobs are rebalanced), heartbeats to the leader, and
 sleeps until the head of its heap is due or a message changes the heap.
 
-Every message is gated by ``(term, clock)``: a job's state changes only for a stamp newer than the
-last one applied to it, and nothing from a term older than the newest seen is applied.
+What a message does to the heap, and what the worker says in return, is decided by ``Holdings``
+(``holdings.py``, no I/O); this class does the sending, storing, sleeping and firing.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from queuer_worker import metrics
 from queuer_worker.firing import PreparedTick, prepare_chunks
 from queuer_worker.forecast import Forecaster
 from queuer_worker.heap import CronHeap, Definition
+from queuer_worker.holdings import Holdings
 from queuer_worker.runs_store import RunsStore
 from runplane.adapters.bus import Bus, Delivery, Topology
 from runplane.adapters.outages import Backoff, is_transient
-from runplane.basics.cron import NeverFires
 from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.settings import Settings
-from runplane.basics.stamps import Stamp, StampGate
+from runplane.basics.stamps import StampGate
 from runplane.basics.supervise import sleep_or_stop, spawn, wait_any
 from runplane.basics.wall_clock import SYSTEM_CLOCK, WallClock
 from runplane.runs.pickups import send_pickups
@@ -34,9 +34,6 @@ from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
 
-# Heartbeats that say "registering" after a start or a drop-everything, so one lost message (no
-# leader at that moment) does not leave the worker unknown.
-_REGISTERING_BEATS = 3
 # The fire loop re-reads the clock at least this often, so a wall-clock jump is noticed.
 _MAX_SLEEP = 30.0
 _INSERT_ATTEMPTS = 3
@@ -55,21 +52,27 @@ class QueuerWorker:
         *,
         wall_clock: WallClock = SYSTEM_CLOCK,
         forecaster: Forecaster | None = None,
+        heap: CronHeap | None = None,
     ) -> None:
         self.settings = settings
         self.bus = bus
         self.runs = runs
         self.worker_id = worker_id
         self.topology = Topology(settings.bus_prefix)
-        self.heap = CronHeap()
-        self.gate = StampGate()
+        self.holdings = Holdings(worker_id, heap)
         self.wall_clock = wall_clock
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
-        self._registering_beats = _REGISTERING_BEATS
-        self._releases: list[bus_pb2.Claimed] = []  # Claimed(released) not yet confirmed
         self.forecaster = forecaster  # what this worker's heap will fire, published (none: not published)
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
+
+    @property
+    def heap(self) -> CronHeap:
+        return self.holdings.heap
+
+    @property
+    def gate(self) -> StampGate:
+        return self.holdings.gate
 
     @property
     def own_queue(self) -> str:
@@ -101,15 +104,20 @@ class QueuerWorker:
     # -- messages ---------------------------------------------------------------------------------
 
     async def on_message(self, message: Message, _delivery: Delivery) -> None:
+        """Apply ``message`` to the holdings (``holdings.py`` decides), then send and store what that
+        asks for."""
         if isinstance(message, bus_pb2.Assign):
             self._changed_kinds(assignment.job.job_id for assignment in message.jobs)
             await self._on_assign(message)
         elif isinstance(message, bus_pb2.Update):
             self._changed_kinds([message.job.job.job_id])
-            await self._on_update(message)
+            applied, never = self.holdings.update(message, self.wall_clock.now())
+            metrics.messages_applied.add(1, {"kind": "update", "applied": applied})
+            await self._deactivate_never_fires([never] if never else [])
         elif isinstance(message, bus_pb2.Revoke):
             self._changed_kinds(message.job_ids)
-            self._on_revoke(message)
+            applied = self.holdings.revoke(message)
+            metrics.messages_applied.add(1, {"kind": "drop_all" if message.drop_all else "revoke", "applied": applied})
         else:
             log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})
         self._wake.set()
@@ -120,108 +128,22 @@ class QueuerWorker:
             self.forecaster.forget(job_ids)
 
     async def _on_assign(self, message: bus_pb2.Assign) -> None:
-        stamp = Stamp.from_proto(message.stamp)
-        if not self.gate.observe_term(stamp.term):
-            metrics.messages_applied.add(1, {"kind": "assign", "applied": False})
-            return
-        now = self.wall_clock.now()
-        taken: list[int] = []
-        before: dict[int, Stamp | None] = {}  # what the gate had applied for each job taken anew
-        never: list[Definition] = []
-        for assignment in message.jobs:
-            job = assignment.job
-            job_stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else stamp
-            previous = self.gate.applied.get(job.job_id)
-            if not self.gate.admit(job.job_id, job_stamp):
-                if self.gate.applied.get(job.job_id) == job_stamp and job.job_id in self.heap:
-                    # This very Assign again (its Claimed was not sent: the broker went away while the
-                    # handler ran, and the message came back): claim again what it gave.
-                    taken.append(job.job_id)
-                continue
-            if job.active and job.cron:
-                try:
-                    self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
-                except NeverFires:
-                    self.heap.remove(job.job_id)
-                    never.append(_definition(job))
-                    continue
-                taken.append(job.job_id)
-                before[job.job_id] = previous
-            else:
-                self.heap.remove(job.job_id)
-        await self._deactivate_never_fires(never)
-        metrics.messages_applied.add(1, {"kind": "assign", "applied": bool(taken)})
-        if taken:
-            claimed = bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken)
-            try:
-                await self.bus.publish(self.topology.orchestrator, claimed)
-            except ServiceUnavailable:
-                # The Assign goes back to its queue and may go to another worker, who claims it:
-                # hold none of it meanwhile. Taken here again, it is applied again. The Claimed may
-                # still have reached the leader (routed, no confirm): say that it was let go.
-                for job_id in taken:
-                    self.heap.remove(job_id)
-                    if job_id in before:
-                        self.gate.restore(job_id, before[job_id])
-                self._releases.append(
-                    bus_pb2.Claimed(worker_id=self.worker_id, stamp=message.stamp, job_ids=taken, released=True)
-                )
-                raise
-
-    async def _on_update(self, message: bus_pb2.Update) -> None:
-        assignment = message.job
-        stamp = Stamp.from_proto(assignment.stamp) if assignment.HasField("stamp") else Stamp.from_proto(message.stamp)
-        job = assignment.job
-        applied = self.gate.admit(job.job_id, stamp)
-        metrics.messages_applied.add(1, {"kind": "update", "applied": applied})
-        if not applied:
-            return
-        if not (job.active and job.cron):
-            self.heap.remove(job.job_id)
+        taken = self.holdings.assign(message, self.wall_clock.now())
+        await self._deactivate_never_fires(taken.never_fires)
+        metrics.messages_applied.add(1, {"kind": "assign", "applied": taken.claimed is not None})
+        if taken.claimed is None:
             return
         try:
-            if job.job_id in self.heap:
-                self.heap.update(_definition(job), now=self.wall_clock.now())
-            else:
-                # The orchestrator believes this worker owns the job: hold it.
-                self.heap.assign(_definition(job), last_fire_ts=assignment.last_fire_ts, now=self.wall_clock.now())
-        except NeverFires:
-            self.heap.remove(job.job_id)
-            await self._deactivate_never_fires([_definition(job)])
+            await self.bus.publish(self.topology.orchestrator, taken.claimed)
+        except ServiceUnavailable:
+            self.holdings.claim_failed(taken)
+            raise
 
     async def _deactivate_never_fires(self, jobs: list[Definition]) -> None:
         """A schedule with no next fire is its job's error: the job is deactivated with the reason and
         the message that carried it is acked like any other."""
         for defn in jobs:
             await self.runs.deactivate_never_fires(defn.job_id, defn.version, defn.cron, defn.timezone)
-
-    def _on_revoke(self, message: bus_pb2.Revoke) -> None:
-        stamp = Stamp.from_proto(message.stamp)
-        if message.drop_all:
-            applied = self.gate.void_before(stamp)
-            if applied:
-                self._drop_older_than(stamp)
-            metrics.messages_applied.add(1, {"kind": "drop_all", "applied": applied})
-            return
-        for job_id in message.job_ids:
-            if self.gate.admit(job_id, stamp):
-                self.heap.remove(job_id)
-        metrics.messages_applied.add(1, {"kind": "revoke", "applied": True})
-
-    def _drop_older_than(self, stamp: Stamp) -> None:
-        """Drop every job assigned before ``stamp`` (the worker was declared dead) and re-register.
-
-        The gate refuses older stamps from now on: an Assign of the shared queue taken after this
-        (sent before the worker was declared dead, and given to others since) would otherwise be held
-        here unknown to the leader, who refused its claim while the worker was dead."""
-        dropped = 0
-        for job_id in self.heap.job_ids():
-            applied = self.gate.applied.get(job_id)
-            if applied is None or applied < stamp:
-                self.heap.remove(job_id)
-                dropped += 1
-        self._registering_beats = _REGISTERING_BEATS
-        log.warning("told to drop everything", extra={"worker_id": self.worker_id, "jobs_dropped": dropped})
 
     async def _consume_own(self, stop: asyncio.Event) -> None:
         # When the leader declares this worker dead it deletes this queue; the robust connection
@@ -231,43 +153,25 @@ class QueuerWorker:
     # -- heartbeats -------------------------------------------------------------------------------
 
     async def _send_releases(self) -> None:
-        """Tell the leader of the Assigns let go after their Claimed got no confirm, until it hears;
-        a job taken again under that very Assign since is held, and left out."""
-        while self._releases:
-            release = self._releases[0]
-            stamp = Stamp.from_proto(release.stamp)
-            let_go = [j for j in release.job_ids if not (j in self.heap and self.gate.applied.get(j) == stamp)]
-            if let_go:
-                del release.job_ids[:]
-                release.job_ids.extend(let_go)
-                try:
-                    await self.bus.publish(self.topology.orchestrator, release)
-                except ServiceUnavailable:
-                    return  # at the next beat
-            self._releases.pop(0)
+        """Tell the leader of the Assigns let go after their Claimed got no confirm, until it hears."""
+        while (release := self.holdings.next_release()) is not None:
+            try:
+                await self.bus.publish(self.topology.orchestrator, release)
+            except ServiceUnavailable:
+                return  # at the next beat
+            self.holdings.release_sent()
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         interval = self.settings.orchestrator.heartbeat_interval
         while not stop.is_set():
             await self._send_releases()
-            registering = self._registering_beats > 0
-            beat = bus_pb2.Heartbeat(
-                worker_id=self.worker_id,
-                newest_term=self.gate.newest_term,
-                jobs_owned=len(self.heap),
-                sent_at_ms=int(self.wall_clock.now() * 1000),
-                registering=registering,
-                owned_digest=self.heap.digest,
-                dropped=self.gate.floor.to_proto(),
-                applied=self.gate.newest.to_proto(),
-            )
+            beat = self.holdings.heartbeat(self.wall_clock.now())
             try:
                 await self.bus.publish(self.topology.orchestrator, beat)
             except ServiceUnavailable:
                 log.warning("heartbeat not sent", extra={"worker_id": self.worker_id})
             else:
-                if registering:
-                    self._registering_beats -= 1
+                self.holdings.beat_sent(beat)
             # Next beat after the interval, or sooner when the held jobs changed, so the leader's view
             # (count and digest) follows changes closely; never more often than _MIN_BEAT_GAP.
             if await sleep_or_stop(stop, _MIN_BEAT_GAP):
@@ -341,7 +245,3 @@ class QueuerWorker:
         except ServiceUnavailable as exc:
             # Only a hint: the scheduler loop sends a Pickup for every account with due runs each pass.
             log.warning("pickups not sent", extra={"accounts": len(result.accounts), "error": str(exc)})
-
-
-def _definition(job: bus_pb2.JobDefinition) -> Definition:
-    return Definition(job.job_id, job.version, job.cron, job.timezone or "UTC", job.missed_run_grace_seconds)

@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.inbox import Inbox
 from orchestrator.outbox import WorkerInfo
 from orchestrator.ownership_store import Row
-from queuer_worker.worker import QueuerWorker
+from queuer_worker.holdings import REGISTERING_BEATS, Holdings
 from runplane.basics.stamps import ZERO, Stamp, StampGate
 from tests.simulation.run import run_seed
 from tests.simulation.test_protocol import REGRESSIONS
@@ -42,8 +42,8 @@ def _any_term(self: StampGate, term: int) -> bool:
     return True
 
 
-def _keep_everything(self: QueuerWorker, stamp: Stamp) -> None:
-    self._registering_beats = 3
+def _keep_everything(self: Holdings, stamp: Stamp) -> None:
+    self.registering_beats = REGISTERING_BEATS
 
 
 async def _accept_dead_claim(self: Inbox, claimer: str, job_ids: list[int], _rows: list[Row], stamp: Stamp) -> None:
@@ -70,7 +70,7 @@ MUTATIONS: dict[str, list[Patch]] = {
     "drop the stamp floor, the leader's too": [_WORKER_FLOOR, (WorkerInfo, "floor", _NO_LEADER_FLOOR)],
     "accept an older term": [_WORKER_TERM],
     "accept an older term, and no term fence": [_WORKER_TERM, (MemoryOwnershipStore, "_fence", _write_in_any_term)],
-    "skip drop-everything": [(QueuerWorker, "_drop_older_than", _keep_everything)],
+    "skip drop-everything": [(Holdings, "_drop_older_than", _keep_everything)],
     "let a dead worker's claim through": [(Inbox, "_refuse_claim", _accept_dead_claim)],
 }
 

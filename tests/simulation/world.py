@@ -267,9 +267,15 @@ class World:
         process = Process(self._name("w"))
         runs = cast(RunsStore, _Gated(MemoryRunsStore(self.db, process.name), process, self.latency))
         bus = SimBus(self.broker, process, self.latency)
-        worker = QueuerWorker(self.settings, bus, runs, process.name, wall_clock=ProcessWallClock(process))
         bus.order = WorkerOrder(process.name, self.violated)
-        worker.heap = WatchedHeap(bus.order)
+        worker = QueuerWorker(
+            self.settings,
+            bus,
+            runs,
+            process.name,
+            wall_clock=ProcessWallClock(process),
+            heap=WatchedHeap(bus.order),
+        )
         slot = WorkerSlot(process, worker)
         self.workers.append(slot)
         process.task = asyncio.ensure_future(self._work(slot))
