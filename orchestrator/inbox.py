@@ -8,31 +8,22 @@ import logging
 
 from google.protobuf.message import Message
 
+from orchestrator.decisions import (
+    Beat,
+    WorkerInfo,
+    claim_refused,
+    claimed_by_another,
+    judge_beat,
+    registered,
+    revoke_stamps,
+)
 from orchestrator.job_sync import JobSync
-from orchestrator.outbox import WorkerInfo
 from orchestrator.ownership_store import Row
 from runplane.adapters.bus import Delivery
-from runplane.basics.stamps import ZERO, Stamp
+from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
 
 log = logging.getLogger(__name__)
-
-
-def _dropped_as_told(info: WorkerInfo | None, beat: bus_pb2.Heartbeat) -> bool:
-    """A registering worker has dropped what it held when it had to: a worker never declared dead,
-    or one that applied the drop-everything sent for its death."""
-    if info is None or not info.buried:
-        return True
-    return info.drop_stamp is not None and Stamp.from_proto(beat.dropped) >= info.drop_stamp
-
-
-def _claimed_by_another(rows: list[Row], claimer: str, stamp: Stamp) -> list[Row]:
-    """The jobs of this very Assign claimed already by another worker: the broker gave it out twice."""
-    return [
-        r
-        for r in rows
-        if r["state"] == "claimed" and r["worker_id"] not in (None, claimer) and Stamp(r["term"], r["clock"]) == stamp
-    ]
 
 
 class Inbox(JobSync):
@@ -66,30 +57,20 @@ class Inbox(JobSync):
         """A beat from a worker not known to be alive (the caller holds the lock)."""
         worker_id = beat.worker_id
         info = self.workers.get(worker_id)
-        if info is not None and info.alive:
+        verdict = judge_beat(info, beat)
+        if verdict is Beat.LIVE:
+            assert info is not None
             await self._on_live_heartbeat(info, beat)  # registered while this one waited
             return
-        if not beat.registering or not _dropped_as_told(info, beat):
-            # Declared dead (or unknown to us): whatever it holds was given to others. A registering
-            # beat sent before it heard of its death (it was starting, or had re-registered after an
-            # earlier death) does not bring it back either.
+        if verdict is Beat.DROP_ALL:
+            # Declared dead (or unknown to us): whatever it holds was given to others.
             await self._drop_all(worker_id)
             return
-        now = self.monotonic.now()
-        refused, floor = (info.refused, info.floor) if info is not None else (dict[int, Stamp](), ZERO)
-        info = WorkerInfo(True, now, now, floor=floor)
+        info, revokes = registered(info, self.monotonic.now())
         self.workers[worker_id] = info
         log.info("queuer worker registered", extra={"worker_id": worker_id})
-        if refused:
-            # It may still hold what it took while dead (an Assign stamped after its drop-everything
-            # but taken before it): let go, under the stamps taken when those claims were refused,
-            # newer than the Assigns it claimed and older than any sent for those jobs since (the
-            # shared queue may give it one of them again, which it keeps).
-            by_stamp: dict[Stamp, list[int]] = {}
-            for job_id, revoke_stamp in sorted(refused.items()):
-                by_stamp.setdefault(revoke_stamp, []).append(job_id)
-            for revoke_stamp, revoked in sorted(by_stamp.items()):
-                await self._revoke(worker_id, revoked, revoke_stamp)
+        for revoke_stamp, revoked in revokes:
+            await self._revoke(worker_id, revoked, revoke_stamp)
         # Jobs may be waiting for workers: assign them once the workers starting together are in.
         asyncio.get_running_loop().call_later(self.settings.orchestrator.heartbeat_interval, self._full_sync.set)
         info.jobs_owned = beat.jobs_owned
@@ -117,11 +98,11 @@ class Inbox(JobSync):
         """The claimer lets go of what it claimed, and what it took from the shared queue goes out again.
 
         Each Revoke is stamped below any Assign of its jobs the claimer may take from the shared queue
-        (``_revoke_stamps``): a Revoke stamped after one would make it drop jobs it then owns (a
+        (``decisions.revoke_stamps``): a Revoke stamped after one would make it drop jobs it then owns (a
         Revoke kept for a dead claimer is sent when it re-registers, later than the Assign).
         ``rows``: the ownership rows of the jobs it claimed (none for a job deleted since)."""
         unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
-        plan = self._revoke_stamps(rows, job_ids, stamp)
+        plan = revoke_stamps(rows, job_ids, stamp, self.clock)
         if self._is_alive(claimer):
             owns = {r["job_id"] for r in rows if r["worker_id"] == claimer and r["state"] == "claimed"}
             for revoke_stamp, revoked in sorted(plan.items()):
@@ -135,41 +116,17 @@ class Inbox(JobSync):
         if unclaimed:
             await self._resend(unclaimed, None)
 
-    def _revoke_stamps(self, rows: list[Row], job_ids: list[int], stamp: Stamp) -> dict[Stamp, list[int]]:
-        """The stamps of the Revokes that take back ``job_ids``, claimed under ``stamp``: a job given out
-        again on the shared queue since (its Assign resent, or its owner buried) is revoked one below
-        that Assign, so the claimer keeps it if it is the one that takes it; any other job under one
-        stamp taken now, before anything sent after (an Assign sent again for it included). Sending
-        the pending Assign once more instead would make every late claim, queued behind others, send
-        it again, and no claim would ever match."""
-        plan: dict[Stamp, list[int]] = {}
-        now: list[int] = []
-        for job_id in job_ids:
-            pending = next(
-                (Stamp(r["term"], r["clock"]) for r in rows if r["job_id"] == job_id and r["worker_id"] is None),
-                None,
-            )
-            below = None if pending is None else Stamp(pending.term, pending.clock - 1)
-            if below is not None and below > stamp:
-                plan.setdefault(below, []).append(job_id)
-            else:
-                now.append(job_id)
-        if now:
-            plan.setdefault(self.clock.tick(), []).extend(now)
-        return plan
-
     async def _on_claimed(self, claimed: bus_pb2.Claimed) -> None:
         claimer = claimed.worker_id
         job_ids = list(claimed.job_ids)
         stamp = Stamp.from_proto(claimed.stamp)
         info = self.workers.get(claimer)
-        if info is None or not info.alive or stamp <= info.floor:
-            # Refused: the claim of a dead worker, or of an Assign its drop-everything made it drop
-            # (sent once it had re-registered: its two consumers run side by side). What it took from
-            # the shared queue goes out again to the others; it lets go once it hears its queue.
+        if claim_refused(info, stamp):
+            # What it took from the shared queue goes out again to the others; it lets go once it
+            # hears its queue.
             rows = await self.store.ownership(job_ids)
             await self._refuse_claim(claimer, job_ids, rows, stamp)
-            await self._reassign_doubled(_claimed_by_another(rows, claimer, stamp))
+            await self._reassign_doubled(claimed_by_another(rows, claimer, stamp))
             return
         # Accepted: what is still pending under this very Assign, for this worker or the shared queue.
         # Only when some of it is not (rarely) are the rows read again.
@@ -182,9 +139,9 @@ class Inbox(JobSync):
             # deactivated or given to another worker since, and the claimer must let it go.
             holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
             refused = [job_id for job_id in rest if job_id not in holds]
-            for revoke_stamp, revoked in sorted(self._revoke_stamps(rows, refused, stamp).items()):
+            for revoke_stamp, revoked in sorted(revoke_stamps(rows, refused, stamp, self.clock).items()):
                 await self._revoke(claimer, revoked, revoke_stamp)
-            await self._reassign_doubled(_claimed_by_another(rows, claimer, stamp))
+            await self._reassign_doubled(claimed_by_another(rows, claimer, stamp))
         # An update that arrived while the claim was pending goes to the owner now.
         behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
         if behind:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from orchestrator.decisions import WorkerInfo
 from orchestrator.inbox import Inbox
-from orchestrator.outbox import WorkerInfo
 from runplane.basics.supervise import spawn
 
 log = logging.getLogger(__name__)

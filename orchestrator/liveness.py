@@ -10,7 +10,8 @@ from collections import defaultdict
 
 from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
-from orchestrator.outbox import Outbox, WorkerInfo, optional_str
+from orchestrator.decisions import WorkerInfo, drifted, silent_workers
+from orchestrator.outbox import Outbox, optional_str
 from runplane.basics.ownership import job_digest
 from runplane.basics.stamps import Stamp
 from runplane.basics.supervise import sleep_or_stop
@@ -31,24 +32,19 @@ class Liveness(Outbox):
                 await self._rebalance()
 
     async def _declare_dead(self) -> None:
-        """Bury the workers silent for ``dead_after`` while this leader could hear them.
-
-        When the leader hears nobody — the broker is away, every live worker has missed two beats
-        at once, or the leader itself did not run for a heartbeat interval (frozen, starved) — the
-        silence is the leader's own, not the workers' death: their deadlines wait (DESIGN.md,
-        "Exactly once, on time"). Otherwise an outage of the broker the beats travel on would bury
-        every worker at once and put all their jobs on whichever beat first after it.
-        """
+        """Bury the workers silent for ``dead_after`` while this leader could hear them
+        (``decisions.silent_workers``)."""
         now = self.monotonic.now()
         interval = self.settings.orchestrator.heartbeat_interval
-        alive = [info for info in self.workers.values() if info.alive]
         late_tick, self._last_tick = now - self._last_tick > interval, now
-        newest_beat = max((info.last_seen for info in alive), default=now)
-        if late_tick or not self.bus.connected or now - newest_beat > 2 * interval:
-            for info in alive:
-                info.last_seen = now
-            return
-        dead = [w for w, i in self.workers.items() if i.alive and now - i.last_seen > self._dead_after]
+        dead = silent_workers(
+            self.workers,
+            now=now,
+            late_tick=late_tick,
+            hearing=self.bus.connected,
+            interval=interval,
+            dead_after=self._dead_after,
+        )
         for worker_id in dead:
             await self._bury(worker_id)
 
@@ -146,20 +142,15 @@ class Liveness(Outbox):
             expected[worker_id] ^= job_digest(row["job_id"], row["version"])
             owned[worker_id].append(row["job_id"])
         for worker_id, info in list(self.workers.items()):
-            on_its_way = (
-                worker_id in pending
-                or (shared_pending is not None and info.heard >= shared_pending)
-                or (info.heard < info.told and now - info.told_at < timeout)
-            )
-            if not info.alive or on_its_way or info.owned_digest == expected[worker_id]:
-                info.drifted_since = None
+            if not drifted(
+                info,
+                expected[worker_id],
+                now=now,
+                timeout=timeout,
+                pending=worker_id in pending,
+                shared_pending=shared_pending,
+            ):
                 continue
-            if info.drifted_since is None:
-                info.drifted_since = now
-                continue
-            if now - info.drifted_since < timeout:
-                continue
-            info.drifted_since = None  # looked at again a claim timeout after this Assign is claimed
             log.warning(
                 "queuer worker does not hold what it owns; assigning its jobs again",
                 extra={"worker_id": worker_id, "jobs_held": info.jobs_owned, "jobs_owned": len(owned[worker_id])},

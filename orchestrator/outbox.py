@@ -2,7 +2,8 @@
 Update and Revoke, every message stamped ``(term, clock)``.
 
 The leader is built in layers, one module per section of its work, each using only the ones
-below it: ``outbox`` (state, messages to workers) < ``liveness`` (the passing of time: dead
+below it: ``decisions`` (what to do about a worker, without I/O) < ``outbox`` (state, messages to
+workers) < ``liveness`` (the passing of time: dead
 workers, lost Assigns, imbalance) < ``job_sync`` (job changes) < ``inbox`` (messages from workers)
 < ``leader`` (start and the tasks it runs).
 """
@@ -11,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
 from orchestrator import metrics
+from orchestrator.decisions import WorkerInfo
 from orchestrator.ownership_store import OwnershipStore, Row
 from runplane.adapters.bus import Bus, Topology
 from runplane.basics.settings import Settings
-from runplane.basics.stamps import ZERO, LogicalClock, Stamp
+from runplane.basics.stamps import LogicalClock, Stamp
 from runplane.basics.types import JOB_TYPE_TO_PROTO, JobType
 from runplane.basics.wall_clock import SYSTEM_CLOCK, SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from runplane.v1 import bus_pb2
@@ -35,31 +37,6 @@ class Outgoing:
     rows: list[Row]
     stamp: Stamp
     fires_after: dict[int, int]
-
-
-@dataclass
-class WorkerInfo:
-    alive: bool
-    last_seen: float  # monotonic time of its last heartbeat (or of this leader's start)
-    alive_since: float
-    jobs_owned: int = 0
-    owned_digest: int = 0
-    drifted_since: float | None = None  # monotonic time since its digest has differed from its rows
-    # The newest stamp of what it was told (an Assign on its own queue, an Update, a Revoke) and when:
-    # its digest is compared only when its beat says it had heard that, or it has had time to.
-    told: Stamp = ZERO
-    told_at: float = 0.0
-    heard: Stamp = ZERO  # the newest stamp it had applied when it sent its last beat
-    # While it is dead: the one stamp of every drop-everything sent to it for this death (so a late
-    # copy drops nothing it was given after it re-registered), and the jobs whose claims it sent
-    # meanwhile were refused, each with the stamp of its Revoke, taken when the claim was refused
-    # (sent once it has re-registered and hears its queue again; see Inbox._refuse_claim).
-    drop_stamp: Stamp | None = None
-    refused: dict[int, Stamp] = field(default_factory=dict)
-    # The newest drop-everything it was sent, kept across re-registering: it drops every job it took
-    # from an Assign stamped at or before it, so a claim of one is refused (see Inbox._on_claimed).
-    floor: Stamp = ZERO
-    buried: bool = False  # declared dead by this leader (its queue deleted, its jobs reassigned)
 
 
 class Outbox:

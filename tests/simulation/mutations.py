@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from orchestrator.decisions import WorkerInfo
 from orchestrator.inbox import Inbox
-from orchestrator.outbox import WorkerInfo
 from orchestrator.ownership_store import Row
 from queuer_worker.holdings import REGISTERING_BEATS, Holdings
 from runplane.basics.stamps import ZERO, Stamp, StampGate
