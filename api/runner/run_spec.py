@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.secrets import SecretBox, SecretKeyError
-from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
+from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, AccountId, JobId, JobType, RunId, Trigger
 from runplane.dbt.context import DbtContext, context_from_row, to_proto
 from runplane.dbt.context import run_override as override
 from runplane.sql import load_queries
@@ -36,6 +38,40 @@ DEFERRABLE = {"build", "run", "test", "seed", "snapshot", "compile", "clone", "s
 SELECTING = DEFERRABLE - {"show"}
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """The ``claimed_run`` row: the run with its job's definition and its account's memory limit.
+    ``secret_environment`` holds ciphertext."""
+
+    id: RunId
+    account_id: AccountId
+    job_id: JobId
+    job_type: str
+    trigger: str
+    cause: str
+    trace_parent: str
+    overrides: dict[str, Any]
+    schema_name: str
+    pull_request_number: int | None
+    cancel_requested_at: datetime | None
+    steps: list[str]
+    environment: dict[str, str]
+    secret_environment: dict[str, str]
+    threads: int
+    timeout_seconds: int
+    target_name: str
+    git_branch: str
+    generate_docs: bool
+    run_source_freshness: bool
+    run_only_modified: bool
+    memory_mb: int
+
+
+async def claimed_run(conn: Connection, params: dict[str, Any]) -> ClaimedRun | None:
+    """The run ``params`` name (``run_id``, ``token_hash``, ``lease_id``) when that lease holds it."""
+    return await fetch_one(conn, Q["claimed_run"], params, ClaimedRun)
+
+
 async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str], str]) -> DbtContext | None:
     """The DbtContext of a run, or None when its job has no environment (plain commands)."""
     cur = await conn.execute(Q["dbt_context"], {"run_id": run_id})
@@ -46,7 +82,7 @@ async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str
 
 
 def build_run_spec(
-    row: dict[str, Any],
+    row: ClaimedRun,
     *,
     lease_id: str,
     lease_seconds: float,
@@ -56,36 +92,36 @@ def build_run_spec(
 ) -> runner_pb2.RunSpec:
     """The spec of a claimed run. ``box`` may be None only when the job has no secret. ``dbt``: the
     run's context when its job has an environment, secrets already decrypted."""
-    overrides = row["overrides"] if isinstance(row["overrides"], dict) else {}
+    overrides = row.overrides if isinstance(row.overrides, dict) else {}
     commands, optional = job_steps(row, overrides, dbt)
     setup = setup_steps(dbt)
     steps = [*setup, *commands]
-    environment = {str(k): str(v) for k, v in (row["environment"] or {}).items()}
-    secrets = decrypt_secret_environment(row["secret_environment"] or {}, box)
+    environment = {str(k): str(v) for k, v in row.environment.items()}
+    secrets = decrypt_secret_environment(row.secret_environment, box)
     environment.update(secrets)
     masked = set(secrets.values()) | set(dbt.secrets() if dbt is not None else ())
     spec = runner_pb2.RunSpec(
-        run_id=int(row["id"]),
-        account_id=int(row["account_id"]),
-        job_id=int(row["job_id"]),
+        run_id=row.id,
+        account_id=row.account_id,
+        job_id=row.job_id,
         steps=steps,
         environment=environment,
         masked_values=sorted(masked),
-        threads=int(override(overrides, "threads") or row["threads"]),
-        schema=str(override(overrides, "schema") or row["schema_name"] or ""),
-        target_name=str(override(overrides, "target_name") or row["target_name"] or ""),
-        git_branch=str(override(overrides, "git_branch") or row["git_branch"] or ""),
-        pull_request_number=int(row["pull_request_number"] or 0),
-        cause=str(row["cause"] or ""),
-        timeout_seconds=int(override(overrides, "timeout_seconds") or row["timeout_seconds"] or 0),
-        memory_mb=int(row["memory_mb"]),
-        cancel_requested=row["cancel_requested_at"] is not None,
-        trace_parent=str(row["trace_parent"] or ""),
+        threads=int(override(overrides, "threads") or row.threads),
+        schema=str(override(overrides, "schema") or row.schema_name or ""),
+        target_name=str(override(overrides, "target_name") or row.target_name or ""),
+        git_branch=str(override(overrides, "git_branch") or row.git_branch or ""),
+        pull_request_number=int(row.pull_request_number or 0),
+        cause=row.cause,
+        timeout_seconds=int(override(overrides, "timeout_seconds") or row.timeout_seconds or 0),
+        memory_mb=row.memory_mb,
+        cancel_requested=row.cancel_requested_at is not None,
+        trace_parent=row.trace_parent,
         lease_id=lease_id,
         lease_seconds=lease_seconds,
         heartbeat_interval=heartbeat_interval,
-        job_type=JOB_TYPE_TO_PROTO[JobType(row["job_type"])],
-        trigger=TRIGGER_TO_PROTO[Trigger(row["trigger"])],
+        job_type=JOB_TYPE_TO_PROTO[JobType(row.job_type)],
+        trigger=TRIGGER_TO_PROTO[Trigger(row.trigger)],
         optional_steps=[len(setup) + i for i in optional],
         setup_steps=len(setup),
         state_files=[runner_pb2.StateFile(**f) for f in overrides.get("state_files") or []],
@@ -104,7 +140,7 @@ def setup_steps(dbt: DbtContext | None) -> list[str]:
     return [CLONE_STEP, PROFILE_STEP.format(connection=dbt.adapter_type), DEPS_STEP]
 
 
-def job_steps(row: dict[str, Any], overrides: dict[str, Any], dbt: DbtContext | None) -> tuple[list[str], list[int]]:
+def job_steps(row: ClaimedRun, overrides: dict[str, Any], dbt: DbtContext | None) -> tuple[list[str], list[int]]:
     """The job's commands with the job options around them, and the indexes of the optional ones
     among them.
 
@@ -112,17 +148,17 @@ def job_steps(row: dict[str, Any], overrides: dict[str, Any], dbt: DbtContext | 
     run's ``generate_docs`` override, else the job's) adds ``dbt docs generate`` last; neither one's
     failure fails the run. A schema drop run gets neither.
     """
-    steps = [str(step) for step in override(overrides, "steps") or row["steps"]]
+    steps = [str(step) for step in override(overrides, "steps") or row.steps]
     if dbt is None or dbt.drop_schema:
         return steps, []
     if overrides.get("defer"):
-        steps = [deferred_step(step, only_modified=bool(row["run_only_modified"])) for step in steps]
+        steps = [deferred_step(step, only_modified=row.run_only_modified) for step in steps]
     optional: list[int] = []
-    if row["run_source_freshness"] and not overrides.get("resume"):
+    if row.run_source_freshness and not overrides.get("resume"):
         steps.insert(0, SOURCE_FRESHNESS_STEP)
         optional.append(0)
     docs = overrides.get("generate_docs")
-    if docs if docs is not None else row["generate_docs"]:
+    if docs if docs is not None else row.generate_docs:
         steps.append(GENERATE_DOCS_STEP)
         optional.append(len(steps) - 1)
     return steps, optional

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from api.pickup_publisher import PickupPublisher
-from api.runner.run_spec import DEFER_MANIFEST, build_run_spec, decrypter, load_dbt_context
+from api.runner.run_spec import DEFER_MANIFEST, build_run_spec, claimed_run, decrypter, load_dbt_context
 from api.runner.run_token import caller_token
 from api.store import Store
 from runplane.adapters.db import Connection, fetch_one
@@ -127,7 +127,7 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
         async with self._store.transaction() as conn:
             await conn.execute(TRANSITIONS["claim_run"], {**params, "lease_seconds": self._runner.lease_seconds})
             await conn.execute(Q["record_deferral"], {"run_id": NO_RUN, "dest": DEFER_MANIFEST})
-            await conn.execute(Q["claimed_run"], params)
+            await claimed_run(conn, params)
             await load_dbt_context(conn, NO_RUN, decrypter(self._box))
             await conn.execute(Q["lock_lease"], params)
             await conn.execute(Q["run_access"], {"run_id": NO_RUN, "token_hash": b""})
@@ -143,8 +143,7 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             claimed = await cur.fetchone() is not None
             if claimed:
                 await conn.execute(Q["record_deferral"], {"run_id": request.run_id, "dest": DEFER_MANIFEST})
-            cur = await conn.execute(Q["claimed_run"], params)
-            row = await cur.fetchone()
+            row = await claimed_run(conn, params)
             if row is None:  # not ours: say why (a retried claim of our own lease finds its row above)
                 await _refuse(conn, request.run_id, token, lease_id, claiming=True)
             assert row is not None
