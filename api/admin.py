@@ -97,10 +97,10 @@ async def update_account_settings(
         raise NotFound(f"account {account_id} not found")
     log.info("account settings changed", extra={"account_id": account_id})
     return {
-        "account_id": row["id"],
-        "deactivate_after_failures": row["deactivate_after_failures"],
-        "pull_request_schema_max_age_days": row["pull_request_schema_max_age_days"],
-        "run_retention_days": row["run_retention_days"],
+        "account_id": row.id,
+        "deactivate_after_failures": row.deactivate_after_failures,
+        "pull_request_schema_max_age_days": row.pull_request_schema_max_age_days,
+        "run_retention_days": row.run_retention_days,
     }
 
 
@@ -119,8 +119,8 @@ async def revoke_token(settings: Settings, *, token_id: int | None = None, token
         await pool.close()
     if row is None:
         raise NotFound("no such token, or it was revoked already")
-    log.info("token revoked", extra={"account_id": row["account_id"], "token_id": row["id"]})
-    return int(row["account_id"])
+    log.info("token revoked", extra={"account_id": row.account_id, "token_id": row.id})
+    return int(row.account_id)
 
 
 async def issue_token(

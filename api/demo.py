@@ -127,14 +127,14 @@ async def _seed_dbt_demo(
 ) -> list[int]:
     """The demo's project, environment and dbt jobs, each made once (found by name after that); the
     environment's warehouse is set again each time (where the demo's warehouse is now)."""
-    projects = [p for p in await store.list_projects(conn, account_id) if p["name"] == DEMO_PROJECT_NAME]
+    projects = [p for p in await store.list_projects(conn, account_id) if p.name == DEMO_PROJECT_NAME]
     if projects:
-        project_id = projects[0]["id"]
+        project_id = projects[0].id
     else:
         project_spec = ProjectSpec(DEMO_PROJECT_NAME, project.repository_url, "", "none", "")
-        project_id = (await store.insert_project(conn, account_id, project_spec, ""))["id"]
+        project_id = (await store.insert_project(conn, account_id, project_spec, "")).id
     environments = [
-        e for e in await store.list_environments(conn, account_id, project_id) if e["name"] == DEMO_ENVIRONMENT_NAME
+        e for e in await store.list_environments(conn, account_id, project_id) if e.name == DEMO_ENVIRONMENT_NAME
     ]
     environment = EnvironmentSpec(
         project_id=project_id,
@@ -152,10 +152,10 @@ async def _seed_dbt_demo(
     )
     secrets = {name: box.encrypt(value) for name, value in project.warehouse_secrets.items()}
     if environments:
-        environment_id = environments[0]["id"]
+        environment_id = environments[0].id
         await store.update_environment(conn, account_id, environment_id, environment, secrets)
     else:
-        environment_id = (await store.insert_environment(conn, account_id, environment, secrets))["id"]
+        environment_id = (await store.insert_environment(conn, account_id, environment, secrets)).id
     job_ids: list[int] = []
     build_job_id: int | None = None
     for spec in demo_dbt_jobs(environment_id, None)[:1]:
@@ -172,4 +172,4 @@ async def _job_once(store: Store, conn: Connection, account_id: AccountId, spec:
     job = await store.job_by_name(conn, account_id, spec.name)
     if job is None:
         job, _ = await store.insert_job(conn, account_id, spec)
-    return int(job["id"])
+    return int(job.id)

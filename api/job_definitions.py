@@ -14,7 +14,8 @@ import logging
 
 from api.idempotency import check_same_request, fingerprint
 from api.lookup import existing_job
-from api.store import Row, Store
+from api.rows import Job
+from api.store import Store
 from api.validation import JobSpec, positive_id
 from runplane.adapters import instruments
 from runplane.adapters.db import Connection
@@ -24,7 +25,7 @@ from runplane.basics.types import AccountId, JobId
 log = logging.getLogger(__name__)
 
 
-async def create_job(store: Store, account_id: AccountId, spec: JobSpec, *, create_key: str | None = None) -> Row:
+async def create_job(store: Store, account_id: AccountId, spec: JobSpec, *, create_key: str | None = None) -> Job:
     """The new job; with a ``create_key`` used before, the job that key created.
 
     The key is the account's (the unique index is on ``jobs (account_id, create_key)``), so a retry,
@@ -36,13 +37,13 @@ async def create_job(store: Store, account_id: AccountId, spec: JobSpec, *, crea
         await _check_references(store, conn, account_id, None, spec)
         row, created = await store.insert_job(conn, account_id, spec, create_key=create_key, create_fingerprint=sent)
         if not created:
-            check_same_request(row["create_fingerprint"], sent, made=f"create job {row['id']}", request="definition")
-            if row["deleted_at"] is not None:
-                raise FailedPrecondition(f"the job created with this idempotency key ({row['id']}) was deleted")
-            log.info("job create retried", extra={"account_id": account_id, "job_id": row["id"]})
+            check_same_request(row.create_fingerprint, sent, made=f"create job {row.id}", request="definition")
+            if row.deleted_at is not None:
+                raise FailedPrecondition(f"the job created with this idempotency key ({row.id}) was deleted")
+            log.info("job create retried", extra={"account_id": account_id, "job_id": row.id})
             return row
-        await store.replace_completion_triggers(conn, JobId(row["id"]), spec)
-    log.info("job created", extra={"account_id": account_id, "job_id": row["id"]})
+        await store.replace_completion_triggers(conn, JobId(row.id), spec)
+    log.info("job created", extra={"account_id": account_id, "job_id": row.id})
     return row
 
 
@@ -58,19 +59,19 @@ def create_fingerprint(spec: JobSpec) -> str:
 
 async def update_job(
     store: Store, account_id: AccountId, job_id: JobId, spec: JobSpec, *, expected_version: int = 0
-) -> Row:
+) -> Job:
     """The job replaced by ``spec``; refused when ``expected_version`` (0: any) is not the stored one."""
     async with store.transaction() as conn:
         current = await existing_job(store, conn, account_id, job_id, for_update=True)
-        if expected_version and expected_version != current["version"]:
+        if expected_version and expected_version != current.version:
             raise FailedPrecondition(
-                f"job {job_id} is at version {current['version']}, not {expected_version}: "
+                f"job {job_id} is at version {current.version}, not {expected_version}: "
                 "read it again and reapply the change"
             )
         await _check_references(store, conn, account_id, job_id, spec)
         row = await store.update_job(conn, account_id, job_id, spec)
         await store.replace_completion_triggers(conn, job_id, spec)
-    log.info("job updated", extra={"account_id": account_id, "job_id": job_id, "version": row["version"]})
+    log.info("job updated", extra={"account_id": account_id, "job_id": job_id, "version": row.version})
     return row
 
 

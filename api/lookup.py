@@ -3,18 +3,19 @@ exactly like missing ones."""
 
 from __future__ import annotations
 
-from api.store import Row, Store
+from api.rows import ArtifactWithContent, Environment, JobWithEnvironment, Project, RunWithEnvironment
+from api.store import Store
 from api.validation import positive_id, text
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
-from runplane.basics.types import AccountId, RunId
+from runplane.basics.types import AccountId
 
 MAX_ARTIFACT_PATH = 1024
 
 
 async def existing_job(
     store: Store, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False
-) -> Row:
+) -> JobWithEnvironment:
     positive_id(job_id, "job_id")
     row = await store.get_job(conn, account_id, job_id, for_update=for_update)
     if row is None:
@@ -24,7 +25,7 @@ async def existing_job(
 
 async def existing_project(
     store: Store, conn: Connection, account_id: AccountId, project_id: int, *, for_update: bool = False
-) -> Row:
+) -> Project:
     positive_id(project_id, "project_id")
     row = await store.get_project(conn, account_id, project_id, for_update=for_update)
     if row is None:
@@ -34,7 +35,7 @@ async def existing_project(
 
 async def existing_environment(
     store: Store, conn: Connection, account_id: AccountId, environment_id: int, *, for_update: bool = False
-) -> Row:
+) -> Environment:
     positive_id(environment_id, "environment_id")
     row = await store.get_environment(conn, account_id, environment_id, for_update=for_update)
     if row is None:
@@ -42,7 +43,7 @@ async def existing_environment(
     return row
 
 
-async def existing_run(store: Store, conn: Connection, account_id: AccountId, run_id: int) -> Row:
+async def existing_run(store: Store, conn: Connection, account_id: AccountId, run_id: int) -> RunWithEnvironment:
     positive_id(run_id, "run_id")
     row = await store.get_run(conn, account_id, run_id)
     if row is None:
@@ -52,10 +53,10 @@ async def existing_run(store: Store, conn: Connection, account_id: AccountId, ru
 
 async def run_artifact(
     store: Store, conn: Connection, account_id: AccountId, run_id: int, path: str, *, step_index: int | None = None
-) -> Row:
+) -> ArtifactWithContent:
     """The artifact at ``path`` of the run (written by step ``step_index`` when given), with its content."""
     path = text(path, "path", max_length=MAX_ARTIFACT_PATH, required=True)
-    run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
+    run = (await existing_run(store, conn, account_id, run_id)).id
     if step_index is not None and step_index < 0:
         raise InvalidArgument("step_index", "must be a step index (0 is the first step), or unset for the last")
     row = await store.get_artifact(conn, run, path, step_index)

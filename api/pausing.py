@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 
 from api.lookup import existing_job
-from api.store import Row, Store
+from api.rows import JobWithEnvironment
+from api.store import Store
 from api.validation import positive_id
 from runplane.basics.types import AccountId, JobId
 
 log = logging.getLogger(__name__)
 
 
-async def set_paused(store: Store, account_id: AccountId, job_id: int, *, paused: bool) -> Row:
+async def set_paused(store: Store, account_id: AccountId, job_id: int, *, paused: bool) -> JobWithEnvironment:
     """Pause (or unpause) the job; the job as it is now. Idempotent: a paused job stays paused."""
     job = JobId(positive_id(job_id, "job_id"))
     async with store.transaction() as conn:

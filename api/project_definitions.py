@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from api.lookup import existing_environment, existing_project
 from api.projects_validation import environment_spec, project_spec
-from api.store import Row, Store
+from api.rows import Environment, Project
+from api.store import Store
 from api.validation import positive_id
 from runplane.adapters.db import Connection
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -29,24 +30,24 @@ BoxOf = Callable[[], SecretBox]
 
 async def create_project(
     store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateProjectRequest
-) -> Row:
+) -> Project:
     spec = project_spec(request)
     credential = box().encrypt(spec.credential) if spec.credential else ""
     async with store.transaction() as conn:
         row = await store.insert_project(conn, account_id, spec, credential)
-    log.info("project created", extra={"account_id": account_id, "project_id": row["id"]})
+    log.info("project created", extra={"account_id": account_id, "project_id": row.id})
     return row
 
 
 async def update_project(
     store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
-) -> Row:
+) -> Project:
     project_id = positive_id(request.project_id, "project_id")
     async with store.transaction() as conn:
         current = await store.get_project(conn, account_id, project_id, for_update=True)
         if current is None:
             raise NotFound(f"project {project_id} not found")
-        spec = project_spec(request, stored_kind=str(current["git_credential_kind"]))
+        spec = project_spec(request, stored_kind=str(current.git_credential_kind))
         if spec.credential_kind == "none":
             credential: str | None = ""
         elif spec.credential:
@@ -61,7 +62,7 @@ async def update_project(
 
 async def create_environment(
     store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateEnvironmentRequest
-) -> Row:
+) -> Environment:
     spec = environment_spec(request)
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
@@ -70,21 +71,21 @@ async def create_environment(
         row = await store.insert_environment(conn, account_id, spec, secrets)
     log.info(
         "environment created",
-        extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row["id"]},
+        extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row.id},
     )
     return row
 
 
 async def update_environment(
     store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateEnvironmentRequest
-) -> Row:
+) -> Environment:
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
         current = await store.get_environment(conn, account_id, environment_id, for_update=True)
         if current is None:
             raise NotFound(f"environment {environment_id} not found")
-        spec = environment_spec(request, project_id=int(current["project_id"]))
-        stored: dict[str, str] = dict(current["connection_secrets"])
+        spec = environment_spec(request, project_id=int(current.project_id))
+        stored: dict[str, str] = dict(current.connection_secrets)
         for name in request.clear_secret_fields:
             if name not in stored:
                 raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 from api.pickup_publisher import PickupPublisher
-from api.store import Row, Store
+from api.rows import RunWithEnvironment
+from api.store import Store
 from api.validation import bounded
 from runplane.basics.errors import NotFound
 from runplane.basics.types import AccountId
@@ -30,7 +31,7 @@ async def close_pull_request(
     job_ids: list[int],
     why: str,
     require_jobs: bool = True,
-) -> list[Row]:
+) -> list[RunWithEnvironment]:
     """Queue a schema drop run for each CI job (among ``job_ids``; empty: every one) that built a
     schema for the pull request; the runs queued (none when every drop is queued already).
 
@@ -38,7 +39,7 @@ async def close_pull_request(
     name jobs deleted since: it passes False).
     """
     bounded(pull_request_number, "pull_request_number", 1, MAX_PULL_REQUEST_NUMBER)
-    runs: list[Row] = []
+    runs: list[RunWithEnvironment] = []
     async with store.connection() as conn:
         missing = set(job_ids) - await store.live_job_ids(conn, account_id, job_ids) if job_ids else set()
         if missing and require_jobs:
@@ -53,6 +54,6 @@ async def close_pull_request(
         await pickups.publish(account_id)
     log.info(
         "pull request closed",
-        extra={"account_id": account_id, "pull_request": pull_request_number, "drop_runs": [r["id"] for r in runs]},
+        extra={"account_id": account_id, "pull_request": pull_request_number, "drop_runs": [r.id for r in runs]},
     )
     return runs

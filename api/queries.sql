@@ -57,7 +57,10 @@ SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.enviro
   FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
 
 -- name: get_job_for_update
-SELECT * FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
+-- As get_job; only the job's row is locked.
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: job_by_name
 SELECT * FROM jobs
@@ -289,7 +292,9 @@ ORDER BY id;
 -- order_by is one of the names the REST layer allows; a leading '-' means descending.
 
 -- name: get_account
-SELECT id, name, run_slots, deactivate_after_failures, pull_request_schema_max_age_days, created_at, updated_at
+-- The columns update_account_settings returns.
+SELECT id, name, run_slots, deactivate_after_failures, pull_request_schema_max_age_days, run_retention_days,
+       created_at, updated_at
   FROM accounts WHERE id = %(account_id)s;
 
 -- name: update_account_settings

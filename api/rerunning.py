@@ -18,7 +18,8 @@ from dataclasses import fields, replace
 
 from api.lookup import existing_run
 from api.pickup_publisher import PickupPublisher
-from api.store import Row, Store
+from api.rows import Run, RunStep
+from api.store import Store
 from api.triggering import trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec
 from runplane.basics.errors import FailedPrecondition
@@ -43,29 +44,29 @@ def retryable_with_dbt_retry(command: str) -> bool:
     return bool(sub) and (sub[0] in RETRYABLE or tuple(sub[:2]) in RETRYABLE_PAIRS)
 
 
-def resume_from(steps: list[Row]) -> int:
+def resume_from(steps: list[RunStep]) -> int:
     """The command to start again from: the first required one that did not succeed; the first
     command when a setup step failed (setup runs in every run, it is no command to rerun) or none
     did."""
-    commands = [s for s in steps if not s["setup"]]
-    failed = next((s for s in steps if not s["optional"] and s["status"] != RunStatus.SUCCESS), None)
-    start = failed if failed is not None and not failed["setup"] else (commands[0] if commands else None)
-    return int(start["step_index"]) if start is not None else 0
+    commands = [s for s in steps if not s.setup]
+    failed = next((s for s in steps if not s.optional and s.status != RunStatus.SUCCESS), None)
+    start = failed if failed is not None and not failed.setup else (commands[0] if commands else None)
+    return int(start.step_index) if start is not None else 0
 
 
-async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int) -> Row:
+async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int) -> Run:
     """Queue the rerun of the failed run ``run_id`` from its failed step; the new run."""
     async with store.connection() as conn:
         failed = await existing_run(store, conn, account_id, run_id)
-        if failed["status"] != RunStatus.ERROR:
+        if failed.status != RunStatus.ERROR:
             raise FailedPrecondition(
-                f"run {run_id} did not fail ({RunStatus(failed['status']).name.lower()}): only a failed run is rerun "
+                f"run {run_id} did not fail ({RunStatus(failed.status).name.lower()}): only a failed run is rerun "
                 "from its failure"
             )
         steps = (await store.run_steps(conn, [run_id]))[run_id]
-        artifacts = {(r["path"], r["step_index"]) for r in await store.list_artifacts(conn, failed["id"])}
+        artifacts = {(r.path, r.step_index) for r in await store.list_artifacts(conn, failed.id)}
     start = resume_from(steps)
-    commands = [str(s["command"]) for s in steps if not s["optional"] and not s["setup"] and s["step_index"] >= start]
+    commands = [str(s.command) for s in steps if not s.optional and not s.setup and s.step_index >= start]
     state_files: list[dict[str, object]] = []
     if commands and retryable_with_dbt_retry(commands[0]) and (RUN_RESULTS, start) in artifacts:
         commands[0] = f"dbt retry --state {RETRY_STATE_DIR}"
@@ -79,13 +80,13 @@ async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id:
         )
     kept = {f.name for f in fields(RunOverridesSpec)} - {"resume", "state_files"}
     overrides = replace(
-        RunOverridesSpec(**{k: v for k, v in (failed["overrides"] or {}).items() if k in kept}),
+        RunOverridesSpec(**{k: v for k, v in (failed.overrides or {}).items() if k in kept}),
         steps=commands or None,
         resume=True,
         state_files=state_files or None,
     )
     spec = TriggerSpec(
-        JobId(failed["job_id"]),
+        JobId(failed.job_id),
         Trigger.RETRY,
         f"Rerun of run {run_id} from step {start + 1}",
         None,

@@ -1,7 +1,7 @@
 """The API's access to Postgres: every read and write, as named queries from ``queries.sql``.
 
 Methods take the connection to use, so a caller can put several of them in one transaction
-(``async with store.transaction() as conn``). Rows are dicts.
+(``async with store.transaction() as conn``). Rows come back as the dataclasses of ``api.rows``.
 """
 
 from __future__ import annotations
@@ -10,15 +10,37 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from psycopg.rows import scalar_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from api.projects_validation import EnvironmentSpec, ProjectSpec
+from api.rows import (
+    Account,
+    Artifact,
+    ArtifactWithContent,
+    CompletionTrigger,
+    Environment,
+    Job,
+    JobMatch,
+    JobName,
+    JobWithEnvironment,
+    LogChunk,
+    OnTimeSplit,
+    Project,
+    RevokedToken,
+    Run,
+    RunListing,
+    RunStep,
+    RunWithEnvironment,
+    Waiting,
+)
 from api.scopes import TokenGrant
 from api.validation import JobSpec
-from runplane.adapters.db import Connection, transaction
+from runplane.adapters.db import Connection, RowT, fetch_all, fetch_one, transaction
 from runplane.basics.errors import Contention, FailedPrecondition, ServiceUnavailable
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId, JobId, RunId, RunStatus
@@ -26,8 +48,6 @@ from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
 
 log = logging.getLogger(__name__)
-
-Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -76,21 +96,20 @@ class Store:
 
     async def account_for_token(self, token_hash: bytes) -> TokenGrant | None:
         async with self.connection() as conn:
-            row = await _one(conn, "account_for_token", token_hash=token_hash)
-        return None if row is None else TokenGrant(AccountId(row["account_id"]), frozenset(row["scopes"]))
+            row = await _one(conn, "account_for_token", _TokenScopes, token_hash=token_hash)
+        return None if row is None else TokenGrant(row.account_id, frozenset(row.scopes))
 
     async def insert_account(self, conn: Connection, *, name: str, run_slots: int, memory_mb: int) -> AccountId:
-        row = await _one(conn, "insert_account", name=name, run_slots=run_slots, memory_mb=memory_mb)
-        assert row is not None
-        return AccountId(row["id"])
+        account_id = await _value(conn, "insert_account", name=name, run_slots=run_slots, memory_mb=memory_mb)
+        assert account_id is not None
+        return AccountId(account_id)
 
     async def account_by_name(self, conn: Connection, name: str) -> AccountId | None:
-        row = await _one(conn, "account_by_name", name=name)
-        return None if row is None else AccountId(row["id"])
+        account_id = await _value(conn, "account_by_name", name=name)
+        return None if account_id is None else AccountId(account_id)
 
     async def account_exists(self, conn: Connection, account_id: int) -> bool:
-        row = await _one(conn, "account_exists", account_id=account_id)
-        return bool(row and row["found"])
+        return bool(await _value(conn, "account_exists", account_id=account_id))
 
     async def insert_token(
         self,
@@ -103,7 +122,7 @@ class Store:
         scopes: tuple[str, ...] = ("account_admin",),
         expires_in_days: int | None = None,
     ) -> int:
-        row = await _one(
+        token_id = await _value(
             conn,
             "insert_token",
             account_id=account_id,
@@ -113,11 +132,13 @@ class Store:
             scopes=list(scopes),
             expires_in_days=expires_in_days,
         )
-        assert row is not None
-        return int(row["id"])
+        assert token_id is not None
+        return int(token_id)
 
-    async def revoke_token(self, conn: Connection, *, token_id: int | None, token_hash: bytes | None) -> Row | None:
-        return await _one(conn, "revoke_token", token_id=token_id, token_hash=token_hash)
+    async def revoke_token(
+        self, conn: Connection, *, token_id: int | None, token_hash: bytes | None
+    ) -> RevokedToken | None:
+        return await _one(conn, "revoke_token", RevokedToken, token_id=token_id, token_hash=token_hash)
 
     def _job_params(self, spec: JobSpec) -> dict[str, Any]:
         return {
@@ -188,11 +209,12 @@ class Store:
         *,
         create_key: str | None = None,
         create_fingerprint: str | None = None,
-    ) -> tuple[Row, bool]:
+    ) -> tuple[Job, bool]:
         """The new job and True; with a ``create_key`` used before, the job it created and False."""
         row = await _one(
             conn,
             "insert_job",
+            Job,
             account_id=account_id,
             create_key=create_key,
             create_fingerprint=create_fingerprint,
@@ -200,35 +222,34 @@ class Store:
         )
         if row is not None:
             return row, True
-        existing = await _one(conn, "job_by_create_key", account_id=account_id, create_key=create_key)
+        existing = await _one(conn, "job_by_create_key", Job, account_id=account_id, create_key=create_key)
         assert existing is not None, "a create key conflicted with no row"
         return existing, False
 
     async def get_job(
         self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False
-    ) -> Row | None:
-        return await _one(conn, "get_job_for_update" if for_update else "get_job", account_id=account_id, job_id=job_id)
+    ) -> JobWithEnvironment | None:
+        query = "get_job_for_update" if for_update else "get_job"
+        return await _one(conn, query, JobWithEnvironment, account_id=account_id, job_id=job_id)
 
-    async def job_by_name(self, conn: Connection, account_id: AccountId, name: str) -> Row | None:
-        return await _one(conn, "job_by_name", account_id=account_id, name=name)
+    async def job_by_name(self, conn: Connection, account_id: AccountId, name: str) -> Job | None:
+        return await _one(conn, "job_by_name", Job, account_id=account_id, name=name)
 
     async def list_jobs(
         self, conn: Connection, account_id: AccountId, *, after_id: int | None, limit: int
-    ) -> list[Row]:
-        return await _all(conn, "list_jobs", account_id=account_id, after_id=after_id, limit=limit)
+    ) -> list[Job]:
+        return await _all(conn, "list_jobs", Job, account_id=account_id, after_id=after_id, limit=limit)
 
     async def live_job_ids(self, conn: Connection, account_id: AccountId, job_ids: list[int]) -> set[int]:
-        rows = await _all(conn, "live_job_ids", account_id=account_id, job_ids=job_ids)
-        return {row["id"] for row in rows}
+        return set(await _values(conn, "live_job_ids", account_id=account_id, job_ids=job_ids))
 
     async def completion_creates_cycle(self, conn: Connection, job_id: JobId, upstream_ids: list[int]) -> bool:
-        row = await _one(conn, "completion_creates_cycle", job_id=job_id, upstream_ids=upstream_ids)
-        return bool(row and row["cycle"])
+        return bool(await _value(conn, "completion_creates_cycle", job_id=job_id, upstream_ids=upstream_ids))
 
-    async def completion_triggers(self, conn: Connection, job_ids: list[int]) -> dict[int, list[Row]]:
-        out: dict[int, list[Row]] = {job_id: [] for job_id in job_ids}
-        for row in await _all(conn, "completion_triggers", job_ids=job_ids):
-            out[row["job_id"]].append(row)
+    async def completion_triggers(self, conn: Connection, job_ids: list[int]) -> dict[int, list[CompletionTrigger]]:
+        out: dict[int, list[CompletionTrigger]] = {job_id: [] for job_id in job_ids}
+        for row in await _all(conn, "completion_triggers", CompletionTrigger, job_ids=job_ids):
+            out[row.job_id].append(row)
         return out
 
     async def replace_completion_triggers(self, conn: Connection, job_id: JobId, spec: JobSpec) -> None:
@@ -243,13 +264,13 @@ class Store:
             )
         await _execute(conn, "baseline_completion_consumed", job_id=job_id)
 
-    async def update_job(self, conn: Connection, account_id: AccountId, job_id: JobId, spec: JobSpec) -> Row:
-        row = await _one(conn, "update_job", account_id=account_id, job_id=job_id, **self._job_params(spec))
+    async def update_job(self, conn: Connection, account_id: AccountId, job_id: JobId, spec: JobSpec) -> Job:
+        row = await _one(conn, "update_job", Job, account_id=account_id, job_id=job_id, **self._job_params(spec))
         assert row is not None, "the caller holds the job's row lock"
         return row
 
     async def delete_job(self, conn: Connection, account_id: AccountId, job_id: int) -> bool:
-        return await _one(conn, "delete_job", account_id=account_id, job_id=job_id) is not None
+        return await _value(conn, "delete_job", account_id=account_id, job_id=job_id) is not None
 
     async def drop_completion_triggers_on(self, conn: Connection, job_id: int) -> None:
         await _execute(conn, "drop_completion_triggers_on", job_id=job_id)
@@ -259,28 +280,28 @@ class Store:
 
     async def set_job_paused(self, conn: Connection, account_id: AccountId, job_id: JobId, paused: bool) -> bool:
         """True when this call paused (or unpaused) the job; False when missing or already so."""
-        return await _one(conn, "set_job_paused", account_id=account_id, job_id=job_id, paused=paused) is not None
+        return await _value(conn, "set_job_paused", account_id=account_id, job_id=job_id, paused=paused) is not None
 
-    async def reactivate_job(self, conn: Connection, job_id: JobId) -> Row | None:
-        return await _one(conn, "reactivate_job", job_id=job_id)
+    async def reactivate_job(self, conn: Connection, job_id: JobId) -> Job | None:
+        return await _one(conn, "reactivate_job", Job, job_id=job_id)
 
     # runs
 
-    async def run_by_idempotency_key(self, conn: Connection, key: str) -> Row | None:
-        return await _one(conn, "run_by_idempotency_key", idempotency_key=key)
+    async def run_by_idempotency_key(self, conn: Connection, key: str) -> Run | None:
+        return await _one(conn, "run_by_idempotency_key", Run, idempotency_key=key)
 
-    async def insert_run(self, conn: Connection, **params: Any) -> Row | None:
+    async def insert_run(self, conn: Connection, **params: Any) -> Run | None:
         """The new run, or None when its idempotency key is taken."""
         params["overrides"] = Jsonb(params["overrides"])
-        return await _one(conn, "insert_run", **params)
+        return await _one(conn, "insert_run", Run, **params)
 
-    async def get_run(self, conn: Connection, account_id: AccountId, run_id: int) -> Row | None:
-        return await _one(conn, "get_run", account_id=account_id, run_id=run_id)
+    async def get_run(self, conn: Connection, account_id: AccountId, run_id: int) -> RunWithEnvironment | None:
+        return await _one(conn, "get_run", RunWithEnvironment, account_id=account_id, run_id=run_id)
 
-    async def run_steps(self, conn: Connection, run_ids: list[int]) -> dict[int, list[Row]]:
-        out: dict[int, list[Row]] = {run_id: [] for run_id in run_ids}
-        for row in await _all(conn, "run_steps", run_ids=run_ids):
-            out[row["run_id"]].append(row)
+    async def run_steps(self, conn: Connection, run_ids: list[int]) -> dict[int, list[RunStep]]:
+        out: dict[int, list[RunStep]] = {run_id: [] for run_id in run_ids}
+        for row in await _all(conn, "run_steps", RunStep, run_ids=run_ids):
+            out[row.run_id].append(row)
         return out
 
     async def list_runs(
@@ -293,10 +314,11 @@ class Store:
         retries_exhausted_only: bool,
         after_id: int | None,
         limit: int,
-    ) -> list[Row]:
+    ) -> list[Run]:
         return await _all(
             conn,
             "list_runs",
+            Run,
             account_id=account_id,
             job_id=job_id,
             statuses=[int(s) for s in statuses],
@@ -305,32 +327,37 @@ class Store:
             limit=limit,
         )
 
-    async def cancel_queued_run(self, conn: Connection, account_id: AccountId, run_id: int, message: str) -> Row | None:
-        return await _one(conn, "cancel_queued_run", account_id=account_id, run_id=run_id, message=message)
+    async def cancel_queued_run(self, conn: Connection, account_id: AccountId, run_id: int, message: str) -> Run | None:
+        return await _one(conn, "cancel_queued_run", Run, account_id=account_id, run_id=run_id, message=message)
 
-    async def request_cancel(self, conn: Connection, account_id: AccountId, run_id: int) -> Row | None:
-        return await _one(conn, "request_cancel", account_id=account_id, run_id=run_id)
+    async def request_cancel(self, conn: Connection, account_id: AccountId, run_id: int) -> Run | None:
+        return await _one(conn, "request_cancel", Run, account_id=account_id, run_id=run_id)
 
     async def run_status(self, conn: Connection, run_id: RunId) -> RunStatus:
-        row = await _one(conn, "run_status", run_id=run_id)
-        assert row is not None, "runs are never deleted while their account exists"
-        return RunStatus(row["status"])
+        status = await _value(conn, "run_status", run_id=run_id)
+        assert status is not None, "runs are never deleted while their account exists"
+        return RunStatus(status)
 
-    async def log_chunks(self, conn: Connection, run_id: RunId, *, after_seq: int, limit: int) -> list[Row]:
-        return await _all(conn, "log_chunks", run_id=run_id, after_seq=after_seq, limit=limit)
+    async def log_chunks(self, conn: Connection, run_id: RunId, *, after_seq: int, limit: int) -> list[LogChunk]:
+        return await _all(conn, "log_chunks", LogChunk, run_id=run_id, after_seq=after_seq, limit=limit)
 
-    async def list_artifacts(self, conn: Connection, run_id: RunId) -> list[Row]:
-        return await _all(conn, "list_artifacts", run_id=run_id)
+    async def list_artifacts(self, conn: Connection, run_id: RunId) -> list[Artifact]:
+        return await _all(conn, "list_artifacts", Artifact, run_id=run_id)
 
-    async def get_artifact(self, conn: Connection, run_id: RunId, path: str, step_index: int | None) -> Row | None:
-        return await _one(conn, "get_artifact", run_id=run_id, path=path, step_index=step_index)
+    async def get_artifact(
+        self, conn: Connection, run_id: RunId, path: str, step_index: int | None
+    ) -> ArtifactWithContent | None:
+        return await _one(conn, "get_artifact", ArtifactWithContent, run_id=run_id, path=path, step_index=step_index)
 
     # projects and environments (secret fields arrive encrypted)
 
-    async def insert_project(self, conn: Connection, account_id: AccountId, spec: ProjectSpec, credential: str) -> Row:
+    async def insert_project(
+        self, conn: Connection, account_id: AccountId, spec: ProjectSpec, credential: str
+    ) -> Project:
         row = await _one(
             conn,
             "insert_project",
+            Project,
             account_id=account_id,
             name=spec.name,
             repository_url=spec.repository_url,
@@ -343,17 +370,18 @@ class Store:
 
     async def get_project(
         self, conn: Connection, account_id: AccountId, project_id: int, *, for_update: bool = False
-    ) -> Row | None:
+    ) -> Project | None:
         query = "get_project_for_update" if for_update else "get_project"
-        return await _one(conn, query, account_id=account_id, project_id=project_id)
+        return await _one(conn, query, Project, account_id=account_id, project_id=project_id)
 
     async def update_project(
         self, conn: Connection, account_id: AccountId, project_id: int, spec: ProjectSpec, credential: str | None
-    ) -> Row | None:
+    ) -> Project | None:
         """The project changed; a ``credential`` of None keeps the stored one."""
         return await _one(
             conn,
             "update_project",
+            Project,
             account_id=account_id,
             project_id=project_id,
             name=spec.name,
@@ -368,21 +396,22 @@ class Store:
         await _execute(conn, "delete_project", account_id=account_id, project_id=project_id)
 
     async def environment_ids_of_project(self, conn: Connection, project_id: int) -> list[int]:
-        return [int(r["id"]) for r in await _all(conn, "environment_ids_of_project", project_id=project_id)]
+        return [int(i) for i in await _values(conn, "environment_ids_of_project", project_id=project_id)]
 
     async def live_jobs_of_environments(self, conn: Connection, environment_ids: list[int]) -> list[int]:
         """Up to ten live jobs that use any of ``environment_ids``."""
-        return [int(r["id"]) for r in await _all(conn, "live_jobs_of_environments", environment_ids=environment_ids)]
+        return [int(i) for i in await _values(conn, "live_jobs_of_environments", environment_ids=environment_ids)]
 
-    async def list_projects(self, conn: Connection, account_id: AccountId) -> list[Row]:
-        return await _all(conn, "list_projects", account_id=account_id)
+    async def list_projects(self, conn: Connection, account_id: AccountId) -> list[Project]:
+        return await _all(conn, "list_projects", Project, account_id=account_id)
 
     async def insert_environment(
         self, conn: Connection, account_id: AccountId, spec: EnvironmentSpec, secrets: dict[str, str]
-    ) -> Row:
+    ) -> Environment:
         row = await _one(
             conn,
             "insert_environment",
+            Environment,
             account_id=account_id,
             project_id=spec.project_id,
             **self._environment_fields(spec, secrets),
@@ -392,9 +421,9 @@ class Store:
 
     async def get_environment(
         self, conn: Connection, account_id: AccountId, environment_id: int, *, for_update: bool = False
-    ) -> Row | None:
+    ) -> Environment | None:
         query = "get_environment_for_update" if for_update else "get_environment"
-        return await _one(conn, query, account_id=account_id, environment_id=environment_id)
+        return await _one(conn, query, Environment, account_id=account_id, environment_id=environment_id)
 
     async def update_environment(
         self,
@@ -403,20 +432,24 @@ class Store:
         environment_id: int,
         spec: EnvironmentSpec,
         secrets: dict[str, str],
-    ) -> Row | None:
+    ) -> Environment | None:
         return await _one(
             conn,
             "update_environment",
+            Environment,
             account_id=account_id,
             environment_id=environment_id,
             **self._environment_fields(spec, secrets),
         )
 
     async def delete_environment(self, conn: Connection, account_id: AccountId, environment_id: int) -> bool:
-        return await _one(conn, "delete_environment", account_id=account_id, environment_id=environment_id) is not None
+        deleted = await _value(conn, "delete_environment", account_id=account_id, environment_id=environment_id)
+        return deleted is not None
 
-    async def list_environments(self, conn: Connection, account_id: AccountId, project_id: int | None) -> list[Row]:
-        return await _all(conn, "list_environments", account_id=account_id, project_id=project_id)
+    async def list_environments(
+        self, conn: Connection, account_id: AccountId, project_id: int | None
+    ) -> list[Environment]:
+        return await _all(conn, "list_environments", Environment, account_id=account_id, project_id=project_id)
 
     # the REST API's offset pages (dbt Cloud's v2 shape)
 
@@ -428,18 +461,19 @@ class Store:
         deactivate_after_failures: int | None,
         pull_request_schema_max_age_days: int | None,
         run_retention_days: int | None = None,
-    ) -> Row | None:
+    ) -> Account | None:
         return await _one(
             conn,
             "update_account_settings",
+            Account,
             account_id=account_id,
             deactivate_after_failures=deactivate_after_failures,
             pull_request_schema_max_age_days=pull_request_schema_max_age_days,
             run_retention_days=run_retention_days,
         )
 
-    async def get_account(self, conn: Connection, account_id: AccountId) -> Row | None:
-        return await _one(conn, "get_account", account_id=account_id)
+    async def get_account(self, conn: Connection, account_id: AccountId) -> Account | None:
+        return await _one(conn, "get_account", Account, account_id=account_id)
 
     async def runs_by_offset(
         self,
@@ -450,7 +484,7 @@ class Store:
         order_by: str,
         offset: int,
         limit: int,
-    ) -> tuple[list[Row], int]:
+    ) -> tuple[list[RunWithEnvironment], int]:
         """One page of the account's runs and how many match in all."""
         params: dict[str, Any] = {
             "account_id": account_id,
@@ -461,13 +495,15 @@ class Store:
             "environment_id": filters.environment_id,
             "project_ids": list(filters.project_ids),
         }
-        total = await _one(conn, "count_runs", **params)
-        rows = await _all(conn, "list_runs_by_offset", **params, order_by=order_by, offset=offset, limit=limit)
-        return rows, int(total["total"]) if total else 0
+        total = await _value(conn, "count_runs", **params)
+        rows = await _all(
+            conn, "list_runs_by_offset", RunWithEnvironment, **params, order_by=order_by, offset=offset, limit=limit
+        )
+        return rows, int(total or 0)
 
     async def jobs_by_offset(
         self, conn: Connection, account_id: AccountId, filters: JobFilters, *, order_by: str, offset: int, limit: int
-    ) -> tuple[list[Row], int]:
+    ) -> tuple[list[JobWithEnvironment], int]:
         """One page of the account's jobs (live ones, or deleted ones) and how many match in all."""
         name_like = None
         if filters.name_contains is not None:
@@ -480,34 +516,38 @@ class Store:
             "project_ids": list(filters.project_ids),
             "name_like": name_like,
         }
-        total = await _one(conn, "count_jobs", **params)
-        rows = await _all(conn, "list_jobs_by_offset", **params, order_by=order_by, offset=offset, limit=limit)
-        return rows, int(total["total"]) if total else 0
+        total = await _value(conn, "count_jobs", **params)
+        rows = await _all(
+            conn, "list_jobs_by_offset", JobWithEnvironment, **params, order_by=order_by, offset=offset, limit=limit
+        )
+        return rows, int(total or 0)
 
-    async def retries_of_runs(self, conn: Connection, account_id: AccountId, run_ids: list[int]) -> list[Row]:
-        return await _all(conn, "retries_of_runs", account_id=account_id, run_ids=run_ids)
+    async def retries_of_runs(
+        self, conn: Connection, account_id: AccountId, run_ids: list[int]
+    ) -> list[RunWithEnvironment]:
+        return await _all(conn, "retries_of_runs", RunWithEnvironment, account_id=account_id, run_ids=run_ids)
 
     async def latest_docs_run(self, conn: Connection, account_id: AccountId, job_id: int) -> RunId | None:
-        row = await _one(conn, "latest_docs_run", account_id=account_id, job_id=job_id)
-        return None if row is None else RunId(row["id"])
+        run_id = await _value(conn, "latest_docs_run", account_id=account_id, job_id=job_id)
+        return None if run_id is None else RunId(run_id)
 
     async def docs_of_runs(self, conn: Connection, run_ids: list[int]) -> dict[int, set[str]]:
         """Of each run that kept them, which of ``target/catalog.json`` and ``target/sources.json``."""
         out: dict[int, set[str]] = {}
-        for row in await _all(conn, "docs_of_runs", run_ids=run_ids):
-            out.setdefault(row["run_id"], set()).add(row["path"])
+        for row in await _all(conn, "docs_of_runs", _RunFile, run_ids=run_ids):
+            out.setdefault(row.run_id, set()).add(row.path)
         return out
 
-    async def latest_run_of_job(self, conn: Connection, account_id: AccountId, job_id: int) -> Row | None:
-        return await _one(conn, "latest_run_of_job", account_id=account_id, job_id=job_id)
+    async def latest_run_of_job(self, conn: Connection, account_id: AccountId, job_id: int) -> Run | None:
+        return await _one(conn, "latest_run_of_job", Run, account_id=account_id, job_id=job_id)
 
     async def step_logs(self, conn: Connection, run_ids: list[int]) -> dict[tuple[int, int], str]:
         """Each step's whole log text, by (run id, step index)."""
-        rows = await _all(conn, "step_logs", run_ids=run_ids)
-        return {(row["run_id"], row["step_index"]): row["text"] for row in rows}
+        rows = await _all(conn, "step_logs", _StepLog, run_ids=run_ids)
+        return {(row.run_id, row.step_index): row.text for row in rows}
 
-    async def artifacts_of_step(self, conn: Connection, run_id: RunId, step_index: int | None) -> list[Row]:
-        return await _all(conn, "list_artifacts_of_step", run_id=run_id, step_index=step_index)
+    async def artifacts_of_step(self, conn: Connection, run_id: RunId, step_index: int | None) -> list[Artifact]:
+        return await _all(conn, "list_artifacts_of_step", Artifact, run_id=run_id, step_index=step_index)
 
     # the web pages
 
@@ -519,18 +559,17 @@ class Store:
         filters: dict[str, Any],
         after: RunId | None,
         limit: int,
-    ) -> list[Row]:
+    ) -> list[RunListing]:
         """One keyset page of the account's runs, newest first; ``after`` is the last row's id.
 
         Not prepared: each call's own plan uses the one index its filters need.
         """
         params = {"account_id": account_id, "delay": None, "waiting": None, **filters, "after_id": after}
-        cur = await conn.execute(QUERIES["runs_page"], {**params, "limit": limit}, prepare=False)
-        return await cur.fetchall()
+        return await fetch_all(conn, QUERIES["runs_page"], {**params, "limit": limit}, RunListing, prepare=False)
 
     async def search(
         self, conn: Connection, account_id: AccountId, words: str, *, by_id: bool, limit: int
-    ) -> tuple[list[Row], list[Row]]:
+    ) -> tuple[list[JobMatch], list[RunListing]]:
         """Jobs and runs whose id is ``words`` or, unless ``by_id``, whose name (a run's: its job's, or its
         cause) holds them."""
         escaped = words.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -540,18 +579,20 @@ class Store:
             "pattern": None if by_id else f"%{escaped}%",
             "limit": limit,
         }
-        return await _all(conn, "search_jobs", **params), await _all(conn, "search_runs", **params)
+        return await _all(conn, "search_jobs", JobMatch, **params), await _all(
+            conn, "search_runs", RunListing, **params
+        )
 
-    async def on_time_split(self, conn: Connection, account_id: AccountId, since: Any) -> Row:
-        row = await _one(conn, "on_time_split", account_id=account_id, since=since)
+    async def on_time_split(self, conn: Connection, account_id: AccountId, since: datetime) -> OnTimeSplit:
+        row = await _one(conn, "on_time_split", OnTimeSplit, account_id=account_id, since=since)
         assert row is not None, "an aggregate always answers"
         return row
 
-    async def waiting_now(self, conn: Connection, account_id: AccountId) -> list[Row]:
-        return await _all(conn, "waiting_now", account_id=account_id)
+    async def waiting_now(self, conn: Connection, account_id: AccountId) -> list[Waiting]:
+        return await _all(conn, "waiting_now", Waiting, account_id=account_id)
 
-    async def job_names(self, conn: Connection, account_id: AccountId) -> list[Row]:
-        return await _all(conn, "job_names", account_id=account_id)
+    async def job_names(self, conn: Connection, account_id: AccountId) -> list[JobName]:
+        return await _all(conn, "job_names", JobName, account_id=account_id)
 
 
 @contextlib.asynccontextmanager
@@ -566,14 +607,45 @@ async def _database_errors() -> AsyncIterator[None]:
         raise ServiceUnavailable("the database is unavailable; try again") from exc
 
 
-async def _one(conn: Connection, query: str, **params: Any) -> Row | None:
-    cur = await conn.execute(QUERIES[query], params)
-    return await cur.fetchone()
+@dataclass(frozen=True, slots=True)
+class _TokenScopes:
+    account_id: AccountId
+    scopes: list[str]
 
 
-async def _all(conn: Connection, query: str, **params: Any) -> list[Row]:
-    cur = await conn.execute(QUERIES[query], params)
-    return await cur.fetchall()
+@dataclass(frozen=True, slots=True)
+class _RunFile:
+    run_id: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class _StepLog:
+    run_id: int
+    step_index: int
+    text: str
+
+
+async def _one(conn: Connection, query: str, row: type[RowT], **params: Any) -> RowT | None:
+    return await fetch_one(conn, QUERIES[query], params, row)
+
+
+async def _all(conn: Connection, query: str, row: type[RowT], **params: Any) -> list[RowT]:
+    return await fetch_all(conn, QUERIES[query], params, row)
+
+
+async def _value(conn: Connection, query: str, **params: Any) -> Any:
+    """The first column of the query's first row; None without a row."""
+    async with conn.cursor(row_factory=scalar_row) as cur:
+        await cur.execute(QUERIES[query], params)
+        return await cur.fetchone()
+
+
+async def _values(conn: Connection, query: str, **params: Any) -> list[Any]:
+    """The first column of every row of the query."""
+    async with conn.cursor(row_factory=scalar_row) as cur:
+        await cur.execute(QUERIES[query], params)
+        return await cur.fetchall()
 
 
 async def _execute(conn: Connection, query: str, **params: Any) -> int:

@@ -11,7 +11,8 @@ import uuid
 
 from api.idempotency import check_same_request, fingerprint
 from api.pickup_publisher import PickupPublisher
-from api.store import Row, Store
+from api.rows import Job, Run, RunStep
+from api.store import Store
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides
 from runplane.adapters import tracing
 from runplane.adapters.db import Connection
@@ -38,7 +39,7 @@ async def trigger_run(
     spec: TriggerSpec,
     *,
     parent_run_id: int | None = None,
-) -> tuple[Row, list[Row]]:
+) -> tuple[Run, list[RunStep]]:
     """Queue a run of ``spec.job_id`` (or return the run its idempotency key already made), with its steps.
 
     A job of another account is NotFound, exactly like a missing one. A client's key replays its
@@ -60,21 +61,21 @@ async def trigger_run(
             existing = await store.run_by_idempotency_key(conn, key)
             assert existing is not None
             return await _replayed(store, conn, existing, spec)
-        if row["job_type"] == JobType.CI.value and row["pull_request_number"]:
-            await _take_over_pull_request(conn, job, row)
-        steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
+        if row.job_type == JobType.CI.value and row.pull_request_number:
+            await _take_over_pull_request(conn, job, row, row.pull_request_number)
+        steps = (await store.run_steps(conn, [row.id]))[row.id]
     log.info(
         "run queued",
-        extra={"account_id": account_id, "job_id": spec.job_id, "run_id": row["id"], "trigger": spec.trigger.value},
+        extra={"account_id": account_id, "job_id": spec.job_id, "run_id": row.id, "trigger": spec.trigger.value},
     )
     await pickups.publish(account_id)  # counted where it is sent
     return row, steps
 
 
-def rerun_spec(job_id: int, source: Row | None, trigger: Trigger) -> TriggerSpec:
+def rerun_spec(job_id: int, source: Run | None, trigger: Trigger) -> TriggerSpec:
     """A rerun of ``job_id``: with the overrides of the run it reruns (``source``), or the job as saved."""
-    raw = RunOverridesSpec(**(source["overrides"] if source else {}))
-    cause = f"Rerun of run {source['id']}" if source else "Rerun"
+    raw = RunOverridesSpec(**(source.overrides if source else {}))
+    cause = f"Rerun of run {source.id}" if source else "Rerun"
     return TriggerSpec(JobId(job_id), trigger, cause, None, checked_overrides(raw, lambda name: name))
 
 
@@ -95,75 +96,74 @@ def trigger_fingerprint(spec: TriggerSpec) -> str | None:
     )
 
 
-async def _replayed(store: Store, conn: Connection, existing: Row, spec: TriggerSpec) -> tuple[Row, list[Row]]:
+async def _replayed(store: Store, conn: Connection, existing: Run, spec: TriggerSpec) -> tuple[Run, list[RunStep]]:
     """The run an idempotency key already made; the key must have been used for this job and request."""
-    if existing["job_id"] != spec.job_id:
-        raise FailedPrecondition(f"idempotency_key {spec.client_key!r} was already used for job {existing['job_id']}")
-    made = f"trigger run {existing['id']}"
-    check_same_request(existing["trigger_fingerprint"], trigger_fingerprint(spec), made=made, request="request")
-    return existing, (await store.run_steps(conn, [existing["id"]]))[existing["id"]]
+    if existing.job_id != spec.job_id:
+        raise FailedPrecondition(f"idempotency_key {spec.client_key!r} was already used for job {existing.job_id}")
+    made = f"trigger run {existing.id}"
+    check_same_request(existing.trigger_fingerprint, trigger_fingerprint(spec), made=made, request="request")
+    return existing, (await store.run_steps(conn, [existing.id]))[existing.id]
 
 
-async def _check_trigger(store: Store, conn: Connection, job: Row, spec: TriggerSpec) -> None:
+async def _check_trigger(store: Store, conn: Connection, job: Job, spec: TriggerSpec) -> None:
     """What a trigger needs of the job: the right type, a pull request, an active job."""
-    job_type = JobType(job["job_type"])
+    job_type = JobType(job.job_type)
     pull_request = spec.overrides.pull_request_number
     if spec.trigger is Trigger.CI and job_type is not JobType.CI:
-        raise InvalidArgument("trigger", f"a ci trigger needs a ci job; job {job['id']} is a {job_type} job")
+        raise InvalidArgument("trigger", f"a ci trigger needs a ci job; job {job.id} is a {job_type} job")
     if spec.trigger is Trigger.MERGE and job_type is not JobType.MERGE:
-        raise InvalidArgument("trigger", f"a merge trigger needs a merge job; job {job['id']} is a {job_type} job")
+        raise InvalidArgument("trigger", f"a merge trigger needs a merge job; job {job.id} is a {job_type} job")
     if job_type is JobType.CI and not pull_request:
         raise InvalidArgument("overrides.pull_request_number", "a ci run needs the number of its pull request")
-    if job["deactivated_at"] is None:
+    if job.deactivated_at is None:
         return
     if spec.trigger is Trigger.MANUAL:
         # "Run now" on a deactivated job reactivates it, as saving it does.
-        await store.reactivate_job(conn, JobId(job["id"]))
-        log.info("job reactivated by run now", extra={"account_id": job["account_id"], "job_id": job["id"]})
+        await store.reactivate_job(conn, JobId(job.id))
+        log.info("job reactivated by run now", extra={"account_id": job.account_id, "job_id": job.id})
         return
     raise FailedPrecondition(
-        f"job {job['id']} is deactivated ({job['deactivation_reason'] or 'no reason recorded'}); "
+        f"job {job.id} is deactivated ({job.deactivation_reason or 'no reason recorded'}); "
         "save the job or run it now (trigger manual) to reactivate it"
     )
 
 
-async def _take_over_pull_request(conn: Connection, job: Row, run: Row) -> None:
-    """A new CI run supersedes its pull request's older ones and keeps the schema in use."""
-    number = int(run["pull_request_number"])
-    sha = str((run["overrides"] or {}).get("git_sha") or "")
+async def _take_over_pull_request(conn: Connection, job: Job, run: Run, number: int) -> None:
+    """A new CI run of pull request ``number`` supersedes its older ones and keeps the schema in use."""
+    sha = str((run.overrides or {}).get("git_sha") or "")
     await supersede_older_ci_runs(
         conn,
-        job_id=run["job_id"],
+        job_id=run.job_id,
         pull_request_number=number,
-        run_id=run["id"],
-        message=superseded_message(run["id"], number, sha),
+        run_id=run.id,
+        message=superseded_message(run.id, number, sha),
     )
-    if job["environment_id"] is not None:  # plain commands build no schema
+    if job.environment_id is not None:  # plain commands build no schema
         await record_pull_request_schema(
             conn,
-            account_id=run["account_id"],
-            job_id=run["job_id"],
+            account_id=run.account_id,
+            job_id=run.job_id,
             pull_request_number=number,
-            schema=run["schema_name"],
-            run_id=run["id"],
+            schema=run.schema_name,
+            run_id=run.id,
         )
 
 
-def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None) -> dict[str, object]:
-    job_type = JobType(job["job_type"])
+def _run_params(job: Job, spec: TriggerSpec, key: str, parent_run_id: int | None) -> dict[str, object]:
+    job_type = JobType(job.job_type)
     pull_request = spec.overrides.pull_request_number
     schema = spec.overrides.schema or ""
     if job_type is JobType.CI and pull_request:
         # A CI run builds in its pull request's schema, whatever it asks: never in production's.
-        schema = ci_schema(job["id"], pull_request)
+        schema = ci_schema(job.id, pull_request)
     return {
-        "account_id": job["account_id"],
-        "job_id": job["id"],
+        "account_id": job.account_id,
+        "job_id": job.id,
         "job_type": job_type.value,
         "trigger": spec.trigger.value,
         "cause": spec.cause,
         "idempotency_key": key,
-        "priority": job["priority"],
+        "priority": job.priority,
         "takes_slot": takes_run_slot(job_type),
         "overrides": spec.overrides.as_json(),
         "pull_request_number": pull_request,
@@ -171,6 +171,6 @@ def _run_params(job: Row, spec: TriggerSpec, key: str, parent_run_id: int | None
         "trace_parent": tracing.current_traceparent(),
         "parent_run_id": parent_run_id,
         # Run now and API triggers still run a paused job; the run says it was paused.
-        "job_paused": job["paused_at"] is not None,
+        "job_paused": job.paused_at is not None,
         "run_at": spec.run_at,
     }

@@ -12,7 +12,8 @@ from api.grpc.auth import current_account
 from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
-from api.store import Row, Store
+from api.rows import Job
+from api.store import Store
 from api.validation import checked_idempotency_key, job_spec, positive_id
 from runplane.adapters.db import Connection
 from runplane.basics.types import AccountId, JobId
@@ -47,9 +48,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         async with self._store.connection() as conn:
             rows = await self._store.list_jobs(conn, account_id, after_id=page.after_id, limit=page.limit)
             rows, next_token = page.split(rows)
-            triggers = await self._store.completion_triggers(conn, [r["id"] for r in rows])
+            triggers = await self._store.completion_triggers(conn, [r.id for r in rows])
         return jobs_pb2.ListJobsResponse(
-            jobs=[convert.job(r, triggers[r["id"]]) for r in rows], next_page_token=next_token
+            jobs=[convert.job(r, triggers[r.id]) for r in rows], next_page_token=next_token
         )
 
     async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: Context) -> jobs_pb2.Job:
@@ -74,9 +75,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         async with self._store.connection() as conn:
             return await self._job(conn, row)
 
-    async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Row:
+    async def _existing(self, conn: Connection, account_id: AccountId, job_id: int, *, for_update: bool = False) -> Job:
         return await existing_job(self._store, conn, account_id, job_id, for_update=for_update)
 
-    async def _job(self, conn: Connection, row: Row) -> jobs_pb2.Job:
-        triggers = await self._store.completion_triggers(conn, [row["id"]])
-        return convert.job(row, triggers[row["id"]])
+    async def _job(self, conn: Connection, row: Job) -> jobs_pb2.Job:
+        triggers = await self._store.completion_triggers(conn, [row.id])
+        return convert.job(row, triggers[row.id])

@@ -10,16 +10,21 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from runplane.basics.errors import InvalidArgument
 
 DEFAULT_PAGE_SIZE = 50
 _MAX_TOKEN_LENGTH = 512
 
-Row = TypeVar("Row", bound=Mapping[str, Any])
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=_Identified)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Page:
         if len(rows) <= self.size:
             return rows, ""
         rows = rows[: self.size]
-        last = rows[-1]["id"]
+        last = rows[-1].id
         payload = json.dumps({"a": last, "f": self.fingerprint}, separators=(",", ":"))
         return rows, base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 

@@ -15,13 +15,13 @@ from api.lookup import existing_run, run_artifact
 from api.pickup_publisher import PickupPublisher
 from api.pull_requests import close_pull_request
 from api.rerunning import rerun_from_failure
-from api.store import Row, Store
+from api.rows import Run
+from api.store import Store
 from api.triggering import trigger_run
 from api.validation import run_statuses, trigger_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.supervise import sleep_or_stop
-from runplane.basics.types import RunId
 from runplane.v1 import runs_pb2, runs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,8 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
                 limit=page.limit,
             )
             rows, next_token = page.split(rows)
-            steps = await self._store.run_steps(conn, [r["id"] for r in rows])
-        return runs_pb2.ListRunsResponse(
-            runs=[convert.run(r, steps[r["id"]]) for r in rows], next_page_token=next_token
-        )
+            steps = await self._store.run_steps(conn, [r.id for r in rows])
+        return runs_pb2.ListRunsResponse(runs=[convert.run(r, steps[r.id]) for r in rows], next_page_token=next_token)
 
     async def CancelRun(self, request: runs_pb2.CancelRunRequest, context: Context) -> runs_pb2.Run:
         row = await cancel_run(self._store, current_account(), request.run_id)
@@ -126,7 +124,7 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             raise InvalidArgument("after_seq", "must not be negative")
         after_seq = request.after_seq
         async with self._store.connection() as conn:
-            run_id = RunId((await existing_run(self._store, conn, account_id, request.run_id))["id"])
+            run_id = (await existing_run(self._store, conn, account_id, request.run_id)).id
         while True:
             # Status first, chunks second: a runner writes its last chunks before the final
             # status, so a terminal status read here means no chunk can appear after this read.
@@ -135,7 +133,7 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
                 rows = await self._store.log_chunks(conn, run_id, after_seq=after_seq, limit=LOG_BATCH)
             for row in rows:
                 yield convert.log_chunk(row)
-                after_seq = row["seq"]
+                after_seq = row.seq
             if len(rows) == LOG_BATCH:
                 continue
             if not request.follow or status.is_terminal:
@@ -148,7 +146,7 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
     ) -> runs_pb2.ListArtifactsResponse:
         account_id = current_account()
         async with self._store.connection() as conn:
-            run_id = RunId((await existing_run(self._store, conn, account_id, request.run_id))["id"])
+            run_id = (await existing_run(self._store, conn, account_id, request.run_id)).id
             rows = await self._store.list_artifacts(conn, run_id)
         return runs_pb2.ListArtifactsResponse(artifacts=[convert.artifact(r) for r in rows])
 
@@ -158,8 +156,8 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
             row = await run_artifact(
                 self._store, conn, current_account(), request.run_id, request.path, step_index=step_index
             )
-        return runs_pb2.ArtifactContent(artifact=convert.artifact(row), content=bytes(row["content"]))
+        return runs_pb2.ArtifactContent(artifact=convert.artifact(row), content=bytes(row.content))
 
-    async def _run(self, conn: Connection, row: Row) -> runs_pb2.Run:
-        steps = await self._store.run_steps(conn, [row["id"]])
-        return convert.run(row, steps[row["id"]])
+    async def _run(self, conn: Connection, row: Run) -> runs_pb2.Run:
+        steps = await self._store.run_steps(conn, [row.id])
+        return convert.run(row, steps[row.id])

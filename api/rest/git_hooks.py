@@ -44,11 +44,11 @@ async def register(request: Request, account_id: Account, body: GitHookBody) -> 
     return Envelope[GitHook](
         status=success(),
         data=GitHook(
-            id=row["id"],
-            provider=row["provider"],
-            repository=row["repository"],
-            job_ids=list(row["job_ids"]),
-            url_path=f"/webhooks/{row['provider']}/{row['id']}/",
+            id=row.id,
+            provider=row.provider,
+            repository=row.repository,
+            job_ids=list(row.job_ids),
+            url_path=f"/webhooks/{row.provider}/{row.id}/",
             secret=secret,
         ),
     )

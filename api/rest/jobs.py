@@ -19,7 +19,8 @@ from api.pausing import set_paused
 from api.rest import params, related, shapes
 from api.rest.auth import Account, Caller
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import JobFilters, Row, Store
+from api.rows import CompletionTrigger, Job
+from api.store import JobFilters, Store
 from api.validation import JobSpec, checked_idempotency_key, job_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
@@ -161,7 +162,7 @@ class JobBody(BaseModel):
 
 
 def job_request(
-    body: JobBody, stored: Row | None = None, completion: list[Row] | None = None
+    body: JobBody, stored: Job | None = None, completion: list[CompletionTrigger] | None = None
 ) -> jobs_pb2.CreateJobRequest:
     """dbt Cloud's job body as runplane's CreateJobRequest (names in errors stay dbt Cloud's where they differ).
 
@@ -183,7 +184,7 @@ def job_request(
         cron = schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
         if not cron:
             raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
-        timezone = stored["timezone"] if stored is not None and stored["cron"] == cron else ""
+        timezone = stored.timezone if stored is not None and stored.cron == cron else ""
         triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron, timezone=timezone))
     _with_completion_triggers(body, stored, completion or [], triggers)
     settings = jobs_pb2.JobSettings(
@@ -198,14 +199,14 @@ def job_request(
         missed_run_grace_seconds=-1,
     )
     if stored is not None:
-        settings.environment.update(stored["environment"])
-        settings.git_branch = stored["git_branch"]
-        settings.retry_max_attempts = stored["retry_max_attempts"]
-        settings.retry_on_step_failure = stored["retry_on_step_failure"]
-        settings.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
-        settings.priority = stored["priority"]
-        settings.schema = stored["schema_name"]
-        settings.run_only_modified = stored["run_only_modified"] and bool(
+        settings.environment.update(stored.environment)
+        settings.git_branch = stored.git_branch
+        settings.retry_max_attempts = stored.retry_max_attempts
+        settings.retry_on_step_failure = stored.retry_on_step_failure
+        settings.missed_run_grace_seconds = stored.missed_run_grace_seconds
+        settings.priority = stored.priority
+        settings.schema = stored.schema_name
+        settings.run_only_modified = stored.run_only_modified and bool(
             settings.defer_to_job_id or settings.defer_to_environment_id
         )
     _with_runplane_settings(body.runplane or RunplaneBody(), triggers, settings)
@@ -215,7 +216,7 @@ def job_request(
 
 
 def _with_completion_triggers(
-    body: JobBody, stored: Row | None, completion: list[Row], triggers: jobs_pb2.JobTriggers
+    body: JobBody, stored: Job | None, completion: list[CompletionTrigger], triggers: jobs_pb2.JobTriggers
 ) -> None:
     """The completion triggers the body sets: all of ``runplane.job_completion_trigger_conditions``,
     or dbt Cloud's one condition. On a job with several, that one must be the first as it is (the
@@ -246,15 +247,15 @@ def _with_completion_triggers(
         jobs_pb2.CompletionTrigger(upstream_job_id=job_id, statuses=statuses) for job_id, statuses in conditions
     )
     if stored is not None:
-        triggers.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+        triggers.completion_mode = COMPLETION_MODES[stored.completion_mode]
 
 
 def _condition(condition: ConditionBody) -> tuple[int, list[common_pb2.RunStatus.ValueType]]:
     return condition.job_id, _statuses(condition.statuses)
 
 
-def _stored_condition(row: Row) -> tuple[int, list[common_pb2.RunStatus.ValueType]]:
-    return row["upstream_job_id"], _statuses(row["statuses"])
+def _stored_condition(row: CompletionTrigger) -> tuple[int, list[common_pb2.RunStatus.ValueType]]:
+    return row.upstream_job_id, _statuses(row.statuses)
 
 
 def _statuses(values: Iterable[int]) -> list[common_pb2.RunStatus.ValueType]:
@@ -304,11 +305,11 @@ async def _checked_spec(store: Store, account_id: AccountId, body: JobBody, job_
             raise InvalidArgument(
                 "project_id", "a job belongs to a project through its environment: give environment_id"
             )
-        if env is not None and env["project_id"] != body.project_id:
+        if env is not None and env.project_id != body.project_id:
             raise InvalidArgument(
                 "project_id", f"environment {body.environment_id} is not in project {body.project_id}"
             )
-    if body.dbt_version and (env is None or env["dbt_version"] != body.dbt_version):
+    if body.dbt_version and (env is None or env.dbt_version != body.dbt_version):
         raise InvalidArgument("dbt_version", "a job runs its environment's dbt version: set it on the environment")
     return spec
 
@@ -405,7 +406,7 @@ async def create_job_(
     with params.named_as(JOB_NAMES):
         created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")
     async with store.connection() as conn:
-        job = await _one_job(store, conn, account_id, created["id"])
+        job = await _one_job(store, conn, account_id, created.id)
     return Envelope[shapes.Job](status=success(201), data=_tagged(response, job))
 
 

@@ -10,7 +10,7 @@ the body names and keeps the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
@@ -20,7 +20,8 @@ from api.lookup import existing_environment, existing_project
 from api.rest import params, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import Row, Store
+from api.rows import Environment, Project
+from api.store import Store
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
@@ -140,39 +141,37 @@ class EnvironmentBody(BaseModel):
     clear_secrets: list[str] = Field(default_factory=list, max_length=20, description="Secret fields to remove.")
 
 
-def _project_request(body: ProjectBody, current: Row | None) -> dict[str, Any]:
+def _project_request(body: ProjectBody, current: Project | None) -> dict[str, Any]:
     """The fields of Create/UpdateProjectRequest: the body's, else the stored project's."""
     if body.description:
         raise InvalidArgument("description", "runplane keeps no description of a project: leave it empty")
     repository = body.repository
     if current is None and repository is None:
         raise InvalidArgument("repository.remote_url", "is required")
-    strategy = (
-        repository.git_clone_strategy if repository else KINDS[current["git_credential_kind"]] if current else None
-    )
+    strategy = repository.git_clone_strategy if repository else KINDS[current.git_credential_kind] if current else None
     if strategy not in CLONE_STRATEGIES:
         raise InvalidArgument("repository.git_clone_strategy", "must be deploy_key, deploy_token or null")
     subdirectory = body.dbt_project_subdirectory
     return {
-        "name": body.name if body.name is not None else current["name"] if current else "",
-        "repository_url": repository.remote_url if repository else current["repository_url"] if current else "",
-        "subdirectory": subdirectory if subdirectory is not None else current["subdirectory"] if current else "",
+        "name": body.name if body.name is not None else current.name if current else "",
+        "repository_url": repository.remote_url if repository else current.repository_url if current else "",
+        "subdirectory": subdirectory if subdirectory is not None else current.subdirectory if current else "",
         "git_credential_kind": CLONE_STRATEGIES[strategy],
         "git_credential": (repository.git_credential if repository else None) or "",
     }
 
 
-def _environment_request(body: EnvironmentBody, current: Row | None) -> dict[str, Any]:
+def _environment_request(body: EnvironmentBody, current: Environment | None) -> dict[str, Any]:
     """The fields of Create/UpdateEnvironmentRequest: the body's, else the stored environment's."""
     if body.deployment_type is not None:
         raise InvalidArgument("deployment_type", "runplane does not keep production apart from staging: send null")
-    kind = body.type if body.type is not None else current["environment_type"] if current else None
+    kind = body.type if body.type is not None else current.environment_type if current else None
     if kind not in ENVIRONMENT_TYPES:
         raise InvalidArgument("type", "must be deployment or development")
     if body.use_custom_branch is False:
         branch = ""
     else:
-        branch = body.custom_branch if body.custom_branch is not None else current["git_branch"] if current else ""
+        branch = body.custom_branch if body.custom_branch is not None else current.git_branch if current else ""
     connection = body.connection
     if connection is not None:
         details = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in connection.details.items()}
@@ -180,21 +179,21 @@ def _environment_request(body: EnvironmentBody, current: Row | None) -> dict[str
             adapter_type=connection.type, fields=details, secret_fields=connection.secrets
         )
     elif current is not None:
-        pb_connection = projects_pb2.Connection(adapter_type=current["adapter_type"], fields=current["connection"])
+        pb_connection = projects_pb2.Connection(adapter_type=current.adapter_type, fields=current.connection)
     else:
         raise InvalidArgument("connection", "is required")
     credentials = body.credentials or CredentialsBody()
     variables = body.custom_environment_variables
     return {
-        "name": body.name if body.name is not None else current["name"] if current else "",
+        "name": body.name if body.name is not None else current.name if current else "",
         "environment_type": ENVIRONMENT_TYPES[kind],
-        "dbt_version": body.dbt_version if body.dbt_version is not None else current["dbt_version"] if current else "",
+        "dbt_version": body.dbt_version if body.dbt_version is not None else current.dbt_version if current else "",
         "git_branch": branch,
         "connection": pb_connection,
-        "target_name": credentials.target_name or (current["target_name"] if current else ""),
-        "schema": credentials.schema_ or (current["schema_name"] if current else ""),
-        "threads": credentials.threads or (current["threads"] if current else 0),
-        "variables": variables if variables is not None else dict(current["variables"]) if current else {},
+        "target_name": credentials.target_name or (current.target_name if current else ""),
+        "schema": credentials.schema_ or (current.schema_name if current else ""),
+        "threads": credentials.threads or (current.threads if current else 0),
+        "variables": variables if variables is not None else dict(current.variables) if current else {},
     }
 
 
@@ -229,18 +228,19 @@ def list_query(
 
 
 Listing = Annotated[ListQuery, Depends(list_query)]
+Listed = TypeVar("Listed", Project, Environment)
 
 
-def _listed(rows: list[Row], query: ListQuery, echoed: dict[str, Any]) -> tuple[list[Row], Extra]:
+def _listed(rows: list[Listed], query: ListQuery, echoed: dict[str, Any]) -> tuple[list[Listed], Extra]:
     """The rows the query's names keep, in its order, one page of them, and the ``extra`` that says so."""
     kept = [
         r
         for r in rows
-        if (query.name is None or r["name"] == query.name)
-        and (query.name__icontains is None or query.name__icontains.lower() in r["name"].lower())
+        if (query.name is None or r.name == query.name)
+        and (query.name__icontains is None or query.name__icontains.lower() in r.name.lower())
     ]
     field = query.order_by.removeprefix("-")
-    kept.sort(key=lambda r: (r[field], r["id"]), reverse=query.order_by.startswith("-"))
+    kept.sort(key=lambda r: (getattr(r, field), r.id), reverse=query.order_by.startswith("-"))
     page = kept[query.offset : query.offset + query.limit]
     filters = {**echoed, "name": query.name, "name__icontains": query.name__icontains}
     return page, Extra(
@@ -264,7 +264,7 @@ async def list_projects(
     ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
     store = _store(request)
     async with store.connection() as conn:
-        rows = [r for r in await store.list_projects(conn, account_id) if not ids or r["id"] in ids]
+        rows = [r for r in await store.list_projects(conn, account_id) if not ids or r.id in ids]
     page, extra = _listed(rows, query, {"pk__in": list(ids) or None})
     return ListEnvelope[shapes.Project](status=success(), data=[shapes.project(r) for r in page], extra=extra)
 
@@ -348,9 +348,9 @@ async def _environments(
     rows = [
         r
         for r in rows
-        if (not project_ids or r["project_id"] in project_ids)
-        and (which.type is None or r["environment_type"] == which.type)
-        and (not which.dbt_versions or r["dbt_version"] in which.dbt_versions)
+        if (not project_ids or r.project_id in project_ids)
+        and (which.type is None or r.environment_type == which.type)
+        and (not which.dbt_versions or r.dbt_version in which.dbt_versions)
     ]
     echoed = {
         "project_id__in": list(project_ids) or None,
@@ -405,12 +405,14 @@ async def create_environment(
     return Envelope[shapes.Environment](status=success(201), data=shapes.environment(row))
 
 
-async def _project_environment(request: Request, account_id: AccountId, project_id: int, environment_id: int) -> Row:
+async def _project_environment(
+    request: Request, account_id: AccountId, project_id: int, environment_id: int
+) -> Environment:
     """The environment, when it is in the project; else 404 like a missing one."""
     store = _store(request)
     async with store.connection() as conn:
         row = await existing_environment(store, conn, account_id, environment_id)
-    if row["project_id"] != project_id:
+    if row.project_id != project_id:
         raise NotFound(f"environment {environment_id} not found in project {project_id}")
     return row
 

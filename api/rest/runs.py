@@ -15,7 +15,8 @@ from api.rerunning import rerun_from_failure
 from api.rest import params, related, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.store import Row, RunFilters, Store
+from api.rows import Run, RunWithEnvironment
+from api.store import RunFilters, Store
 from api.triggering import rerun_spec, trigger_run
 from api.validation import (
     MAX_CAUSE,
@@ -29,7 +30,7 @@ from api.validation import (
 )
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
-from runplane.basics.types import AccountId, JobId, RunId, RunStatus, Trigger
+from runplane.basics.types import JobId, RunStatus, Trigger
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
@@ -127,54 +128,52 @@ def trigger_of(job_id: int, body: TriggerRunBody, idempotency_key: str | None = 
 
 
 async def views(
-    request: Request, store: Store, conn: Connection, rows: list[Row], include: set[str]
+    request: Request, store: Store, conn: Connection, rows: list[RunWithEnvironment], include: set[str]
 ) -> list[shapes.Run]:
     """Rows as dbt Cloud runs, with what ``include_related`` asked for (trigger, job, run_steps, debug_logs,
     environment, project, repository, run_retries, deferring_run; used_repo_cache and audit stay null)."""
     if not rows:
         return []
-    account_id = AccountId(rows[0]["account_id"])
-    ids = [r["id"] for r in rows]
+    account_id = rows[0].account_id
+    ids: list[int] = [r.id for r in rows]
     want_steps = bool(include & {"run_steps", "debug_logs"})
     steps = await store.run_steps(conn, ids) if want_steps else {}
     logs = await store.step_logs(conn, ids) if want_steps else {}
     docs = await store.docs_of_runs(conn, ids)
     jobs: dict[int, shapes.Job] = {}
     if "job" in include:
-        job_rows = [await store.get_job(conn, account_id, job_id) for job_id in {r["job_id"] for r in rows}]
+        job_rows = [await store.get_job(conn, account_id, job_id) for job_id in {r.job_id for r in rows}]
         found = await related.jobs(store, conn, account_id, [j for j in job_rows if j is not None])
         jobs = {j.id: j for j in found}
     where = (
         await related.places(store, conn, account_id) if include & {"environment", "project", "repository"} else None
     )
-    retries: dict[int, list[shapes.Run]] = {}
+    retries: dict[int | None, list[shapes.Run]] = {}  # by parent run: retries_of_runs' rows all have one
     if "run_retries" in include:
         for retry in await store.retries_of_runs(conn, account_id, ids):
-            retries.setdefault(retry["parent_run_id"], []).append(
-                shapes.run(retry, href=run_page(request, retry["id"]))
-            )
+            retries.setdefault(retry.parent_run_id, []).append(shapes.run(retry, href=run_page(request, retry.id)))
     deferring: dict[int, shapes.Run] = {}
     if "deferring_run" in include:
-        for deferred_id in {r["deferring_run_id"] for r in rows if r["deferring_run_id"]}:
+        for deferred_id in {r.deferring_run_id for r in rows if r.deferring_run_id}:
             deferred = await store.get_run(conn, account_id, deferred_id)
             if deferred is not None:
                 deferring[deferred_id] = shapes.run(deferred, href=run_page(request, deferred_id))
     return [
         shapes.run(
             row,
-            href=run_page(request, row["id"]),
-            docs=docs.get(row["id"], set()),
+            href=run_page(request, row.id),
+            docs=docs.get(row.id, set()),
             trigger_of=shapes.trigger(row) if "trigger" in include else None,
-            job_of=jobs.get(row["job_id"]),
-            environment_of=where.environment(row["environment_id"]) if where and "environment" in include else None,
-            project_of=where.project(row["environment_id"]) if where and "project" in include else None,
-            repository_of=where.repository(row["environment_id"]) if where and "repository" in include else None,
+            job_of=jobs.get(row.job_id),
+            environment_of=where.environment(row.environment_id) if where and "environment" in include else None,
+            project_of=where.project(row.environment_id) if where and "project" in include else None,
+            repository_of=where.repository(row.environment_id) if where and "repository" in include else None,
             steps=[
-                shapes.step(row, s, logs.get((row["id"], s["step_index"]), ""), debug_logs="debug_logs" in include)
-                for s in steps.get(row["id"], [])
+                shapes.step(row, s, logs.get((row.id, s.step_index), ""), debug_logs="debug_logs" in include)
+                for s in steps.get(row.id, [])
             ],
-            retries=retries.get(row["id"]),
-            deferring=deferring.get(row["deferring_run_id"]) if row["deferring_run_id"] else None,
+            retries=retries.get(row.id),
+            deferring=deferring.get(row.deferring_run_id) if row.deferring_run_id else None,
         )
         for row in rows
     ]
@@ -206,12 +205,12 @@ def _store(request: Request) -> Store:
     return store
 
 
-async def _one_run(request: Request, row: Row, include: set[str]) -> Envelope[shapes.Run]:
+async def _one_run(request: Request, row: Run, include: set[str]) -> Envelope[shapes.Run]:
     store = _store(request)
     async with store.connection() as conn:
         # Read again with its job's environment, project and dbt version (a row just written has none).
-        row = await store.get_run(conn, AccountId(row["account_id"]), row["id"]) or row
-        (run,) = await views(request, store, conn, [row], include)
+        read = await existing_run(store, conn, row.account_id, row.id)
+        (run,) = await views(request, store, conn, [read], include)
     return Envelope[shapes.Run](status=success(), data=run)
 
 
@@ -242,8 +241,8 @@ async def rerun(request: Request, account_id: Account, job_id: JobPath) -> Envel
     async with store.connection() as conn:
         await existing_job(store, conn, account_id, job_id)
         latest = await store.latest_run_of_job(conn, account_id, job_id)
-    if latest is not None and latest["status"] == RunStatus.ERROR:
-        row = await rerun_from_failure(store, request.app.state.pickups, account_id, latest["id"])
+    if latest is not None and latest.status == RunStatus.ERROR:
+        row = await rerun_from_failure(store, request.app.state.pickups, account_id, latest.id)
     else:
         row, _ = await trigger_run(store, request.app.state.pickups, account_id, rerun_spec(job_id, None, Trigger.API))
     return await _one_run(request, row, {"trigger", "job"})
@@ -364,9 +363,9 @@ async def list_artifacts(
 ) -> Envelope[list[str]]:
     store = _store(request)
     async with store.connection() as conn:
-        run = RunId((await existing_run(store, conn, account_id, run_id))["id"])
+        run = (await existing_run(store, conn, account_id, run_id)).id
         rows = await store.artifacts_of_step(conn, run, None if step is None else step - 1)
-    return Envelope[list[str]](status=success(), data=[r["path"].removeprefix(TARGET) for r in rows])
+    return Envelope[list[str]](status=success(), data=[r.path.removeprefix(TARGET) for r in rows])
 
 
 @router.get(
@@ -390,4 +389,4 @@ async def get_artifact(
         except NotFound:
             row = await run_artifact(store, conn, account_id, run_id, path, step_index=step_index)
     media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
-    return Response(bytes(row["content"]), media_type=media_type)
+    return Response(bytes(row.content), media_type=media_type)

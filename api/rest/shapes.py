@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.store import Row
+from api import rows
 from runplane.basics.types import JobType, RunStatus
 
 # dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
@@ -325,96 +325,98 @@ class Run(BaseModel):
     audit: dict[str, Any] | None = None
 
 
-def account(row: Row) -> Account:
+def account(row: rows.Account) -> Account:
     return Account(
-        id=row["id"],
-        name=row["name"],
+        id=row.id,
+        name=row.name,
         state=ACTIVE,
         plan=None,
-        run_slots=row["run_slots"],
-        deactivate_after_failures=row["deactivate_after_failures"],
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        run_slots=row.run_slots,
+        deactivate_after_failures=row.deactivate_after_failures,
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )
 
 
-def repository(row: Row) -> Repository:
+def repository(row: rows.Project) -> Repository:
     """A project's git repository; runplane keeps it on the project, so it has the project's id."""
-    url: str = row["repository_url"]
+    url: str = row.repository_url
     host = urlsplit(url).hostname or url.partition("@")[2].partition(":")[0]
     backend = next((name for name in ("github", "gitlab") if host.endswith(f"{name}.com")), "manual_deploy")
     return Repository(
-        id=row["id"],
-        account_id=row["account_id"],
-        project_id=row["id"],
+        id=row.id,
+        account_id=row.account_id,
+        project_id=row.id,
         remote_url=url,
         remote_backend=backend,
-        git_clone_strategy=CLONE_STRATEGIES.get(row["git_credential_kind"]),
-        git_credential_set=bool(row["git_credential"]),
+        git_clone_strategy=CLONE_STRATEGIES.get(row.git_credential_kind),
+        git_credential_set=bool(row.git_credential),
         state=ACTIVE,
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )
 
 
-def project(row: Row) -> Project:
+def project(row: rows.Project) -> Project:
     return Project(
-        id=row["id"],
-        account_id=row["account_id"],
-        name=row["name"],
+        id=row.id,
+        account_id=row.account_id,
+        name=row.name,
         description="",
-        dbt_project_subdirectory=row["subdirectory"] or None,
+        dbt_project_subdirectory=row.subdirectory or None,
         connection_id=None,
-        repository_id=row["id"],
+        repository_id=row.id,
         repository=repository(row),
         state=ACTIVE,
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )
 
 
-def environment(row: Row) -> Environment:
-    branch: str = row["git_branch"]
+def environment(row: rows.Environment) -> Environment:
+    branch: str = row.git_branch
     return Environment(
-        id=row["id"],
-        account_id=row["account_id"],
-        project_id=row["project_id"],
-        name=row["name"],
-        type=row["environment_type"],
+        id=row.id,
+        account_id=row.account_id,
+        project_id=row.project_id,
+        name=row.name,
+        type=row.environment_type,
         deployment_type=None,
-        dbt_version=row["dbt_version"],
+        dbt_version=row.dbt_version,
         use_custom_branch=bool(branch),
         custom_branch=branch or None,
-        custom_environment_variables=dict(row["variables"]),
-        secret_variable_names=sorted(row["secret_variables"]),
+        custom_environment_variables=dict(row.variables),
+        secret_variable_names=sorted(row.secret_variables),
         connection_id=None,
         credentials_id=None,
         connection=Connection(
-            type=row["adapter_type"], details=dict(row["connection"]), secrets_set=sorted(row["connection_secrets"])
+            type=row.adapter_type, details=dict(row.connection), secrets_set=sorted(row.connection_secrets)
         ),
         credentials=Credentials.model_validate(
-            {"schema": row["schema_name"], "threads": row["threads"], "target_name": row["target_name"]}
+            {"schema": row.schema_name, "threads": row.threads, "target_name": row.target_name}
         ),
         state=ACTIVE,
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )
 
 
-def completion_conditions(triggers: list[Row], projects_of_jobs: dict[int, int | None]) -> list[CompletionCondition]:
+def completion_conditions(
+    triggers: list[rows.CompletionTrigger], projects_of_jobs: dict[int, int | None]
+) -> list[CompletionCondition]:
     """A job's completion triggers as dbt Cloud's conditions, first to last."""
     return [
         CompletionCondition(
-            job_id=int(t["upstream_job_id"]),
-            project_id=projects_of_jobs.get(int(t["upstream_job_id"])),
-            statuses=sorted(t["statuses"]),
+            job_id=int(t.upstream_job_id),
+            project_id=projects_of_jobs.get(int(t.upstream_job_id)),
+            statuses=sorted(t.statuses),
         )
         for t in triggers
     ]
 
 
 def job(
-    row: Row,
+    row: rows.JobWithEnvironment,
     *,
     environment_of: Environment | None = None,
     project_of: Project | None = None,
@@ -422,74 +424,74 @@ def job(
 ) -> Job:
     """``completion``: every completion trigger; dbt Cloud's one condition shows the first."""
     conditions = completion or []
-    cron: str | None = row["cron"]
-    job_type = JobType(row["job_type"])
+    cron: str | None = row.cron
+    job_type = JobType(row.job_type)
     return Job(
-        id=row["id"],
-        account_id=row["account_id"],
-        project_id=row.get("project_id"),
-        environment_id=row.get("environment_id"),
-        name=row["name"],
+        id=row.id,
+        account_id=row.account_id,
+        project_id=row.project_id,
+        environment_id=row.environment_id,
+        name=row.name,
         description="",
-        dbt_version=row.get("dbt_version"),
+        dbt_version=row.dbt_version,
         job_type=JOB_TYPES[job_type],
-        execute_steps=list(row["steps"]),
+        execute_steps=list(row.steps),
         triggers=JobTriggers(
-            github_webhook=bool(row["on_pull_request"]),
-            git_provider_webhook=bool(row["on_pull_request"]),
+            github_webhook=bool(row.on_pull_request),
+            git_provider_webhook=bool(row.on_pull_request),
             schedule=cron is not None,
-            on_merge=bool(row["on_merge"]),
-            custom_branch_only=bool(row["git_branch"]),
+            on_merge=bool(row.on_merge),
+            custom_branch_only=bool(row.git_branch),
         ),
-        settings=JobSettings(threads=row["threads"], target_name=row["target_name"]),
-        execution=JobExecution(timeout_seconds=row["timeout_seconds"]),
+        settings=JobSettings(threads=row.threads, target_name=row.target_name),
+        execution=JobExecution(timeout_seconds=row.timeout_seconds),
         schedule=JobSchedule(
             cron=cron,
             date=ScheduleDate(type="custom_cron" if cron else "every_day", cron=cron),
             time=ScheduleTime(type="every_hour" if cron is None else "custom"),
         ),
-        state=DELETED if row.get("deleted_at") else ACTIVE,
-        deactivated=row["deactivated_at"] is not None,
-        paused=row["paused_at"] is not None,
-        run_failure_count=row["consecutive_failures"],
-        generate_docs=row["generate_docs"],
-        run_generate_sources=row["run_source_freshness"],
-        deferring_job_definition_id=row["defer_to_job_id"],
-        deferring_environment_id=row["defer_to_environment_id"],
+        state=DELETED if row.deleted_at else ACTIVE,
+        deactivated=row.deactivated_at is not None,
+        paused=row.paused_at is not None,
+        run_failure_count=row.consecutive_failures,
+        generate_docs=row.generate_docs,
+        run_generate_sources=row.run_source_freshness,
+        deferring_job_definition_id=row.defer_to_job_id,
+        deferring_environment_id=row.defer_to_environment_id,
         job_completion_trigger_condition=CompletionTrigger(condition=conditions[0]) if conditions else None,
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
         environment=environment_of,
         project=project_of,
         runplane=RunplaneJobSettings.model_validate(
             {
-                "timezone": row["timezone"],
-                "retry_max_attempts": row["retry_max_attempts"],
-                "retry_on_step_failure": row["retry_on_step_failure"],
-                "missed_run_grace_seconds": row["missed_run_grace_seconds"],
-                "priority": row["priority"],
-                "git_branch": row["git_branch"],
-                "schema": row["schema_name"],
-                "run_only_modified": row["run_only_modified"],
-                "completion_mode": row["completion_mode"],
-                "environment_variables": dict(row["environment"]),
-                "secret_names": sorted(row["secret_environment"]),
+                "timezone": row.timezone,
+                "retry_max_attempts": row.retry_max_attempts,
+                "retry_on_step_failure": row.retry_on_step_failure,
+                "missed_run_grace_seconds": row.missed_run_grace_seconds,
+                "priority": row.priority,
+                "git_branch": row.git_branch,
+                "schema": row.schema_name,
+                "run_only_modified": row.run_only_modified,
+                "completion_mode": row.completion_mode,
+                "environment_variables": dict(row.environment),
+                "secret_names": sorted(row.secret_environment),
                 "job_completion_trigger_conditions": conditions,
-                "version": row["version"],
+                "version": row.version,
             }
         ),
     )
 
 
-def trigger(row: Row) -> Trigger:
-    o: dict[str, Any] = row["overrides"] or {}
+def trigger(row: rows.Run) -> Trigger:
+    o: dict[str, Any] = row.overrides or {}
     provider = o.get("pull_request_provider", "github")
-    pr = row["pull_request_number"]
+    pr = row.pull_request_number
     return Trigger(
-        id=row["id"],
-        cause=row["cause"],
-        cause_humanized=row["cause"],
-        job_definition_id=row["job_id"],
+        id=row.id,
+        cause=row.cause,
+        cause_humanized=row.cause,
+        job_definition_id=row.job_id,
         git_branch=o.get("git_branch"),
         git_sha=o.get("git_sha"),
         github_pull_request_id=pr if provider == "github" else None,
@@ -502,39 +504,39 @@ def trigger(row: Row) -> Trigger:
         generate_docs_override=o.get("generate_docs"),
         timeout_seconds_override=o.get("timeout_seconds"),
         steps_override=o.get("steps"),
-        created_at=stamp(row["queued_at"]),
+        created_at=stamp(row.queued_at),
     )
 
 
-def step(run: Row, row: Row, logs: str, *, debug_logs: bool) -> RunStep:
-    seconds = _between(row["started_at"], row["finished_at"])
+def step(run: rows.Run, row: rows.RunStep, logs: str, *, debug_logs: bool) -> RunStep:
+    seconds = _between(row.started_at, row.finished_at)
     return RunStep(
         # runplane keys steps by (run, index); this id is derived from them, stable and unique.
-        id=run["id"] * 1000 + row["step_index"] + 1,
-        run_id=run["id"],
-        account_id=run["account_id"],
-        index=row["step_index"] + 1,
-        status=row["status"],
-        status_color=STATUS_COLORS.get(row["status"], "#C0C0C0"),
-        status_humanized=humanized(row["status"]),
+        id=run.id * 1000 + row.step_index + 1,
+        run_id=run.id,
+        account_id=run.account_id,
+        index=row.step_index + 1,
+        status=row.status,
+        status_color=STATUS_COLORS.get(row.status, "#C0C0C0"),
+        status_humanized=humanized(row.status),
         # A setup step's command is its name ("Clone git repository", …); a command is invoked.
-        name=row["command"] if row["setup"] else f"Invoke `{row['command']}`",
+        name=row.command if row.setup else f"Invoke `{row.command}`",
         logs=logs,
         # runplane keeps one log stream per step: the debug log is that stream.
         debug_logs=logs if debug_logs else None,
         log_location="db",
         truncated_debug_logs=logs if debug_logs else None,
-        created_at=stamp(row["started_at"]),
-        updated_at=stamp(row["finished_at"] or row["started_at"]),
-        started_at=stamp(row["started_at"]),
-        finished_at=stamp(row["finished_at"]),
+        created_at=stamp(row.started_at),
+        updated_at=stamp(row.finished_at or row.started_at),
+        started_at=stamp(row.started_at),
+        finished_at=stamp(row.finished_at),
         duration=clock(seconds),
         duration_humanized=human_seconds(seconds),
     )
 
 
 def run(
-    row: Row,
+    row: rows.RunWithEnvironment,
     *,
     href: str,
     docs: frozenset[str] | set[str] = frozenset(),
@@ -548,45 +550,45 @@ def run(
     deferring: Run | None = None,
 ) -> Run:
     """``docs``: which of ``target/catalog.json`` and ``target/sources.json`` the run kept."""
-    status = int(row["status"])
-    o: dict[str, Any] = row["overrides"] or {}
+    status = int(row.status)
+    o: dict[str, Any] = row.overrides or {}
     terminal = RunStatus(status).is_terminal
-    total = _between(row["queued_at"], row["finished_at"])
-    queued = _between(row["queued_at"], row["started_at"] or row["finished_at"])
-    ran = _between(row["started_at"], row["finished_at"])
+    total = _between(row.queued_at, row.finished_at)
+    queued = _between(row.queued_at, row.started_at or row.finished_at)
+    ran = _between(row.started_at, row.finished_at)
     return Run(
-        id=row["id"],
-        trigger_id=row["id"],
-        account_id=row["account_id"],
-        environment_id=row.get("environment_id"),
-        project_id=row.get("project_id"),
-        job_definition_id=row["job_id"],
-        job_id=row["job_id"],
+        id=row.id,
+        trigger_id=row.id,
+        account_id=row.account_id,
+        environment_id=row.environment_id,
+        project_id=row.project_id,
+        job_definition_id=row.job_id,
+        job_id=row.job_id,
         status=status,
         status_humanized=humanized(status),
-        status_message=row["status_message"] or None,
-        job_paused=row["job_paused"],
-        dbt_version=o.get("dbt_version") or row.get("dbt_version"),
+        status_message=row.status_message or None,
+        job_paused=row.job_paused,
+        dbt_version=o.get("dbt_version") or row.dbt_version,
         git_branch=o.get("git_branch"),
         # The commit the run checked out, else the one it asked for.
-        git_sha=row.get("git_sha") or o.get("git_sha"),
+        git_sha=row.git_sha or o.get("git_sha"),
         owner_thread_id=None,
-        executed_by_thread_id=row["pod_name"] or None,
-        deferring_run_id=row["deferring_run_id"],
+        executed_by_thread_id=row.pod_name or None,
+        deferring_run_id=row.deferring_run_id,
         artifacts_saved=terminal,
         artifact_s3_path=None,
         has_docs_generated="target/catalog.json" in docs,
         has_sources_generated="target/sources.json" in docs,
         notifications_sent=terminal,
         blocked_by=[],
-        created_at=stamp(row["queued_at"]),
-        updated_at=stamp(row["finished_at"] or row["started_at"] or row["dispatched_at"] or row["queued_at"]),
-        dequeued_at=stamp(row["dispatched_at"]),
-        started_at=stamp(row["started_at"]),
-        finished_at=stamp(row["finished_at"]),
-        last_checked_at=stamp(row["heartbeat_at"]),
-        last_heartbeat_at=stamp(row["heartbeat_at"]),
-        should_start_at=stamp(row["scheduled_at"]),
+        created_at=stamp(row.queued_at),
+        updated_at=stamp(row.finished_at or row.started_at or row.dispatched_at or row.queued_at),
+        dequeued_at=stamp(row.dispatched_at),
+        started_at=stamp(row.started_at),
+        finished_at=stamp(row.finished_at),
+        last_checked_at=stamp(row.heartbeat_at),
+        last_heartbeat_at=stamp(row.heartbeat_at),
+        should_start_at=stamp(row.scheduled_at),
         in_progress=not terminal,
         is_complete=terminal,
         is_success=status == RunStatus.SUCCESS,
@@ -600,10 +602,10 @@ def run(
         duration_humanized=human_seconds(total),
         queued_duration_humanized=human_seconds(queued),
         run_duration_humanized=human_seconds(ran),
-        created_at_humanized=human_seconds(_between(row["queued_at"], None)),
-        finished_at_humanized=human_seconds(_between(row["finished_at"], None)),
-        retrying_run_id=row["parent_run_id"],
-        waiting_reason=row["waiting_reason"],
+        created_at_humanized=human_seconds(_between(row.queued_at, None)),
+        finished_at_humanized=human_seconds(_between(row.finished_at, None)),
+        retrying_run_id=row.parent_run_id,
+        waiting_reason=row.waiting_reason,
         trigger=trigger_of,
         job=job_of,
         environment=environment_of,

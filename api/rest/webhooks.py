@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, success
 from api.rest.shapes import stamp
-from api.store import Row
+from api.webhooks import rows
 from api.webhooks.subscriptions import Subscriptions, subscription_spec
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -80,19 +80,19 @@ def _spec(body: SubscriptionBody) -> Any:
     )
 
 
-def _view(row: Row, secret: str | None = None) -> Subscription:
+def _view(row: rows.Subscription, secret: str | None = None) -> Subscription:
     return Subscription(
-        id=row["id"],
-        account_id=row["account_id"],
-        name=row["name"],
-        description=row["description"],
-        client_url=row["client_url"],
-        event_types=list(row["event_types"]),
-        job_ids=[str(j) for j in row["job_ids"]],
-        active=row["active"],
+        id=row.id,
+        account_id=row.account_id,
+        name=row.name,
+        description=row.description,
+        client_url=row.client_url,
+        event_types=list(row.event_types),
+        job_ids=[str(j) for j in row.job_ids],
+        active=row.active,
         hmac_secret=secret,
-        created_at=stamp(row["created_at"]),
-        updated_at=stamp(row["updated_at"]),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )
 
 
@@ -135,15 +135,15 @@ async def deliveries(request: Request, account_id: Account, webhook_id: WebhookP
         status=success(),
         data=[
             Delivery(
-                event_id=r["event_id"],
-                event_type=r["event_type"],
-                run_id=r["run_id"],
-                created_at=stamp(r["created_at"]),
-                attempts=r["attempts"],
-                delivered_at=stamp(r["delivered_at"]),
-                abandoned_at=stamp(r["abandoned_at"]),
-                next_attempt_at=stamp(r["next_attempt_at"]),
-                attempt_log=[Attempt(**a) for a in r["attempt_log"]],
+                event_id=r.event_id,
+                event_type=r.event_type,
+                run_id=r.run_id,
+                created_at=stamp(r.created_at),
+                attempts=r.attempts,
+                delivered_at=stamp(r.delivered_at),
+                abandoned_at=stamp(r.abandoned_at),
+                next_attempt_at=stamp(r.next_attempt_at),
+                attempt_log=[Attempt(**a) for a in r.attempt_log],
             )
             for r in rows
         ],

@@ -51,7 +51,7 @@ async def docs(request: Request, who: Looking, job_id: int, name: str = "index.h
         for wanted in {name} | (set(INLINE) if name == "index.html" else set()):
             row = await store.get_artifact(conn, run_id, f"target/{wanted}", None)
             if row is not None:
-                files[wanted] = bytes(row["content"])
+                files[wanted] = bytes(row.content)
     if name not in files:
         raise NotFound(f"run {run_id} kept no {name}")
     content = files[name]

@@ -21,7 +21,8 @@ from starlette.datastructures import FormData
 from api.job_definitions import create_job, update_job
 from api.lookup import existing_job
 from api.project_definitions import create_environment, create_project, update_environment, update_project
-from api.store import Row, Store
+from api.rows import CompletionTrigger, Environment, Job, Project
+from api.store import Store
 from api.validation import MAX_COMPLETION_TRIGGERS, checked_idempotency_key, job_spec
 from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
 from api.web.layout import page, see_other, store_of
@@ -111,42 +112,43 @@ async def _refused(
 # -- jobs -----------------------------------------------------------------------------------------
 
 
-def _job_values(job: Row | None, completion: list[Row]) -> dict[str, str]:
+def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[str, str]:
     if job is None:
         return {
             "job_type": "deploy", "timezone": "UTC", "create_key": uuid.uuid4().hex, "upstream_success": "on",
             "completion_mode": "any",
         }  # fmt: skip
-    flags = (
-        "on_pull_request", "on_merge", "generate_docs", "run_source_freshness", "run_only_modified",
-        "retry_on_step_failure",
-    )  # fmt: skip
+    flags = {
+        "on_pull_request": job.on_pull_request, "on_merge": job.on_merge, "generate_docs": job.generate_docs,
+        "run_source_freshness": job.run_source_freshness, "run_only_modified": job.run_only_modified,
+        "retry_on_step_failure": job.retry_on_step_failure,
+    }  # fmt: skip
     upstream = {f"upstream_success{_row(len(completion))}": "on"}  # the row to add one, success ticked
     for i, trigger in enumerate(completion):
-        upstream[f"upstream_job_id{_row(i)}"] = str(trigger["upstream_job_id"])
-        upstream |= {f"upstream_{RunStatus(s).name.lower()}{_row(i)}": "on" for s in trigger["statuses"]}
+        upstream[f"upstream_job_id{_row(i)}"] = str(trigger.upstream_job_id)
+        upstream |= {f"upstream_{RunStatus(s).name.lower()}{_row(i)}": "on" for s in trigger.statuses}
     return {
         **upstream,
-        "defer_to_environment_id": str(job["defer_to_environment_id"] or ""),
-        "name": job["name"],
-        "job_type": job["job_type"],
-        "environment_id": str(job["environment_id"] or ""),
-        "steps": "\n".join(job["steps"]),
-        "cron": job["cron"] or "",
-        "timezone": job["timezone"] or "UTC",
-        "threads": str(job["threads"] or ""),
-        "timeout_seconds": str(job["timeout_seconds"] or ""),
-        "target_name": job["target_name"],
-        "schema": job["schema_name"],
-        "git_branch": job["git_branch"],
-        "defer_to_job_id": str(job["defer_to_job_id"] or ""),
-        "retry_max_attempts": str(job["retry_max_attempts"] or ""),
-        "priority": str(job["priority"] or ""),
-        "missed_run_grace_seconds": str(job["missed_run_grace_seconds"]),
-        "completion_mode": job["completion_mode"],
-        "environment": "\n".join(f"{k}={v}" for k, v in sorted(job["environment"].items())),
-        "version": str(job["version"]),
-        **{k: "on" for k in flags if job[k]},
+        "defer_to_environment_id": str(job.defer_to_environment_id or ""),
+        "name": job.name,
+        "job_type": job.job_type,
+        "environment_id": str(job.environment_id or ""),
+        "steps": "\n".join(job.steps),
+        "cron": job.cron or "",
+        "timezone": job.timezone or "UTC",
+        "threads": str(job.threads or ""),
+        "timeout_seconds": str(job.timeout_seconds or ""),
+        "target_name": job.target_name,
+        "schema": job.schema_name,
+        "git_branch": job.git_branch,
+        "defer_to_job_id": str(job.defer_to_job_id or ""),
+        "retry_max_attempts": str(job.retry_max_attempts or ""),
+        "priority": str(job.priority or ""),
+        "missed_run_grace_seconds": str(job.missed_run_grace_seconds),
+        "completion_mode": job.completion_mode,
+        "environment": "\n".join(f"{k}={v}" for k, v in sorted(job.environment.items())),
+        "version": str(job.version),
+        **{name: "on" for name, ticked in flags.items() if ticked},
     }
 
 
@@ -178,15 +180,15 @@ def _at_its_row(exc: InvalidArgument, form: FormData) -> InvalidArgument:
     return InvalidArgument(f"upstream_job_id{_row(row)}", str(exc).removeprefix(f"{exc.field}: "))
 
 
-def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -> jobs_pb2.Job:
+def _job_definition(form: FormData, stored: Job | None, completion: list[CompletionTrigger]) -> jobs_pb2.Job:
     """The job the form describes; what it does not show is kept from ``stored`` (None: a new job)."""
     job = jobs_pb2.Job()
     s, t = job.settings, job.triggers
     # A page loaded before the form had these fields posts none of them: the stored values stay.
     if stored is not None and not {"priority", "missed_run_grace_seconds", "completion_mode"} & set(form):
-        s.missed_run_grace_seconds = stored["missed_run_grace_seconds"]
-        s.priority = stored["priority"]
-        t.completion_mode = COMPLETION_MODES[stored["completion_mode"]]
+        s.missed_run_grace_seconds = stored.missed_run_grace_seconds
+        s.priority = stored.priority
+        t.completion_mode = COMPLETION_MODES[stored.completion_mode]
     else:
         grace = number(_text(form, "missed_run_grace_seconds"), "missed_run_grace_seconds")
         s.missed_run_grace_seconds = -1 if grace is None else grace  # empty: the default, as the API's -1
@@ -195,7 +197,9 @@ def _job_definition(form: FormData, stored: Row | None, completion: list[Row]) -
             t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES)
     if stored is not None and "upstream_job_id" not in form:  # a page from before the rows: kept as stored
         t.on_completion.extend(
-            jobs_pb2.CompletionTrigger(upstream_job_id=c["upstream_job_id"], statuses=list(c["statuses"]))
+            jobs_pb2.CompletionTrigger(
+                upstream_job_id=c.upstream_job_id, statuses=[common_pb2.RunStatus.ValueType(s) for s in c.statuses]
+            )
             for c in completion
         )
     for i in _upstream_rows(form):
@@ -237,21 +241,21 @@ async def _job_choices(store: Store, account_id: AccountId, job_id: int | None =
         environments = await store.list_environments(conn, account_id, None)
         jobs = await store.job_names(conn, account_id)
     return {
-        "environment_options": [("", "none: plain commands")] + [(str(e["id"]), e["name"]) for e in environments],
-        "defer_environment_options": [("", "no environment")] + [(str(e["id"]), e["name"]) for e in environments],
-        "defer_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
-        "upstream_options": [("", "no job")] + [(str(j["id"]), j["name"]) for j in jobs if j["id"] != job_id],
+        "environment_options": [("", "none: plain commands")] + [(str(e.id), e.name) for e in environments],
+        "defer_environment_options": [("", "no environment")] + [(str(e.id), e.name) for e in environments],
+        "defer_options": [("", "no job")] + [(str(j.id), j.name) for j in jobs if j.id != job_id],
+        "upstream_options": [("", "no job")] + [(str(j.id), j.name) for j in jobs if j.id != job_id],
         "upstream_statuses": [s.name.lower() for s in UPSTREAM_STATUSES],
         "upstream_rows": MAX_COMPLETION_TRIGGERS,
     }
 
 
-async def _stored_job(store: Store, account_id: AccountId, job_id: int) -> tuple[Row, list[Row]]:
+async def _stored_job(store: Store, account_id: AccountId, job_id: int) -> tuple[Job, list[CompletionTrigger]]:
     """The job as stored, with its completion triggers."""
     async with store.connection() as conn:
         row = await existing_job(store, conn, account_id, job_id)
-        triggers = await store.completion_triggers(conn, [row["id"]])
-    return row, triggers[row["id"]]
+        triggers = await store.completion_triggers(conn, [row.id])
+    return row, triggers[row.id]
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
@@ -282,7 +286,7 @@ async def create_job_form(request: Request, who: Changing) -> Response:
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id)
         return await _refused(request, who, "job_form.html", _at_its_row(exc, form), JOB_FIELDS, job=None, **choices)
-    return see_other(f"/ui/jobs/{row['id']}")
+    return see_other(f"/ui/jobs/{row.id}")
 
 
 @router.get("/jobs/{job_id}/edit", response_class=HTMLResponse)
@@ -328,13 +332,13 @@ async def projects(request: Request, who: Looking) -> HTMLResponse:
     async with store.connection() as conn:
         rows = await store.list_projects(conn, who.account_id)
         environments = await store.list_environments(conn, who.account_id, None)
-    by_project: dict[int, list[Row]] = {r["id"]: [] for r in rows}
+    by_project: dict[int, list[Environment]] = {r.id: [] for r in rows}
     for environment in environments:
-        by_project.setdefault(environment["project_id"], []).append(environment)
-    return await page(request, "projects.html", who, projects=[(r, by_project[r["id"]]) for r in rows])
+        by_project.setdefault(environment.project_id, []).append(environment)
+    return await page(request, "projects.html", who, projects=[(r, by_project[r.id]) for r in rows])
 
 
-async def _project(store: Store, account_id: AccountId, project_id: int) -> Row:
+async def _project(store: Store, account_id: AccountId, project_id: int) -> Project:
     async with store.connection() as conn:
         row = await store.get_project(conn, account_id, project_id)
     if row is None:
@@ -342,10 +346,15 @@ async def _project(store: Store, account_id: AccountId, project_id: int) -> Row:
     return row
 
 
-def _project_values(row: Row | None) -> dict[str, str]:
+def _project_values(row: Project | None) -> dict[str, str]:
     if row is None:
         return {"git_credential_kind": "none"}
-    return {k: str(row[k]) for k in ("name", "repository_url", "subdirectory", "git_credential_kind")}
+    return {
+        "name": row.name,
+        "repository_url": row.repository_url,
+        "subdirectory": row.subdirectory,
+        "git_credential_kind": row.git_credential_kind,
+    }
 
 
 def _project_request(form: FormData) -> dict[str, Any]:
@@ -373,7 +382,7 @@ async def create_project_form(request: Request, who: Changing) -> Response:
         row = await create_project(store_of(request), lambda: _box(request), who.account_id, message)
     except InvalidArgument as exc:
         return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=None)
-    return see_other(f"/ui/projects#project-{row['id']}")
+    return see_other(f"/ui/projects#project-{row.id}")
 
 
 @router.get("/projects/{project_id}/edit", response_class=HTMLResponse)
@@ -395,20 +404,20 @@ async def update_project_form(request: Request, who: Changing, project_id: int) 
     return see_other(f"/ui/projects#project-{project_id}")
 
 
-def _environment_values(row: Row | None) -> dict[str, str]:
+def _environment_values(row: Environment | None) -> dict[str, str]:
     if row is None:
         return {"environment_type": "deployment", "target_name": "default", "threads": "4", "conn_port": "5432"}
     values = {
-        "name": row["name"],
-        "environment_type": row["environment_type"],
-        "dbt_version": row["dbt_version"],
-        "git_branch": row["git_branch"],
-        "target_name": row["target_name"],
-        "schema": row["schema_name"],
-        "threads": str(row["threads"]),
-        "variables": "\n".join(f"{k}={v}" for k, v in sorted(row["variables"].items())),
+        "name": row.name,
+        "environment_type": row.environment_type,
+        "dbt_version": row.dbt_version,
+        "git_branch": row.git_branch,
+        "target_name": row.target_name,
+        "schema": row.schema_name,
+        "threads": str(row.threads),
+        "variables": "\n".join(f"{k}={v}" for k, v in sorted(row.variables.items())),
     }
-    values.update({f"conn_{k}": str(v) for k, v in row["connection"].items()})
+    values.update({f"conn_{k}": str(v) for k, v in row.connection.items()})
     return values
 
 
@@ -431,7 +440,7 @@ def _environment_request(form: FormData) -> dict[str, Any]:
     }
 
 
-async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Row:
+async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Environment:
     async with store.connection() as conn:
         row = await store.get_environment(conn, account_id, environment_id)
     if row is None:
@@ -439,13 +448,15 @@ async def _environment(store: Store, account_id: AccountId, environment_id: int)
     return row
 
 
-async def _environment_context(store: Store, who: Viewer, project: Row, environment: Row | None) -> dict[str, Any]:
+async def _environment_context(
+    store: Store, who: Viewer, project: Project, environment: Environment | None
+) -> dict[str, Any]:
     async with store.connection() as conn:
         environments = await store.list_environments(conn, who.account_id, None)
     return {
         "project": project,
         "environment": environment,
-        "dbt_versions": sorted({str(e["dbt_version"]) for e in environments}),  # offered as suggestions
+        "dbt_versions": sorted({str(e.dbt_version) for e in environments}),  # offered as suggestions
         "sslmode_options": [("", "default")] + [(m, m) for m in sorted(adapter_fields(ADAPTER).choices["sslmode"])],
     }
 
@@ -476,7 +487,7 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
 async def edit_environment(request: Request, who: Looking, environment_id: int) -> HTMLResponse:
     store = store_of(request)
     environment = await _environment(store, who.account_id, environment_id)
-    project = await _project(store, who.account_id, environment["project_id"])
+    project = await _project(store, who.account_id, environment.project_id)
     context = await _environment_context(store, who, project, environment)
     values = _environment_values(environment)
     return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
@@ -487,7 +498,7 @@ async def update_environment_form(request: Request, who: Changing, environment_i
     form = await request.form()
     store = store_of(request)
     environment = await _environment(store, who.account_id, environment_id)
-    project = await _project(store, who.account_id, environment["project_id"])
+    project = await _project(store, who.account_id, environment.project_id)
     try:
         message = projects_pb2.UpdateEnvironmentRequest(
             environment_id=environment_id,
@@ -498,4 +509,4 @@ async def update_environment_form(request: Request, who: Changing, environment_i
     except InvalidArgument as exc:
         context = await _environment_context(store, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
-    return see_other(f"/ui/projects#project-{project['id']}")
+    return see_other(f"/ui/projects#project-{project.id}")

@@ -32,7 +32,7 @@ async def page(request: Request, name: str, who: Viewer | None, **context: Any) 
         store = store_of(request)
         async with store.connection() as conn:
             account = await store.get_account(conn, who.account_id)
-        account_name = str(account["name"]) if account else ""
+        account_name = str(account.name) if account else ""
     zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
     return templates.TemplateResponse(
         request,

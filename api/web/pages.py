@@ -235,7 +235,7 @@ async def runs(
     older = None
     if more:
         last = rows[-1]
-        older = "/ui/runs?" + urlencode({**query, "after": str(last["id"])})
+        older = "/ui/runs?" + urlencode({**query, "after": str(last.id)})
     now = datetime.now(UTC)
     return await page(
         request,
@@ -257,19 +257,17 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
     store = store_of(request)
     async with store.connection() as conn:
         row = await existing_run(store, conn, who.account_id, run_id)
-        steps = (await store.run_steps(conn, [row["id"]]))[row["id"]]
-        artifacts = await store.list_artifacts(conn, RunId(row["id"]))
-        job = await store.get_job(conn, who.account_id, row["job_id"])
+        steps = (await store.run_steps(conn, [row.id]))[row.id]
+        artifacts = await store.list_artifacts(conn, RunId(row.id))
+        job = await store.get_job(conn, who.account_id, row.job_id)
         models = {}
         for a in artifacts:
-            if a["path"] == RUN_RESULTS and a["size_bytes"] <= MAX_SHOWN_BYTES:
-                results = await store.get_artifact(conn, RunId(row["id"]), RUN_RESULTS, a["step_index"])
+            if a.path == RUN_RESULTS and a.size_bytes <= MAX_SHOWN_BYTES:
+                results = await store.get_artifact(conn, RunId(row.id), RUN_RESULTS, a.step_index)
                 if results is not None:
-                    models[a["step_index"]] = views.model_results(bytes(results["content"]))
+                    models[a.step_index] = views.model_results(bytes(results.content))
     now = datetime.now(UTC)
-    step_views = [
-        (s, views.seconds(s["finished_at"] or (now if s["started_at"] else None), s["started_at"])) for s in steps
-    ]
+    step_views = [(s, views.seconds(s.finished_at or (now if s.started_at else None), s.started_at)) for s in steps]
     return await page(
         request,
         "run.html",
@@ -281,10 +279,10 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps=step_views,
         artifacts=artifacts,
         models=models,
-        commands={s["step_index"]: s["command"] for s in steps},
+        commands={s.step_index: s.command for s in steps},
         viewable=lambda path: path.rsplit(".", 1)[-1] in VIEWABLE,
-        terminal=RunStatus(row["status"]).is_terminal,
-        failed=row["status"] == RunStatus.ERROR,
+        terminal=RunStatus(row.status).is_terminal,
+        failed=row.status == RunStatus.ERROR,
         quote=quote,
     )
 
@@ -303,7 +301,7 @@ async def run_logs(request: Request, who: Looking, run_id: int) -> StreamingResp
     sessions, session_id = sessions_of(request), request.cookies.get(COOKIE, "")
     after_seq = _last_event_id(request)
     async with store.connection() as conn:
-        run_id = RunId((await existing_run(store, conn, who.account_id, run_id))["id"])
+        run_id = (await existing_run(store, conn, who.account_id, run_id)).id
 
     async def events() -> AsyncIterator[str]:
         seq, quiet_since, shown, checked = after_seq, time.monotonic(), None, time.monotonic()
@@ -321,8 +319,8 @@ async def run_logs(request: Request, who: Looking, run_id: int) -> StreamingResp
                 yield _event("status", {"status": status.name.lower()})
                 shown = status
             for chunk in chunks:
-                seq = chunk["seq"]
-                yield _event("log", {"seq": seq, "step": chunk["step_index"], "text": chunk["text"]}, seq)
+                seq = chunk.seq
+                yield _event("log", {"seq": seq, "step": chunk.step_index, "text": chunk.text}, seq)
             if len(chunks) == LOG_BATCH:
                 continue
             if status.is_terminal:
@@ -364,7 +362,7 @@ async def artifact(
     async with store.connection() as conn:
         row = await run_artifact(store, conn, who.account_id, run_id, path, step_index=step - 1)
     name = path.rsplit("/", 1)[-1]
-    content = bytes(row["content"])
+    content = bytes(row.content)
     if view and name.rsplit(".", 1)[-1] in VIEWABLE:
         shown = views.readable_text(content, MAX_SHOWN_BYTES, pretty=name.endswith(".json"))
         return await page(
@@ -372,7 +370,7 @@ async def artifact(
             download=f"/ui/runs/{run_id}/artifacts/{step}/{quote(path)}",
         )  # fmt: skip
     return Response(
-        bytes(row["content"]),
+        bytes(row.content),
         media_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
         headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}"},
     )
@@ -381,7 +379,7 @@ async def artifact(
 @router.post("/runs/{run_id}/cancel")
 async def cancel(request: Request, who: Changing, run_id: int) -> RedirectResponse:
     row = await cancel_run(store_of(request), who.account_id, run_id)
-    return see_other(f"/ui/runs/{row['id']}")
+    return see_other(f"/ui/runs/{row.id}")
 
 
 @router.post("/runs/{run_id}/rerun")
@@ -390,16 +388,16 @@ async def rerun(request: Request, who: Changing, run_id: int) -> RedirectRespons
     store = store_of(request)
     async with store.connection() as conn:
         source = await existing_run(store, conn, who.account_id, run_id)
-    spec = rerun_spec(source["job_id"], source, Trigger.MANUAL)
-    row, _ = await trigger_run(store, request.app.state.pickups, who.account_id, spec, parent_run_id=source["id"])
-    return see_other(f"/ui/runs/{row['id']}")
+    spec = rerun_spec(source.job_id, source, Trigger.MANUAL)
+    row, _ = await trigger_run(store, request.app.state.pickups, who.account_id, spec, parent_run_id=source.id)
+    return see_other(f"/ui/runs/{row.id}")
 
 
 @router.post("/runs/{run_id}/rerun-from-failure")
 async def rerun_failed(request: Request, who: Changing, run_id: int) -> RedirectResponse:
     """dbt Cloud's "Rerun from failure": the failed step and the ones after it (``api.rerunning``)."""
     row = await rerun_from_failure(store_of(request), request.app.state.pickups, who.account_id, run_id)
-    return see_other(f"/ui/runs/{row['id']}")
+    return see_other(f"/ui/runs/{row.id}")
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -411,14 +409,14 @@ async def jobs(request: Request, who: Looking, after: Annotated[int | None, Quer
     async with store.connection() as conn:
         rows = await store.list_jobs(conn, who.account_id, after_id=after, limit=PAGE_SIZE + 1)
         more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
-        latest = {r["id"]: await store.latest_run_of_job(conn, who.account_id, r["id"]) for r in rows}
+        latest = {r.id: await store.latest_run_of_job(conn, who.account_id, r.id) for r in rows}
     now = time.time()
     return await page(
         request,
         "jobs.html",
         who,
-        jobs=[(r, views.schedule(r["cron"], r["timezone"], now, count=1), latest[r["id"]]) for r in rows],
-        more=f"/ui/jobs?after={rows[-1]['id']}" if more else None,
+        jobs=[(r, views.schedule(r.cron, r.timezone, now, count=1), latest[r.id]) for r in rows],
+        more=f"/ui/jobs?after={rows[-1].id}" if more else None,
     )
 
 
@@ -447,7 +445,7 @@ async def _job_page(
         "job.html",
         who,
         job=row,
-        schedule=views.schedule(row["cron"], row["timezone"], time.time()),
+        schedule=views.schedule(row.cron, row.timezone, time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,
         values=values,
@@ -512,7 +510,7 @@ async def run_now(
         answer = await _job_page(request, who, job_id, values, FormErrors.of(exc, RUN_NOW_FIELDS))
         answer.status_code = 400
         return answer
-    return see_other(f"/ui/runs/{row['id']}")
+    return see_other(f"/ui/runs/{row.id}")
 
 
 @router.post("/jobs/{job_id}/pause")
@@ -561,11 +559,15 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
     async with store.connection() as conn:
         split = await store.on_time_split(conn, who.account_id, since)
         waiting = await store.waiting_now(conn, who.account_id)
-    started = int(split["started"])
-    shares = {
-        name: (int(split[name]), 100.0 * int(split[name]) / started if started else 0.0)
-        for name in ("within_25s", "within_60s", "late", "late_own", "late_platform")
+    started = int(split.started)
+    counts = {
+        "within_25s": split.within_25s,
+        "within_60s": split.within_60s,
+        "late": split.late,
+        "late_own": split.late_own,
+        "late_platform": split.late_platform,
     }
+    shares = {name: (count, 100.0 * count / started if started else 0.0) for name, count in counts.items()}
     return await page(
         request,
         "on_time.html",
@@ -576,7 +578,7 @@ async def on_time(request: Request, who: Looking, window: str = "24h") -> HTMLRe
         started=started,
         shares=shares,
         on_time_ratio=(shares["within_25s"][0] + shares["within_60s"][0]) / started if started else None,
-        waiting=[(w, views.WAITING_WORDS.get(w["waiting_reason"], w["waiting_reason"])) for w in waiting],
+        waiting=[(w, views.reason_words(w.waiting_reason)) for w in waiting],
         runs_of=lambda **asked: "/ui/runs?" + urlencode(asked),
         since=since.isoformat(),
         delay_words=views.DELAY_WORDS,

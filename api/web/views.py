@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
-from typing import Any
 from zoneinfo import ZoneInfoNotFoundError
 
 from cron_descriptor import Options, get_description
@@ -14,6 +13,7 @@ from jinja2 import pass_context
 from jinja2.runtime import Context
 from markupsafe import Markup
 
+from api.rows import Run, RunListing, RunStep
 from runplane.basics import cron
 from runplane.basics.types import RunStatus, WaitingReason
 
@@ -91,11 +91,11 @@ def when(context: Context, value: datetime | None) -> Markup:
     )
 
 
-def step_status(step: dict[str, Any], run_terminal: bool) -> str:
+def step_status(step: RunStep, run_terminal: bool) -> str:
     """A step's status by name; one that never started in a finished run was skipped."""
-    if step["skipped"] or (run_terminal and step["started_at"] is None):
+    if step.skipped or (run_terminal and step.started_at is None):
         return "skipped"
-    return status_name(step["status"])
+    return status_name(step.status)
 
 
 @dataclass(frozen=True)
@@ -109,28 +109,29 @@ class RunTimes:
     duration: float | None
 
     @classmethod
-    def of(cls, row: dict[str, Any], now: datetime) -> RunTimes:
-        started, finished = row["started_at"], row["finished_at"]
+    def of(cls, row: Run | RunListing, now: datetime) -> RunTimes:
+        started, finished = row.started_at, row.finished_at
         return cls(
-            trigger_lag=seconds(row["queued_at"], row["scheduled_at"]),
-            wait=seconds(
-                row["dispatched_at"] or (now if row["status"] == RunStatus.QUEUED else None), row["queued_at"]
-            ),
-            prep=seconds(started, row["dispatched_at"]),
-            run_delay=seconds(started, row["scheduled_at"]),
-            duration=seconds(
-                finished or (now if started and not RunStatus(row["status"]).is_terminal else None), started
-            ),
+            trigger_lag=seconds(row.queued_at, row.scheduled_at),
+            wait=seconds(row.dispatched_at or (now if row.status == RunStatus.QUEUED else None), row.queued_at),
+            prep=seconds(started, row.dispatched_at),
+            run_delay=seconds(started, row.scheduled_at),
+            duration=seconds(finished or (now if started and not RunStatus(row.status).is_terminal else None), started),
         )
 
 
-def waiting_words(row: dict[str, Any]) -> str:
-    if row["status"] != RunStatus.QUEUED:
+def waiting_words(row: Run | RunListing) -> str:
+    if row.status != RunStatus.QUEUED:
         return ""
+    return reason_words(row.waiting_reason)
+
+
+def reason_words(waiting_reason: str) -> str:
+    """Why a queued run waits, in words; a reason this version does not know, as it is stored."""
     try:
-        return WAITING_WORDS[WaitingReason(row["waiting_reason"])]
+        return WAITING_WORDS[WaitingReason(waiting_reason)]
     except ValueError:
-        return str(row["waiting_reason"])
+        return waiting_reason
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Schedule:
     next_fires: list[tuple[str, str]]  # (in the job's zone, in UTC)
 
 
-def schedule(expr: str, timezone: str, now: float, count: int = 5) -> Schedule | None:
+def schedule(expr: str | None, timezone: str, now: float, count: int = 5) -> Schedule | None:
     """The job's cron in words and its next ``count`` fire times, from runplane's own cron maths."""
     if not expr:
         return None
@@ -231,9 +232,9 @@ def readable_text(content: bytes, limit: int, *, pretty: bool) -> str:
 CHART_WIDTH, CHART_HEIGHT, CHART_BAR_GAP = 600, 120, 2
 
 
-def duration_chart(runs: list[dict[str, Any]]) -> Markup:
+def duration_chart(runs: list[RunListing]) -> Markup:
     """An SVG bar chart of the runs' durations, oldest left, each bar a link to its run."""
-    timed = [(r, seconds(r["finished_at"], r["started_at"])) for r in reversed(runs)]
+    timed = [(r, seconds(r.finished_at, r.started_at)) for r in reversed(runs)]
     bars = [(r, took) for r, took in timed if took is not None]
     if not bars:
         return Markup("")
@@ -249,13 +250,13 @@ def duration_chart(runs: list[dict[str, Any]]) -> Markup:
     ]
     for i, (run, took) in enumerate(bars):
         height = max(1.0, CHART_HEIGHT * took / longest)
-        name = status_name(run["status"])
+        name = status_name(run.status)
         parts.append(
             Markup(
                 '<a href="/ui/runs/{id}"><rect class="bar-{name}" x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" '
                 'height="{bh:.1f}"><title>run #{id}: {name}, {took}</title></rect></a>'
             ).format(
-                id=run["id"],
+                id=run.id,
                 name=name,
                 x=i * width,
                 y=CHART_HEIGHT - height,

@@ -29,9 +29,11 @@ from urllib.parse import urlsplit
 
 from api.pickup_publisher import PickupPublisher
 from api.pull_requests import close_pull_request
-from api.store import Row, Store
+from api.store import Store
 from api.triggering import trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec, checked_overrides, text
+from api.webhooks.rows import GitWebhook, RepositoryJob
+from runplane.adapters.db import fetch_all, fetch_one
 from runplane.basics.errors import InvalidArgument, NotFound, Unauthenticated
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId, JobId, Trigger
@@ -97,7 +99,7 @@ class GitHooks:
 
     async def register(
         self, account_id: AccountId, provider: str, repository: str, job_ids: list[int]
-    ) -> tuple[Row, str]:
+    ) -> tuple[GitWebhook, str]:
         """A hook for ``repository`` (or the same one with a new secret), and its secret in clear, once."""
         if provider not in PROVIDERS:
             raise InvalidArgument("provider", "must be github or gitlab")
@@ -112,7 +114,8 @@ class GitHooks:
             for job_id in job_ids:
                 if job_id not in live:
                     raise InvalidArgument("job_ids", f"job {job_id} not found")
-            cur = await conn.execute(
+            row = await fetch_one(
+                conn,
                 Q["insert_git_webhook"],
                 {
                     "account_id": account_id,
@@ -121,15 +124,15 @@ class GitHooks:
                     "secret": self._box.encrypt(secret),
                     "job_ids": sorted(set(job_ids)),
                 },
+                GitWebhook,
             )
-            row = await cur.fetchone()
         assert row is not None
         return row, secret
 
     async def receive(self, provider: str, hook_id: int, headers: dict[str, str], body: bytes) -> list[int]:
         """Check the request, then queue the runs the event asks for; the new (or replayed) run ids."""
         hook = await self._hook(provider, hook_id)
-        secret = self._box.decrypt(hook["secret"]) if self._box else ""
+        secret = self._box.decrypt(hook.secret) if self._box else ""
         if not secret or not _authentic(provider, secret, headers, body):
             raise Unauthenticated("the webhook's signature or token does not match")
         try:
@@ -138,11 +141,11 @@ class GitHooks:
             event = parse(headers.get("x-github-event" if provider == "github" else "x-gitlab-event", ""), payload)
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidArgument("body", f"not a {provider} pull/merge request event: {exc}") from None
-        if not event.kind or event.repository.lower() != hook["repository"].lower():
-            log.info("git event ignored", extra={"account_id": hook["account_id"], "action": event.action})
+        if not event.kind or event.repository.lower() != hook.repository.lower():
+            log.info("git event ignored", extra={"account_id": hook.account_id, "action": event.action})
             return []
-        account_id = AccountId(hook["account_id"])
-        run_ids = []
+        account_id = AccountId(hook.account_id)
+        run_ids: list[int] = []
         if event.kind in ("close", "merge"):  # merged is closed too: the pull request's schemas go
             ci_jobs = await self._jobs_of_repository("ci_jobs_for_closed_pull_request", account_id, hook, event)
             if ci_jobs:  # none of this repository: nothing of another's is dropped
@@ -156,7 +159,7 @@ class GitHooks:
                     why=why,
                     require_jobs=False,
                 )
-                run_ids += [int(row["id"]) for row in drops]
+                run_ids += [row.id for row in drops]
             if event.kind == "close":
                 return run_ids
         job_ids = await self._jobs_of_repository("jobs_for_git_event", account_id, hook, event)
@@ -174,34 +177,29 @@ class GitHooks:
                 JobId(job_id),
                 Trigger.CI if event.kind == "ci" else Trigger.MERGE,
                 f"{provider} {REQUEST_NAMES[provider]} #{event.number} {event.action}",
-                f"git:{hook['id']}:{event.number}:{event.sha}:{job_id}",
+                f"git:{hook.id}:{event.number}:{event.sha}:{job_id}",
                 overrides,
                 same_request_on_retry=False,
             )
             row, _ = await trigger_run(self._store, self._pickups, account_id, spec)
-            run_ids.append(int(row["id"]))
+            run_ids.append(row.id)
         return run_ids
 
-    async def _jobs_of_repository(self, query: str, account_id: AccountId, hook: Row, event: GitEvent) -> list[int]:
+    async def _jobs_of_repository(
+        self, query: str, account_id: AccountId, hook: GitWebhook, event: GitEvent
+    ) -> list[int]:
         """The hook's jobs that ``query`` finds whose project is the event's repository, and its jobs of
         plain commands (they have no project)."""
         async with self._store.connection() as conn:
-            cur = await conn.execute(
-                Q[query], {"account_id": account_id, "kind": event.kind, "job_ids": hook["job_ids"]}
-            )
-            rows: list[Row] = await cur.fetchall()
-        return [
-            int(r["id"])
-            for r in rows
-            if r["repository_url"] is None or is_repository(str(r["repository_url"]), event.repository)
-        ]
+            params = {"account_id": account_id, "kind": event.kind, "job_ids": hook.job_ids}
+            rows = await fetch_all(conn, Q[query], params, RepositoryJob)
+        return [r.id for r in rows if r.repository_url is None or is_repository(r.repository_url, event.repository)]
 
-    async def _hook(self, provider: str, hook_id: int) -> Row:
+    async def _hook(self, provider: str, hook_id: int) -> GitWebhook:
         if provider not in PROVIDERS:
             raise NotFound(f"no {provider[:20]} webhooks")
         async with self._store.connection() as conn:
-            cur = await conn.execute(Q["get_git_webhook"], {"id": hook_id, "provider": provider})
-            row: Row | None = await cur.fetchone()
+            row = await fetch_one(conn, Q["get_git_webhook"], {"id": hook_id, "provider": provider}, GitWebhook)
         if row is None:
             raise Unauthenticated("the webhook's signature or token does not match")  # unknown hooks look alike
         return row

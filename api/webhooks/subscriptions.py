@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from api.store import Row, Store
+from api.store import Store
 from api.validation import text
+from api.webhooks.rows import Delivery, Subscription
 from api.webhooks.targets import TargetPolicy
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all, fetch_one
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
@@ -64,13 +65,13 @@ class Subscriptions:
         self._box = box
         self._targets = targets
 
-    async def create(self, account_id: AccountId, spec: SubscriptionSpec) -> tuple[Row, str]:
+    async def create(self, account_id: AccountId, spec: SubscriptionSpec) -> tuple[Subscription, str]:
         """The new subscription and its HMAC secret (in clear, this once)."""
         self._targets.check_url(spec.client_url)
         secret = secrets.token_hex(32)
         async with self._store.transaction() as conn:
             await self._check_jobs(conn, account_id, spec)
-            row = await _one(
+            row = await _subscription(
                 conn,
                 "insert_subscription",
                 id="wsu_" + secrets.token_hex(12),
@@ -81,37 +82,37 @@ class Subscriptions:
         assert row is not None
         return row, secret
 
-    async def all(self, account_id: AccountId) -> list[Row]:
+    async def all(self, account_id: AccountId) -> list[Subscription]:
         async with self._store.connection() as conn:
-            cur = await conn.execute(Q["list_subscriptions"], {"account_id": account_id})
-            return await cur.fetchall()
+            return await fetch_all(conn, Q["list_subscriptions"], {"account_id": account_id}, Subscription)
 
-    async def get(self, account_id: AccountId, subscription_id: str) -> Row:
+    async def get(self, account_id: AccountId, subscription_id: str) -> Subscription:
         async with self._store.connection() as conn:
             return await self._existing(conn, account_id, subscription_id)
 
-    async def update(self, account_id: AccountId, subscription_id: str, spec: SubscriptionSpec) -> Row:
+    async def update(self, account_id: AccountId, subscription_id: str, spec: SubscriptionSpec) -> Subscription:
         self._targets.check_url(spec.client_url)
         async with self._store.transaction() as conn:
             await self._check_jobs(conn, account_id, spec)
-            row = await _one(conn, "update_subscription", id=subscription_id, account_id=account_id, **spec.__dict__)
+            row = await _subscription(
+                conn, "update_subscription", id=subscription_id, account_id=account_id, **spec.__dict__
+            )
         if row is None:
             raise NotFound(f"webhook {subscription_id[:40]} not found")
         return row
 
     async def delete(self, account_id: AccountId, subscription_id: str) -> None:
         async with self._store.transaction() as conn:
-            if await _one(conn, "delete_subscription", id=subscription_id, account_id=account_id) is None:
+            cur = await conn.execute(Q["delete_subscription"], {"id": subscription_id, "account_id": account_id})
+            if cur.rowcount == 0:
                 raise NotFound(f"webhook {subscription_id[:40]} not found")
 
-    async def deliveries(self, account_id: AccountId, subscription_id: str) -> list[Row]:
+    async def deliveries(self, account_id: AccountId, subscription_id: str) -> list[Delivery]:
         """The newest events of a subscription, each with every attempt made to deliver it."""
         async with self._store.connection() as conn:
             await self._existing(conn, account_id, subscription_id)
-            cur = await conn.execute(
-                Q["deliveries"], {"id": subscription_id, "account_id": account_id, "limit": DELIVERY_LOG_LIMIT}
-            )
-            return await cur.fetchall()
+            params = {"id": subscription_id, "account_id": account_id, "limit": DELIVERY_LOG_LIMIT}
+            return await fetch_all(conn, Q["deliveries"], params, Delivery)
 
     def _encrypting(self) -> SecretBox:
         if self._box is None:
@@ -120,8 +121,8 @@ class Subscriptions:
             )
         return self._box
 
-    async def _existing(self, conn: Connection, account_id: AccountId, subscription_id: str) -> Row:
-        row = await _one(conn, "get_subscription", id=subscription_id, account_id=account_id)
+    async def _existing(self, conn: Connection, account_id: AccountId, subscription_id: str) -> Subscription:
+        row = await _subscription(conn, "get_subscription", id=subscription_id, account_id=account_id)
         if row is None:
             raise NotFound(f"webhook {subscription_id[:40]} not found")
         return row
@@ -133,7 +134,5 @@ class Subscriptions:
                 raise InvalidArgument("job_ids", f"job {job_id} not found")
 
 
-async def _one(conn: Connection, query: str, **params: Any) -> Row | None:
-    cur = await conn.execute(Q[query], params)
-    row: Row | None = await cur.fetchone()
-    return row
+async def _subscription(conn: Connection, query: str, **params: Any) -> Subscription | None:
+    return await fetch_one(conn, Q[query], params, Subscription)

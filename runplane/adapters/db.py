@@ -129,10 +129,13 @@ def _row_factory(row: type[RowT]) -> BaseRowFactory[RowT]:
     return factory
 
 
-async def fetch_all(conn: Connection, query: str, params: Mapping[str, Any], row: type[RowT]) -> list[RowT]:
-    """Every row of ``query`` as a ``row`` (a dataclass whose fields are the query's columns)."""
+async def fetch_all(
+    conn: Connection, query: str, params: Mapping[str, Any], row: type[RowT], *, prepare: bool | None = None
+) -> list[RowT]:
+    """Every row of ``query`` as a ``row`` (a dataclass whose fields are the query's columns); ``prepare``
+    as psycopg's ``execute`` takes it (False: planned for these parameters each time)."""
     async with conn.cursor(row_factory=_row_factory(row)) as cur:
-        await cur.execute(query, params)
+        await cur.execute(query, params, prepare=prepare)
         return await cur.fetchall()
 
 
