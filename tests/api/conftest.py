@@ -18,7 +18,7 @@ from api.rest.server import RestServer
 from client.cli import channel
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc
-from tests.support.api import serving_api
+from tests.support.api import serving_api, wants_rest
 
 AsyncDb = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -41,11 +41,9 @@ def api_settings(settings: Settings) -> Settings:
 @pytest.fixture
 async def api(request: pytest.FixtureRequest, api_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
     """The API in this process: gRPC and the runner API, and REST only when the test reaches it through
-    ``rest_server`` (as ``rest``, ``other_rest`` and ``browser`` do): uvicorn's stop waits out polls of
-    0.1 s, a cost the gRPC tests need not pay. No test here waits for an outgoing webhook, so the
-    deliveries are not started."""
-    rest = "rest_server" in request.fixturenames
-    async with serving_api(api_settings, rest=rest, deliveries=False) as running:
+    ``rest_server`` (as ``rest``, ``other_rest`` and ``browser`` do). No test here waits for an
+    outgoing webhook, so the deliveries are not started."""
+    async with serving_api(api_settings, rest=wants_rest(request), deliveries=False) as running:
         yield running
 
 

@@ -19,12 +19,13 @@ from pydantic import SecretStr
 
 from api.admin import create_account
 from api.process import RunningApi
+from api.rest.server import RestServer
 from client.cli import channel
 from runner.service import run as run_runner
 from runplane.basics.secrets import generate_key
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
-from tests.support.api import serving_api
+from tests.support.api import serving_api, wants_rest
 from tests.support.records import make_starting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,9 +84,17 @@ class Client:
 
 
 @pytest.fixture
-async def api(dbt_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
-    async with serving_api(dbt_settings) as running:
+async def api(request: pytest.FixtureRequest, dbt_settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
+    """gRPC and the runner API; REST for the tests that ask for ``rest_server``. No test here waits
+    for an outgoing webhook, so the deliveries are not started."""
+    async with serving_api(dbt_settings, rest=wants_rest(request), deliveries=False) as running:
         yield running
+
+
+@pytest.fixture
+def rest_server(api: RunningApi) -> RestServer:
+    assert api.rest is not None, "the api fixture starts REST for the tests that ask for rest_server"
+    return api.rest
 
 
 @pytest.fixture

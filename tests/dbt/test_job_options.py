@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from api.admin import create_token
-from api.process import RunningApi
+from api.rest.server import RestServer
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
@@ -101,7 +101,7 @@ async def test_freshness_first_and_docs_last_and_their_failures_do_not_fail_the_
 
 
 async def test_generate_docs_override_over_grpc_and_rest(
-    client: Client, *, api: RunningApi, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+    client: Client, *, rest_server: RestServer, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
 ) -> None:
     env = await environment(client, database_url, str(make_repository(tmp_path / "jaffle")))
     plain = await dbt_job(client, env.id, ["dbt seed"])
@@ -111,9 +111,8 @@ async def test_generate_docs_override_over_grpc_and_rest(
 
     documented = await dbt_job(client, env.id, ["dbt seed"], generate_docs=True)
     token = await create_token(dbt_settings, account_id=client.account_id)
-    assert api.rest is not None
     async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{api.rest.port}", headers={"Authorization": f"Token {token}"}
+        base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {token}"}
     ) as http:
         triggered = await http.post(
             f"/api/v2/accounts/{client.account_id}/jobs/{documented.id}/run/", json={"generate_docs_override": False}

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from api.admin import create_token, update_account_settings
-from api.process import RunningApi
+from api.rest.server import RestServer
 from runner.service import run as run_runner
 from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings
@@ -135,7 +135,7 @@ async def test_a_new_commit_supersedes_the_running_ci_run_and_closing_drops_the_
 
 
 async def test_a_github_close_drops_the_schema_and_the_sweep_drops_old_ones(
-    client: Client, *, api: RunningApi, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+    client: Client, *, rest_server: RestServer, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
 ) -> None:
     repo = make_repository(tmp_path / "acme" / "jaffle")  # a local mirror of GitHub's acme/jaffle
     env = await environment(client, database_url, str(repo))
@@ -148,8 +148,7 @@ async def test_a_github_close_drops_the_schema_and_the_sweep_drops_old_ones(
 
     # GitHub says pull request 11 was closed (not merged).
     token = await create_token(dbt_settings, account_id=client.account_id)
-    assert api.rest is not None
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api.rest.port}") as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_server.port}") as http:
         hook = (
             await http.post(
                 f"/api/v3/accounts/{client.account_id}/git-webhooks/",

@@ -1,9 +1,16 @@
-"""The API process's servers, started in the test's own process on free ports, and stopped after it."""
+"""The API process's servers, started in the test's own process on free ports, and stopped after it.
+
+A test directory's ``api`` fixture starts REST only for the tests that reach it through its
+``rest_server`` fixture (``wants_rest``): uvicorn's stop waits out polls of 0.1 s, a cost the
+others need not pay.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+
+import pytest
 
 from api.process import RunningApi, start_server
 from runplane.basics.settings import Settings
@@ -19,3 +26,8 @@ async def serving_api(settings: Settings, *, rest: bool = True, deliveries: bool
         yield running
     finally:
         await running.stop(0)
+
+
+def wants_rest(request: pytest.FixtureRequest) -> bool:
+    """Whether the test asks for ``rest_server``: its ``api`` fixture starts REST then."""
+    return "rest_server" in request.fixturenames
