@@ -58,9 +58,10 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 
 # A real Kubernetes for the tests: kube-apiserver, scheduler, controller-manager and kubelet v1.20.2
 # built from Debian's source package (about 8 minutes of two cores, once per machine), cached by
-# version under /var/cache/runplane; etcd and dockerd from Debian's packages, installed here.
+# version under /var/cache/runplane; etcd and dockerd from Debian's packages, installed here. With
+# them kubemark, the hollow nodes of a simulated fleet (built alone where the others are cached).
 k8s:
-	deploy/k8s-local/build.sh
+	deploy/k8s-local/build.sh --kubemark
 
 # Debian's chromium (the web pages in a real browser) and prometheus (promtool, for the alert rules).
 test-packages:

@@ -6,8 +6,13 @@
 # the clone, keyed by version) and are reused when present; the 1.5 GB build cache is deleted
 # after. etcd comes prebuilt from `etcd-server`, dockerd from `docker.io`.
 #
-# Usage: deploy/k8s-local/build.sh            (idempotent; prints the bin directory)
-#        deploy/k8s-local/build.sh --locate   (prints the bin directory, fails when not built)
+# kubemark (cmd/kubemark: the hollow nodes of Kubernetes' scale tests, a real kubelet on a fake
+# container runtime) comes from the same tree with --kubemark, into the same bin directory. When
+# the other binaries are there already, only kubemark is built: it needs neither gen_openapi nor
+# anything else of theirs.
+#
+# Usage: deploy/k8s-local/build.sh [--kubemark]            (idempotent; prints the bin directory)
+#        deploy/k8s-local/build.sh --locate [--kubemark]   (prints the bin directory, fails when not built)
 set -euo pipefail
 
 VERSION=v1.20.2
@@ -18,11 +23,25 @@ BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet pause)
 PACKAGES=(etcd-server golang-go dpkg-dev make gcc libc6-dev openssl curl iproute2 iptables
           docker.io busybox-static debootstrap)
 
+LOCATE= KUBEMARK=
+for arg in "$@"; do
+    case $arg in
+        --locate) LOCATE=1 ;;
+        --kubemark) KUBEMARK=1 ;;
+        *) echo "usage: $0 [--locate] [--kubemark]" >&2; exit 2 ;;
+    esac
+done
+
 log() { echo "k8s-local: $*" >&2; }
 
 complete() {
     for b in "${BINARIES[@]}"; do [ -x "$DEST/bin/$b" ] || return 1; done
     [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$SOURCE_VERSION" ]
+}
+
+# What was asked for is there: the binaries, and kubemark when --kubemark.
+wanted() {
+    complete && { [ -z "$KUBEMARK" ] || [ -x "$DEST/bin/kubemark" ]; }
 }
 
 install_packages() {
@@ -61,42 +80,56 @@ build() {
     export GOPATH=$work/gopath GO111MODULE=off GOFLAGS= GOPROXY=off CGO_ENABLED=0 GOCACHE=$work/gocache
     mkdir -p "$GOPATH/src/k8s.io" && ln -s "$src" "$GOPATH/src/k8s.io/kubernetes"
     cd "$GOPATH/src/k8s.io/kubernetes"
-    t0=$SECONDS
-    make gen_openapi >"$work/gen_openapi.log" 2>&1 || { tail -20 "$work/gen_openapi.log" >&2; return 1; }
-    log "gen_openapi in $((SECONDS - t0)) s"
-    # The sandbox ("pause") container of every Pod, from the same source tree.
-    gcc -Os -static -DVERSION=v3.2-runplane -o "$work/bin/pause" build/pause/linux/pause.c
-    strip "$work/bin/pause"
-    local ld="-s -w" p c
+    local ld="-s -w" p c commands=()
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ld="$ld -X k8s.io/kubernetes/vendor/$p.gitVersion=$VERSION -X k8s.io/kubernetes/vendor/$p.gitMajor=1"
         ld="$ld -X k8s.io/kubernetes/vendor/$p.gitMinor=20"
     done
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    if ! complete; then
+        t0=$SECONDS
+        make gen_openapi >"$work/gen_openapi.log" 2>&1 || { tail -20 "$work/gen_openapi.log" >&2; return 1; }
+        log "gen_openapi in $((SECONDS - t0)) s"
+        # The sandbox ("pause") container of every Pod, from the same source tree.
+        gcc -Os -static -DVERSION=v3.2-runplane -o "$work/bin/pause" build/pause/linux/pause.c
+        strip "$work/bin/pause"
+        commands=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+    fi
+    # After kubelet, kubemark reuses most of its compiled packages from the build cache.
+    if [ -n "$KUBEMARK" ]; then commands+=(kubemark); fi
+    for c in "${commands[@]}"; do
         t0=$SECONDS
         go build -trimpath -ldflags "$ld" -o "$work/bin/$c" "k8s.io/kubernetes/cmd/$c"
         log "built $c in $((SECONDS - t0)) s"
     done
     cd /
-    rm -rf "$DEST.new" && mkdir -p "$DEST.new"
-    mv "$work/bin" "$DEST.new/bin"
-    echo "$SOURCE_VERSION" > "$DEST.new/VERSION"
-    rm -rf "$DEST" && mv "$DEST.new" "$DEST"
+    if complete; then
+        # Beside binaries already in use: kubemark alone, renamed into place.
+        mv "$work/bin/kubemark" "$DEST/bin/.kubemark.new" && mv "$DEST/bin/.kubemark.new" "$DEST/bin/kubemark"
+    else
+        rm -rf "$DEST.new" && mkdir -p "$DEST.new"
+        mv "$work/bin" "$DEST.new/bin"
+        echo "$SOURCE_VERSION" > "$DEST.new/VERSION"
+        rm -rf "$DEST" && mv "$DEST.new" "$DEST"
+    fi
     rm -rf "$work"
 }
 
-if [ "${1:-}" = --locate ]; then
-    complete || { log "not built: run make k8s"; exit 1; }
+if [ -n "$LOCATE" ]; then
+    wanted || { log "not built: run make k8s"; exit 1; }
     echo "$DEST/bin"
     exit 0
 fi
 mkdir -p "$CACHE_ROOT"
 install_packages
-if ! complete; then
+if ! wanted; then
     exec 9>"$CACHE_ROOT/.k8s-$VERSION.lock"
     flock 9  # another build of the same version finishes first, then is reused
-    if ! complete; then
-        log "cold build of Kubernetes $VERSION from Debian's source package (about 8 min)"
+    if ! wanted; then
+        if complete; then
+            log "cold build of kubemark $VERSION from Debian's source package"
+        else
+            log "cold build of Kubernetes $VERSION from Debian's source package (about 8 min)"
+        fi
         t_build=$SECONDS
         build
         log "cold build done in $((SECONDS - t_build)) s"
