@@ -79,7 +79,8 @@ TEST_WORKERS ?= 2
 # The scheduling protocol under deterministic simulation, for SIMULATE_SECONDS: random histories from
 # consecutive seeds (SIMULATE_FIRST_SEED on), histories per second printed; a failure prints its
 # seed and trace (replay one: python -m tests.simulation.run --history KIND --seed N). make test runs a
-# bounded set. Each seed runs in every kind of history (random faults, worker freezes, leader stalls).
+# bounded set. Each seed runs in every kind of history (random faults, worker freezes, leader stalls,
+# leader stalls between a write and its message).
 SIMULATE_SECONDS ?= 600
 SIMULATE_FIRST_SEED ?= 0
 simulate: $(STAMP)
