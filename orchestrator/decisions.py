@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.ownership_store import Row
+from orchestrator.rows import Ownership
 from runplane.basics.stamps import ZERO, LogicalClock, Stamp
 from runplane.v1 import bus_pb2
 
@@ -141,16 +141,18 @@ def claim_refused(info: WorkerInfo | None, stamp: Stamp) -> bool:
     return info is None or not info.alive or stamp <= info.floor
 
 
-def claimed_by_another(rows: Iterable[Row], claimer: str, stamp: Stamp) -> list[Row]:
+def claimed_by_another(rows: Iterable[Ownership], claimer: str, stamp: Stamp) -> list[Ownership]:
     """The jobs of this very Assign claimed already by another worker: the broker gave it out twice."""
     return [
         r
         for r in rows
-        if r["state"] == "claimed" and r["worker_id"] not in (None, claimer) and Stamp(r["term"], r["clock"]) == stamp
+        if r.state == "claimed" and r.worker_id not in (None, claimer) and Stamp(r.term, r.clock) == stamp
     ]
 
 
-def revoke_stamps(rows: Iterable[Row], job_ids: list[int], stamp: Stamp, clock: LogicalClock) -> dict[Stamp, list[int]]:
+def revoke_stamps(
+    rows: Iterable[Ownership], job_ids: list[int], stamp: Stamp, clock: LogicalClock
+) -> dict[Stamp, list[int]]:
     """The stamps of the Revokes that take back ``job_ids``, claimed under ``stamp``: a job given out
     again on the shared queue since (its Assign resent, or its owner buried) is revoked one below
     that Assign, so the claimer keeps it if it is the one that takes it; any other job under one
@@ -162,7 +164,7 @@ def revoke_stamps(rows: Iterable[Row], job_ids: list[int], stamp: Stamp, clock: 
     now: list[int] = []
     for job_id in job_ids:
         pending = next(
-            (Stamp(r["term"], r["clock"]) for r in rows if r["job_id"] == job_id and r["worker_id"] is None),
+            (Stamp(r.term, r.clock) for r in rows if r.job_id == job_id and r.worker_id is None),
             None,
         )
         below = None if pending is None else Stamp(pending.term, pending.clock - 1)

@@ -18,7 +18,7 @@ from orchestrator.decisions import (
     revoke_stamps,
 )
 from orchestrator.job_sync import JobSync
-from orchestrator.ownership_store import Row
+from orchestrator.rows import Ownership
 from runplane.adapters.bus import Delivery
 from runplane.basics.stamps import Stamp
 from runplane.v1 import bus_pb2
@@ -94,17 +94,17 @@ class Inbox(JobSync):
         revoke = bus_pb2.Revoke(stamp=info.drop_stamp.to_proto(), drop_all=True)
         await self.bus.publish(self.topology.worker(worker_id), revoke)
 
-    async def _refuse_claim(self, claimer: str, job_ids: list[int], rows: list[Row], stamp: Stamp) -> None:
+    async def _refuse_claim(self, claimer: str, job_ids: list[int], rows: list[Ownership], stamp: Stamp) -> None:
         """The claimer lets go of what it claimed, and what it took from the shared queue goes out again.
 
         Each Revoke is stamped below any Assign of its jobs the claimer may take from the shared queue
         (``decisions.revoke_stamps``): a Revoke stamped after one would make it drop jobs it then owns (a
         Revoke kept for a dead claimer is sent when it re-registers, later than the Assign).
         ``rows``: the ownership rows of the jobs it claimed (none for a job deleted since)."""
-        unclaimed = [r["job_id"] for r in rows if r["worker_id"] is None and Stamp(r["term"], r["clock"]) == stamp]
+        unclaimed = [r.job_id for r in rows if r.worker_id is None and Stamp(r.term, r.clock) == stamp]
         plan = revoke_stamps(rows, job_ids, stamp, self.clock)
         if self._is_alive(claimer):
-            owns = {r["job_id"] for r in rows if r["worker_id"] == claimer and r["state"] == "claimed"}
+            owns = {r.job_id for r in rows if r.worker_id == claimer and r.state == "claimed"}
             for revoke_stamp, revoked in sorted(plan.items()):
                 if kept := [job_id for job_id in revoked if job_id not in owns]:
                     await self._revoke(claimer, kept, revoke_stamp)
@@ -132,18 +132,18 @@ class Inbox(JobSync):
         # Only when some of it is not (rarely) are the rows read again.
         accepted = await self.store.claim(claimer, job_ids, stamp)
         if len(accepted) < len(job_ids):
-            taken = {r["job_id"] for r in accepted}
+            taken = {r.job_id for r in accepted}
             rest = [job_id for job_id in job_ids if job_id not in taken]
             rows = await self.store.ownership(rest)
             # A job it holds already is a duplicate or older claim; any other was deleted,
             # deactivated or given to another worker since, and the claimer must let it go.
-            holds = {r["job_id"] for r in rows if r["worker_id"] == claimer}
+            holds = {r.job_id for r in rows if r.worker_id == claimer}
             refused = [job_id for job_id in rest if job_id not in holds]
             for revoke_stamp, revoked in sorted(revoke_stamps(rows, refused, stamp, self.clock).items()):
                 await self._revoke(claimer, revoked, revoke_stamp)
             await self._reassign_doubled(claimed_by_another(rows, claimer, stamp))
         # An update that arrived while the claim was pending goes to the owner now.
-        behind = [r["job_id"] for r in accepted if r["job_version"] is not None and r["job_version"] != r["version"]]
+        behind = [r.job_id for r in accepted if r.job_version is not None and r.job_version != r.version]
         if behind:
             fresh = await self.store.job_states(behind)
             await self._publish_assigns(await self._sync_locked(fresh))
@@ -156,13 +156,11 @@ class Inbox(JobSync):
         recorded = [
             r
             for r in rows
-            if r["worker_id"] == released.worker_id
-            and r["state"] == "claimed"
-            and Stamp(r["term"], r["clock"]) == stamp
+            if r.worker_id == released.worker_id and r.state == "claimed" and Stamp(r.term, r.clock) == stamp
         ]
         await self._reassign_doubled(recorded)
 
-    async def _reassign_doubled(self, rows: list[Row]) -> None:
+    async def _reassign_doubled(self, rows: list[Ownership]) -> None:
         """Take back from their owners the jobs of an Assign another worker claimed too, and assign them
         again on the shared queue (after the second claimer's Revoke, stamped before it).
 
@@ -173,11 +171,11 @@ class Inbox(JobSync):
         and the jobs go out under a new stamp, to whichever worker takes them."""
         by_owner: dict[str, list[int]] = {}
         for row in rows:
-            by_owner.setdefault(str(row["worker_id"]), []).append(row["job_id"])
+            by_owner.setdefault(str(row.worker_id), []).append(row.job_id)
         for owner, job_ids in sorted(by_owner.items()):
             definitions = await self.store.definitions(job_ids, owner, claimed=True)
             if not definitions:
                 continue
             log.info("an Assign claimed twice goes out again", extra={"worker_id": owner, "jobs": len(job_ids)})
-            fires_after = {r["job_id"]: r["fires_after"] for r in definitions}
+            fires_after = {r.job_id: r.fires_after for r in definitions}
             await self._move(definitions, owner, to=None, fires_after=fires_after)

@@ -7,8 +7,8 @@ import asyncio
 from collections import defaultdict
 
 from orchestrator.liveness import Liveness
-from orchestrator.outbox import Outgoing, optional_str
-from orchestrator.ownership_store import Row
+from orchestrator.outbox import Outgoing
+from orchestrator.rows import Definition, JobState
 from runplane.basics.supervise import sleep_or_stop, wait_any
 
 _NOTIFY_DEBOUNCE = 0.05
@@ -67,7 +67,7 @@ class JobSync(Liveness):
             batch = job_ids[start : start + size]
             async with self._lock:
                 outgoing = await self._assign_new(batch)
-                assigned = {r["job_id"] for assign in outgoing for r in assign.rows}
+                assigned = {r.job_id for assign in outgoing for r in assign.rows}
                 rest = [job_id for job_id in batch if job_id not in assigned]
                 if rest:
                     rows = await self.store.job_states(rest)
@@ -87,20 +87,20 @@ class JobSync(Liveness):
         rows = await self.store.assign_new(job_ids, stamp, now)
         if not rows:
             return []
-        return [Outgoing(self.topology.assign, rows, stamp, {r["job_id"]: now for r in rows})]
+        return [Outgoing(self.topology.assign, rows, stamp, {r.job_id: now for r in rows})]
 
-    async def _sync_locked(self, rows: list[Row]) -> list[Outgoing]:
+    async def _sync_locked(self, rows: list[JobState]) -> list[Outgoing]:
         """Act on the given job states (the caller holds the lock); returns the Assigns of new jobs,
         recorded but not yet published."""
-        new: list[Row] = []
+        new: list[Definition] = []
         gone: dict[str | None, list[int]] = defaultdict(list)
-        changed: list[Row] = []
+        changed: list[JobState] = []
         for row in rows:
-            if row["schedulable"] and not row["owned"]:
-                new.append(row)
-            elif row["owned"] and not row["schedulable"]:
-                gone[optional_str(row["worker_id"])].append(row["job_id"])
-            elif row["owned"] and row["state"] == "claimed" and row["version"] != row["sent_version"]:
+            if row.schedulable and not row.owned:
+                new.append(row.definition())
+            elif row.owned and not row.schedulable:
+                gone[row.worker_id].append(row.job_id)
+            elif row.owned and row.state == "claimed" and row.version != row.sent_version:
                 changed.append(row)
         for worker_id, job_ids in gone.items():
             # The Revoke first: when it cannot be sent (the broker is away) the row stays, and the
@@ -114,4 +114,4 @@ class JobSync(Liveness):
         if not new or not self._alive():
             return []  # new jobs are assigned when the first worker registers
         now = int(self.wall_clock.now())
-        return await self._record_assigns(new, worker_id=None, fires_after={r["job_id"]: now for r in new})
+        return await self._record_assigns(new, worker_id=None, fires_after={r.job_id: now for r in new})

@@ -44,10 +44,10 @@ class Leader(Inbox):
         """Take over the workers a previous leader knew; give the live ones a full grace period."""
         now = self.monotonic.now()
         for row in await self.store.workers():
-            alive = row["state"] == "alive"
+            alive = row.state == "alive"
             # A worker found dead was declared dead by an earlier leader: it registers again only
             # after dropping what it held, on this leader's word.
-            self.workers[str(row["worker_id"])] = WorkerInfo(alive, now, now, buried=not alive)
+            self.workers[row.worker_id] = WorkerInfo(alive, now, now, buried=not alive)
         log.info(
             "leading",
             extra={"term": self.term, "leader": self.leader_id, "workers": sum(w.alive for w in self.workers.values())},

@@ -11,7 +11,7 @@ from collections import defaultdict
 from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves
 from orchestrator.decisions import WorkerInfo, drifted, silent_workers
-from orchestrator.outbox import Outbox, optional_str
+from orchestrator.outbox import Outbox
 from runplane.basics.ownership import job_digest
 from runplane.basics.stamps import Stamp
 from runplane.basics.supervise import sleep_or_stop
@@ -83,9 +83,9 @@ class Liveness(Outbox):
                 # Only what the dead worker still owns: the batch may have changed since.
                 rows = await self.store.definitions(job_ids[start : start + size], dead, claimed=False)
                 revoke_stamp = self.clock.tick()
-                fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                fires_after = {r.job_id: r.fires_after for r in rows}
                 outgoing = await self._record_assigns(rows, worker_id=None, fires_after=fires_after)
-                if moving := [r["job_id"] for r in rows if r["state"] == "pending"]:
+                if moving := [r.job_id for r in rows if r.state == "pending"]:
                     for other in self._alive():
                         await self._revoke(other, moving, revoke_stamp)
                 await self._publish_assigns(outgoing)
@@ -94,7 +94,7 @@ class Liveness(Outbox):
         rows = await self.store.stale_pending(self.settings.orchestrator.claim_timeout)
         by_target: dict[str | None, list[int]] = defaultdict(list)
         for row in rows:
-            by_target[optional_str(row["worker_id"])].append(row["job_id"])
+            by_target[row.worker_id].append(row.job_id)
         size = self.settings.orchestrator.assign_batch_size
         for worker_id, job_ids in by_target.items():
             if worker_id is not None and not self._is_alive(worker_id):
@@ -131,16 +131,16 @@ class Liveness(Outbox):
         pending: set[str] = set()
         shared_pending: Stamp | None = None  # the oldest Assign pending on the shared queue
         for row in await self.store.claimed_versions():
-            if row["state"] == "pending":
-                if row["worker_id"] is not None:
-                    pending.add(str(row["worker_id"]))
+            if row.state == "pending":
+                if row.worker_id is not None:
+                    pending.add(row.worker_id)
                 else:
-                    stamp = Stamp(row["term"], row["clock"])
+                    stamp = Stamp(row.term, row.clock)
                     shared_pending = stamp if shared_pending is None else min(shared_pending, stamp)
                 continue
-            worker_id = str(row["worker_id"])
-            expected[worker_id] ^= job_digest(row["job_id"], row["version"])
-            owned[worker_id].append(row["job_id"])
+            worker_id = str(row.worker_id)
+            expected[worker_id] ^= job_digest(row.job_id, row.version)
+            owned[worker_id].append(row.job_id)
         for worker_id, info in list(self.workers.items()):
             if not drifted(
                 info,
@@ -168,7 +168,7 @@ class Liveness(Outbox):
                         drop = bus_pb2.Revoke(stamp=info.floor.to_proto(), drop_all=True)
                         await self.bus.publish(self.topology.worker(worker_id), drop)
                     rows = await self.store.definitions(job_ids[start : start + size], worker_id, claimed=True)
-                    fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                    fires_after = {r.job_id: r.fires_after for r in rows}
                     await self._assign(rows, worker_id=worker_id, fires_after=fires_after)
 
     async def _rebalance(self) -> None:
@@ -205,5 +205,5 @@ class Liveness(Outbox):
                         continue
                     # Revoke first, then Assign: the new owner queues a fire that fell in between
                     # (its missed-fire grace), and the idempotency key makes a fire queued by both one run.
-                    fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+                    fires_after = {r.job_id: r.fires_after for r in rows}
                     await self._move(rows, move.donor, to=move.target, fires_after=fires_after)

@@ -11,14 +11,15 @@ workers, lost Assigns, imbalance) < ``job_sync`` (job changes) < ``inbox`` (mess
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
 from orchestrator import metrics
 from orchestrator.decisions import WorkerInfo
-from orchestrator.ownership_store import OwnershipStore, Row
+from orchestrator.ownership_store import OwnershipStore
+from orchestrator.rows import Definition, JobState
 from runplane.adapters.bus import Bus, Topology
 from runplane.basics.settings import Settings
 from runplane.basics.stamps import LogicalClock, Stamp
@@ -34,7 +35,7 @@ class Outgoing:
     """An Assign recorded in ``job_ownership``, to be published."""
 
     queue: str
-    rows: list[Row]
+    rows: Sequence[Definition]
     stamp: Stamp
     fires_after: dict[int, int]
 
@@ -81,13 +82,13 @@ class Outbox:
     def term(self) -> int:
         return self.clock.term
 
-    async def _assign(self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]) -> None:
+    async def _assign(self, rows: Sequence[Definition], *, worker_id: str | None, fires_after: dict[int, int]) -> None:
         """Record and publish Assigns for ``rows`` (job definitions): on the shared queue, or on one
         worker's own queue when ``worker_id`` is given (rebalancing)."""
         await self._publish_assigns(await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after))
 
     async def _record_assigns(
-        self, rows: list[Row], *, worker_id: str | None, fires_after: dict[int, int]
+        self, rows: Sequence[Definition], *, worker_id: str | None, fires_after: dict[int, int]
     ) -> list[Outgoing]:
         """Stamp and record the Assigns for ``rows`` as pending; the caller publishes them."""
         queue = self.topology.assign if worker_id is None else self.topology.worker(worker_id)
@@ -98,8 +99,8 @@ class Outbox:
             stamp = self.clock.tick()
             self._told(worker_id, stamp)
             await self.store.upsert_pending(
-                [r["job_id"] for r in batch],
-                [r["version"] for r in batch],
+                [r.job_id for r in batch],
+                [r.version for r in batch],
                 worker_id,
                 stamp,
                 int(self.wall_clock.now()),
@@ -125,15 +126,17 @@ class Outbox:
         if not rows:
             return
         revoke_stamp = self.clock.tick()  # before the Assign: a worker that takes it keeps it
-        fires_after = {r["job_id"]: r["fires_after"] for r in rows}
+        fires_after = {r.job_id: r.fires_after for r in rows}
         outgoing = await self._record_assigns(rows, worker_id=worker_id, fires_after=fires_after)
         if revoke_elsewhere:
             for other in self._alive():
                 if other != worker_id:
-                    await self._revoke(other, [r["job_id"] for r in rows], revoke_stamp)
+                    await self._revoke(other, [r.job_id for r in rows], revoke_stamp)
         await self._publish_assigns(outgoing)
 
-    async def _move(self, rows: list[Row], donor: str, *, to: str | None, fires_after: dict[int, int]) -> None:
+    async def _move(
+        self, rows: Sequence[Definition], donor: str, *, to: str | None, fires_after: dict[int, int]
+    ) -> None:
         """Give ``rows`` (job definitions ``donor`` owns) to ``to`` (None: whoever takes them from the
         shared queue): the new ownership is recorded, then ``donor`` is told to let go, then the
         Assign is sent.
@@ -147,7 +150,7 @@ class Outbox:
         them again from the shared queue."""
         revoke_stamp = self.clock.tick()
         outgoing = await self._record_assigns(rows, worker_id=to, fires_after=fires_after)
-        await self._revoke(donor, [r["job_id"] for r in rows], revoke_stamp)
+        await self._revoke(donor, [r.job_id for r in rows], revoke_stamp)
         await self._publish_assigns(outgoing)
 
     async def _revoke(self, worker_id: str, job_ids: list[int], stamp: Stamp | None = None) -> None:
@@ -162,20 +165,21 @@ class Outbox:
         await self.bus.publish(self.topology.worker(worker_id), bus_pb2.Revoke(stamp=stamp.to_proto(), job_ids=job_ids))
         metrics.jobs_revoked.add(len(job_ids))
 
-    async def _send_updates(self, rows: list[Row]) -> None:
-        sendable = [r for r in rows if self._is_alive(optional_str(r["worker_id"]))]
+    async def _send_updates(self, rows: list[JobState]) -> None:
+        """Send each owner the new definition of a job it owns (``rows``: jobs changed since it was sent one)."""
+        sendable = [
+            (r.worker_id, r.definition()) for r in rows if r.worker_id is not None and self._is_alive(r.worker_id)
+        ]
         messages: list[tuple[str, Message]] = []
-        for row in sendable:
+        for worker_id, definition in sendable:
             stamp = self.clock.tick()
-            self._told(str(row["worker_id"]), stamp)
-            assignment = bus_pb2.JobAssignment(job=_definition(row), stamp=stamp.to_proto())
-            messages.append(
-                (self.topology.worker(str(row["worker_id"])), bus_pb2.Update(stamp=stamp.to_proto(), job=assignment))
-            )
+            self._told(worker_id, stamp)
+            assignment = bus_pb2.JobAssignment(job=_definition(definition), stamp=stamp.to_proto())
+            messages.append((self.topology.worker(worker_id), bus_pb2.Update(stamp=stamp.to_proto(), job=assignment)))
         await self._publish_many(messages)
         if sendable:
             await self.store.sent_versions(
-                [r["job_id"] for r in sendable], [r["version"] for r in sendable], int(self.wall_clock.now())
+                [d.job_id for _, d in sendable], [d.version for _, d in sendable], int(self.wall_clock.now())
             )
             metrics.jobs_updated.add(len(sendable))
 
@@ -200,30 +204,26 @@ class Outbox:
         return info is not None and info.alive
 
 
-def _assign_message(rows: Iterable[Row], stamp: Stamp, fires_after: dict[int, int]) -> bus_pb2.Assign:
+def _assign_message(rows: Iterable[Definition], stamp: Stamp, fires_after: dict[int, int]) -> bus_pb2.Assign:
     proto_stamp = stamp.to_proto()
     return bus_pb2.Assign(
         stamp=proto_stamp,
         jobs=[
-            bus_pb2.JobAssignment(job=_definition(r), stamp=proto_stamp, last_fire_ts=fires_after.get(r["job_id"], 0))
+            bus_pb2.JobAssignment(job=_definition(r), stamp=proto_stamp, last_fire_ts=fires_after.get(r.job_id, 0))
             for r in rows
         ],
     )
 
 
-def _definition(row: Row) -> bus_pb2.JobDefinition:
+def _definition(row: Definition) -> bus_pb2.JobDefinition:
     return bus_pb2.JobDefinition(
-        job_id=row["job_id"],
-        account_id=row["account_id"],
-        version=row["version"],
-        cron=str(row["cron"] or ""),
-        timezone=str(row["timezone"] or "UTC"),
-        active=bool(row["cron"]),
-        missed_run_grace_seconds=row["missed_run_grace_seconds"],
-        job_type=JOB_TYPE_TO_PROTO[JobType(str(row["job_type"]))],
-        priority=row["priority"],
+        job_id=row.job_id,
+        account_id=row.account_id,
+        version=row.version,
+        cron=row.cron or "",
+        timezone=row.timezone or "UTC",
+        active=bool(row.cron),
+        missed_run_grace_seconds=row.missed_run_grace_seconds,
+        job_type=JOB_TYPE_TO_PROTO[JobType(row.job_type)],
+        priority=row.priority,
     )
-
-
-def optional_str(value: object) -> str | None:
-    return None if value is None else str(value)

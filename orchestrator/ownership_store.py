@@ -6,12 +6,13 @@ the queuer workers it knows (``queuer_workers``) and the jobs it schedules.
 simulator runs the same leader against an in-memory twin that follows the same compare-and-set and
 uniqueness rules, proved by a conformance test that runs the same checks on both.
 
-Rows are returned as dicts keyed by the query's column names (``Row``).
+Rows are returned as the dataclasses of ``orchestrator/rows.py``, one per column set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -20,19 +21,28 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator.leadership import LeadershipLost
-from runplane.adapters.db import Connection, connect
+from orchestrator.rows import (
+    ClaimedVersion,
+    ClaimTaken,
+    Definition,
+    JobState,
+    OwnedDefinition,
+    Ownership,
+    StalePending,
+    StampedDefinition,
+    Worker,
+)
+from runplane.adapters.db import Connection, RowT, connect, fetch_all
 from runplane.basics.stamps import Stamp
 from runplane.sql import load_queries
 
 QUERIES = load_queries("orchestrator")
 
-Row = dict[str, Any]  # psycopg's values: int for bigint, str for text
-
 
 class OwnershipStore(Protocol):
     """Ownership of jobs by queuer workers, and the workers' registry, as the leader changes them."""
 
-    async def workers(self) -> list[Row]:
+    async def workers(self) -> list[Worker]:
         """Every worker row: worker_id, state ('alive' or 'dead')."""
         ...
 
@@ -46,11 +56,11 @@ class OwnershipStore(Protocol):
 
     async def mark_dead(self, worker_id: str) -> None: ...
 
-    async def job_states(self, job_ids: list[int]) -> list[Row]:
+    async def job_states(self, job_ids: list[int]) -> list[JobState]:
         """Whether each job should be scheduled and who has it (jobs deleted for good included)."""
         ...
 
-    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Definition]:
         """Record as pending on the shared queue those of ``job_ids`` that are schedulable and have no
         ownership row; returns their definitions. A job recorded by someone else meanwhile is left out."""
         ...
@@ -61,12 +71,12 @@ class OwnershipStore(Protocol):
 
     async def account_jobs(self, account_id: int) -> list[int]: ...
 
-    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
+    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[StampedDefinition]:
         """Definitions of those of ``job_ids`` owned by ``worker_id`` (None: pending on the shared
         queue), only claimed ones when ``claimed``; with fires_after, term and clock."""
         ...
 
-    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[Row]: ...
+    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[OwnedDefinition]: ...
 
     async def upsert_pending(
         self, job_ids: list[int], versions: list[int], worker_id: str | None, stamp: Stamp, now: int
@@ -75,9 +85,9 @@ class OwnershipStore(Protocol):
         its fires_after, a new one starts at ``now``."""
         ...
 
-    async def ownership(self, job_ids: list[int]) -> list[Row]: ...
+    async def ownership(self, job_ids: list[int]) -> list[Ownership]: ...
 
-    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[ClaimTaken]:
         """Compare-and-set: take what is still pending under exactly ``stamp``, unowned or aimed at
         ``worker_id``; returns job_id, version (sent) and job_version (now) of each taken."""
         ...
@@ -92,7 +102,7 @@ class OwnershipStore(Protocol):
         """Every worker that owns or has a pending Assign for at least one job."""
         ...
 
-    async def stale_pending(self, timeout: float) -> list[Row]:
+    async def stale_pending(self, timeout: float) -> list[StalePending]:
         """Pending Assigns older than ``timeout`` seconds: job_id, worker_id, term, clock."""
         ...
 
@@ -100,7 +110,7 @@ class OwnershipStore(Protocol):
 
     async def claimed_by_worker(self) -> dict[str, list[int]]: ...
 
-    async def claimed_versions(self) -> list[Row]:
+    async def claimed_versions(self) -> list[ClaimedVersion]:
         """worker_id, job_id, version, state of every row aimed at a worker."""
         ...
 
@@ -120,8 +130,9 @@ class PostgresOwnershipStore:
         self.database_url = database_url
         self.term = term
 
-    async def _write(self, name: str, params: dict[str, object]) -> list[Row]:
-        """One write of the leader of ``term``, taken only while that term is the newest.
+    @contextlib.asynccontextmanager
+    async def _fenced(self) -> AsyncIterator[Connection]:
+        """A transaction for one write of the leader of ``term``, taken only while that term is the newest.
 
         The term's row is read FOR SHARE in the write's transaction: a standby's election (which
         bumps the term) waits for writes under way, and every write after it is refused. A leader
@@ -133,16 +144,29 @@ class PostgresOwnershipStore:
             cur = await conn.execute(QUERIES["fence"], {"term": self.term})
             if await cur.fetchone() is None:
                 raise LeadershipLost(f"term {self.term} is over: a newer leader was elected")
-            cur = await conn.execute(QUERIES[name], params)
-            return await cur.fetchall() if cur.description is not None else []
+            yield conn
 
-    async def _fetch(self, name: str, params: dict[str, object]) -> list[Row]:
+    async def _write(self, name: str, params: dict[str, object]) -> None:
+        async with self._fenced() as conn:
+            await conn.execute(QUERIES[name], params)
+
+    async def _write_returning(self, name: str, params: dict[str, object], row: type[RowT]) -> list[RowT]:
+        async with self._fenced() as conn:
+            return await fetch_all(conn, QUERIES[name], params, row)
+
+    async def _fetch(self, name: str, params: dict[str, object], row: type[RowT]) -> list[RowT]:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params)
+            return await fetch_all(conn, QUERIES[name], params, row)
+
+    async def _values(self, name: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
+        """The rows of a query of one or two columns, as tuples."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(QUERIES[name], params)
             return await cur.fetchall()
 
-    async def workers(self) -> list[Row]:
-        return await self._fetch("workers", {})
+    async def workers(self) -> list[Worker]:
+        return await self._fetch("workers", {}, Worker)
 
     async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
         params = {"worker_id": worker_id, "jobs_owned": jobs_owned, "owned_digest": owned_digest}
@@ -154,27 +178,25 @@ class PostgresOwnershipStore:
     async def mark_dead(self, worker_id: str) -> None:
         await self._write("mark_dead", {"worker_id": worker_id})
 
-    async def job_states(self, job_ids: list[int]) -> list[Row]:
-        return await self._fetch("job_states", {"job_ids": job_ids})
+    async def job_states(self, job_ids: list[int]) -> list[JobState]:
+        return await self._fetch("job_states", {"job_ids": job_ids}, JobState)
 
-    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Definition]:
         params = {"job_ids": job_ids, "term": stamp.term, "clock": stamp.clock, "now": now}
-        return await self._write("assign_new", params)
+        return await self._write_returning("assign_new", params, Definition)
 
     async def drift(self) -> list[int]:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(QUERIES["drift"])
-            return [job_id for (job_id,) in await cur.fetchall()]
+        return [job_id for (job_id,) in await self._values("drift", {})]
 
     async def account_jobs(self, account_id: int) -> list[int]:
-        return [r["id"] for r in await self._fetch("account_jobs", {"account_id": account_id})]
+        return [job_id for (job_id,) in await self._values("account_jobs", {"account_id": account_id})]
 
-    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
-        return await self._fetch("definitions", {"job_ids": job_ids, "worker_id": worker_id, "claimed": claimed})
+    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[StampedDefinition]:
+        params: dict[str, object] = {"job_ids": job_ids, "worker_id": worker_id, "claimed": claimed}
+        return await self._fetch("definitions", params, StampedDefinition)
 
-    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[Row]:
-        return await self._fetch("pending_definitions", {"job_ids": job_ids, "worker_id": worker_id})
+    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[OwnedDefinition]:
+        return await self._fetch("pending_definitions", {"job_ids": job_ids, "worker_id": worker_id}, OwnedDefinition)
 
     async def upsert_pending(
         self, job_ids: list[int], versions: list[int], worker_id: str | None, stamp: Stamp, now: int
@@ -189,12 +211,12 @@ class PostgresOwnershipStore:
         }
         await self._write("upsert_pending", params)
 
-    async def ownership(self, job_ids: list[int]) -> list[Row]:
-        return await self._fetch("ownership", {"job_ids": job_ids})
+    async def ownership(self, job_ids: list[int]) -> list[Ownership]:
+        return await self._fetch("ownership", {"job_ids": job_ids}, Ownership)
 
-    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[ClaimTaken]:
         params = {"worker_id": worker_id, "job_ids": job_ids, "term": stamp.term, "clock": stamp.clock}
-        return await self._write("claim", params)
+        return await self._write_returning("claim", params, ClaimTaken)
 
     async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None:
         await self._write("sent_versions", {"job_ids": job_ids, "versions": versions, "now": now})
@@ -203,26 +225,26 @@ class PostgresOwnershipStore:
         await self._write("delete_ownership", {"job_ids": job_ids})
 
     async def owned_by(self, worker_id: str) -> list[int]:
-        return [r["job_id"] for r in await self._fetch("owned_by", {"worker_id": worker_id})]
+        return [job_id for (job_id,) in await self._values("owned_by", {"worker_id": worker_id})]
 
     async def owners(self) -> list[str]:
-        return [str(r["worker_id"]) for r in await self._fetch("owners", {})]
+        return [str(worker_id) for (worker_id,) in await self._values("owners", {})]
 
-    async def stale_pending(self, timeout: float) -> list[Row]:
-        return await self._fetch("stale_pending", {"timeout": timeout})
+    async def stale_pending(self, timeout: float) -> list[StalePending]:
+        return await self._fetch("stale_pending", {"timeout": timeout}, StalePending)
 
     async def pending_count(self) -> int:
-        rows = await self._fetch("pending_count", {})
-        return int(rows[0]["n"]) if rows else 0
+        rows = await self._values("pending_count", {})
+        return int(rows[0][0]) if rows else 0
 
     async def claimed_by_worker(self) -> dict[str, list[int]]:
-        return {str(r["worker_id"]): list(r["job_ids"]) for r in await self._fetch("claimed_by_worker", {})}
+        return {str(worker_id): list(job_ids) for worker_id, job_ids in await self._values("claimed_by_worker", {})}
 
-    async def claimed_versions(self) -> list[Row]:
-        return await self._fetch("claimed_versions", {})
+    async def claimed_versions(self) -> list[ClaimedVersion]:
+        return await self._fetch("claimed_versions", {}, ClaimedVersion)
 
     async def claimed_counts(self) -> dict[str, int]:
-        return {str(r["worker_id"]): int(r["n"]) for r in await self._fetch("claimed_counts", {})}
+        return {str(worker_id): int(n) for worker_id, n in await self._values("claimed_counts", {})}
 
     async def changes(self, stop: asyncio.Event) -> AsyncIterator[tuple[str, int]]:
         conn = await connect(self.database_url)

@@ -12,7 +12,7 @@ from orchestrator.decisions import (
     revoke_stamps,
     silent_workers,
 )
-from orchestrator.ownership_store import Row
+from orchestrator.rows import Ownership
 from runplane.basics.stamps import ZERO, LogicalClock, Stamp
 from runplane.v1 import bus_pb2
 
@@ -70,9 +70,9 @@ def test_a_claim_from_under_a_drop_everything_or_from_the_dead_is_refused() -> N
 
 def test_a_revoke_of_a_job_given_out_again_is_stamped_just_below_its_new_assign() -> None:
     clock = LogicalClock(2, clock=20)
-    rows: list[Row] = [
-        {"job_id": 1, "worker_id": None, "state": "pending", "term": 2, "clock": 15},  # resent since
-        {"job_id": 2, "worker_id": "w9", "state": "claimed", "term": 2, "clock": 12},
+    rows = [
+        Ownership(1, None, "pending", 2, 15, 1, 1),  # resent since
+        Ownership(2, "w9", "claimed", 2, 12, 1, 1),
     ]
     plan = revoke_stamps(rows, [1, 2, 3], Stamp(2, 10), clock)
     assert plan == {Stamp(2, 14): [1], Stamp(2, 21): [2, 3]}

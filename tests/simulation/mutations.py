@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.decisions import WorkerInfo
 from orchestrator.inbox import Inbox
-from orchestrator.ownership_store import Row
+from orchestrator.rows import Ownership
 from queuer_worker.holdings import REGISTERING_BEATS, Holdings
 from runplane.basics.stamps import ZERO, Stamp, StampGate
 from tests.simulation.run import run_seed
@@ -46,7 +46,9 @@ def _keep_everything(self: Holdings, stamp: Stamp) -> None:
     self.registering_beats = REGISTERING_BEATS
 
 
-async def _accept_dead_claim(self: Inbox, claimer: str, job_ids: list[int], _rows: list[Row], stamp: Stamp) -> None:
+async def _accept_dead_claim(
+    self: Inbox, claimer: str, job_ids: list[int], _rows: list[Ownership], stamp: Stamp
+) -> None:
     await self.store.claim(claimer, job_ids, stamp)
 
 

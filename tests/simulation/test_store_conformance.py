@@ -13,20 +13,23 @@ from typing import Protocol, cast
 import psycopg
 import pytest
 
+from orchestrator import rows
 from orchestrator.leadership import LeadershipLost
 from orchestrator.ownership_store import OwnershipStore, PostgresOwnershipStore
 from queuer_worker.firing import prepare
 from queuer_worker.runs_store import PostgresRunsStore, RunsStore
 from runplane.adapters.db import open_pool
 from runplane.basics.stamps import Stamp
-from tests.simulation.twins import MemoryDatabase, MemoryOwnershipStore, MemoryRunsStore
-from tests.support.queuer import insert_jobs, update_job
+from tests.simulation.twins import DefinitionColumns, MemoryDatabase, MemoryOwnershipStore, MemoryRunsStore
+from tests.support.queuer import insert_accounts, insert_jobs, update_job
 
 EVERY_MINUTE = "* * * * *"
 FIRE = 1_700_000_040
 
 
 class Jobs(Protocol):
+    account_id: int  # the account of every job added
+
     def add(self, cron: str | None = EVERY_MINUTE) -> int: ...
 
     def change(self, job_id: int, **fields: object) -> None:
@@ -47,9 +50,10 @@ class Ports:
 class PostgresJobs:
     def __init__(self, db: psycopg.Connection[tuple[object, ...]]) -> None:
         self.db = db
+        [self.account_id] = insert_accounts(db, 1)
 
     def add(self, cron: str | None = EVERY_MINUTE) -> int:
-        return insert_jobs(self.db, 1, cron=cron)[0]
+        return insert_jobs(self.db, 1, cron=cron, accounts=[self.account_id])[0]
 
     def change(self, job_id: int, **fields: object) -> None:
         if fields.pop("paused", False):
@@ -64,9 +68,10 @@ class PostgresJobs:
 class MemoryJobs:
     def __init__(self, db: MemoryDatabase) -> None:
         self.db = db
+        self.account_id = 1
 
     def add(self, cron: str | None = EVERY_MINUTE) -> int:
-        return self.db.add_job(1, cron).id
+        return self.db.add_job(self.account_id, cron).id
 
     def change(self, job_id: int, **fields: object) -> None:
         self.db.change_job(job_id, **fields)
@@ -99,13 +104,19 @@ async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
         await pool.close()
 
 
+def _columns(ports: Ports, job: int, *, version: int = 1, cron: str | None = EVERY_MINUTE) -> DefinitionColumns:
+    """What the store says of a job added by ``ports.jobs`` (its defaults), as a definition's columns."""
+    return (job, ports.jobs.account_id, version, cron, "UTC", 300, "deploy", 0)
+
+
 async def test_a_new_job_is_recorded_once(ports: Ports) -> None:
     job, unscheduled = ports.jobs.add(), ports.jobs.add(cron=None)
     first = await ports.store.assign_new([job, unscheduled], Stamp(1, 1), 100)
-    assert [r["job_id"] for r in first] == [job]
+    assert first == [rows.Definition(*_columns(ports, job))]
     assert await ports.store.assign_new([job], Stamp(1, 2), 200) == []  # one ownership row per job
-    [row] = await ports.store.ownership([job])
-    assert (row["worker_id"], row["state"], row["term"], row["clock"]) == (None, "pending", 1, 1)
+    assert await ports.store.ownership([job]) == [rows.Ownership(job, None, "pending", 1, 1, 1, 1)]
+    assert await ports.store.pending_definitions([job], None) == [rows.OwnedDefinition(*_columns(ports, job), 100)]
+    assert await ports.store.claimed_versions() == [rows.ClaimedVersion(None, job, 1, "pending", 1, 1)]
     assert await ports.store.pending_count() == 1
     assert await ports.store.drift() == []
 
@@ -126,8 +137,7 @@ async def test_a_deposed_leader_writes_nothing(ports: Ports) -> None:
     for write in writes:
         with pytest.raises(LeadershipLost):
             await write
-    [still] = await ports.store.ownership([job])
-    assert (still["worker_id"], still["state"], still["clock"]) == (None, "pending", 1)
+    assert await ports.store.ownership([job]) == [rows.Ownership(job, None, "pending", 1, 1, 1, 1)]
     assert await ports.store.ownership([other]) == []
     assert await ports.store.workers() == []
 
@@ -137,13 +147,13 @@ async def test_a_claim_takes_only_what_is_pending_under_its_very_stamp(ports: Po
     await ports.store.assign_new([job], Stamp(1, 1), 100)
     assert await ports.store.claim("w1", [job], Stamp(1, 2)) == []  # another Assign's stamp
     assert await ports.store.claim("w1", [job], Stamp(0, 1)) == []  # an older term
-    [taken] = await ports.store.claim("w1", [job], Stamp(1, 1))
-    assert (taken["job_id"], taken["version"], taken["job_version"]) == (job, 1, 1)
+    assert await ports.store.claim("w1", [job], Stamp(1, 1)) == [rows.ClaimTaken(job, 1, 1)]
     assert await ports.store.claim("w2", [job], Stamp(1, 1)) == []  # claimed already
     assert await ports.store.claim("w1", [job], Stamp(1, 1)) == []
     assert await ports.store.owned_by("w1") == [job]
     assert await ports.store.claimed_counts() == {"w1": 1}
     assert await ports.store.claimed_by_worker() == {"w1": [job]}
+    assert await ports.store.claimed_versions() == [rows.ClaimedVersion("w1", job, 1, "claimed", 1, 1)]
 
 
 async def test_an_assign_aimed_at_one_worker_is_claimed_by_it_alone(ports: Ports) -> None:
@@ -152,14 +162,21 @@ async def test_an_assign_aimed_at_one_worker_is_claimed_by_it_alone(ports: Ports
     await ports.store.claim("w1", [job], Stamp(1, 1))
     await ports.store.sent_versions([job], [1], 150)
     await ports.store.upsert_pending([job], [1], "w2", Stamp(1, 5), 300)
-    [row] = await ports.store.definitions([job], "w2", claimed=False)
-    assert row["fires_after"] == 150  # a job that had an owner keeps it
+    defined = _columns(ports, job)
+    # A job that had an owner keeps its fires_after.
+    assert await ports.store.definitions([job], "w2", claimed=False) == [
+        rows.StampedDefinition(*defined, 150, 1, 5, "pending")
+    ]
+    assert await ports.store.pending_definitions([job], "w2") == [rows.OwnedDefinition(*defined, 150)]
+    assert await ports.store.pending_definitions([job], None) == []
     assert await ports.store.definitions([job], "w2", claimed=True) == []
     assert await ports.store.claim("w3", [job], Stamp(1, 5)) == []
     assert await ports.store.claim("w2", [job], Stamp(1, 5)) != []
     await ports.store.sent_versions([job], [1], 120)
-    [row] = await ports.store.definitions([job], "w2", claimed=True)
-    assert row["fires_after"] == 150  # never moves back
+    # fires_after never moves back.
+    assert await ports.store.definitions([job], "w2", claimed=True) == [
+        rows.StampedDefinition(*defined, 150, 1, 5, "claimed")
+    ]
 
 
 async def test_drift_names_every_job_whose_ownership_is_wrong(ports: Ports) -> None:
@@ -171,10 +188,14 @@ async def test_drift_names_every_job_whose_ownership_is_wrong(ports: Ports) -> N
     ports.jobs.change(changed, cron="*/2 * * * *")
     ports.jobs.delete_for_good(gone)
     assert await ports.store.drift() == sorted([unowned, paused, changed, gone])
-    states = {r["job_id"]: r for r in await ports.store.job_states([paused, changed, gone])}
-    assert (states[paused]["schedulable"], states[paused]["owned"]) == (False, True)
-    assert (states[changed]["version"], states[changed]["sent_version"]) == (2, 1)
-    assert (states[gone]["schedulable"], states[gone]["owned"], states[gone]["worker_id"]) == (False, True, "w1")
+    states = {r.job_id: r for r in await ports.store.job_states([unowned, paused, changed, gone])}
+    owned_by_w1 = ("w1", "claimed", 1)
+    assert states == {
+        unowned: rows.JobState(*_columns(ports, unowned), True, False, None, None, None),
+        paused: rows.JobState(*_columns(ports, paused, version=2), False, True, *owned_by_w1),
+        changed: rows.JobState(*_columns(ports, changed, version=2, cron="*/2 * * * *"), True, True, *owned_by_w1),
+        gone: rows.JobState(gone, *(None,) * 7, False, True, *owned_by_w1),  # deleted for good: no definition
+    }
     await ports.store.delete_ownership([paused, gone])
     assert await ports.store.owners() == ["w1"]
 
@@ -183,9 +204,9 @@ async def test_a_buried_worker_stays_dead_until_it_registers(ports: Ports) -> No
     await ports.store.heartbeat("w1", 0, 0)
     await ports.store.mark_dead("w1")
     await ports.store.beat("w1", 3, 7)
-    assert await ports.store.workers() == [{"worker_id": "w1", "state": "dead"}]
+    assert await ports.store.workers() == [rows.Worker("w1", "dead")]
     await ports.store.heartbeat("w1", 0, 0)
-    assert await ports.store.workers() == [{"worker_id": "w1", "state": "alive"}]
+    assert await ports.store.workers() == [rows.Worker("w1", "alive")]
 
 
 async def test_stale_pending_is_what_waited_longer_than_the_timeout(ports: Ports) -> None:
@@ -193,8 +214,7 @@ async def test_stale_pending_is_what_waited_longer_than_the_timeout(ports: Ports
     await ports.store.assign_new([job], Stamp(1, 1), 100)
     assert await ports.store.stale_pending(3600) == []
     await asyncio.sleep(0.01)
-    [row] = await ports.store.stale_pending(0)
-    assert (row["job_id"], row["worker_id"], row["term"], row["clock"]) == (job, None, 1, 1)
+    assert await ports.store.stale_pending(0) == [rows.StalePending(job, None, 1, 1)]
 
 
 async def test_a_fire_queued_twice_is_one_run(ports: Ports) -> None:

@@ -16,11 +16,15 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from orchestrator import rows
 from orchestrator.leadership import LeadershipLost
-from orchestrator.ownership_store import Row
 from queuer_worker.firing import PreparedTick, TickResult
 from runplane.basics.stamps import Stamp
 from runplane.basics.types import schedule_idempotency_key
+
+# A definition's columns in their order: job_id, account_id, version, cron, timezone,
+# missed_run_grace_seconds, job_type, priority (the rows that say more of a job start with them).
+DefinitionColumns = tuple[int, int, int, str | None, str, int, str, int]
 
 
 @dataclass
@@ -41,17 +45,20 @@ class JobRow:
     def schedulable(self) -> bool:
         return not (self.deleted or self.deactivated or self.paused) and self.cron is not None
 
-    def definition(self) -> Row:
-        return {
-            "job_id": self.id,
-            "account_id": self.account_id,
-            "version": self.version,
-            "cron": self.cron,
-            "timezone": self.timezone,
-            "missed_run_grace_seconds": self.missed_run_grace_seconds,
-            "job_type": self.job_type,
-            "priority": self.priority,
-        }
+    def definition(self) -> rows.Definition:
+        return rows.Definition(*self.definition_columns())
+
+    def definition_columns(self) -> DefinitionColumns:
+        return (
+            self.id,
+            self.account_id,
+            self.version,
+            self.cron,
+            self.timezone,
+            self.missed_run_grace_seconds,
+            self.job_type,
+            self.priority,
+        )
 
 
 @dataclass
@@ -140,8 +147,8 @@ class MemoryOwnershipStore:
         if self.db.term != self.term:
             raise LeadershipLost(f"term {self.term} is over: a newer leader was elected")
 
-    async def workers(self) -> list[Row]:
-        return [{"worker_id": w, "state": row.state} for w, row in self.db.workers.items()]
+    async def workers(self) -> list[rows.Worker]:
+        return [rows.Worker(w, row.state) for w, row in self.db.workers.items()]
 
     async def heartbeat(self, worker_id: str, jobs_owned: int, owned_digest: int) -> None:
         self._fence()
@@ -159,50 +166,31 @@ class MemoryOwnershipStore:
         if row is not None:
             row.state = "dead"
 
-    async def job_states(self, job_ids: list[int]) -> list[Row]:
-        rows: list[Row] = []
+    async def job_states(self, job_ids: list[int]) -> list[rows.JobState]:
+        found: list[rows.JobState] = []
         for job_id in job_ids:
             job = self.db.jobs.get(job_id)
             own = self.db.ownership.get(job_id)
             if job is None:
                 if own is not None:
-                    rows.append(
-                        {
-                            "job_id": job_id,
-                            **dict.fromkeys(
-                                (
-                                    "account_id",
-                                    "version",
-                                    "cron",
-                                    "timezone",
-                                    "missed_run_grace_seconds",
-                                    "job_type",
-                                    "priority",
-                                )
-                            ),
-                            "schedulable": False,
-                            "owned": True,
-                            "worker_id": own.worker_id,
-                            "state": own.state,
-                            "sent_version": own.version,
-                        }
-                    )
+                    no_job = (None,) * 7
+                    found.append(rows.JobState(job_id, *no_job, False, True, own.worker_id, own.state, own.version))
                 continue
-            rows.append(
-                {
-                    **job.definition(),
-                    "schedulable": job.schedulable,
-                    "owned": own is not None,
-                    "worker_id": own.worker_id if own else None,
-                    "state": own.state if own else None,
-                    "sent_version": own.version if own else None,
-                }
+            found.append(
+                rows.JobState(
+                    *job.definition_columns(),
+                    job.schedulable,
+                    own is not None,
+                    own.worker_id if own else None,
+                    own.state if own else None,
+                    own.version if own else None,
+                )
             )
-        return rows
+        return found
 
-    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[Row]:
+    async def assign_new(self, job_ids: list[int], stamp: Stamp, now: int) -> list[rows.Definition]:
         self._fence()
-        rows: list[Row] = []
+        found: list[rows.Definition] = []
         for job_id in job_ids:
             job = self.db.jobs.get(job_id)
             if job is None or not job.schedulable or job_id in self.db.ownership:
@@ -210,8 +198,8 @@ class MemoryOwnershipStore:
             self.db.ownership[job_id] = OwnershipRow(
                 job_id, None, "pending", stamp.term, stamp.clock, job.version, now, self.db.now()
             )
-            rows.append(job.definition())
-        return rows
+            found.append(job.definition())
+        return found
 
     async def drift(self) -> list[int]:
         drifted: set[int] = set()
@@ -238,22 +226,18 @@ class MemoryOwnershipStore:
                 found.append((own, job))
         return found
 
-    async def definitions(self, job_ids: list[int], worker_id: str | None, *, claimed: bool) -> list[Row]:
+    async def definitions(
+        self, job_ids: list[int], worker_id: str | None, *, claimed: bool
+    ) -> list[rows.StampedDefinition]:
         return [
-            {
-                **job.definition(),
-                "fires_after": own.fires_after,
-                "term": own.term,
-                "clock": own.clock,
-                "state": own.state,
-            }
+            rows.StampedDefinition(*job.definition_columns(), own.fires_after, own.term, own.clock, own.state)
             for own, job in self._owned(job_ids, worker_id)
             if not claimed or own.state == "claimed"
         ]
 
-    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[Row]:
+    async def pending_definitions(self, job_ids: list[int], worker_id: str | None) -> list[rows.OwnedDefinition]:
         return [
-            {**job.definition(), "fires_after": own.fires_after}
+            rows.OwnedDefinition(*job.definition_columns(), own.fires_after)
             for own, job in self._owned(job_ids, worker_id)
             if own.state == "pending"
         ]
@@ -269,29 +253,22 @@ class MemoryOwnershipStore:
                 job_id, worker_id, "pending", stamp.term, stamp.clock, version, fires_after, self.db.now()
             )
 
-    async def ownership(self, job_ids: list[int]) -> list[Row]:
-        rows: list[Row] = []
+    async def ownership(self, job_ids: list[int]) -> list[rows.Ownership]:
+        found: list[rows.Ownership] = []
         for job_id in job_ids:
             own = self.db.ownership.get(job_id)
             if own is None:
                 continue
             job = self.db.jobs.get(job_id)
-            rows.append(
-                {
-                    "job_id": job_id,
-                    "worker_id": own.worker_id,
-                    "state": own.state,
-                    "term": own.term,
-                    "clock": own.clock,
-                    "version": own.version,
-                    "job_version": job.version if job else None,
-                }
+            job_version = job.version if job else None
+            found.append(
+                rows.Ownership(job_id, own.worker_id, own.state, own.term, own.clock, own.version, job_version)
             )
-        return rows
+        return found
 
-    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[Row]:
+    async def claim(self, worker_id: str, job_ids: list[int], stamp: Stamp) -> list[rows.ClaimTaken]:
         self._fence()
-        taken: list[Row] = []
+        taken: list[rows.ClaimTaken] = []
         for job_id in dict.fromkeys(job_ids):
             own = self.db.ownership.get(job_id)
             if (
@@ -303,7 +280,7 @@ class MemoryOwnershipStore:
                 continue
             own.state, own.worker_id = "claimed", worker_id
             job = self.db.jobs.get(job_id)
-            taken.append({"job_id": job_id, "version": own.version, "job_version": job.version if job else None})
+            taken.append(rows.ClaimTaken(job_id, own.version, job.version if job else None))
         return taken
 
     async def sent_versions(self, job_ids: list[int], versions: list[int], now: int) -> None:
@@ -324,10 +301,10 @@ class MemoryOwnershipStore:
     async def owners(self) -> list[str]:
         return sorted({o.worker_id for o in self.db.ownership.values() if o.worker_id is not None})
 
-    async def stale_pending(self, timeout: float) -> list[Row]:
+    async def stale_pending(self, timeout: float) -> list[rows.StalePending]:
         before = self.db.now() - timeout
         return [
-            {"job_id": o.job_id, "worker_id": o.worker_id, "term": o.term, "clock": o.clock}
+            rows.StalePending(o.job_id, o.worker_id, o.term, o.clock)
             for o in self.db.ownership.values()
             if o.state == "pending" and o.assigned_at < before
         ]
@@ -342,16 +319,9 @@ class MemoryOwnershipStore:
                 owned.setdefault(str(o.worker_id), []).append(o.job_id)
         return owned
 
-    async def claimed_versions(self) -> list[Row]:
+    async def claimed_versions(self) -> list[rows.ClaimedVersion]:
         return [
-            {
-                "worker_id": o.worker_id,
-                "job_id": o.job_id,
-                "version": o.version,
-                "state": o.state,
-                "term": o.term,
-                "clock": o.clock,
-            }
+            rows.ClaimedVersion(o.worker_id, o.job_id, o.version, o.state, o.term, o.clock)
             for o in self.db.ownership.values()
             if o.worker_id is not None or o.state == "pending"
         ]
