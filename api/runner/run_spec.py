@@ -18,7 +18,7 @@ from typing import Any
 from runplane.adapters.db import Connection, fetch_one
 from runplane.basics.secrets import SecretBox, SecretKeyError
 from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, AccountId, JobId, JobType, RunId, Trigger
-from runplane.dbt.context import DbtContext, context_from_row, to_proto
+from runplane.dbt.context import ContextRow, DbtContext, context_from_row, to_proto
 from runplane.dbt.context import run_override as override
 from runplane.sql import load_queries
 from runplane.v1 import runner_pb2
@@ -74,11 +74,8 @@ async def claimed_run(conn: Connection, params: dict[str, Any]) -> ClaimedRun | 
 
 async def load_dbt_context(conn: Connection, run_id: int, decrypt: Callable[[str], str]) -> DbtContext | None:
     """The DbtContext of a run, or None when its job has no environment (plain commands)."""
-    cur = await conn.execute(Q["dbt_context"], {"run_id": run_id})
-    row = await cur.fetchone()
-    if row is None:
-        return None
-    return context_from_row(row, decrypt)
+    row = await fetch_one(conn, Q["dbt_context"], {"run_id": run_id}, ContextRow)
+    return None if row is None else context_from_row(row, decrypt)
 
 
 def build_run_spec(

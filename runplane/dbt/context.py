@@ -1,11 +1,11 @@
 """What a run of a job with an environment needs to run dbt: one home for assembling it.
 
 The control plane (which knows projects, environments, jobs and runs) builds a :class:`DbtContext`
-for a run from its row (:func:`context_from_row`, loaded by ``api.runner.run_spec.load_dbt_context`` at the
-claim) and sends it in the run's ``RunSpec``; the runner gets it whole and prepares the run from it
-(checkout, profile, step environment) without reading anything else. The precedence rules live
-here: run override > job setting > environment default, and a CI run's schema is always its
-pull-request schema.
+for a run from its row (a :class:`ContextRow`, read by ``api.runner.run_spec.load_dbt_context`` at
+the claim; :func:`context_from_row`) and sends it in the run's ``RunSpec``; the runner gets it whole
+and prepares the run from it (checkout, profile, step environment) without reading anything else.
+The precedence rules live here: run override > job setting > environment default, and a CI run's
+schema is always its pull-request schema.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from runplane.basics.types import (
     JOB_TYPE_TO_PROTO,
     TRIGGER_FROM_PROTO,
     TRIGGER_TO_PROTO,
+    AccountId,
+    JobId,
     JobType,
+    RunId,
     Trigger,
 )
 from runplane.dbt import fields
@@ -27,6 +30,45 @@ from runplane.v1 import projects_pb2
 
 # The macro a pull request's schema drop run calls (runplane.runs.pull_requests; runner/macros.py).
 DROP_SCHEMA_MACRO = "runplane_drop_pull_request_schema"
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRow:
+    """What the control plane knows of a run of a job with an environment, one field per column of
+    the API's ``dbt_context`` query in its order: the run, its job's settings (``job_*``: empty or 0
+    when unset), its environment's and its project's. ``connection_secrets``, ``secret_variables``
+    and ``git_credential`` hold ciphertext."""
+
+    run_id: RunId
+    job_id: JobId
+    account_id: AccountId
+    job_type: str
+    trigger: str
+    cause: str
+    overrides: dict[str, Any]
+    run_schema: str
+    pull_request_number: int | None
+    job_schema: str
+    job_target_name: str
+    job_threads: int
+    job_git_branch: str
+    environment_id: int
+    environment_type: str
+    dbt_version: str
+    environment_git_branch: str
+    adapter_type: str
+    connection: dict[str, str]
+    connection_secrets: dict[str, str] = field(repr=False)
+    environment_target_name: str
+    environment_schema: str
+    environment_threads: int
+    variables: dict[str, str]
+    secret_variables: dict[str, str] = field(repr=False)
+    project_id: int
+    repository_url: str
+    subdirectory: str
+    git_credential_kind: str
+    git_credential: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -112,50 +154,44 @@ def run_override(overrides: Mapping[str, Any], name: str) -> Any:
     return overrides.get(name) or overrides.get(camel)
 
 
-def context_from_row(row: Mapping[str, Any], decrypt: Callable[[str], str]) -> DbtContext:
-    """The run's DbtContext from the ``dbt_context`` row, secrets decrypted with ``decrypt``."""
-    overrides: Mapping[str, Any] = row["overrides"] if isinstance(row["overrides"], dict) else {}
-    job_type = JobType(row["job_type"])
+def context_from_row(row: ContextRow, decrypt: Callable[[str], str]) -> DbtContext:
+    """The run's DbtContext from its row, secrets decrypted with ``decrypt``."""
+    overrides: Mapping[str, Any] = row.overrides if isinstance(row.overrides, dict) else {}
+    job_type = JobType(row.job_type)
     if job_type is JobType.CI:
-        schema = str(row["run_schema"])  # set at trigger time: the pull request's own schema
+        schema = row.run_schema  # set at trigger time: the pull request's own schema
     else:
-        schema = str(run_override(overrides, "schema") or row["job_schema"] or row["environment_schema"])
-    pull_request = row["pull_request_number"]
-    trigger = Trigger(row["trigger"])
+        schema = str(run_override(overrides, "schema") or row.job_schema or row.environment_schema)
+    trigger = Trigger(row.trigger)
     return DbtContext(
-        run_id=int(row["run_id"]),
-        job_id=int(row["job_id"]),
-        account_id=int(row["account_id"]),
-        project_id=int(row["project_id"]),
-        environment_id=int(row["environment_id"]),
-        environment_type=str(row["environment_type"]),
+        run_id=row.run_id,
+        job_id=row.job_id,
+        account_id=row.account_id,
+        project_id=row.project_id,
+        environment_id=row.environment_id,
+        environment_type=row.environment_type,
         job_type=job_type,
         trigger=trigger,
-        cause=effective_run_reason(trigger, str(row["cause"] or "")),
-        repository_url=str(row["repository_url"]),
-        subdirectory=str(row["subdirectory"]),
-        git_credential_kind=str(row["git_credential_kind"]),
-        git_credential=decrypt(row["git_credential"]) if row["git_credential"] else "",
+        cause=effective_run_reason(trigger, row.cause),
+        repository_url=row.repository_url,
+        subdirectory=row.subdirectory,
+        git_credential_kind=row.git_credential_kind,
+        git_credential=decrypt(row.git_credential) if row.git_credential else "",
         git_sha=str(run_override(overrides, "git_sha") or ""),
-        git_branch=str(run_override(overrides, "git_branch") or row["job_git_branch"] or row["environment_git_branch"]),
-        dbt_version=str(run_override(overrides, "dbt_version") or row["dbt_version"]),
-        adapter_type=str(row["adapter_type"]),
-        connection={str(k): str(v) for k, v in dict(row["connection"]).items()},
-        connection_secrets={str(k): decrypt(str(v)) for k, v in dict(row["connection_secrets"]).items()},
-        target_name=str(
-            run_override(overrides, "target_name") or row["job_target_name"] or row["environment_target_name"]
-        ),
+        git_branch=str(run_override(overrides, "git_branch") or row.job_git_branch or row.environment_git_branch),
+        dbt_version=str(run_override(overrides, "dbt_version") or row.dbt_version),
+        adapter_type=row.adapter_type,
+        connection={str(k): str(v) for k, v in row.connection.items()},
+        connection_secrets={str(k): decrypt(str(v)) for k, v in row.connection_secrets.items()},
+        target_name=str(run_override(overrides, "target_name") or row.job_target_name or row.environment_target_name),
         schema=schema,
         threads=int(
-            run_override(overrides, "threads")
-            or row["job_threads"]
-            or row["environment_threads"]
-            or fields.DEFAULT_THREADS
+            run_override(overrides, "threads") or row.job_threads or row.environment_threads or fields.DEFAULT_THREADS
         ),
-        variables={str(k): str(v) for k, v in dict(row["variables"]).items()},
-        pull_request_number=int(pull_request) if pull_request else None,
+        variables={str(k): str(v) for k, v in row.variables.items()},
+        pull_request_number=row.pull_request_number or None,
         drop_schema=job_type is JobType.CI and bool(overrides.get("drop_schema")),
-        secret_variables={str(k): decrypt(str(v)) for k, v in dict(row["secret_variables"]).items()},
+        secret_variables={str(k): decrypt(str(v)) for k, v in row.secret_variables.items()},
     )
 
 

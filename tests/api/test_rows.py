@@ -12,7 +12,9 @@ import psycopg
 import pytest
 
 from api import rows
+from api.runner.run_spec import Q as RUNNER_QUERIES
 from api.webhooks import rows as webhook_rows
+from runplane.dbt.context import ContextRow
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -49,3 +51,9 @@ def test_a_row_type_is_its_table(
     hints = typing.get_type_hints(row)
     fields = [(f.name, _allows_none(hints[f.name])) for f in dataclasses.fields(row)]
     assert fields == _columns(db, table)
+
+
+def test_the_dbt_context_row_is_its_query(db: psycopg.Connection[tuple[object, ...]]) -> None:
+    """``runplane.dbt`` cannot read the API's query: its row type is held to the query's columns here."""
+    cur = db.execute(RUNNER_QUERIES["dbt_context"], {"run_id": -1})
+    assert [column.name for column in cur.description or ()] == [f.name for f in dataclasses.fields(ContextRow)]

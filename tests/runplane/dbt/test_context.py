@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from runner.dbt_env import dbt_cloud_variables
-from runplane.basics.types import JobType, Trigger
-from runplane.dbt.context import context_from_row, from_proto, to_proto
+from runplane.basics.types import AccountId, JobId, JobType, RunId, Trigger
+from runplane.dbt.context import ContextRow, context_from_row, from_proto, to_proto
+
+ROW = ContextRow(
+    run_id=RunId(7), job_id=JobId(3), account_id=AccountId(1), job_type="deploy", trigger="schedule", cause="",
+    overrides={}, run_schema="", pull_request_number=None,
+    job_schema="", job_target_name="", job_threads=0, job_git_branch="",
+    environment_id=5, environment_type="deployment", dbt_version="1.10", environment_git_branch="main",
+    adapter_type="postgres", connection={"host": "db"}, connection_secrets={"password": "enc:pw"},
+    environment_target_name="prod", environment_schema="analytics", environment_threads=4,
+    variables={"DBT_X": "1"}, secret_variables={"DBT_ENV_SECRET_KEY": "enc:k3y"},
+    project_id=2, repository_url="file:///repo", subdirectory="", git_credential_kind="token",
+    git_credential="enc:s3cr3t-t0k",
+)  # fmt: skip
 
 
-def row(**changes: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "run_id": 7, "job_id": 3, "account_id": 1, "project_id": 2, "environment_id": 5,
-        "job_type": "deploy", "trigger": "schedule", "cause": "", "overrides": {},
-        "run_schema": "", "pull_request_number": None,
-        "job_schema": "", "job_target_name": "", "job_threads": 0, "job_git_branch": "",
-        "environment_type": "deployment", "dbt_version": "1.10", "environment_git_branch": "main",
-        "adapter_type": "postgres", "connection": {"host": "db"}, "connection_secrets": {"password": "enc:pw"},
-        "environment_target_name": "prod", "environment_schema": "analytics", "environment_threads": 4,
-        "variables": {"DBT_X": "1"}, "secret_variables": {"DBT_ENV_SECRET_KEY": "enc:k3y"},
-        "repository_url": "file:///repo", "subdirectory": "", "git_credential_kind": "token",
-        "git_credential": "enc:s3cr3t-t0k",
-    }  # fmt: skip
-    base.update(changes)
-    return base
+def row(**changes: Any) -> ContextRow:
+    return dataclasses.replace(ROW, **changes)
 
 
 def decrypt(token: str) -> str:
@@ -64,7 +64,7 @@ def test_a_job_setting_beats_the_environment_and_a_run_override_beats_both() -> 
         "git_sha": "abc1234",
         "dbtVersion": "1.9",
     }
-    context = context_from_row({**job, "overrides": overrides}, decrypt)
+    context = context_from_row(dataclasses.replace(job, overrides=overrides), decrypt)
     assert (context.target_name, context.schema, context.threads) == ("run_target", "run_schema", 8)
     assert (context.git_branch, context.git_sha) == ("hotfix", "abc1234")
     assert context.dbt_version == "1.9"
