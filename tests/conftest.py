@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import shutil
 import threading
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -210,6 +211,20 @@ def service_env(settings: Settings) -> Iterator[dict[str, str]]:
     cleanup = threading.Thread(target=asyncio.run, args=(delete_queues(settings.bus_prefix, settings.database_url),))
     cleanup.start()
     cleanup.join()
+    remove_demo(settings)
+
+
+def remove_demo(settings: Settings) -> None:
+    """What a ``runplane up --demo`` of these settings left: its git repository and its warehouse (kept
+    across restarts of one install, so ``up`` leaves them; a test's install is never started again)."""
+    from runplane.commands.demo import demo_repository_path
+    from runplane.commands.demo_warehouse import DemoWarehouse
+
+    shutil.rmtree(demo_repository_path(settings).parent, ignore_errors=True)
+    warehouse = DemoWarehouse.for_install(settings)
+    if warehouse.directory.exists():
+        warehouse.stop()  # stopped with up, unless up was killed
+        shutil.rmtree(warehouse.directory, ignore_errors=True)
 
 
 @pytest.fixture
