@@ -436,6 +436,7 @@ async def _job_page(
     store = store_of(request)
     async with store.connection() as conn:
         row = await existing_job(store, conn, who.account_id, job_id)
+        completion = (await store.completion_triggers(conn, [job_id])).get(job_id, [])
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=CHART_RUNS)
     chart = views.duration_chart(recent)
     recent = recent[:10]
@@ -445,6 +446,7 @@ async def _job_page(
         "job.html",
         who,
         job=row,
+        completion=completion,
         schedule=views.schedule(row.cron, row.timezone, time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,

@@ -416,6 +416,13 @@ async def test_priority_missed_run_grace_and_fan_in_set_on_the_job_form(browser:
         return row[0], row[1], row[2]
 
     assert await stored() == (9, 0, "all")  # 0: a missed fire is skipped, not the default grace
+    shown = (await browser.http.get(f"/ui/jobs/{job_id}")).text  # the job's page shows them, not only its form
+    assert '<span id="priority">9</span>' in shown
+    assert '<span id="grace">none: a fire missed is skipped</span>' in shown
+    completion = re.search(r'<div id="completion">(.*?)</div>', shown, re.S)
+    assert completion is not None
+    assert "all of:" in completion.group(1) and f'href="/ui/jobs/{upstream_id}"' in completion.group(1)
+    assert "on success" in completion.group(1)
     edit = (await browser.http.get(f"/ui/jobs/{job_id}/edit")).text
     assert 'name="priority" type="text" value="9"' in edit
     assert 'name="missed_run_grace_seconds" type="text" value="0"' in edit
@@ -430,6 +437,9 @@ async def test_priority_missed_run_grace_and_fan_in_set_on_the_job_form(browser:
     )
     assert saved.status_code == 303, saved.text
     assert await stored() == (-3, 300, "any")  # empty grace: the default, as the API's
+    shown = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert '<span id="priority">-3</span>' in shown and '<span id="grace">5 m 00 s</span>' in shown
+    assert "any of:" in shown
 
     # The API's bounds, each refused at its field with what was typed; nothing is saved.
     version = await scalar(adb, "SELECT version FROM jobs WHERE id = %s", job_id)
