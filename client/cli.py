@@ -86,6 +86,8 @@ def to_json(message: Message) -> str:
     return json_format.MessageToJson(message, indent=2)
 
 
+# dbt's prefix of secret variables: write-only, so an update sends one empty to unset it.
+SECRET_PREFIX = "DBT_ENV_SECRET_"
 JOB_TYPES = {
     "deploy": common_pb2.JOB_TYPE_DEPLOY,
     "ci": common_pb2.JOB_TYPE_CI,
@@ -103,50 +105,84 @@ TRIGGERS = {"api": common_pb2.TRIGGER_API, "manual": common_pb2.TRIGGER_MANUAL, 
 
 
 def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--type", choices=JOB_TYPES, default="deploy", help="job type (default deploy)")
-    parser.add_argument("--step", action="append", required=True, help="a command; repeat for several")
-    parser.add_argument("--cron", help="five-field cron expression")
-    parser.add_argument("--timezone", default="UTC", help="IANA time zone of the cron expression")
-    parser.add_argument("--on-pull-request", action="store_true", help="ci jobs: run on pull requests")
-    parser.add_argument("--on-merge", action="store_true", help="merge jobs: run on merged pull requests")
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--timeout", type=int, default=0, help="seconds; 0: none")
-    parser.add_argument("--target-name", default="")
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="repeat for several")
-    parser.add_argument("--git-branch", default="")
-    parser.add_argument("--retries", type=int, default=0, help="retries after a failure")
-    parser.add_argument("--retry-on-step-failure", action="store_true")
-    parser.add_argument("--priority", type=int, default=0)
-    parser.add_argument("--environment", type=int, default=0, help="run dbt steps in this environment")
-    parser.add_argument("--schema", default="", help="default: the environment's schema")
-    parser.add_argument("--missed-run-grace", type=int, default=-1, help="seconds; 0 skips missed fires (default 300)")
-    parser.add_argument("--generate-docs", action="store_true", help="dbt jobs: dbt docs generate after the steps")
+    """The job's settings as options. For an update every one is optional and only those given change
+    (the parser's ``argument_default`` is ``SUPPRESS``: an option not given is not in the namespace)."""
+
+    def default(value: object) -> object:
+        return value if create else argparse.SUPPRESS
+
+    flag = argparse.BooleanOptionalAction
+    parser.add_argument("--name", required=create)
+    parser.add_argument("--type", choices=JOB_TYPES, default=default("deploy"), help="job type (default deploy)")
+    parser.add_argument("--step", action="append", required=create, help="a command; repeat for several (replaces)")
+    parser.add_argument("--cron", help="five-field cron expression; an update with '' removes the schedule")
+    parser.add_argument("--timezone", default=default("UTC"), help="IANA time zone of the cron expression")
+    parser.add_argument("--on-pull-request", action=flag, default=default(False), help="ci jobs: run on pull requests")
     parser.add_argument(
-        "--source-freshness", action="store_true", help="dbt jobs: dbt source freshness before the steps"
+        "--on-merge", action=flag, default=default(False), help="merge jobs: run on merged pull requests"
+    )
+    parser.add_argument("--threads", type=int, default=default(0))
+    parser.add_argument("--timeout", type=int, default=default(0), help="seconds; 0: none")
+    parser.add_argument("--target-name", default=default(""))
+    parser.add_argument(
+        "--env", action="append", default=default([]), metavar="KEY=VALUE", help="repeat for several; KEY= unsets"
+    )
+    parser.add_argument("--git-branch", default=default(""))
+    parser.add_argument("--retries", type=int, default=default(0), help="retries after a failure")
+    parser.add_argument("--retry-on-step-failure", action=flag, default=default(False))
+    parser.add_argument("--priority", type=int, default=default(0))
+    parser.add_argument("--environment", type=int, default=default(0), help="run dbt steps in this environment")
+    parser.add_argument("--schema", default=default(""), help="default: the environment's schema")
+    parser.add_argument(
+        "--missed-run-grace", type=int, default=default(-1), help="seconds; 0 skips missed fires (default 300)"
+    )
+    parser.add_argument(
+        "--generate-docs", action=flag, default=default(False), help="dbt jobs: dbt docs generate after the steps"
+    )
+    parser.add_argument(
+        "--source-freshness",
+        action=flag,
+        default=default(False),
+        help="dbt jobs: dbt source freshness before the steps",
     )
     defer = parser.add_mutually_exclusive_group()
-    defer.add_argument("--defer-to-job", type=int, default=0, help="dbt jobs: defer to this job's latest success")
-    defer.add_argument("--defer-to-environment", type=int, default=0, help="dbt jobs: defer to its deploy jobs")
+    defer.add_argument(
+        "--defer-to-job", type=int, default=default(0), help="dbt jobs: defer to this job's latest success; 0: none"
+    )
+    defer.add_argument(
+        "--defer-to-environment", type=int, default=default(0), help="dbt jobs: defer to its deploy jobs; 0: none"
+    )
     parser.add_argument(
-        "--run-only-modified", action="store_true", help="Slim CI: steps without a selection build state:modified+"
+        "--run-only-modified",
+        action=flag,
+        default=default(False),
+        help="Slim CI: steps without a selection build state:modified+",
     )
     parser.add_argument(
         "--on-completion",
         action="append",
-        default=[],
+        default=default([]),
         metavar="JOB[:STATUSES]",
-        help="run when that job ends with one of the statuses (success, error, cancelled; default success); repeat",
+        help="run when that job ends with one of the statuses (success, error, cancelled; default success); "
+        "repeat (an update's replace the job's)",
     )
     parser.add_argument(
-        "--completion-mode", choices=COMPLETION_MODES, default="any", help="all: one run once every upstream ran"
+        "--completion-mode",
+        choices=COMPLETION_MODES,
+        default=default("any"),
+        help="all: one run once every upstream ran",
     )
     if create:
         parser.add_argument(
             "--idempotency-key", default="", help="a retry with the same key returns the job the first one made"
         )
     else:
-        parser.add_argument("--expected-version", type=int, default=0)
+        parser.add_argument(
+            "--expected-version",
+            type=int,
+            help="refuse the update unless the job is at this version (default: "
+            "the version read just before, so a change made meanwhile is not overwritten)",
+        )
 
 
 def _step_number(text: str) -> int:
@@ -165,7 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print whole objects as JSON")
     sub = parser.add_subparsers(dest="command", required=True)
     _job_options(sub.add_parser("create-job", help="create a job"), create=True)
-    update = sub.add_parser("update-job", help="replace a job's definition")
+    update = sub.add_parser(
+        "update-job", help="change a job: only the settings given", argument_default=argparse.SUPPRESS
+    )
     update.add_argument("job_id", type=int)
     _job_options(update, create=False)
     for name, text in (
@@ -245,27 +283,69 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _job_request(args: argparse.Namespace, request: Any) -> Any:
-    request.name = args.name
-    request.job_type = JOB_TYPES[args.type]
-    request.steps.extend(args.step)
-    if args.cron:
-        request.triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=args.cron, timezone=args.timezone))
-    request.triggers.on_pull_request = args.on_pull_request
-    request.triggers.on_merge = args.on_merge
-    request.triggers.on_completion.extend(_completion_trigger(value) for value in args.on_completion)
-    request.triggers.completion_mode = COMPLETION_MODES[args.completion_mode]
-    env = dict(item.partition("=")[::2] for item in args.env)
-    request.settings.CopyFrom(
-        jobs_pb2.JobSettings(
-            threads=args.threads, timeout_seconds=args.timeout, target_name=args.target_name, environment=env,
-            git_branch=args.git_branch, retry_max_attempts=args.retries,
-            retry_on_step_failure=args.retry_on_step_failure, missed_run_grace_seconds=args.missed_run_grace,
-            priority=args.priority, environment_id=args.environment, schema=args.schema,
-            generate_docs=args.generate_docs, run_source_freshness=args.source_freshness,
-            defer_to_job_id=args.defer_to_job, defer_to_environment_id=args.defer_to_environment,
-            run_only_modified=args.run_only_modified,
-        )
+    """Set on ``request`` (a create, or an update holding the job as it is) the settings in ``args``:
+    all of them for a create, those given for an update."""
+    given = vars(args)
+    if "name" in given:
+        request.name = args.name
+    if "type" in given:
+        request.job_type = JOB_TYPES[args.type]
+    if "step" in given:
+        del request.steps[:]
+        request.steps.extend(args.step)
+    triggers = request.triggers
+    if given.get("cron"):
+        triggers.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=args.cron, timezone=triggers.schedule.timezone))
+    elif "cron" in given:  # none for a create, '' for an update: no schedule
+        triggers.ClearField("schedule")
+    if "timezone" in given and triggers.HasField("schedule"):
+        triggers.schedule.timezone = args.timezone
+    for option, field in (("on_pull_request", "on_pull_request"), ("on_merge", "on_merge")):
+        if option in given:
+            setattr(triggers, field, given[option])
+    if "on_completion" in given:
+        del triggers.on_completion[:]
+        triggers.on_completion.extend(_completion_trigger(value) for value in args.on_completion)
+    if "completion_mode" in given:
+        triggers.completion_mode = COMPLETION_MODES[args.completion_mode]
+    settings = request.settings
+    for key, _, value in (item.partition("=") for item in given.get("env", [])):
+        if value or key.startswith(SECRET_PREFIX):
+            settings.environment[key] = value  # a secret sent empty is unset by the server
+        else:
+            settings.environment.pop(key, None)
+    for option, field in (
+        ("threads", "threads"), ("timeout", "timeout_seconds"), ("target_name", "target_name"),
+        ("git_branch", "git_branch"), ("retries", "retry_max_attempts"),
+        ("retry_on_step_failure", "retry_on_step_failure"), ("missed_run_grace", "missed_run_grace_seconds"),
+        ("priority", "priority"), ("environment", "environment_id"), ("schema", "schema"),
+        ("generate_docs", "generate_docs"), ("source_freshness", "run_source_freshness"),
+        ("run_only_modified", "run_only_modified"),
+    ):  # fmt: skip
+        if option in given:
+            setattr(settings, field, given[option])
+    for option, field, other in (
+        ("defer_to_job", "defer_to_job_id", "defer_to_environment_id"),
+        ("defer_to_environment", "defer_to_environment_id", "defer_to_job_id"),
+    ):
+        if option in given:
+            setattr(settings, field, given[option])
+            if given[option]:
+                setattr(settings, other, 0)  # one or the other
+    return request
+
+
+def _update_request(job: jobs_pb2.Job, args: argparse.Namespace) -> jobs_pb2.UpdateJobRequest:
+    """The job as it is, with the settings given changed; checked against the version read, unless
+    another is given."""
+    request = jobs_pb2.UpdateJobRequest(
+        job_id=job.id, name=job.name, job_type=job.job_type, steps=job.steps, triggers=job.triggers,
+        settings=job.settings, expected_version=job.version,
     )  # fmt: skip
+    request.settings.ClearField("secret_names")  # output only: secrets not sent are kept
+    if getattr(args, "expected_version", None) is not None:
+        request.expected_version = args.expected_version
+    _job_request(args, request)
     return request
 
 
@@ -350,9 +430,8 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 request = _job_request(args, jobs_pb2.CreateJobRequest(idempotency_key=args.idempotency_key))
                 _show(args, await jobs.CreateJob(request))
             case "update-job":
-                request = _job_request(args, jobs_pb2.UpdateJobRequest(job_id=args.job_id))
-                request.expected_version = args.expected_version
-                _show(args, await jobs.UpdateJob(request))
+                current = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=args.job_id))
+                _show(args, await jobs.UpdateJob(_update_request(current, args)))
             case "get-job":
                 _show(args, await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=args.job_id)))
             case "list-jobs":

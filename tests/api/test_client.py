@@ -158,6 +158,25 @@ async def test_every_job_setting_from_the_command_line(
         (upstream["id"], ["RUN_STATUS_SUCCESS", "RUN_STATUS_ERROR"]),
         (other["id"], ["RUN_STATUS_SUCCESS"]),
     ]
+    # An update changes only what it is given; the rest of the job stays as it was.
+    updated = await run_client(
+        env, "update-job", job["id"], "--priority", "7", "--no-generate-docs", "--on-completion", str(other["id"]),
+        "--env", "A=1",
+    )  # fmt: skip
+    settings, triggers = updated["settings"], updated["triggers"]
+    assert updated["name"] == "dbt" and updated["steps"] == ["dbt build"]
+    assert int(updated["version"]) == int(job["version"]) + 1
+    assert settings["priority"] == 7 and "generateDocs" not in settings and settings["runSourceFreshness"]
+    assert settings["deferToJobId"] == upstream["id"] and settings["environment"] == {"A": "1"}
+    assert triggers["completionMode"] == "COMPLETION_MODE_ALL"
+    assert [t["upstreamJobId"] for t in triggers["onCompletion"]] == [other["id"]]
+    scheduled = await run_client(env, "update-job", job["id"], "--cron", "0 6 * * *", "--env", "A=")
+    assert scheduled["triggers"]["schedule"] == {"cron": "0 6 * * *", "timezone": "UTC"}
+    assert "environment" not in scheduled["settings"] and scheduled["settings"]["priority"] == 7
+    unscheduled = await run_client(env, "update-job", job["id"], "--cron", "")
+    assert "schedule" not in unscheduled["triggers"]
+    code, _, err = await finish(await start(env, "update-job", job["id"], "--priority", "1", "--expected-version", "1"))
+    assert code == 1 and "FAILED_PRECONDITION" in err  # changed since version 1
     code, _, err = await finish(
         await start(env, "create-job", "--name", "x", "--step", "echo", "--defer-to-job", upstream["id"])
     )
