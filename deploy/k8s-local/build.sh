@@ -6,6 +6,12 @@
 # the clone, keyed by version) and are reused when present; the 1.5 GB build cache is deleted
 # after. etcd comes prebuilt from `etcd-server`, dockerd from `docker.io`.
 #
+# The tree is patched before it is built (the patches beside this script, named in PATCHES): its
+# vendored reflect2 v1.0.1 calls the Go runtime's map iterator with the pre-1.18 signature, and under
+# Debian's Go 1.19 every JSON encoding of a map (labels, annotations, patches) writes an iterator to
+# a stray address, so a loaded kube-apiserver dies with "fatal error: fault" (reflect2 v1.0.2's fix).
+# The cache records which patches its binaries were built with, and is rebuilt when they change.
+#
 # kubemark (cmd/kubemark: the hollow nodes of Kubernetes' scale tests, a real kubelet on a fake
 # container runtime) comes from the same tree with --kubemark, into the same bin directory. When
 # the other binaries are there already, only kubemark is built: it needs neither gen_openapi nor
@@ -20,6 +26,9 @@ SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 CACHE_ROOT=${RUNPLANE_K8S_CACHE:-/var/cache/runplane}
 DEST=$CACHE_ROOT/k8s-$VERSION
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet pause)
+HERE=$(cd "$(dirname "$0")" && pwd)
+PATCHES=(reflect2-go1.18.patch)
+PATCHED=$(cd "$HERE" && cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
 PACKAGES=(etcd-server golang-go dpkg-dev make gcc libc6-dev openssl curl iproute2 iptables
           docker.io busybox-static debootstrap)
 
@@ -36,7 +45,8 @@ log() { echo "k8s-local: $*" >&2; }
 
 complete() {
     for b in "${BINARIES[@]}"; do [ -x "$DEST/bin/$b" ] || return 1; done
-    [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$SOURCE_VERSION" ]
+    [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$SOURCE_VERSION" ] \
+        && [ -f "$DEST/PATCHED" ] && [ "$(cat "$DEST/PATCHED")" = "$PATCHED" ]
 }
 
 # What was asked for is there: the binaries, and kubemark when --kubemark.
@@ -77,6 +87,7 @@ build() {
     log "source fetched and unpacked in $((SECONDS - t0)) s"
     local src=$work/kubernetes-${SOURCE_VERSION%%-*}
     [ -d "$src" ] || { log "source tree $src missing"; return 1; }
+    for p in "${PATCHES[@]}"; do patch -d "$src" -p1 -s < "$HERE/$p"; done
     export GOPATH=$work/gopath GO111MODULE=off GOFLAGS= GOPROXY=off CGO_ENABLED=0 GOCACHE=$work/gocache
     mkdir -p "$GOPATH/src/k8s.io" && ln -s "$src" "$GOPATH/src/k8s.io/kubernetes"
     cd "$GOPATH/src/k8s.io/kubernetes"
@@ -109,6 +120,7 @@ build() {
         rm -rf "$DEST.new" && mkdir -p "$DEST.new"
         mv "$work/bin" "$DEST.new/bin"
         echo "$SOURCE_VERSION" > "$DEST.new/VERSION"
+        echo "$PATCHED" > "$DEST.new/PATCHED"
         rm -rf "$DEST" && mv "$DEST.new" "$DEST"
     fi
     rm -rf "$work"
