@@ -21,6 +21,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -153,6 +154,10 @@ class HollowFleet:
 
     def stop(self) -> None:
         """Stop every process started, delete the fleet's Node objects (if the API answers) and its directory."""
+        for _, proc in self.processes.started:  # all at once: one by one, a hundred nodes take a minute
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
         self.processes.stop()
         with contextlib.suppress(Exception):
             rest = self.plane.rest()
