@@ -53,12 +53,13 @@ class Processes:
         self.started: list[subprocess.Popen[bytes]] = []
         self.pids: dict[str, int] = {}
 
-    def start(self, command: str, name: str) -> None:
-        """Start ``runplane <command>``; its Postgres connections carry ``name`` as their application_name."""
+    def start(self, command: str, name: str, **env: str) -> None:
+        """Start ``runplane <command>`` with ``env`` over the part's environment; its Postgres connections
+        carry ``name`` as their application_name."""
         with (self.log_dir / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "runplane", command],
-                env={**self.env, "PGAPPNAME": name},
+                env={**self.env, **env, "PGAPPNAME": name},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -85,10 +85,12 @@ async def creates_per_second(plane: ControlPlane, count: int, concurrency: int =
 
 
 class Watch:
-    """Arrival times (monotonic) of what each Pod went through, from one watch of the namespace."""
+    """Arrival times (monotonic) of what each Pod went through, from one watch of the namespace;
+    ``on_running`` is called (on the watch's thread) with each Pod when its container is first seen running."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, on_running: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.seen: dict[str, dict[str, float]] = {}
+        self._on_running = on_running
         self._lock = threading.Lock()
         self._http = urllib3.PoolManager(ca_certs=str(plane.ca_file), cert_reqs="CERT_REQUIRED", retries=False)
         url = f"{plane.url}/api/v1/namespaces/{NAMESPACE}/pods?watch=true&timeoutSeconds=3600"
@@ -115,12 +117,18 @@ class Watch:
             if pod["spec"].get("nodeName"):
                 marks.setdefault("scheduled", now)
             for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                if "running" in status["state"] or "terminated" in status["state"]:
-                    marks.setdefault("running", now)
+                if ("running" in status["state"] or "terminated" in status["state"]) and "running" not in marks:
+                    marks["running"] = now
+                    if self._on_running is not None:
+                        self._on_running(pod)
 
     def marks(self, name: str) -> dict[str, float]:
         with self._lock:
             return dict(self.seen.get(name, {}))
+
+    def all_marks(self) -> list[dict[str, float]]:
+        with self._lock:
+            return [dict(marks) for marks in self.seen.values()]
 
     def close(self) -> None:
         self._response.release_conn()

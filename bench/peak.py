@@ -13,6 +13,10 @@ a peak waits for forks), ``reactive`` (the spares follow the due queue, up to ``
 ``forecast`` (they follow the forecast, ready ``local_lead_seconds`` before the minute). A run is
 counted warm when a started runner was waiting for it at the due second (the spares then, at most N).
 
+``fleet``: two real control planes of ``--nodes`` kubemark hollow nodes each (default 50), one
+``kubernetes`` dispatcher per cluster on one pickup queue, runs claimed when their Pod is Running
+(``bench.peak_fleet``); ``--n`` runs (default 10,000). Adds Pod create → Running and runs per cluster.
+
 ``node``: the real Kubernetes node of the tests (``tests/support/kubernetes_cluster.py``), runs of
 ``--n`` (default: as many Pods as the node holds, measured from its allocatable pods, CPU and
 memory against a run Pod's requests). Cases: ``cold`` (no pool: a Pod per run), ``reactive`` (a warm
@@ -26,6 +30,7 @@ Prints JSON and a table; writes ``bench/results/peak_<part>.json``. Nothing is a
 
     python -m bench.peak local --n 1000 5000
     python -m bench.peak node
+    python -m bench.peak fleet --n 2000 --nodes 50
 """
 
 from __future__ import annotations
@@ -310,6 +315,12 @@ def table(results: dict[str, Any]) -> str:
         )
     lines.append(f"pgbench one-row ceiling: {results['ceiling_run_inserts_per_s']} rows/s")
     for c in results["cases"]:
+        if "pod_running_p50_s" in c:
+            lines.append(
+                f"Pod create → Running, {c['n']}: p50 {c['pod_running_p50_s']} s, p99 {c['pod_running_p99_s']} s,"
+                f" max {c['pod_running_max_s']} s; runs per cluster {c['runs_by_cluster']}"
+            )
+    for c in results["cases"]:
         cpu = c.get("cpu_profile")
         if cpu:
             lines.append(f"CPU, {c['case']} {c['n']}: {cpu['seconds']} s window, machine {cpu['machine_cpu_s']} CPU s")
@@ -320,10 +331,11 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peak", description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["local", "node"])
+    parser.add_argument("part", choices=["local", "node", "fleet"])
     parser.add_argument("--n", type=int, nargs="+", help="runs due at the one second (local: 1000 5000)")
     parser.add_argument("--cases", nargs="+", help="cases to run, in order (default: all of the part)")
     parser.add_argument("--spares-max", type=int, default=200, help="local: most spares the fork server keeps")
+    parser.add_argument("--nodes", type=int, default=50, help="fleet: hollow nodes per cluster")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a case may take to start its runs")
     parser.add_argument("--profile", action="store_true", help="CPU per service from the due second to the last start")
     args = parser.parse_args(argv)
@@ -331,6 +343,10 @@ def main(argv: list[str]) -> int:
         results = local(
             args.n or [1000, 5000], args.cases or LOCAL_CASES, args.spares_max, args.timeout, profile=args.profile
         )
+    elif args.part == "fleet":
+        from bench.peak_fleet import fleet
+
+        results = fleet(args.n[0] if args.n else 10_000, args.nodes, args.timeout)
     else:
         from bench.peak_node import node
 
