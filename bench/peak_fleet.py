@@ -130,6 +130,9 @@ def _case(planes: list[ControlPlane], fleets: list[HollowFleet], n: int, timeout
             RUNPLANE_KUBERNETES__IMAGE="local/busybox:1",  # a hollow node runs any image
             RUNPLANE_KUBERNETES__CPU_REQUEST=CPU_REQUEST,
             RUNPLANE_KUBERNETES__CAPACITY=str(len(fleets[0].names) * PODS_PER_NODE),
+            # A run whose Pod is slow to run is not relaunched while the bench waits for it: a relaunch
+            # deletes and creates Pods in the middle of the peak, more load on the API servers measured.
+            RUNPLANE_SCHEDULER__START_TIMEOUT=str(timeout),
         )
         settings = base.model_copy(update={"database_url": url, "bus_prefix": prefix, "redis_prefix": prefix})
         processes = Processes(env, Path(logs))
