@@ -60,8 +60,14 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 # built from Debian's source package (about 8 minutes of two cores, once per machine), cached by
 # version under /var/cache/runplane; etcd and dockerd from Debian's packages, installed here. With
 # them kubemark, the hollow nodes of a simulated fleet (built alone where the others are cached).
+# Beside the build, the runner image of this checkout is saved to the same cache (its slow part
+# waits on the network while Go keeps the CPUs busy), so the real-Pod tests only load it.
 k8s:
-	deploy/k8s-local/build.sh --kubemark
+	deploy/k8s-local/build.sh --packages
+	@log=$$(mktemp); deploy/k8s-local/runner-image.sh >$$log 2>&1 & image=$$!; \
+	deploy/k8s-local/build.sh --kubemark; built=$$?; \
+	wait $$image; imaged=$$?; cat $$log; rm -f $$log; \
+	test $$built -eq 0 -a $$imaged -eq 0
 
 # Debian's chromium (the web pages in a real browser) and prometheus (promtool, for the alert rules).
 test-packages:

@@ -19,6 +19,7 @@
 #
 # Usage: deploy/k8s-local/build.sh [--kubemark]            (idempotent; prints the bin directory)
 #        deploy/k8s-local/build.sh --locate [--kubemark]   (prints the bin directory, fails when not built)
+#        deploy/k8s-local/build.sh --packages              (only installs the Debian packages)
 set -euo pipefail
 
 VERSION=v1.20.2
@@ -32,12 +33,13 @@ PATCHED=$(cd "$HERE" && cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
 PACKAGES=(etcd-server golang-go dpkg-dev make gcc libc6-dev openssl curl iproute2 iptables
           docker.io busybox-static debootstrap)
 
-LOCATE= KUBEMARK=
+LOCATE= KUBEMARK= PACKAGES_ONLY=
 for arg in "$@"; do
     case $arg in
         --locate) LOCATE=1 ;;
         --kubemark) KUBEMARK=1 ;;
-        *) echo "usage: $0 [--locate] [--kubemark]" >&2; exit 2 ;;
+        --packages) PACKAGES_ONLY=1 ;;
+        *) echo "usage: $0 [--locate] [--kubemark] [--packages]" >&2; exit 2 ;;
     esac
 done
 
@@ -133,6 +135,7 @@ if [ -n "$LOCATE" ]; then
 fi
 mkdir -p "$CACHE_ROOT"
 install_packages
+[ -n "$PACKAGES_ONLY" ] && exit 0
 if ! wanted; then
     exec 9>"$CACHE_ROOT/.k8s-$VERSION.lock"
     flock 9  # another build of the same version finishes first, then is reused

@@ -7,11 +7,17 @@
 # Dockerfiles, so only the project's own layers are built again.
 #
 # Usage: DOCKER_HOST=unix:///path/docker.sock deploy/k8s-local/images.sh [TAG]   (prints the runner image)
+#        DOCKER_HOST=... deploy/k8s-local/images.sh --save [TAG]   (into the cache only; nothing is loaded on a hit)
+#        deploy/k8s-local/images.sh --saved [TAG]   (prints the saved image's path; fails when it is not saved)
 #        deploy/k8s-local/images.sh --rootfs                                   (only the root filesystem)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE_ROOT=${RUNPLANE_K8S_CACHE:-/var/cache/runplane}
+MODE=load
+case ${1:-} in
+    --save|--saved) MODE=${1#--}; shift ;;
+esac
 TAG=${1:-0.1.0}
 SUITE=bookworm
 PACKAGES=python3,python3-venv,git,ca-certificates,passwd
@@ -61,13 +67,23 @@ prune() {
     ls -1t "$@" 2>/dev/null | tail -n +"$((keep + 1))" | xargs -r rm -f
 }
 
-make_rootfs
-[ "${1:-}" = --rootfs ] && { echo "$ROOTFS"; exit 0; }
-
 runner=runplane-runner:$TAG
 images=$CACHE_ROOT/images
+if [ "$MODE" = saved ]; then
+    saved=$images/runplane-runner-$TAG-$(content_key).tar
+    [ -f "$saved" ] && [ -f "$ROOTFS" ] && { echo "$saved"; exit 0; }
+    exit 1
+fi
+
+make_rootfs
+[ "$TAG" = --rootfs ] && { echo "$ROOTFS"; exit 0; }
+
 saved=$images/runplane-runner-$TAG-$(content_key).tar
 mkdir -p "$images"
+if [ -f "$saved" ] && [ "$MODE" = save ]; then
+    echo "$saved"
+    exit 0
+fi
 if [ -f "$saved" ]; then
     t0=$SECONDS
     docker load -q -i "$saved" >/dev/null
@@ -105,4 +121,4 @@ if [ ! -f "$layers" ]; then
 fi
 docker save -o "$saved.tmp" "$runner" && mv "$saved.tmp" "$saved"
 prune 4 "$images"/runplane-runner-"$TAG"-*.tar
-echo "$runner"
+if [ "$MODE" = save ]; then echo "$saved"; else echo "$runner"; fi
