@@ -27,7 +27,9 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 import yaml
 
@@ -39,6 +41,17 @@ DEFAULT_INSTALL_PATH = "dbt_packages"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class TarStream(Protocol):
+    """Where a tar stream is read from or written to (tarfile's ``r|`` and ``w|`` modes use only
+    ``read`` or ``write``): a pipe from ``tar``, or a socket's packets (``runner.node_cache``)."""
+
+    def read(self, size: int, /) -> bytes: ...
+    def write(self, data: bytes, /) -> object: ...
+    def tell(self) -> int: ...
+    def seek(self, pos: int, /) -> object: ...
+    def close(self) -> object: ...
 
 
 class PackageCacheError(RunplaneError):
@@ -120,6 +133,29 @@ class PackageCache:
     def store(self, key: str, project: Path, install_dir: str, owner: int | None) -> str:
         """Keep what ``dbt deps`` installed in ``project/install_dir`` as the entry ``key``; "" when
         the entry is there (made now or by another run), else why it is not."""
+        return self._keep(key, install_dir, lambda tree: _copy_as(owner, project, install_dir, tree))
+
+    def store_archive(self, key: str, archive: TarStream, project_roots: Sequence[str], install_dir: str) -> str:
+        """Keep a tar stream of a run's ``install_dir`` as the entry ``key``, each member checked as
+        :meth:`store` checks them; ``project_roots``: the absolute paths of the run's project, as it
+        names them, which absolute links may point into. "" or why it was not kept."""
+        roots = [PurePosixPath(root) for root in project_roots]
+        if not roots or not all(root.is_absolute() for root in roots):
+            raise PackageCacheError("the project's paths must be absolute")
+        return self._keep(key, install_dir, lambda tree: _extract_checked(archive, roots, install_dir, tree))
+
+    def write_archive(self, key: str, out: TarStream) -> bool:
+        """Write the entry ``key`` to ``out`` as a tar stream; False (nothing written) when there is none."""
+        tree = self.entry(key) / "tree"
+        if not tree.is_dir():
+            return False
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+            archive.add(tree, arcname=".")
+        return True
+
+    def _keep(self, key: str, install_dir: str, fill: Callable[[Path], str]) -> str:
+        """Make the entry ``key`` in a staging directory (``fill`` copies the packages into its tree and
+        says why it could not), renamed into place when complete; "" or why it was not kept."""
         final = self.entry(key)
         _check_install_dir(install_dir)
         if final.is_dir():
@@ -129,7 +165,7 @@ class PackageCache:
         try:
             tree = staging / "tree"
             tree.mkdir(mode=0o755)
-            reason = _copy_as(owner, project, install_dir, tree)
+            reason = fill(tree)
             if reason:
                 return reason
             try:
@@ -208,14 +244,7 @@ def _copy_as(owner: int | None, project: Path, install_dir: str, tree: Path) -> 
     )
     assert tar.stdout is not None and tar.stderr is not None
     try:
-        with tarfile.open(fileobj=tar.stdout, mode="r|") as archive:
-            installed = _InstalledMember(project, install_dir, tree)
-            for member in archive:  # a stream: each member is checked, then extracted, in order
-                archive.extract(installed.checked(member), tree)
-    except _Refused as exc:
-        return str(exc)
-    except tarfile.TarError as exc:
-        return f"the installed packages cannot be copied: {exc}"
+        reason = _extract_checked(tar.stdout, project_roots(project), install_dir, tree)
     finally:
         tar.stdout.close()
         error = tar.stderr.read().decode(errors="replace").strip()
@@ -223,6 +252,41 @@ def _copy_as(owner: int | None, project: Path, install_dir: str, tree: Path) -> 
         code = tar.wait()
     if code != 0:
         return f"reading the installed packages failed: {error or f'tar exit code {code}'}"
+    return reason
+
+
+def project_roots(project: Path) -> list[str]:
+    """The paths a run's absolute links into its project may start with: as named, and resolved."""
+    return [str(project), str(project.resolve())]
+
+
+def extract_entry(archive: TarStream, project: Path, install_dir: str) -> None:
+    """An entry's tar stream into ``project/install_dir`` (replacing what is there), each member
+    checked as it was when the entry was kept; raises :class:`PackageCacheError` when one is refused."""
+    _check_install_dir(install_dir)
+    target = project / install_dir
+    project_fd = os.open(project, _DIRECTORY_FLAGS)
+    try:
+        _remove(install_dir, project_fd)
+        os.mkdir(install_dir, 0o755, dir_fd=project_fd)
+    finally:
+        os.close(project_fd)
+    reason = _extract_checked(archive, project_roots(project), install_dir, target)
+    if reason:
+        raise PackageCacheError(reason)
+
+
+def _extract_checked(archive: TarStream, roots: Sequence[str | PurePosixPath], install_dir: str, tree: Path) -> str:
+    """Extract a tar stream of ``install_dir`` into ``tree``, each member checked first; "" or why not."""
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as stream:
+            installed = _InstalledMember(roots, install_dir, tree)
+            for member in stream:  # a stream: each member is checked, then extracted, in order
+                stream.extract(installed.checked(member), tree)
+    except _Refused as exc:
+        return str(exc)
+    except tarfile.TarError as exc:
+        return f"the installed packages cannot be copied: {exc}"
     return ""
 
 
@@ -234,8 +298,8 @@ class _InstalledMember:
     project; the entry keeps such a link relative, so it points into every later run's own project. A
     member that is anything else, or a link that leaves the project, refuses the whole entry."""
 
-    def __init__(self, project: Path, install_dir: str, tree: Path) -> None:
-        self._roots = [PurePosixPath(project), PurePosixPath(project.resolve())]
+    def __init__(self, roots: Sequence[str | PurePosixPath], install_dir: str, tree: Path) -> None:
+        self._roots = [PurePosixPath(root) for root in roots]
         self._install_dir = install_dir
         self._tree = os.path.realpath(tree)
 

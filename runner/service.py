@@ -48,6 +48,7 @@ from runner.cache_keeper import InProcessCache, PrepCache
 from runner.control_plane import LeaseLost, RunnerApi, RunnerApiError, RunSpec, wait_for_run
 from runner.dbt_env import is_dbt_step
 from runner.fence import Fence, enter
+from runner.node_cache import NodeCacheClient
 from runner.prepare import PreparedRun, PrepareError, prepared_run
 from runner.run_logs import RunLogs
 from runner.run_user import RunUser
@@ -396,7 +397,8 @@ async def run(
     ``channel``: a runner API channel opened ahead of the run (it is closed at the end). ``run_user``:
     a uid leased for the run (as root); once the run is claimed, it is fenced and this process
     switches to that uid (``runner.fence``). ``cache``: the host's caches for the prep (default:
-    kept by this process itself)."""
+    the node's keeper for the packages when ``runner.node_cache_socket`` names one, else kept by this
+    process itself)."""
     api = RunnerApi(settings.runner.api_address, token, run_id, channel=channel)
     try:
         spec = await api.claim()
@@ -406,6 +408,14 @@ async def run(
         log.info("run claimed", extra={"run_id": run_id, "job_id": spec.job_id, "account_id": spec.account_id})
         # Before the run's tasks start: nothing else waits on this loop yet.
         fence = enter(settings, run_user, spec) if run_user is not None else None
+        if cache is None and settings.runner.node_cache_socket:
+            cache = NodeCacheClient(
+                Path(settings.runner.node_cache_socket),
+                token=token,
+                run_id=run_id,
+                lease_id=api.lease_id,
+                local=InProcessCache(settings.runner),
+            )
         outcome = await Runner(settings, api, fence, cache).execute(spec)
         if outcome is None:
             return 1

@@ -18,7 +18,7 @@ ON CONFLICT (run_id, step_index) DO NOTHING
 -- name: run_access
 -- Why a call was refused (or, locked, that it may go on): the token, the status and the lease.
 SELECT status, lease_owner, runner_token_hash = %(token_hash)s AS token_ok,
-       cancel_requested_at IS NOT NULL AS cancel_requested
+       cancel_requested_at IS NOT NULL AS cancel_requested, account_id
   FROM runs WHERE id = %(run_id)s
 
 -- name: lock_lease

@@ -95,6 +95,7 @@ class _RunAccess:
     lease_owner: str | None
     token_ok: bool | None  # NULL: the run has no token (yet)
     cancel_requested: bool
+    account_id: int
 
 
 @dataclass(frozen=True)
@@ -194,12 +195,24 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
         return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
 
     async def ReadCancel(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.LeaseResponse:
-        token, lease_id = caller_token(), _lease_id(request.lease_id)
-        async with self._store.connection() as conn:
-            row = await _run_access(conn, request.run_id, token)
-            _check_access(row, request.run_id, lease_id)
-            assert row is not None
+        row = await self._read_access(request.run_id, request.lease_id)
         return runner_pb2.LeaseResponse(cancel_requested=row.cancel_requested)
+
+    async def RunAccount(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.RunAccountResponse:
+        """Whose run this is, for the node's cache keeper: the same check as ReadCancel (the run's
+        token, running, under this lease), so a finished run's token or another run's learns nothing."""
+        row = await self._read_access(request.run_id, request.lease_id)
+        return runner_pb2.RunAccountResponse(account_id=row.account_id)
+
+    async def _read_access(self, run_id: int, lease_id: str) -> _RunAccess:
+        """The run, read without a lock, while it is the caller's (its token, running, under ``lease_id``);
+        refused with the reason otherwise."""
+        token, lease_id = caller_token(), _lease_id(lease_id)
+        async with self._store.connection() as conn:
+            row = await _run_access(conn, run_id, token)
+        _check_access(row, run_id, lease_id)
+        assert row is not None
+        return row
 
     # --- writes under the lease
 

@@ -27,6 +27,8 @@ CONTAINER = "runner"
 WORK_DIR = "/work"
 TOKEN_DIR = "/var/run/runplane"
 TOKEN_KEY = "token"
+NODE_CACHE_DIR = "/var/run/runplane-node-cache"
+NODE_CACHE_SOCKET = "cache.sock"  # in kubernetes.node_cache_socket_dir, as the keeper's DaemonSet names it
 
 # Waiting reasons after which a container will never start without a change to the Pod or cluster.
 _STUCK_WAITING = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"})
@@ -162,6 +164,16 @@ def runner_pod(
             },
         ],
     }
+    if settings.node_cache_socket_dir:
+        # Only the keeper's socket: the cache itself stays in a directory no Pod mounts, and the
+        # keeper serves a caller the entries of its run token's account alone.
+        container["env"].append(
+            {"name": "RUNPLANE_RUNNER__NODE_CACHE_SOCKET", "value": f"{NODE_CACHE_DIR}/{NODE_CACHE_SOCKET}"}
+        )
+        container["volumeMounts"].append({"name": "node-cache", "mountPath": NODE_CACHE_DIR, "readOnly": True})
+        spec["volumes"].append(
+            {"name": "node-cache", "hostPath": {"path": settings.node_cache_socket_dir, "type": "DirectoryOrCreate"}}
+        )
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
     if settings.node_selector:

@@ -197,6 +197,12 @@ class KubernetesSettings(BaseModel):
     )
     cpu_request: str = Field("250m", description="CPU request of a run Pod; memory comes from the account.")
     run_as_user: int = Field(10001, description="Non-root uid the runner container runs as.")
+    node_cache_socket_dir: str = Field(
+        "",
+        description="The node's directory holding the socket of its cache keeper (`runplane node-cache --socket "
+        "DIR/cache.sock`, a DaemonSet): mounted read-only into run Pods, whose runners get their dbt packages "
+        "there (a hostPath volume: the runs namespace must allow it); empty: each Pod runs dbt deps itself.",
+    )
     deadline_slack_seconds: int = Field(
         120, description="Added to a run's timeout for activeDeadlineSeconds, so the runner ends it first."
     )
@@ -263,6 +269,11 @@ class RunnerSettings(BaseModel):
         "",
         description="Where this host keeps installed dbt packages by account, dbt version and lock file (linked "
         "into runs, so dbt deps runs once per lock); empty: ~/.cache/runplane/dbt-packages, as above.",
+    )
+    node_cache_socket: str = Field(
+        "",
+        description="A run Pod: the socket of its node's cache keeper (`runplane node-cache`), which keeps the dbt "
+        "packages for the node's runs of each account (asked with the run's token); empty: the Pod installs them.",
     )
     dbt_versions: dict[str, str] = Field(
         default_factory=dict,

@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     runner.add_argument(
         "--token-file", default="-", help="file holding the run's token (a mounted Secret); '-': read it from stdin"
     )
+    node_cache = sub.add_parser(
+        "node-cache", help="keep this node's dbt packages for the run Pods on it, served on a Unix socket"
+    )
+    node_cache.add_argument("--socket", required=True, help="the socket's path (its directory is mounted into Pods)")
+    node_cache.add_argument("--root", required=True, help="the node's cache directory (never mounted into Pods)")
+    node_cache.add_argument("--max-entry-mb", type=int, default=1024, help="the largest entry a run may store")
     up = sub.add_parser("up", help="start the whole system on this machine")
     up.add_argument("--demo", action="store_true", help="migrate and create a demo account and jobs first")
     up.add_argument("--queuer-workers", type=int, default=2)
@@ -190,6 +196,21 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 return asyncio.run(run(settings, args.run_id, token, run_user=run_user))
             finally:
                 shutdown_tracing()
+        case "node-cache":
+            from pathlib import Path
+
+            from runner.node_cache import NodeCacheKeeper
+            from runplane.basics.supervise import run_until_stopped
+
+            logs.configure("node-cache", fmt=settings.log_format, level=settings.log_level)
+            keeper = NodeCacheKeeper(
+                Path(args.socket),
+                Path(args.root),
+                settings.runner.api_address,
+                max_entry_bytes=args.max_entry_mb << 20,
+            )
+            asyncio.run(run_until_stopped("node-cache", keeper.serve, drain_seconds=settings.drain_seconds))
+            return 0
         case "up":
             from runplane.commands.up import up
 

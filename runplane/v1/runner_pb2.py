@@ -26,7 +26,7 @@ from runplane.v1 import common_pb2 as runplane_dot_v1_dot_common__pb2
 from runplane.v1 import projects_pb2 as runplane_dot_v1_dot_projects__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18runplane/v1/runner.proto\x12\x0brunplane.v1\x1a\x18runplane/v1/common.proto\x1a\x1arunplane/v1/projects.proto\"0\n\x0c\x43laimRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\xb9\x05\n\x07RunSpec\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x03(\t\x12:\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32%.runplane.v1.RunSpec.EnvironmentEntry\x12\x15\n\rmasked_values\x18\x06 \x03(\t\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0e\n\x06schema\x18\x08 \x01(\t\x12\x13\n\x0btarget_name\x18\t \x01(\t\x12\x12\n\ngit_branch\x18\n \x01(\t\x12\x1b\n\x13pull_request_number\x18\x0b \x01(\x05\x12\r\n\x05\x63\x61use\x18\x0c \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\r \x01(\x05\x12\x11\n\tmemory_mb\x18\x0e \x01(\x05\x12\x18\n\x10\x63\x61ncel_requested\x18\x0f \x01(\x08\x12\x14\n\x0ctrace_parent\x18\x10 \x01(\t\x12\x10\n\x08lease_id\x18\x11 \x01(\t\x12\x15\n\rlease_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12heartbeat_interval\x18\x13 \x01(\x01\x12&\n\x08job_type\x18\x14 \x01(\x0e\x32\x14.runplane.v1.JobType\x12%\n\x07trigger\x18\x15 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12$\n\x03\x64\x62t\x18\x16 \x01(\x0b\x32\x17.runplane.v1.DbtContext\x12\x16\n\x0eoptional_steps\x18\x17 \x03(\x05\x12+\n\x0bstate_files\x18\x18 \x03(\x0b\x32\x16.runplane.v1.StateFile\x12\x13\n\x0bsetup_steps\x18\x19 \x01(\x05\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\tStateFile\x12\x15\n\rsource_run_id\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x65st\x18\x04 \x01(\t\"H\n\x15\x46\x65tchStateFileRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\")\n\x16\x46\x65tchStateFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\"0\n\x0cLeaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\")\n\rLeaseResponse\x12\x18\n\x10\x63\x61ncel_requested\x18\x01 \x01(\x08\"?\n\x0eRunnerLogChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"b\n\x11\x41ppendLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12+\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x1b.runplane.v1.RunnerLogChunk\"$\n\x12\x41ppendLogsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\"\xd5\x01\n\x14SetStepStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.runplane.v1.StepState\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nend_reason\x18\x07 \x01(\tB\x0c\n\n_exit_code\"\x17\n\x15SetStepStatusResponse\"l\n\x15UploadArtifactRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\x0c\"\x18\n\x16UploadArtifactResponse\"H\n\x13RecordGitShaRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0f\n\x07git_sha\x18\x03 \x01(\t\"\x16\n\x14RecordGitShaResponse\"\x95\x01\n\rFinishRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x0f\n\x07message\x18\x04 \x01(\t\x12)\n\x07\x66\x61ilure\x18\x05 \x01(\x0e\x32\x18.runplane.v1.FailureKind\"&\n\x0e\x46inishResponse\x12\x14\n\x0cretry_run_id\x18\x01 \x01(\x03\")\n\x11WaitForRunRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"3\n\x12WaitForRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05token\x18\x02 \x01(\t*p\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_STARTED\x10\x01\x12\x17\n\x13STEP_STATE_FINISHED\x10\x02\x12\x16\n\x12STEP_STATE_SKIPPED\x10\x03*c\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46\x41ILURE_KIND_STEP\x10\x01\x12\x1f\n\x1b\x46\x41ILURE_KIND_INFRASTRUCTURE\x10\x02\x32\x97\x06\n\rRunnerService\x12\x38\n\x05\x43laim\x12\x19.runplane.v1.ClaimRequest\x1a\x14.runplane.v1.RunSpec\x12\x43\n\nRenewLease\x12\x19.runplane.v1.LeaseRequest\x1a\x1a.runplane.v1.LeaseResponse\x12\x43\n\nReadCancel\x12\x19.runplane.v1.LeaseRequest\x1a\x1a.runplane.v1.LeaseResponse\x12M\n\nAppendLogs\x12\x1e.runplane.v1.AppendLogsRequest\x1a\x1f.runplane.v1.AppendLogsResponse\x12V\n\rSetStepStatus\x12!.runplane.v1.SetStepStatusRequest\x1a\".runplane.v1.SetStepStatusResponse\x12Y\n\x0eUploadArtifact\x12\".runplane.v1.UploadArtifactRequest\x1a#.runplane.v1.UploadArtifactResponse\x12S\n\x0cRecordGitSha\x12 .runplane.v1.RecordGitShaRequest\x1a!.runplane.v1.RecordGitShaResponse\x12\x41\n\x06\x46inish\x12\x1a.runplane.v1.FinishRequest\x1a\x1b.runplane.v1.FinishResponse\x12Y\n\x0e\x46\x65tchStateFile\x12\".runplane.v1.FetchStateFileRequest\x1a#.runplane.v1.FetchStateFileResponse\x12M\n\nWaitForRun\x12\x1e.runplane.v1.WaitForRunRequest\x1a\x1f.runplane.v1.WaitForRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18runplane/v1/runner.proto\x12\x0brunplane.v1\x1a\x18runplane/v1/common.proto\x1a\x1arunplane/v1/projects.proto\"0\n\x0c\x43laimRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\xb9\x05\n\x07RunSpec\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x03(\t\x12:\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32%.runplane.v1.RunSpec.EnvironmentEntry\x12\x15\n\rmasked_values\x18\x06 \x03(\t\x12\x0f\n\x07threads\x18\x07 \x01(\x05\x12\x0e\n\x06schema\x18\x08 \x01(\t\x12\x13\n\x0btarget_name\x18\t \x01(\t\x12\x12\n\ngit_branch\x18\n \x01(\t\x12\x1b\n\x13pull_request_number\x18\x0b \x01(\x05\x12\r\n\x05\x63\x61use\x18\x0c \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\r \x01(\x05\x12\x11\n\tmemory_mb\x18\x0e \x01(\x05\x12\x18\n\x10\x63\x61ncel_requested\x18\x0f \x01(\x08\x12\x14\n\x0ctrace_parent\x18\x10 \x01(\t\x12\x10\n\x08lease_id\x18\x11 \x01(\t\x12\x15\n\rlease_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12heartbeat_interval\x18\x13 \x01(\x01\x12&\n\x08job_type\x18\x14 \x01(\x0e\x32\x14.runplane.v1.JobType\x12%\n\x07trigger\x18\x15 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12$\n\x03\x64\x62t\x18\x16 \x01(\x0b\x32\x17.runplane.v1.DbtContext\x12\x16\n\x0eoptional_steps\x18\x17 \x03(\x05\x12+\n\x0bstate_files\x18\x18 \x03(\x0b\x32\x16.runplane.v1.StateFile\x12\x13\n\x0bsetup_steps\x18\x19 \x01(\x05\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"R\n\tStateFile\x12\x15\n\rsource_run_id\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x65st\x18\x04 \x01(\t\"H\n\x15\x46\x65tchStateFileRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\")\n\x16\x46\x65tchStateFileResponse\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\"0\n\x0cLeaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\")\n\rLeaseResponse\x12\x18\n\x10\x63\x61ncel_requested\x18\x01 \x01(\x08\"(\n\x12RunAccountResponse\x12\x12\n\naccount_id\x18\x01 \x01(\x03\"?\n\x0eRunnerLogChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"b\n\x11\x41ppendLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12+\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x1b.runplane.v1.RunnerLogChunk\"$\n\x12\x41ppendLogsResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\"\xd5\x01\n\x14SetStepStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.runplane.v1.StepState\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nend_reason\x18\x07 \x01(\tB\x0c\n\n_exit_code\"\x17\n\x15SetStepStatusResponse\"l\n\x15UploadArtifactRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\x0c\"\x18\n\x16UploadArtifactResponse\"H\n\x13RecordGitShaRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0f\n\x07git_sha\x18\x03 \x01(\t\"\x16\n\x14RecordGitShaResponse\"\x95\x01\n\rFinishRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x0f\n\x07message\x18\x04 \x01(\t\x12)\n\x07\x66\x61ilure\x18\x05 \x01(\x0e\x32\x18.runplane.v1.FailureKind\"&\n\x0e\x46inishResponse\x12\x14\n\x0cretry_run_id\x18\x01 \x01(\x03\")\n\x11WaitForRunRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"3\n\x12WaitForRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05token\x18\x02 \x01(\t*p\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_STARTED\x10\x01\x12\x17\n\x13STEP_STATE_FINISHED\x10\x02\x12\x16\n\x12STEP_STATE_SKIPPED\x10\x03*c\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46\x41ILURE_KIND_STEP\x10\x01\x12\x1f\n\x1b\x46\x41ILURE_KIND_INFRASTRUCTURE\x10\x02\x32\xe1\x06\n\rRunnerService\x12\x38\n\x05\x43laim\x12\x19.runplane.v1.ClaimRequest\x1a\x14.runplane.v1.RunSpec\x12\x43\n\nRenewLease\x12\x19.runplane.v1.LeaseRequest\x1a\x1a.runplane.v1.LeaseResponse\x12\x43\n\nReadCancel\x12\x19.runplane.v1.LeaseRequest\x1a\x1a.runplane.v1.LeaseResponse\x12M\n\nAppendLogs\x12\x1e.runplane.v1.AppendLogsRequest\x1a\x1f.runplane.v1.AppendLogsResponse\x12V\n\rSetStepStatus\x12!.runplane.v1.SetStepStatusRequest\x1a\".runplane.v1.SetStepStatusResponse\x12Y\n\x0eUploadArtifact\x12\".runplane.v1.UploadArtifactRequest\x1a#.runplane.v1.UploadArtifactResponse\x12S\n\x0cRecordGitSha\x12 .runplane.v1.RecordGitShaRequest\x1a!.runplane.v1.RecordGitShaResponse\x12\x41\n\x06\x46inish\x12\x1a.runplane.v1.FinishRequest\x1a\x1b.runplane.v1.FinishResponse\x12Y\n\x0e\x46\x65tchStateFile\x12\".runplane.v1.FetchStateFileRequest\x1a#.runplane.v1.FetchStateFileResponse\x12M\n\nWaitForRun\x12\x1e.runplane.v1.WaitForRunRequest\x1a\x1f.runplane.v1.WaitForRunResponse\x12H\n\nRunAccount\x12\x19.runplane.v1.LeaseRequest\x1a\x1f.runplane.v1.RunAccountResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSPEC_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_RUNSPEC_ENVIRONMENTENTRY']._serialized_options = b'8\001'
-  _globals['_STEPSTATE']._serialized_start=2105
-  _globals['_STEPSTATE']._serialized_end=2217
-  _globals['_FAILUREKIND']._serialized_start=2219
-  _globals['_FAILUREKIND']._serialized_end=2318
+  _globals['_STEPSTATE']._serialized_start=2147
+  _globals['_STEPSTATE']._serialized_end=2259
+  _globals['_FAILUREKIND']._serialized_start=2261
+  _globals['_FAILUREKIND']._serialized_end=2360
   _globals['_CLAIMREQUEST']._serialized_start=95
   _globals['_CLAIMREQUEST']._serialized_end=143
   _globals['_RUNSPEC']._serialized_start=146
@@ -55,32 +55,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEREQUEST']._serialized_end=1094
   _globals['_LEASERESPONSE']._serialized_start=1096
   _globals['_LEASERESPONSE']._serialized_end=1137
-  _globals['_RUNNERLOGCHUNK']._serialized_start=1139
-  _globals['_RUNNERLOGCHUNK']._serialized_end=1202
-  _globals['_APPENDLOGSREQUEST']._serialized_start=1204
-  _globals['_APPENDLOGSREQUEST']._serialized_end=1302
-  _globals['_APPENDLOGSRESPONSE']._serialized_start=1304
-  _globals['_APPENDLOGSRESPONSE']._serialized_end=1340
-  _globals['_SETSTEPSTATUSREQUEST']._serialized_start=1343
-  _globals['_SETSTEPSTATUSREQUEST']._serialized_end=1556
-  _globals['_SETSTEPSTATUSRESPONSE']._serialized_start=1558
-  _globals['_SETSTEPSTATUSRESPONSE']._serialized_end=1581
-  _globals['_UPLOADARTIFACTREQUEST']._serialized_start=1583
-  _globals['_UPLOADARTIFACTREQUEST']._serialized_end=1691
-  _globals['_UPLOADARTIFACTRESPONSE']._serialized_start=1693
-  _globals['_UPLOADARTIFACTRESPONSE']._serialized_end=1717
-  _globals['_RECORDGITSHAREQUEST']._serialized_start=1719
-  _globals['_RECORDGITSHAREQUEST']._serialized_end=1791
-  _globals['_RECORDGITSHARESPONSE']._serialized_start=1793
-  _globals['_RECORDGITSHARESPONSE']._serialized_end=1815
-  _globals['_FINISHREQUEST']._serialized_start=1818
-  _globals['_FINISHREQUEST']._serialized_end=1967
-  _globals['_FINISHRESPONSE']._serialized_start=1969
-  _globals['_FINISHRESPONSE']._serialized_end=2007
-  _globals['_WAITFORRUNREQUEST']._serialized_start=2009
-  _globals['_WAITFORRUNREQUEST']._serialized_end=2050
-  _globals['_WAITFORRUNRESPONSE']._serialized_start=2052
-  _globals['_WAITFORRUNRESPONSE']._serialized_end=2103
-  _globals['_RUNNERSERVICE']._serialized_start=2321
-  _globals['_RUNNERSERVICE']._serialized_end=3112
+  _globals['_RUNACCOUNTRESPONSE']._serialized_start=1139
+  _globals['_RUNACCOUNTRESPONSE']._serialized_end=1179
+  _globals['_RUNNERLOGCHUNK']._serialized_start=1181
+  _globals['_RUNNERLOGCHUNK']._serialized_end=1244
+  _globals['_APPENDLOGSREQUEST']._serialized_start=1246
+  _globals['_APPENDLOGSREQUEST']._serialized_end=1344
+  _globals['_APPENDLOGSRESPONSE']._serialized_start=1346
+  _globals['_APPENDLOGSRESPONSE']._serialized_end=1382
+  _globals['_SETSTEPSTATUSREQUEST']._serialized_start=1385
+  _globals['_SETSTEPSTATUSREQUEST']._serialized_end=1598
+  _globals['_SETSTEPSTATUSRESPONSE']._serialized_start=1600
+  _globals['_SETSTEPSTATUSRESPONSE']._serialized_end=1623
+  _globals['_UPLOADARTIFACTREQUEST']._serialized_start=1625
+  _globals['_UPLOADARTIFACTREQUEST']._serialized_end=1733
+  _globals['_UPLOADARTIFACTRESPONSE']._serialized_start=1735
+  _globals['_UPLOADARTIFACTRESPONSE']._serialized_end=1759
+  _globals['_RECORDGITSHAREQUEST']._serialized_start=1761
+  _globals['_RECORDGITSHAREQUEST']._serialized_end=1833
+  _globals['_RECORDGITSHARESPONSE']._serialized_start=1835
+  _globals['_RECORDGITSHARESPONSE']._serialized_end=1857
+  _globals['_FINISHREQUEST']._serialized_start=1860
+  _globals['_FINISHREQUEST']._serialized_end=2009
+  _globals['_FINISHRESPONSE']._serialized_start=2011
+  _globals['_FINISHRESPONSE']._serialized_end=2049
+  _globals['_WAITFORRUNREQUEST']._serialized_start=2051
+  _globals['_WAITFORRUNREQUEST']._serialized_end=2092
+  _globals['_WAITFORRUNRESPONSE']._serialized_start=2094
+  _globals['_WAITFORRUNRESPONSE']._serialized_end=2145
+  _globals['_RUNNERSERVICE']._serialized_start=2363
+  _globals['_RUNNERSERVICE']._serialized_end=3228
 # @@protoc_insertion_point(module_scope)

@@ -346,6 +346,25 @@ class LeaseResponse(_message.Message):
 Global___LeaseResponse: _TypeAlias = LeaseResponse  # noqa: Y015
 
 @_typing.final
+class RunAccountResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCOUNT_ID_FIELD_NUMBER: _builtins.int
+    account_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        account_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunAccountResponse: _TypeAlias = RunAccountResponse  # noqa: Y015
+
+@_typing.final
 class RunnerLogChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -92,6 +92,11 @@ class RunnerServiceStub:
                 request_serializer=runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.FromString,
                 _registered_method=True)
+        self.RunAccount = channel.unary_unary(
+                '/runplane.v1.RunnerService/RunAccount',
+                request_serializer=runplane_dot_v1_dot_runner__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_runner__pb2.RunAccountResponse.FromString,
+                _registered_method=True)
 
 
 class RunnerServiceServicer:
@@ -175,6 +180,15 @@ class RunnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunAccount(self, request, context):
+        """The account of the run, while it is running under this lease; reads nothing else and changes
+        nothing. The node's cache keeper asks it with the token a caller sent it, so the entries it
+        serves are those of the token's account, never of an account the caller names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +241,11 @@ def add_RunnerServiceServicer_to_server(servicer, server):
                     servicer.WaitForRun,
                     request_deserializer=runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.SerializeToString,
+            ),
+            'RunAccount': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunAccount,
+                    request_deserializer=runplane_dot_v1_dot_runner__pb2.LeaseRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_runner__pb2.RunAccountResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -507,6 +526,33 @@ class RunnerService:
             '/runplane.v1.RunnerService/WaitForRun',
             runplane_dot_v1_dot_runner__pb2.WaitForRunRequest.SerializeToString,
             runplane_dot_v1_dot_runner__pb2.WaitForRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunAccount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.RunnerService/RunAccount',
+            runplane_dot_v1_dot_runner__pb2.LeaseRequest.SerializeToString,
+            runplane_dot_v1_dot_runner__pb2.RunAccountResponse.FromString,
             options,
             channel_credentials,
             insecure,

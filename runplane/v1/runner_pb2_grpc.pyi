@@ -62,6 +62,11 @@ class RunnerServiceStub:
     earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
     Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
     """
+    RunAccount: _grpc.UnaryUnaryMultiCallable[_runner_pb2.LeaseRequest, _runner_pb2.RunAccountResponse]
+    """The account of the run, while it is running under this lease; reads nothing else and changes
+    nothing. The node's cache keeper asks it with the token a caller sent it, so the entries it
+    serves are those of the token's account, never of an account the caller names.
+    """
 
 @_typing.type_check_only
 class RunnerServiceAsyncStub(RunnerServiceStub):
@@ -96,6 +101,11 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
     long poll: answers within `wait_seconds` with a run and that run's new token (the run's
     earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
     Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+    """
+    RunAccount: _aio.UnaryUnaryMultiCallable[_runner_pb2.LeaseRequest, _runner_pb2.RunAccountResponse]  # type: ignore[assignment]
+    """The account of the run, while it is running under this lease; reads nothing else and changes
+    nothing. The node's cache keeper asks it with the token a caller sent it, so the entries it
+    serves are those of the token's account, never of an account the caller names.
     """
 
 class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -188,6 +198,17 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         long poll: answers within `wait_seconds` with a run and that run's new token (the run's
         earlier token is dead from then on, and the pool token is spent), or with run_id 0: call again.
         Every call counts as the Pod's heartbeat; a Pod that stops calling is replaced.
+        """
+
+    @_abc_1.abstractmethod
+    def RunAccount(
+        self,
+        request: _runner_pb2.LeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runner_pb2.RunAccountResponse, _abc.Awaitable[_runner_pb2.RunAccountResponse]]:
+        """The account of the run, while it is running under this lease; reads nothing else and changes
+        nothing. The node's cache keeper asks it with the token a caller sent it, so the entries it
+        serves are those of the token's account, never of an account the caller names.
         """
 
 def add_RunnerServiceServicer_to_server(servicer: RunnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -154,6 +154,29 @@ async def test_a_token_for_another_run_is_denied_and_changes_nothing(db: Conn, c
     assert (snapshot(db, other.run_id), snapshot(db, mine.run_id)) == before
 
 
+async def test_run_account_names_the_tokens_account_only_while_its_run_is_leased(
+    db: Conn, channel: grpc.aio.Channel
+) -> None:
+    mine, other = await claimed(db, channel), await claimed(db, channel)
+    accounts = {r["id"]: r["account_id"] for r in rows(db, "SELECT id, account_id FROM runs")}
+    assert accounts[mine.run_id] != accounts[other.run_id]
+
+    async def account_of(runner: Runner, run_id: int, token: str | None = None, lease: str = LEASE) -> object:
+        request = runner_pb2.LeaseRequest(run_id=run_id, lease_id=lease)
+        try:
+            return (await runner.stub.RunAccount(request, metadata=runner.md(token))).account_id
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+
+    assert await account_of(mine, mine.run_id) == accounts[mine.run_id]
+    assert await account_of(mine, other.run_id) is grpc.StatusCode.PERMISSION_DENIED  # my token, their run
+    assert await account_of(mine, mine.run_id, token=new_run_token()) is grpc.StatusCode.PERMISSION_DENIED
+    assert await account_of(mine, mine.run_id, lease="another") is grpc.StatusCode.FAILED_PRECONDITION
+    finish = runner_pb2.FinishRequest(run_id=mine.run_id, lease_id=LEASE, status=common_pb2.RUN_STATUS_SUCCESS)
+    await mine.stub.Finish(finish, metadata=mine.md())
+    assert await account_of(mine, mine.run_id) is grpc.StatusCode.FAILED_PRECONDITION
+
+
 async def test_no_token_is_unauthenticated(db: Conn, channel: grpc.aio.Channel) -> None:
     runner = await claimed(db, channel)
     with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -39,6 +39,7 @@ SETTINGS_VARIANTS = {
         ],
         image_pull_secrets=["registry-credentials"],
         env_from_secrets=["warehouse-credentials"],
+        node_cache_socket_dir="/var/run/runplane-node-cache",
     ),
 }
 
@@ -129,6 +130,18 @@ def test_no_timeout_means_no_deadline_and_optional_fields_are_omitted() -> None:
     assert "activeDeadlineSeconds" not in spec
     for optional in ("serviceAccountName", "nodeSelector", "tolerations", "imagePullSecrets"):
         assert optional not in spec
+
+
+def test_only_the_node_caches_socket_directory_is_mounted_and_only_when_named() -> None:
+    assert "hostPath" not in json.dumps(_build(KubernetesSettings()))
+    pod = _build(KubernetesSettings(node_cache_socket_dir="/run/node-cache"))
+    (container,) = pod["spec"]["containers"]
+    [volume] = [v for v in pod["spec"]["volumes"] if "hostPath" in v]
+    assert volume == {"name": "node-cache", "hostPath": {"path": "/run/node-cache", "type": "DirectoryOrCreate"}}
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "node-cache"]
+    assert mount == {"name": "node-cache", "mountPath": "/var/run/runplane-node-cache", "readOnly": True}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"] == "/var/run/runplane-node-cache/cache.sock"
 
 
 def test_cluster_names_become_valid_label_values() -> None:
