@@ -16,13 +16,21 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dispatcher.kubernetes.pods import build_pod
+from dispatcher.launcher import LaunchRequest
 from runplane.basics.settings import Settings, WarmPoolSettings
+from runplane.basics.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION, REAL_KUBE_VERSION
 from tests.support.helm import HELM, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "runplane"
-VALUES = {"default": [], "multi-cluster": ["ci/multi-cluster-values.yaml"], "minimal": ["ci/minimal-values.yaml"]}
+VALUES = {
+    "default": [],
+    "multi-cluster": ["ci/multi-cluster-values.yaml"],
+    "minimal": ["ci/minimal-values.yaml"],
+    "node-cache": ["ci/node-cache-values.yaml"],
+}
 NO_SCHEMA = {"ServiceMonitor"}  # a CRD of the Prometheus Operator: kubernetes-validate has no schema for it
 
 
@@ -258,3 +266,55 @@ def test_only_the_api_reads_the_secret_keys() -> None:
                     }
                     readers.append(deployment["metadata"]["name"])
     assert readers == ["rp-runplane-api"]
+
+
+def test_without_the_node_cache_nothing_mounts_a_host_path_and_runs_are_restricted() -> None:
+    docs = render("default")
+    assert "hostPath" not in json.dumps(docs)
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert dispatcher_settings(docs, "local").kubernetes.node_cache_socket_dir == ""
+
+
+def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the_cache() -> None:
+    docs = render("node-cache")
+    (keeper,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert keeper["metadata"]["namespace"] == "runplane-runs"
+    pod = keeper["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "runs"} and pod["tolerations"][0]["key"] == "dedicated"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsUser"] == 10002  # not the run Pods' uid
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert volumes == {"cache": "/mnt/disks/runplane-cache", "socket": "/var/run/runplane-node-cache"}
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "node-cache", "--socket", "/socket/cache.sock", "--root", "/cache", "--max-entry-mb", "1024"
+    ]  # fmt: skip
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RUNPLANE_RUNNER__API_ADDRESS"] == "rp-runplane-runner-api.runplane.svc:50052"
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert container["readinessProbe"] and container["livenessProbe"]
+    (init,) = pod["initContainers"]  # root only to hand the kubelet's directories to the keeper
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert "chown 10002:10002 /cache /socket" in init["command"][-1]
+    # The dispatcher mounts the socket's directory, never the cache's, into run Pods.
+    settings = dispatcher_settings(docs, "local")
+    run_pod = build_pod(
+        LaunchRequest(RunId(1), JobId(1), AccountId(1), 1, 1024, 0, "rpr_x"),
+        settings.kubernetes,
+        cluster="local",
+        cancel_grace=10.0,
+        runner_api_address=settings.runner.api_address,
+    )
+    (run_volume,) = [v for v in run_pod["spec"]["volumes"] if "hostPath" in v]
+    assert run_volume["hostPath"]["path"] == volumes["socket"]
+    (runner,) = run_pod["spec"]["containers"]
+    socket = {e["name"]: e["value"] for e in runner["env"]}["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"]
+    assert socket.rsplit("/", 1)[1] == container["args"][2].rsplit("/", 1)[1]  # the keeper's socket file
+    for workload in (d for d in docs if d["kind"] in ("Deployment", "Job")):
+        assert "hostPath" not in json.dumps(workload)
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPath is outside baseline
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
