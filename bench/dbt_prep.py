@@ -11,6 +11,12 @@ line. ``--packages`` gives the project two dbt packages as real projects have th
 repository (a local one standing in for a git host, which a run's network fence keeps it from
 reaching on loopback) pinned in ``package-lock.yml``, and a local one. Prints JSON and a table, with
 the load average before and after.
+
+``--node-cache keeper`` gets the packages as a run Pod does with a node cache: from a keeper
+(``runplane node-cache``, started here) over its socket, asked with the run's token; ``--node-cache
+absent`` names a socket no keeper serves, as a Pod without one, so every run pays ``dbt deps``. Both
+keep the dispatcher's uid for every run (``runner.local_uid`` -1): runs with uids of their own get
+the host's keeper instead.
 """
 
 from __future__ import annotations
@@ -142,7 +148,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
-def measure(runs: int, packages: bool) -> dict[str, Any]:
+def node_cache(root: Path, mode: str) -> dict[str, str]:
+    """The runner's settings for ``--node-cache``: none (off), or a socket under ``root``."""
+    if mode == "off":
+        return {}
+    return {"RUNPLANE_RUNNER__LOCAL_UID": "-1", "RUNPLANE_RUNNER__NODE_CACHE_SOCKET": str(root / "cache.sock")}
+
+
+def measure(runs: int, packages: bool, node_cache_mode: str = "off") -> dict[str, Any]:
     if not (DBT_BIN / "dbt").is_file():
         raise SystemExit(f"dbt is not installed in {DBT_BIN}: run `make .venv-dbt`")
     # dbt deps reads the package as each run's own uid, whose steps see a /tmp of their own
@@ -167,6 +180,7 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
                 RUNPLANE_RUNNER__DBT_VERSIONS=json.dumps({"bench": str(DBT_BIN)}),
                 RUNPLANE_RUNNER__WORK_DIR="",
                 **host_caches(work / "cache"),
+                **node_cache(work / "node-socket", node_cache_mode),
                 # Runners reach the control plane through the runner API only: an API on free ports.
                 RUNPLANE_API__PORT=str(api_port),
                 RUNPLANE_API__RUNNER_PORT=str(runner_port),
@@ -174,6 +188,12 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
                 RUNPLANE_RUNNER__API_ADDRESS=f"127.0.0.1:{runner_port}",
             ) as services:
                 services.start("api", "api")
+                if node_cache_mode == "keeper":
+                    socket = work / "node-socket" / "cache.sock"
+                    services.start("node-cache", "node-cache", "--socket", str(socket), "--root", str(work / "node"))
+                    if not wait_until(socket.exists, timeout=30):
+                        services.check_alive()
+                        raise RuntimeError("the node cache keeper did not start")
                 services.start("scheduler", "scheduler")
                 services.start("dispatcher", "dispatcher")
                 load_before = os.getloadavg()
@@ -184,6 +204,7 @@ def measure(runs: int, packages: bool) -> dict[str, Any]:
     return {
         "runs": runs,
         "packages": packages,
+        "node_cache": node_cache_mode,
         "uid_per_run": os.geteuid() == 0,
         "load_average_before": [round(v, 2) for v in load_before],
         "load_average_after": [round(v, 2) for v in load_after],
@@ -205,9 +226,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dbt_prep", description=__doc__)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--packages", action="store_true", help="a git and a local dbt package, locked")
+    parser.add_argument(
+        "--node-cache",
+        choices=("off", "keeper", "absent"),
+        default="off",
+        help="packages from a node cache keeper as in a run Pod (keeper), or a Pod's socket with none (absent)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    result = measure(args.runs, args.packages)
+    result = measure(args.runs, args.packages, args.node_cache)
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
     first = result["first_run"]

@@ -56,8 +56,8 @@ class RunplaneServices:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, command: str, name: str) -> subprocess.Popen[bytes]:
-        proc = start(["-m", "runplane", command], self.env, self.log_path(name))
+    def start(self, command: str, name: str, *args: str) -> subprocess.Popen[bytes]:
+        proc = start(["-m", "runplane", command, *args], self.env, self.log_path(name))
         self.processes[name] = proc
         return proc
 
