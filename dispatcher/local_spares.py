@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.local_launcher import POOL_NAME, LocalLauncher
 from dispatcher.pool_sizing import PoolPlan, plan_pool, record_plan
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_one
 from runplane.basics import supervise
 from runplane.basics.errors import LaunchError, ServiceUnavailable
 from runplane.basics.settings import Settings
@@ -31,6 +32,14 @@ QUERIES = load_queries("dispatcher")
 # Spares the fork server starts per second (a fork of the pre-loaded server, its child's connection
 # to the runner API), on a busy two-core machine: only decides how far ahead a large peak is warmed.
 FORK_RATE = 50.0
+
+
+@dataclass(frozen=True, slots=True)
+class _LocalDemand:
+    """What the spares serve (``local_demand``): due queued runs, and the other local dispatchers here."""
+
+    queued: int
+    others: int
 
 
 class LocalSpares:
@@ -70,17 +79,14 @@ class LocalSpares:
             demand = await read_forecast(
                 conn, now=now, stale_after=forecast.stale_after, api_window=forecast.api_window
             )
-            cur = await conn.execute(
-                QUERIES["local_demand"],
-                {
-                    "cluster": config.cluster,
-                    "dispatcher_id": self._dispatcher_id,
-                    "dead_after": config.heartbeat_interval * config.dead_after_beats,
-                },
-            )
-            row = await cur.fetchone()
-        queued = int(str(row["queued"])) if row is not None else 0
-        dispatchers = 1 + (int(str(row["others"])) if row is not None else 0)
+            params = {
+                "cluster": config.cluster,
+                "dispatcher_id": self._dispatcher_id,
+                "dead_after": config.heartbeat_interval * config.dead_after_beats,
+            }
+            row = await fetch_one(conn, QUERIES["local_demand"], params, _LocalDemand)
+        queued = row.queued if row is not None else 0
+        dispatchers = 1 + (row.others if row is not None else 0)
         plan = plan_pool(
             demand,
             lambda _kind: True,

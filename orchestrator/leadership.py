@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import SupportsInt, cast
 
-from runplane.adapters.db import Connection, connect, database_errors
+from runplane.adapters.db import Connection, connect, database_errors, fetch_value
 from runplane.basics.errors import RunplaneError, ServiceUnavailable
 from runplane.basics.supervise import sleep_or_stop
 from runplane.sql import load_queries
@@ -39,9 +38,8 @@ async def acquire(database_url: str, stop: asyncio.Event) -> Connection | None:
             if conn is None or conn.closed:
                 conn = await connect(database_url)
             with database_errors():
-                cur = await conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (LEADER_LOCK_KEY,))
-                row = await cur.fetchone()
-            if row is not None and row["locked"]:
+                locked = await fetch_value(conn, "SELECT pg_try_advisory_lock(%(key)s)", {"key": LEADER_LOCK_KEY}, bool)
+            if locked:
                 return conn
         except ServiceUnavailable as exc:
             log.warning("leader lock not reachable", extra={"error": str(exc)})
@@ -59,10 +57,9 @@ async def acquire(database_url: str, stop: asyncio.Event) -> Connection | None:
 
 async def start_term(conn: Connection, leader: str) -> int:
     """Increment and persist the term; returns the new one."""
-    cur = await conn.execute(QUERIES["bump_term"], {"leader": leader})
-    row = await cur.fetchone()
-    assert row is not None
-    return int(cast(SupportsInt, row["term"]))
+    term = await fetch_value(conn, QUERIES["bump_term"], {"leader": leader}, int)
+    assert term is not None  # orchestrator_term holds one row
+    return term
 
 
 async def watch(conn: Connection, stop: asyncio.Event) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import SupportsInt, cast
 
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
 from runplane.adapters import instruments
-from runplane.adapters.db import Connection
+from runplane.adapters.db import Connection, fetch_all, fetch_values
 from runplane.basics.types import schedule_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
@@ -51,6 +50,16 @@ class TickResult:
     superseded: int
     accounts: frozenset[int]
     superseded_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A run ``queue_runs`` inserted (a fire queued before, or a job no longer schedulable, is not one)."""
+
+    account_id: int
+    job_id: int
+    fire_ts: int
+    trigger_lag: float
 
 
 @dataclass(frozen=True)
@@ -91,26 +100,21 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
     if not tick.due:
         return TickResult(0, 0, frozenset())
     by_reason: Counter[str] = Counter()
-    async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-        await cur.execute(
-            TRANSITIONS["queue_runs"], {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
-        )
-        rows = await cur.fetchall()
+    async with pool.connection() as conn, conn.transaction():
+        params = {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
+        rows = await fetch_all(conn, TRANSITIONS["queue_runs"], params, _Queued)
         if rows:
-            await cur.execute("SET LOCAL enable_nestloop = off")
-            await cur.execute(
-                TRANSITIONS["cancel_superseded"],
-                {
-                    "job_ids": [row["job_id"] for row in rows],
-                    "fire_ts": [row["fire_ts"] for row in rows],
-                    "fresh_start": FRESH_START_SECONDS,
-                    **SUPERSEDED_MESSAGES,
-                },
-            )
-            by_reason.update(str(row["reason"]) for row in await cur.fetchall())
+            await conn.execute("SET LOCAL enable_nestloop = off")
+            superseded = {
+                "job_ids": [row.job_id for row in rows],
+                "fire_ts": [row.fire_ts for row in rows],
+                "fresh_start": FRESH_START_SECONDS,
+                **SUPERSEDED_MESSAGES,
+            }
+            by_reason.update(await fetch_values(conn, TRANSITIONS["cancel_superseded"], superseded, str))
     for reason, count in by_reason.items():
         metrics.runs_superseded(reason, count)
-    accounts = frozenset(int(cast(SupportsInt, row["account_id"])) for row in rows)
+    accounts = frozenset(row.account_id for row in rows)
     return TickResult(len(rows), by_reason.total(), accounts, dict(by_reason))
 
 

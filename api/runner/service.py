@@ -32,7 +32,7 @@ from api.pickup_publisher import PickupPublisher
 from api.runner.run_spec import DEFER_MANIFEST, build_run_spec, claimed_run, decrypter, load_dbt_context
 from api.runner.run_token import caller_token
 from api.store import Store
-from runplane.adapters.db import Connection, fetch_one
+from runplane.adapters.db import Connection, fetch_one, fetch_value
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import RunnerSettings
@@ -187,12 +187,11 @@ class RunnerService(runner_pb2_grpc.RunnerServiceServicer):
             "lease_seconds": self._runner.lease_seconds,
         }
         async with self._store.transaction() as conn:
-            cur = await conn.execute(Q["renew_lease"], params)
-            row = await cur.fetchone()
-            if row is None:
+            cancel_requested = await fetch_value(conn, Q["renew_lease"], params, bool)
+            if cancel_requested is None:
                 await _refuse(conn, request.run_id, token, lease_id)
-            assert row is not None
-        return runner_pb2.LeaseResponse(cancel_requested=bool(row["cancel_requested"]))
+            assert cancel_requested is not None
+        return runner_pb2.LeaseResponse(cancel_requested=cancel_requested)
 
     async def ReadCancel(self, request: runner_pb2.LeaseRequest, context: Context) -> runner_pb2.LeaseResponse:
         row = await self._read_access(request.run_id, request.lease_id)

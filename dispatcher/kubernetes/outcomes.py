@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.adapters.db import Connection, fetch_one
+from runplane.adapters.db import Connection, fetch_one, fetch_values
 from runplane.basics.settings import Settings
 from runplane.basics.types import MEMORY_LIMIT_ERROR, RUNNER_LOST, FailureKind, Outcome, RunId, RunStatus
 from runplane.runs.finish import finish_run
@@ -90,5 +90,4 @@ class PostgresPodOutcomes:
             "grace": self._orphan_grace,
         }
         async with self._pool.connection() as conn:
-            cur = await conn.execute(QUERIES["live_pods"], params)
-            return {str(row["name"]) for row in await cur.fetchall()}
+            return set(await fetch_values(conn, QUERIES["live_pods"], params, str))

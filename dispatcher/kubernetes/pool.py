@@ -37,7 +37,7 @@ from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.pods import CLUSTER, MANAGED_BY, MANAGER, run_labels, runner_pod, token_secret
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.pool_sizing import NO_POOL, PoolPlan, plan_pool, record_launch, record_plan
-from runplane.adapters.db import Connection, fetch_one
+from runplane.adapters.db import Connection, fetch_one, fetch_value, fetch_values
 from runplane.basics import supervise
 from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.settings import Settings, WarmPoolSettings
@@ -133,11 +133,12 @@ class WarmPools:
     async def _keep(self, pool: WarmPoolSettings, demand: Forecast) -> None:
         params = {"cluster": self._cluster, "pool": pool.name}
         async with self._db.connection() as conn:
-            cur = await conn.execute(
+            silent = await fetch_values(
+                conn,
                 QUERIES["pool_runners_silent"],
                 {**params, "start": self._k8s.pool_start_seconds, "silent": self._k8s.pool_silent_seconds},
+                str,
             )
-            silent = [str(row["name"]) for row in await cur.fetchall()]
             size = await fetch_one(conn, QUERIES["pool_size"], {**params, "memory_mb": pool.memory_mb}, PoolSize)
         for name in silent:
             self.replaced += 1
@@ -164,8 +165,8 @@ class WarmPools:
         target = plan.target
         if size.idle > target:
             async with self._db.connection() as conn:
-                cur = await conn.execute(QUERIES["pool_runners_retire"], {**params, "count": size.idle - target})
-                retired = [str(row["name"]) for row in await cur.fetchall()]
+                retire = {**params, "count": size.idle - target}
+                retired = await fetch_values(conn, QUERIES["pool_runners_retire"], retire, str)
             for name in retired:
                 await kubernetes_api.delete_pod(self._policy, self._core, self._k8s, name)
         missing = min(target - size.idle, self._k8s.pool_creates_per_pass)
@@ -291,12 +292,10 @@ class PooledLauncher:
         }
         try:
             async with self._db.connection() as conn:
-                cur = await conn.execute(QUERIES["assign_pool_runner"], params)
-                row = await cur.fetchone()
+                return await fetch_value(conn, QUERIES["assign_pool_runner"], params, str)
         except ServiceUnavailable as exc:
             log.warning("pool not reachable; a cold pod instead", extra={"run_id": request.run_id, "error": str(exc)})
             return None
-        return str(row["name"]) if row is not None else None
 
     async def delete_pod(self, name: str) -> bool:
         return await self._cold.delete_pod(name)

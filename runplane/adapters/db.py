@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row
+from psycopg.rows import BaseRowFactory, RowMaker, class_row, dict_row, scalar_row
 from psycopg_pool import AsyncConnectionPool
 
 from runplane.adapters import readiness
@@ -34,6 +34,7 @@ _CHECK_TIMEOUT = 2.0
 
 Connection = psycopg.AsyncConnection[dict[str, object]]
 RowT = TypeVar("RowT", bound="DataclassInstance")
+ValueT = TypeVar("ValueT")
 
 _CONTENTION = (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -144,6 +145,30 @@ async def fetch_one(conn: Connection, query: str, params: Mapping[str, Any], row
     async with conn.cursor(row_factory=_row_factory(row)) as cur:
         await cur.execute(query, params)
         return await cur.fetchone()
+
+
+async def fetch_values(conn: Connection, query: str, params: Mapping[str, Any], kind: type[ValueT]) -> list[ValueT]:
+    """The first column of every row of ``query``, each a ``kind`` as psycopg reads the column (``text`` a
+    ``str``, ``bigint`` an ``int``, ``boolean`` a ``bool``)."""
+    async with conn.cursor(row_factory=scalar_row) as cur:
+        await cur.execute(query, params)
+        return [_value_of(kind, value) for value in await cur.fetchall()]
+
+
+async def fetch_value(conn: Connection, query: str, params: Mapping[str, Any], kind: type[ValueT]) -> ValueT | None:
+    """The first column of the first row of ``query`` as a ``kind``, or None without a row."""
+    async with conn.cursor(row_factory=scalar_row) as cur:
+        await cur.execute(query, params)
+        if cur.rowcount == 0:
+            return None
+        return _value_of(kind, await cur.fetchone())
+
+
+def _value_of(kind: type[ValueT], value: object) -> ValueT:
+    """``value``, which must be a ``kind``: anything else (a NULL) means the query and its caller disagree."""
+    if not isinstance(value, kind):
+        raise TypeError(f"expected {kind.__name__} from the query, got {value!r}")
+    return value
 
 
 def redact(url: str) -> str:

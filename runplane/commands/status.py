@@ -13,11 +13,12 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from runplane.adapters.bus import Topology, dead_letter_count
 from runplane.adapters.db import redact
@@ -31,6 +32,26 @@ QUERIES = load_queries("runplane.sql", "status.sql")
 WORST_ACCOUNTS = 10
 DEMAND_MINUTES_BACK = 5
 STATUS_NAMES = {1: "queued", 2: "starting", 3: "running", 10: "success", 20: "error", 30: "cancelled"}
+
+
+@dataclass(frozen=True, slots=True)
+class _AccountOnTime:
+    """An account's runs considered for being on time over the window, and how many were (``accounts_on_time``)."""
+
+    account_id: int
+    account_name: str
+    considered: int
+    on_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class _DemandMinute:
+    """Cron runs of one minute: forecast, due and started (``demand``)."""
+
+    minute: int
+    forecast: int
+    due: int
+    started: int
 
 
 def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings | None = None) -> dict[str, Any]:
@@ -49,12 +70,14 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         workers = conn.execute(QUERIES["workers"]).fetchall()
         dispatchers = conn.execute(QUERIES["dispatchers"]).fetchall()
         waiting = conn.execute(QUERIES["waiting"]).fetchall()
-        accounts = conn.execute(
-            QUERIES["accounts_on_time"], {**params, "on_time_seconds": on_time.ON_TIME_SECONDS}
-        ).fetchall()
-        demand = conn.execute(
-            QUERIES["demand"], _demand_params(bus.forecast if bus is not None else ForecastSettings(), time.time())
-        ).fetchall()
+        with conn.cursor(row_factory=class_row(_AccountOnTime)) as accounts_cur:
+            accounts = accounts_cur.execute(
+                QUERIES["accounts_on_time"], {**params, "on_time_seconds": on_time.ON_TIME_SECONDS}
+            ).fetchall()
+        with conn.cursor(row_factory=class_row(_DemandMinute)) as demand_cur:
+            demand = demand_cur.execute(
+                QUERIES["demand"], _demand_params(bus.forecast if bus is not None else ForecastSettings(), time.time())
+            ).fetchall()
         pools = conn.execute(QUERIES["pools"]).fetchall()
     started = int(delays.get("started") or 0)
 
@@ -77,7 +100,7 @@ def snapshot(database_url: str, window_seconds: float = 900.0, *, bus: Settings 
         "dispatchers": [{k: _plain(v) for k, v in d.items()} for d in dispatchers],
         "waiting": [{k: _plain(v) for k, v in w.items()} for w in waiting],
         "worst_on_time": _worst_on_time(accounts),
-        "demand": [{**row, "minute": _minute_text(int(row["minute"]))} for row in demand],
+        "demand": [{**asdict(row), "minute": _minute_text(row.minute)} for row in demand],
         "pools": [{k: _plain(v) for k, v in p.items()} for p in pools],
         **({"dead_letters": _dead_letters(bus)} if bus is not None else {}),
     }
@@ -97,18 +120,22 @@ def _minute_text(minute: int) -> str:
     return datetime.fromtimestamp(minute, UTC).strftime("%H:%M")
 
 
-def _worst_on_time(rows: list[dict[str, Any]], count: int = WORST_ACCOUNTS) -> list[dict[str, Any]]:
+def _worst_on_time(rows: list[_AccountOnTime], count: int = WORST_ACCOUNTS) -> list[dict[str, Any]]:
     """The ``count`` accounts with the lowest on-time ratio (the fewest runs first among equals)."""
-    out = [
+
+    def ratio(r: _AccountOnTime) -> float:
+        return round(on_time.ratio(r.on_time, r.considered), 4)
+
+    worst = sorted(rows, key=lambda r: (ratio(r), -r.considered, r.account_id))[:count]
+    return [
         {
-            "account_id": r["account_id"],
-            "account_name": r["account_name"],
-            "considered": int(r["considered"]),
-            "on_time_ratio": round(on_time.ratio(int(r["on_time"]), int(r["considered"])), 4),
+            "account_id": r.account_id,
+            "account_name": r.account_name,
+            "considered": r.considered,
+            "on_time_ratio": ratio(r),
         }
-        for r in rows
+        for r in worst
     ]
-    return sorted(out, key=lambda a: (a["on_time_ratio"], -a["considered"], a["account_id"]))[:count]
 
 
 def _dead_letters(settings: Settings) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from psycopg_pool import AsyncConnectionPool
 
-from runplane.adapters.db import Connection, transaction
+from runplane.adapters.db import Connection, fetch_all, transaction
 from runplane.sql import load_queries
 
 QUERIES = load_queries("runplane.demand", "forecast.sql")
@@ -34,6 +34,34 @@ class RunnerKind(NamedTuple):
 def minute_of(ts: float) -> int:
     """The start of the minute holding ``ts`` (unix seconds)."""
     return math.floor(ts) // MINUTE * MINUTE
+
+
+@dataclass(frozen=True, slots=True)
+class _Fires:
+    """Cron fires forecast for a runner kind and minute (``forecast``)."""
+
+    dbt_version: str
+    memory_mb: int
+    minute: int
+    fires: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ApiRuns:
+    """API-triggered runs of a runner kind queued over the last window (``api_runs``)."""
+
+    dbt_version: str
+    memory_mb: int
+    runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class _JobKind:
+    """A job's runner kind (``runner_kinds``)."""
+
+    job_id: int
+    dbt_version: str
+    memory_mb: int
 
 
 @dataclass(frozen=True)
@@ -65,14 +93,12 @@ async def read_forecast(conn: Connection, *, now: float, stale_after: float, api
     """The forecast as the fresh workers published it, from the current minute on, with API triggers'
     rate per minute over the last ``api_window`` seconds."""
     fires: dict[RunnerKind, dict[int, int]] = {}
-    cur = await conn.execute(QUERIES["forecast"], {"stale_after": stale_after, "from_minute": minute_of(now)})
-    for row in await cur.fetchall():
-        kind = RunnerKind(str(row["dbt_version"]), _int(row["memory_mb"]))
-        fires.setdefault(kind, {})[_int(row["minute"])] = _int(row["fires"])
-    cur = await conn.execute(QUERIES["api_runs"], {"window": api_window})
+    params = {"stale_after": stale_after, "from_minute": minute_of(now)}
+    for row in await fetch_all(conn, QUERIES["forecast"], params, _Fires):
+        fires.setdefault(RunnerKind(row.dbt_version, row.memory_mb), {})[row.minute] = row.fires
     api = {
-        RunnerKind(str(row["dbt_version"]), _int(row["memory_mb"])): _int(row["runs"]) * MINUTE / api_window
-        for row in await cur.fetchall()
+        RunnerKind(row.dbt_version, row.memory_mb): row.runs * MINUTE / api_window
+        for row in await fetch_all(conn, QUERIES["api_runs"], {"window": api_window}, _ApiRuns)
     }
     return Forecast(fires, api)
 
@@ -103,12 +129,5 @@ async def publish_forecast(
 
 async def runner_kinds(conn: Connection, job_ids: Iterable[int]) -> dict[int, RunnerKind]:
     """Each job's runner kind; a job that no longer exists is left out."""
-    cur = await conn.execute(QUERIES["runner_kinds"], {"job_ids": list(job_ids)})
-    return {
-        _int(row["job_id"]): RunnerKind(str(row["dbt_version"]), _int(row["memory_mb"])) for row in await cur.fetchall()
-    }
-
-
-def _int(value: object) -> int:
-    assert isinstance(value, int)
-    return value
+    rows = await fetch_all(conn, QUERIES["runner_kinds"], {"job_ids": list(job_ids)}, _JobKind)
+    return {row.job_id: RunnerKind(row.dbt_version, row.memory_mb) for row in rows}

@@ -1,4 +1,5 @@
-"""The database-error edge: what psycopg raises on a pooled connection arrives as runplane's errors."""
+"""The database-error edge: what psycopg raises on a pooled connection arrives as runplane's errors; and
+the typed fetches of one column."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from runplane.adapters.db import connect, database_errors, open_pool
+from runplane.adapters.db import connect, database_errors, fetch_value, fetch_values, open_pool
 from runplane.basics.errors import Contention, DatabaseError, ServiceUnavailable
 
 
@@ -50,3 +51,20 @@ async def test_a_connection_that_went_away_is_service_unavailable(database_url: 
     with pytest.raises(ServiceUnavailable) as caught, database_errors():
         await conn.execute("SELECT 1")
     assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+
+
+async def test_a_one_column_fetch_gives_the_values_as_their_type(database_url: str) -> None:
+    conn = await connect(database_url)
+    try:
+        many = "SELECT n, 'x' AS other FROM generate_series(1, %(last)s) AS n"
+        assert await fetch_values(conn, many, {"last": 3}, int) == [1, 2, 3]
+        assert await fetch_values(conn, many, {"last": 0}, int) == []
+        assert await fetch_value(conn, many, {"last": 3}, int) == 1
+        assert await fetch_value(conn, many, {"last": 0}, int) is None  # no row
+        assert await fetch_value(conn, "SELECT false", {}, bool) is False  # a row, its value false
+        with pytest.raises(TypeError, match="expected str"):
+            await fetch_values(conn, many, {"last": 1}, str)
+        with pytest.raises(TypeError, match="expected int"):
+            await fetch_value(conn, "SELECT NULL::bigint", {}, int)  # a NULL is not "no row"
+    finally:
+        await conn.close()
