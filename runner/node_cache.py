@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import socket
 import tarfile
 from collections.abc import Callable
@@ -57,11 +58,11 @@ MAX_CONNECTIONS = 16  # served at once; more wait in the listen backlog
 
 
 class _Frames:
-    """One connection's packets, blocking, each wait bounded by ``TRANSFER_TIMEOUT``."""
+    """One connection's packets, blocking, each wait bounded by ``timeout``."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout: float = TRANSFER_TIMEOUT) -> None:
         sock.setblocking(True)
-        sock.settimeout(TRANSFER_TIMEOUT)
+        sock.settimeout(timeout)
         self._sock = sock
 
     def send(self, message: dict[str, Any]) -> None:
@@ -163,12 +164,27 @@ def _decode(packet: bytes) -> dict[str, Any]:
 
 class NodeCacheClient:
     """A run Pod's :class:`~runner.cache_keeper.PrepCache`: the dbt packages from the node's keeper
-    at ``socket_path`` (asked with this run's token and lease), the checkout kept in the Pod."""
+    at ``socket_path`` (asked with this run's token and lease), the checkout kept in the Pod.
 
-    def __init__(self, socket_path: Path, *, token: str, run_id: int, lease_id: str, local: InProcessCache) -> None:
+    A keeper that is not there, does not answer within ``timeout`` or breaks off costs the run its
+    ``dbt deps``, never the run itself: the socket is reachable by every Pod of the node, so a busy
+    or stalled keeper must not fail another account's runs. A keeper's refusal is an error.
+    """
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        token: str,
+        run_id: int,
+        lease_id: str,
+        local: InProcessCache,
+        timeout: float = TRANSFER_TIMEOUT,
+    ) -> None:
         self._path = socket_path
         self._caller = {"token": token, "run_id": run_id, "lease_id": lease_id}
         self._local = local
+        self._timeout = timeout
 
     async def checkout(self, repo: Repository, *, account_id: int, branch: str, sha: str, dest: Path) -> Checkout:
         return await self._local.checkout(repo, account_id=account_id, branch=branch, sha=sha, dest=dest)
@@ -184,10 +200,10 @@ class NodeCacheClient:
 
     def _connect(self) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.settimeout(REQUEST_TIMEOUT)
+        sock.settimeout(self._timeout)
         try:
             sock.connect(str(self._path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except OSError as exc:
             sock.close()
             log.warning("the node's cache keeper does not answer at %s: %s", self._path, exc)
             return None
@@ -198,17 +214,25 @@ class NodeCacheClient:
         if sock is None:  # no keeper on this node now: the run installs its packages itself
             return False
         with sock:
-            frames = _Frames(sock)
-            frames.send({"op": "restore_packages", **self._caller, "key": key})
-            answer = _answer(frames.receive())
-            if not answer.get("restored"):
+            frames = _Frames(sock, self._timeout)
+            try:
+                frames.send({"op": "restore_packages", **self._caller, "key": key})
+                answer = frames.receive()
+            except (OSError, CacheError) as exc:
+                log.warning("the node's cache keeper did not answer: %s", exc)
+                return False
+            if not _answer(answer).get("restored"):
                 return False
             reader = frames.reader(DEFAULT_MAX_ENTRY_BYTES)
             try:
                 extract_entry(reader, project, install_dir)
+                _answer(reader.finish())
             except PackageCacheError as exc:
                 raise CacheError(f"the node's entry was refused: {exc}") from exc
-            _answer(reader.finish())
+            except (OSError, CacheError) as exc:  # broken off: what came is removed, dbt deps installs
+                log.warning("the node's cache keeper broke off a restore: %s", exc)
+                shutil.rmtree(project / install_dir, ignore_errors=True)
+                return False
             return True
 
     def _store(self, key: str, project: Path, install_dir: str) -> str:
@@ -223,14 +247,17 @@ class NodeCacheClient:
             "project_roots": project_roots(project),
         }
         with sock:
-            frames = _Frames(sock)
-            frames.send(request)
-            answer = _answer(frames.receive())
-            if "reason" in answer:  # kept already, or not wanted
-                return str(answer["reason"])
-            _write_tree(project / install_dir, frames.writer())
-            frames.send({"end": True})
-            return str(_answer(frames.receive())["reason"])
+            frames = _Frames(sock, self._timeout)
+            try:
+                frames.send(request)
+                answer = _answer(frames.receive())
+                if "reason" in answer:  # kept already, or not wanted
+                    return str(answer["reason"])
+                _write_tree(project / install_dir, frames.writer())
+                frames.send({"end": True})
+                return str(_answer(frames.receive())["reason"])
+            except OSError as exc:
+                return f"the node's cache keeper broke off: {exc}"
 
 
 def _write_tree(tree: Path, writer: _DataWriter) -> None:

@@ -279,3 +279,52 @@ async def test_a_node_without_a_keeper_is_a_miss_not_a_failure(
     key = key_of(stored, run.account_id)
     assert await client(absent, settings, run).restore_packages(key, stored, "dbt_packages") is False
     assert "does not answer" in await client(absent, settings, run).store_packages(key, stored, "dbt_packages")
+
+
+async def test_a_keeper_that_never_answers_costs_the_run_dbt_deps_not_the_run(
+    db: Conn, settings: Settings, runs: list[Run], tmp_path: Path
+) -> None:
+    run = await claimed(db, settings, runs, create_account(db))
+    stalled = Node(tmp_path / "stalled.sock", tmp_path / "node")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(str(stalled.socket))
+        listener.listen(8)  # connections wait in the backlog, never accepted, never answered
+        stored = project(tmp_path / "p")
+        key = key_of(stored, run.account_id)
+        slow = NodeCacheClient(
+            stalled.socket,
+            token=run.token,
+            run_id=run.api.run_id,
+            lease_id=run.api.lease_id,
+            local=InProcessCache(settings.runner),
+            timeout=0.3,
+        )
+        assert await slow.restore_packages(key, stored, "dbt_packages") is False
+        assert (stored / "dbt_packages" / "dbt_utils" / "macros" / "m.sql").is_file()  # left as it was
+        assert "broke off" in await slow.store_packages(key, stored, "dbt_packages")
+
+
+async def test_a_restore_broken_off_midway_leaves_no_half_entry(
+    db: Conn, settings: Settings, runs: list[Run], tmp_path: Path
+) -> None:
+    run = await claimed(db, settings, runs, create_account(db))
+    path = tmp_path / "breaking.sock"
+    half = _tar((_member("dbt_utils", tarfile.DIRTYPE, 0o755), b""), (_member("dbt_utils/a.sql"), b"a" * 5000))
+
+    def keeper_that_breaks_off(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1 << 20)
+            conn.sendall(json.dumps({"restored": True}).encode())
+            conn.sendall(b"\x00" + half[:3000])  # part of the entry, then the keeper is gone
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        breaking = asyncio.create_task(asyncio.to_thread(keeper_that_breaks_off, listener), name="breaking-keeper")
+        target = tmp_path / "target"
+        target.mkdir()
+        restoring = client(Node(path, tmp_path / "node"), settings, run)
+        assert await restoring.restore_packages("ab" * 32, target, "dbt_packages") is False
+        await breaking
+    assert not (target / "dbt_packages").exists()
