@@ -33,6 +33,15 @@ EXAMPLE = ROOT / "examples" / "jaffle_shop"
 DBT_BIN = ROOT / ".venv-dbt" / "bin"
 DBT_VERSION = "1.10"
 
+Db = psycopg.Connection[Any]
+OK, ERROR = common_pb2.RUN_STATUS_SUCCESS, common_pb2.RUN_STATUS_ERROR
+
+
+def dbt_run_marks(timeout: float) -> list[pytest.MarkDecorator]:
+    """A module of real dbt runs: slow, needs dbt, ``timeout`` seconds a test, and the bus queues its
+    services made are deleted after each test."""
+    return [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(timeout), pytest.mark.usefixtures("_cleanup_bus")]
+
 
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True)

@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
-import psycopg
-import pytest
 
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, runs_pb2
 from tests.dbt.conftest import (
     Client,
+    Db,
     commands_of,
     commit,
     dbt_job,
+    dbt_run_marks,
     environment,
     make_repository,
     run_job,
@@ -28,9 +27,7 @@ from tests.dbt.conftest import (
     warehouse,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(300), pytest.mark.usefixtures("_cleanup_bus")]
-
-Db = psycopg.Connection[Any]
+pytestmark = dbt_run_marks(timeout=300)
 
 
 def dbt_processes(marker: str) -> list[int]:

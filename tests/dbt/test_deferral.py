@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import grpc
-import psycopg
 import pytest
 
 from api.runner.run_spec import DEFER_STATE_DIR
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.dbt.conftest import (
+    OK,
     SETUP,
     Client,
+    Db,
     commands_of,
     commit,
     dbt_job,
+    dbt_run_marks,
     environment,
     make_repository,
     run_job,
@@ -26,10 +27,7 @@ from tests.dbt.conftest import (
     tables,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
-
-Db = psycopg.Connection[Any]
-OK = common_pb2.RUN_STATUS_SUCCESS
+pytestmark = dbt_run_marks(timeout=400)
 
 
 async def executed_nodes(client: Client, run_id: int) -> set[str]:

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
-import psycopg
-import pytest
 
 from api.admin import create_token
 from api.rest.server import RestServer
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
-from runplane.v1 import common_pb2, runs_pb2
+from runplane.v1 import runs_pb2
 from tests.dbt.conftest import (
+    ERROR,
+    OK,
     SETUP,
     Client,
+    Db,
     commands_of,
     commit,
     dbt_job,
+    dbt_run_marks,
     environment,
     make_repository,
     run_job,
@@ -28,10 +29,7 @@ from tests.dbt.conftest import (
     start_run,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
-
-Db = psycopg.Connection[Any]
-OK, ERROR = common_pb2.RUN_STATUS_SUCCESS, common_pb2.RUN_STATUS_ERROR
+pytestmark = dbt_run_marks(timeout=400)
 
 
 def steps_of(run: runs_pb2.Run) -> list[tuple[str, int, bool]]:

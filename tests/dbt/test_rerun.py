@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import grpc
-import psycopg
 import pytest
 
 from api.rerunning import RETRY_STATE_DIR
@@ -16,11 +14,15 @@ from runner.service import run as run_runner
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2, runs_pb2
 from tests.dbt.conftest import (
+    ERROR,
+    OK,
     SETUP,
     Client,
+    Db,
     commands_of,
     commit,
     dbt_job,
+    dbt_run_marks,
     environment,
     make_repository,
     run_log,
@@ -28,10 +30,7 @@ from tests.dbt.conftest import (
     tables,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(400), pytest.mark.usefixtures("_cleanup_bus")]
-
-Db = psycopg.Connection[Any]
-OK, ERROR = common_pb2.RUN_STATUS_SUCCESS, common_pb2.RUN_STATUS_ERROR
+pytestmark = dbt_run_marks(timeout=400)
 
 
 async def execute(client: Client, settings: Settings, db: Db, run_id: int) -> runs_pb2.Run:
