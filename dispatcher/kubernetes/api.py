@@ -127,20 +127,40 @@ async def call(policy: CallRetries, what: str, fn: Callable[..., T], /, *args: A
         attempt += 1
 
 
+async def in_namespace(
+    policy: CallRetries,
+    settings: KubernetesSettings,
+    what: str,
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    body: object = None,
+) -> Any:
+    """``fn``, a ``*_namespaced_*`` call of the core API, on the object ``name`` (when it names one) in
+    the runs namespace, with ``body`` (when it sends one): through :func:`call`, bounded by the request
+    timeout. The response is the raw one (:func:`load_json` reads it): the client's models are slow to
+    build and the dispatcher reads a field or two."""
+    args = (*((name,) if name is not None else ()), settings.namespace, *((body,) if body is not None else ()))
+    return await call(policy, what, fn, *args, _preload_content=False, _request_timeout=settings.request_timeout)
+
+
+async def give_secret_to_pod(
+    policy: CallRetries, core: kubernetes.client.CoreV1Api, settings: KubernetesSettings, name: str, created: Any
+) -> None:
+    """Make the Pod ``name`` (``created``: the response that created it) the owner of its token Secret
+    (also named ``name``), so the Secret goes when the Pod goes."""
+    uid = load_json(created)["metadata"]["uid"]
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+    patch = {"metadata": {"ownerReferences": [owner]}}
+    await in_namespace(policy, settings, "patch secret", core.patch_namespaced_secret, name=name, body=patch)
+
+
 async def delete_pod(
     policy: CallRetries, core: kubernetes.client.CoreV1Api, settings: KubernetesSettings, name: str
 ) -> bool:
     """Delete one Pod in the runs namespace; False when it was already gone."""
     try:
-        await call(
-            policy,
-            "delete pod",
-            core.delete_namespaced_pod,
-            name,
-            settings.namespace,
-            _preload_content=False,
-            _request_timeout=settings.request_timeout,
-        )
+        await in_namespace(policy, settings, "delete pod", core.delete_namespaced_pod, name=name)
     except KubernetesApiError as exc:
         if exc.status == 404:
             return False

@@ -12,8 +12,8 @@ bounded backoff, then reported as retryable (with Retry-After when the API sent 
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes.client
@@ -82,15 +82,7 @@ class KubernetesLauncher:
             await self._pod_creates.acquire()
         try:
             await self._create_token_secret(request)
-            created = await kubernetes_api.call(
-                self._policy,
-                "create pod",
-                self._core.create_namespaced_pod,
-                self._k8s.namespace,
-                pod,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
+            created = await self._in_namespace("create pod", self._core.create_namespaced_pod, body=pod)
         except KubernetesApiError as exc:
             if exc.status == CONFLICT:
                 log.info("pod already exists; launched before", extra=fields)
@@ -110,41 +102,17 @@ class KubernetesLauncher:
             raise LaunchError(f"run {request.run_id} has no run token", retryable=False)
         secret = build_token_secret(request, self._k8s, cluster=self._cluster)
         try:
-            await kubernetes_api.call(
-                self._policy,
-                "create secret",
-                self._core.create_namespaced_secret,
-                self._k8s.namespace,
-                secret,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
+            await self._in_namespace("create secret", self._core.create_namespaced_secret, body=secret)
         except KubernetesApiError as exc:
             if exc.status != CONFLICT:
                 raise
             # Left by an earlier try of this launch: this launch's token is the one that counts.
             await self._delete_token_secret(secret["metadata"]["name"])
-            await kubernetes_api.call(
-                self._policy,
-                "create secret",
-                self._core.create_namespaced_secret,
-                self._k8s.namespace,
-                secret,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
+            await self._in_namespace("create secret", self._core.create_namespaced_secret, body=secret)
 
     async def _delete_token_secret(self, name: str) -> None:
         try:
-            await kubernetes_api.call(
-                self._policy,
-                "delete secret",
-                self._core.delete_namespaced_secret,
-                name,
-                self._k8s.namespace,
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
+            await self._in_namespace("delete secret", self._core.delete_namespaced_secret, name=name)
         except KubernetesApiError as exc:
             if exc.status != NOT_FOUND:
                 log.warning("token secret not deleted", extra={"pod": name, "status": exc.status})
@@ -152,20 +120,14 @@ class KubernetesLauncher:
     async def _secret_owned_by_pod(self, name: str, created: Any) -> None:
         """Make the Pod the token Secret's owner, so the Secret goes when the Pod goes (best effort)."""
         try:
-            uid = json.loads(created.data)["metadata"]["uid"]
-            owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
-            await kubernetes_api.call(
-                self._policy,
-                "patch secret",
-                self._core.patch_namespaced_secret,
-                name,
-                self._k8s.namespace,
-                {"metadata": {"ownerReferences": [owner]}},
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
-            )
+            await kubernetes_api.give_secret_to_pod(self._policy, self._core, self._k8s, name, created)
         except (KubernetesApiError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("token secret not tied to its pod: %s", exc, extra={"pod": name})
+
+    async def _in_namespace(
+        self, what: str, fn: Callable[..., Any], *, name: str | None = None, body: object = None
+    ) -> Any:
+        return await kubernetes_api.in_namespace(self._policy, self._k8s, what, fn, name=name, body=body)
 
     async def delete_pod(self, name: str) -> bool:
         """Delete one Pod in the runs namespace; False when it was already gone."""

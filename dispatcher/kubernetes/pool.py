@@ -20,13 +20,11 @@ run gets a cold Pod of its own. A pool Pod runs one run, then exits; the pool re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import kubernetes.client
 from psycopg_pool import AsyncConnectionPool
@@ -205,25 +203,16 @@ class WarmPools:
             )
         try:
             secret = token_secret(name, labels, token, self._k8s)
-            await self._call("create secret", self._core.create_namespaced_secret, secret)
-            created = await self._call("create pod", self._core.create_namespaced_pod, pod)
+            create_secret, create_pod = self._core.create_namespaced_secret, self._core.create_namespaced_pod
+            await kubernetes_api.in_namespace(self._policy, self._k8s, "create secret", create_secret, body=secret)
+            created = await kubernetes_api.in_namespace(self._policy, self._k8s, "create pod", create_pod, body=pod)
         except KubernetesApiError:
             async with self._db.connection() as conn:
                 await conn.execute(QUERIES["pool_runner_forget"], {"name": name})
             raise
         self.created += 1
-        uid = json.loads(created.data)["metadata"]["uid"]
-        owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
-        await self._call(
-            "patch secret", self._core.patch_namespaced_secret, {"metadata": {"ownerReferences": [owner]}}, name=name
-        )
+        await kubernetes_api.give_secret_to_pod(self._policy, self._core, self._k8s, name, created)
         log.info("pool pod created", extra={"pod": name, "pool": pool.name})
-
-    async def _call(self, what: str, fn: Any, body: object, *, name: str | None = None) -> Any:
-        args = (name, self._k8s.namespace, body) if name is not None else (self._k8s.namespace, body)
-        return await kubernetes_api.call(
-            self._policy, what, fn, *args, _preload_content=False, _request_timeout=self._k8s.request_timeout
-        )
 
 
 class PooledLauncher:
@@ -268,15 +257,9 @@ class PooledLauncher:
         fields = {"run_id": request.run_id, "job_id": request.job_id, "account_id": request.account_id, "pod": name}
         log.info("run given to a pool pod", extra=fields)
         try:  # the run's labels: the Pod watcher now reconciles this Pod with the run
-            await kubernetes_api.call(
-                self._policy,
-                "label pod",
-                self._core.patch_namespaced_pod,
-                name,
-                self._k8s.namespace,
-                {"metadata": {"labels": run_labels(request, self.cluster)}},
-                _preload_content=False,
-                _request_timeout=self._k8s.request_timeout,
+            labels = {"metadata": {"labels": run_labels(request, self.cluster)}}
+            await kubernetes_api.in_namespace(
+                self._policy, self._k8s, "label pod", self._core.patch_namespaced_pod, name=name, body=labels
             )
         except KubernetesApiError as exc:
             log.warning("pool pod not labelled with its run", extra={**fields, "error": str(exc)})
