@@ -6,6 +6,7 @@ local Postgres, so every test builds into schemas nobody else sees.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -106,9 +107,10 @@ def rest_server(api: RunningApi) -> RestServer:
     return api.rest
 
 
-@pytest.fixture
-async def client(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Client]:
-    account_id, token = await create_account(dbt_settings, name="jaffle", run_slots=4, memory_mb=4096)
+@contextlib.asynccontextmanager
+async def account_client(api: RunningApi, settings: Settings, name: str) -> AsyncIterator[Client]:
+    """A new account (4 run slots, 4 GiB a run) and the API as it sees it, with its token."""
+    account_id, token = await create_account(settings, name=name, run_slots=4, memory_mb=4096)
     async with channel(f"127.0.0.1:{api.port}", token) as chan:
         yield Client(
             account_id,
@@ -116,6 +118,12 @@ async def client(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Clien
             runs_pb2_grpc.RunServiceStub(chan),
             projects_pb2_grpc.ProjectServiceStub(chan),
         )
+
+
+@pytest.fixture
+async def client(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Client]:
+    async with account_client(api, dbt_settings, "jaffle") as made:
+        yield made
 
 
 def warehouse(database_url: str, **changes: str) -> projects_pb2.Connection:

@@ -11,24 +11,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
-from api.admin import create_account
 from api.process import RunningApi
-from client.cli import channel
 from runner.node_cache import NodeCacheKeeper
 from runplane.basics.settings import Settings
-from runplane.v1 import common_pb2, jobs_pb2_grpc, projects_pb2_grpc, runs_pb2_grpc
-from tests.dbt.conftest import Client, commit, dbt_job, environment, make_repository, run_job, run_log
+from tests.dbt.conftest import (
+    OK,
+    Client,
+    Db,
+    account_client,
+    commit,
+    dbt_job,
+    dbt_run_marks,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+)
 from tests.support.git_servers import macro_package
 from tests.support.polling import eventually
 
-pytestmark = [pytest.mark.dbt, pytest.mark.timeout(300), pytest.mark.usefixtures("_cleanup_bus")]
-
-Db = psycopg.Connection[Any]
+pytestmark = dbt_run_marks(300)
 
 
 @pytest.fixture
@@ -53,14 +58,8 @@ async def node_settings(dbt_settings: Settings, tmp_path: Path) -> AsyncIterator
 @pytest.fixture
 async def other(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Client]:
     """A second account."""
-    account_id, token = await create_account(dbt_settings, name="other", run_slots=4, memory_mb=4096)
-    async with channel(f"127.0.0.1:{api.port}", token) as chan:
-        yield Client(
-            account_id,
-            jobs_pb2_grpc.JobServiceStub(chan),
-            runs_pb2_grpc.RunServiceStub(chan),
-            projects_pb2_grpc.ProjectServiceStub(chan),
-        )
+    async with account_client(api, dbt_settings, "other") as made:
+        yield made
 
 
 async def test_an_accounts_next_run_gets_its_packages_from_the_node_and_another_account_does_not(
@@ -79,7 +78,7 @@ async def test_an_accounts_next_run_gets_its_packages_from_the_node_and_another_
         job = await dbt_job(account, env.id, ["dbt parse"])
         done = await run_job(account, node_settings, db, job.id)
         log = await run_log(account, done.id)
-        assert done.status == common_pb2.RUN_STATUS_SUCCESS, log[-3000:]
+        assert done.status == OK, log[-3000:]
         return log
 
     first, second, others = await run(client), await run(client), await run(other)
