@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from runner.cache_budget import CacheBudget
 from runner.cache_keeper import MAX_MESSAGE, CacheError, InProcessCache
 from runner.checkout import Checkout, Repository
 from runner.package_cache import PackageCache, PackageCacheError, extract_entry, project_roots
@@ -280,12 +281,19 @@ class NodeCacheKeeper:
     account comes from the runner API at ``api_address``."""
 
     def __init__(
-        self, socket_path: Path, root: Path, api_address: str, *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+        self,
+        socket_path: Path,
+        root: Path,
+        api_address: str,
+        *,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+        max_cache_bytes: int = 0,
     ) -> None:
         self._path = socket_path
         self._root = root
         self._api_address = api_address
         self._max_entry_bytes = max_entry_bytes
+        self._budget = CacheBudget(root, max_cache_bytes)  # 0: no budget
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Answer connections until ``stop`` is set; the connections being served end first."""
@@ -380,8 +388,9 @@ class NodeCacheKeeper:
             frames.send({"restored": False})
             return
         frames.send({"restored": True})
+        self._budget.restored(packages.entry(key))
         writer = frames.writer()
-        if not packages.write_archive(key, writer):  # gone meanwhile: the run sees an empty tar refused
+        if not packages.write_archive(key, writer):  # evicted meanwhile: the run's restore is a miss
             raise CacheError("the entry went away")
         writer.flush()
         frames.send({"end": True})
@@ -391,6 +400,7 @@ class NodeCacheKeeper:
         if not isinstance(roots, list) or not all(isinstance(root, str) for root in roots):
             raise CacheError("project_roots is a list of paths")
         if (packages.entry(key) / "tree").is_dir():
+            self._budget.restored(packages.entry(key))
             frames.send({"reason": ""})
             return ""
         frames.send({"send": True})
@@ -398,4 +408,6 @@ class NodeCacheKeeper:
         reason = packages.store_archive(key, reader, roots, install_dir)
         reader.finish()  # after a refused member the run is still sending: take the rest (bounded) first
         frames.send({"reason": reason})
+        if not reason:  # after the answer: the run does not wait for older entries to be removed
+            self._budget.stored(packages.entry(key))
         return reason

@@ -95,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     node_cache.add_argument("--socket", required=True, help="the socket's path (its directory is mounted into Pods)")
     node_cache.add_argument("--root", required=True, help="the node's cache directory (never mounted into Pods)")
     node_cache.add_argument("--max-entry-mb", type=int, default=1024, help="the largest entry a run may store")
+    node_cache.add_argument(
+        "--max-cache-mb",
+        type=int,
+        default=10240,
+        help="the node's cache size past which the least recently used entries are removed; 0: no limit",
+    )
     up = sub.add_parser("up", help="start the whole system on this machine")
     up.add_argument("--demo", action="store_true", help="migrate and create a demo account and jobs first")
     up.add_argument("--queuer-workers", type=int, default=2)
@@ -208,6 +214,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 Path(args.root),
                 settings.runner.api_address,
                 max_entry_bytes=args.max_entry_mb << 20,
+                max_cache_bytes=args.max_cache_mb << 20,
             )
             asyncio.run(run_until_stopped("node-cache", keeper.serve, drain_seconds=settings.drain_seconds))
             return 0

@@ -288,7 +288,8 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
     assert volumes == {"cache": "/mnt/disks/runplane-cache", "socket": "/var/run/runplane-node-cache"}
     (container,) = pod["containers"]
     assert container["args"] == [
-        "node-cache", "--socket", "/socket/cache.sock", "--root", "/cache", "--max-entry-mb", "1024"
+        "node-cache", "--socket", "/socket/cache.sock", "--root", "/cache", "--max-entry-mb", "1024",
+        "--max-cache-mb", "10240",
     ]  # fmt: skip
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["RUNPLANE_RUNNER__API_ADDRESS"] == "rp-runplane-runner-api.runplane.svc:50052"

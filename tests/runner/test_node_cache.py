@@ -328,3 +328,32 @@ async def test_a_restore_broken_off_midway_leaves_no_half_entry(
         assert await restoring.restore_packages("ab" * 32, target, "dbt_packages") is False
         await breaking
     assert not (target / "dbt_packages").exists()
+
+
+async def test_a_node_over_its_budget_drops_the_least_recently_used_entry(
+    db: Conn, settings: Settings, runs: list[Run], tmp_path: Path
+) -> None:
+    small = Node(tmp_path / "small" / "cache.sock", tmp_path / "small-node")
+    keeper = NodeCacheKeeper(small.socket, small.root, settings.runner.api_address, max_cache_bytes=2500)
+    stop = asyncio.Event()
+    task = asyncio.create_task(keeper.serve(stop), name="small-node-cache")
+    try:
+        await eventually(lambda: task.done() or small.socket.exists(), 10, what="the keeper's socket")
+        one, two = create_account(db, name="one"), create_account(db, name="two")
+        ones, twos = await claimed(db, settings, runs, one), await claimed(db, settings, runs, two)
+        keys = []
+        for index, run in enumerate((ones, twos, ones)):
+            stored = project(tmp_path / f"p{index}", macro="x" * 1000)
+            keys.append(key_of(stored, index))
+            assert await client(small, settings, run).store_packages(keys[-1], stored, "dbt_packages") == ""
+            if index == 1:  # the first entry is restored, so the second is the least recently used
+                into = tmp_path / "into"
+                into.mkdir()
+                assert await client(small, settings, ones).restore_packages(keys[0], into, "dbt_packages")
+        # Removed after the store's answer (the run does not wait for it).
+        await eventually(lambda: not (small.root / str(two) / keys[1]).exists(), 10, what="the eviction")
+        assert (small.root / str(one) / keys[0]).is_dir()
+        assert (small.root / str(one) / keys[2]).is_dir()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
