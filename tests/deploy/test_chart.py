@@ -232,7 +232,7 @@ def test_the_chart_ships_the_grafana_dashboard() -> None:
 def test_run_pods_reach_only_dns_the_runner_api_and_named_warehouses(variant: str) -> None:
     docs = render(variant)
     runs_ns = "runs" if variant == "multi-cluster" else "runplane-runs"
-    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-runs")]
     spec = policy["spec"]
     assert policy["metadata"]["namespace"] == runs_ns
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "runplane-runner"
@@ -315,6 +315,15 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
     assert socket.rsplit("/", 1)[1] == container["args"][2].rsplit("/", 1)[1]  # the keeper's socket file
     for workload in (d for d in docs if d["kind"] in ("Deployment", "Job")):
         assert "hostPath" not in json.dumps(workload)
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-node-cache")]
+    assert policy["metadata"]["namespace"] == "runplane-runs"
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items() <= keeper["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert policy["spec"]["ingress"] == []
+    dns, runner_api = policy["spec"]["egress"]  # and nothing else
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert runner_api["ports"] == [{"protocol": "TCP", "port": 50052}]
     (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPath is outside baseline

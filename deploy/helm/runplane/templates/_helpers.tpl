@@ -136,3 +136,26 @@ spec:
     matchLabels:
       {{- include "runplane.selector" . | nindent 6 }}
 {{- end -}}
+
+{{/* Egress rules of a NetworkPolicy in the runs namespace: the cluster's DNS and the runner API. */}}
+{{- define "runplane.egressToDnsAndRunnerApi" -}}
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: kube-system
+      podSelector:
+        matchLabels:
+          k8s-app: kube-dns
+  ports:
+    - {protocol: UDP, port: 53}
+    - {protocol: TCP, port: 53}
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Release.Namespace }}
+      podSelector:
+        matchLabels:
+          {{- include "runplane.selector" (dict "root" . "component" "api") | nindent 10 }}
+  ports:
+    - {protocol: TCP, port: {{ .Values.api.runnerPort }}}
+{{- end -}}
