@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.intake import Intake
 from dispatcher.launcher import Launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.noop_launcher import NoopLauncher
@@ -20,6 +21,9 @@ if TYPE_CHECKING:  # imported when chosen: the Kubernetes client is heavy
     from dispatcher.kubernetes.gate import ClusterGate
     from dispatcher.kubernetes.pool import WarmPools
     from dispatcher.kubernetes.watch import PodWatcher
+
+
+DEFAULT_CREATE_RATE = 50.0  # Pods per second expected of a cluster with no create limit, until measured
 
 
 def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> Launcher:
@@ -81,3 +85,20 @@ def intake_gate(settings: Settings, watcher: KubernetesCompanion | None) -> Clus
     from dispatcher.kubernetes.gate import ClusterGate
 
     return ClusterGate(settings, active_pods=watcher.active_count if watcher is not None else None)
+
+
+def intake(settings: Settings, watcher: KubernetesCompanion | None) -> Intake | None:
+    """The bound on the runs this dispatcher holds (``dispatcher.intake``): for Kubernetes, its cluster's
+    room and measured create rate; None: the dispatcher takes what its prefetch brings."""
+    k8s = settings.kubernetes
+    if settings.dispatcher.launcher != "kubernetes" or k8s.intake_horizon <= 0:
+        return None
+
+    def room() -> int | None:
+        if k8s.capacity <= 0 or watcher is None:
+            return None
+        return k8s.capacity - watcher.active_count()
+
+    # Until its first launches are measured, a dispatcher expects the create rate it is allowed.
+    prior = k8s.pod_creates_per_second if k8s.pod_creates_per_second > 0 else DEFAULT_CREATE_RATE
+    return Intake(rate=prior, horizon=k8s.intake_horizon, room=room, cluster=settings.dispatcher.cluster)

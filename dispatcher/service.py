@@ -31,8 +31,9 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.intake import Intake
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
-from dispatcher.launcher_choice import companion, intake_gate, make_launcher
+from dispatcher.launcher_choice import companion, intake, intake_gate, make_launcher
 from dispatcher.local_launcher import LocalLauncher
 from dispatcher.local_spares import LocalSpares
 from dispatcher.noop_launcher import NoopLauncher
@@ -144,6 +145,7 @@ class Dispatcher:
         *,
         pending: PendingPickups | None = None,
         dispatcher_id: str = "",
+        intake: Intake | None = None,
     ) -> None:
         self._settings = settings
         # Recorded on each run it starts: the scheduler loop reclaims them when this process stops
@@ -154,6 +156,8 @@ class Dispatcher:
         self._locks = locks
         self._launcher = launcher
         self._pending = pending
+        # Bounds the runs this dispatcher holds to what its cluster starts soon (``dispatcher.intake``).
+        self._intake = intake
         self._policy = RetryPolicy.from_settings(settings.runner)
         self._launch_concurrency = max(1, settings.dispatcher.launch_concurrency)
         self._launches = asyncio.Semaphore(self._launch_concurrency)
@@ -173,12 +177,54 @@ class Dispatcher:
         ordered = sorted(accounts)
         if self._pending is not None:
             await self._pending.clear(ordered)  # changes from here on get a Pickup of their own
+        if self._intake is not None:
+            await self._dispatch_within(self._intake, ordered)
+            return
         size = max(1, self._settings.dispatcher.batch_accounts)
         for start in range(0, len(ordered), size):
             await self.dispatch(ordered[start : start + size])
 
+    async def _dispatch_within(self, intake: Intake, accounts: list[AccountId]) -> None:
+        """Start at most the intake's credit of the accounts' runs; hand the rest back as Pickups
+        (for dispatchers of other clusters) before launching what it took."""
+        if not accounts:
+            return
+        credit = await intake.take_within(intake.horizon)
+        size = max(1, self._settings.dispatcher.batch_accounts)
+        started: list[Started] = []
+        try:
+            for start in range(0, len(accounts), size):
+                if credit - len(started) <= 0:
+                    await self._shed(accounts[start:])
+                    break
+                started += await self._take(accounts[start : start + size], limit=credit - len(started))
+        finally:
+            intake.give_back(credit - len(started))
+        if not started:
+            return
+        self.dispatched += len(started)
+        began = time.monotonic()
+        launched = 0
+        try:
+            launched = await self._launch_all(started)
+        finally:
+            intake.launched(len(started), started=launched, seconds=time.monotonic() - began)
+
+    async def _shed(self, accounts: Sequence[AccountId]) -> None:
+        """Accounts this dispatcher has no credit for: a Pickup again, for whichever dispatcher has some."""
+        await hint_pickups(self._bus, Topology(self._settings.bus_prefix), accounts, source="shed")
+
     async def dispatch(self, account_ids: Sequence[AccountId]) -> list[Started]:
         """One dispatch pass over the accounts; returns the runs it launched."""
+        started = await self._take(account_ids)
+        if started:
+            self.dispatched += len(started)
+            await self._launch_all(started)
+        return started
+
+    async def _take(self, account_ids: Sequence[AccountId], *, limit: int | None = None) -> list[Started]:
+        """One dispatch pass's decisions, at most ``limit`` runs started: runs moved to starting, not launched
+        yet; the accounts that need a Pickup again get it."""
         accounts = sorted(set(account_ids))
         if not accounts:
             return []
@@ -197,7 +243,7 @@ class Dispatcher:
         resend: set[AccountId] = set()
         try:
             if held.accounts:
-                started, resend = await self._dispatch([AccountId(a) for a in held.accounts])
+                started, resend = await self._dispatch([AccountId(a) for a in held.accounts], limit)
         finally:
             try:
                 resend.update(AccountId(a) for a in await held.release())
@@ -207,9 +253,6 @@ class Dispatcher:
                 )
         log.debug("dispatch pass done", extra={"accounts": len(held.accounts), "started": len(started)})
         await hint_pickups(self._bus, Topology(self._settings.bus_prefix), resend, source="outcome")
-        if started:
-            self.dispatched += len(started)
-            await self._launch_all(started)
         return started
 
     async def _redis_unavailable(self, exc: ServiceUnavailable) -> None:
@@ -219,11 +262,11 @@ class Dispatcher:
             log.warning("redis unavailable; dispatching paused", extra={"error": str(exc)})
         await asyncio.sleep(min(1.0, 0.05 * self._redis_failures))
 
-    async def _dispatch(self, accounts: list[AccountId]) -> tuple[list[Started], set[AccountId]]:
+    async def _dispatch(self, accounts: list[AccountId], limit: int | None) -> tuple[list[Started], set[AccountId]]:
         """The pass's transaction; the runs it started and the accounts that need a Pickup again."""
         try:
             async with self._pool.connection() as conn, conn.transaction():
-                return await self._plan_and_start(conn, accounts)
+                return await self._plan_and_start(conn, accounts, limit)
         except Contention:
             # An account row stayed locked past the lock timeout: the whole pass changed nothing.
             log.info("account rows busy; pickups sent again", extra={"accounts": len(accounts)})
@@ -234,7 +277,7 @@ class Dispatcher:
         return [], set()
 
     async def _plan_and_start(
-        self, conn: Connection, account_ids: list[AccountId]
+        self, conn: Connection, account_ids: list[AccountId], limit: int | None
     ) -> tuple[list[Started], set[AccountId]]:
         # A dispatcher that stalls inside the pass loses the transaction (and the row locks) once
         # its Redis locks have expired; one that waits for a row that long gives up.
@@ -264,6 +307,10 @@ class Dispatcher:
                 {"ids": list(waiting), "reasons": [str(reason) for reason in waiting.values()]},
             )
         starts = [(account, run, plan.schemas[run.run_id]) for account, plan in plans for run in plan.start]
+        if limit is not None and len(starts) > limit:
+            # Beyond what this dispatcher's cluster starts soon: left queued, for whichever dispatcher takes the Pickup.
+            pickups |= {AccountId(account.id) for account, _, _ in starts[limit:]}
+            starts = starts[:limit]
         if not starts:
             return [], pickups
         tokens = {run.run_id: new_run_token() for _, run, _ in starts}
@@ -312,7 +359,8 @@ class Dispatcher:
         instruments.cancellations.add(1, {"reason": "superseded_merge"})
         return {AccountId(a) for a in finished.pickup_accounts}
 
-    async def _launch_all(self, started: list[Started]) -> None:
+    async def _launch_all(self, started: list[Started]) -> int:
+        """Launch the runs; how many got a runner."""
         # A few workers, each holding one of the process's launch permits, take the runs in turn: a
         # task and a semaphore wait per run cost more than a noop or warm-pool launch itself.
         results: list[LaunchResult | None] = [None] * len(started)
@@ -326,7 +374,7 @@ class Dispatcher:
         await asyncio.gather(*(worker() for _ in range(min(len(started), self._launch_concurrency))))
         launched = [(run, result) for run, result in zip(started, results, strict=True) if result and result.pod_name]
         if not launched:
-            return
+            return 0
         try:
             async with self._pool.connection() as conn:
                 await conn.execute(
@@ -339,6 +387,7 @@ class Dispatcher:
                 )
         except ServiceUnavailable as exc:
             log.warning("pod names not recorded", extra={"error": str(exc)})
+        return len(launched)
 
     async def _launch(self, run: Started) -> LaunchResult | None:
         request = LaunchRequest(
@@ -420,16 +469,21 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         if isinstance(launcher, NoopLauncher):
             launcher.on_ended = functools.partial(hint_pickups, bus, Topology(settings.bus_prefix), source="outcome")
         name = f"{socket.gethostname()}:{os.getpid()}"
-        dispatcher = Dispatcher(settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name)
+        watcher = companion(settings, pool)
+        bounded = intake(settings, watcher)
+        dispatcher = Dispatcher(
+            settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name, intake=bounded
+        )
         queue = Topology(settings.bus_prefix).pickup
-        prefetch = max(1, settings.dispatcher.prefetch // concurrency)
+        # A bounded intake holds one Pickup per consumer: those behind it go to dispatchers with credit
+        # while this one launches (a Pickup names many accounts; the bound counts their runs).
+        prefetch = 1 if bounded is not None else max(1, settings.dispatcher.prefetch // concurrency)
         log.info("dispatcher ready", extra={"launcher": launcher.name, "concurrency": concurrency})
         started = time.monotonic()
         async with asyncio.TaskGroup() as group:
             spawn(
                 group, "dispatcher:announce", announce(pool, settings, dispatcher, name, stop), eternal=True, stop=stop
             )
-            watcher = companion(settings, pool)
             if watcher is not None:
                 spawn(group, f"dispatcher:{launcher.name}:watch", watcher.run(stop), eternal=True, stop=stop)
             if isinstance(launcher, LocalLauncher) and settings.dispatcher.local_fork_server:

@@ -148,6 +148,15 @@ accounts_by_on_time_ratio = _gauge(
     "every account with runs in the window). A few series whatever the number of accounts; runplane status names "
     "the worst ones",
 )
+intake_bound = _gauge(
+    "runplane.dispatcher.intake_bound",
+    "Runs a dispatcher may hold at once: its cluster's room, and its create rate times kubernetes.intake_horizon "
+    "(cluster)",
+)
+create_rate = _gauge(
+    "runplane.dispatcher.create_rate",
+    "Runs per second a dispatcher launches, measured over its batches of launches (EWMA; cluster)",
+)
 pool_idle = _gauge(
     "runplane.pool.idle", "Started runners of a pool not given a run yet: waiting or starting (pool, cluster)"
 )

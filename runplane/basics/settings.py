@@ -228,6 +228,13 @@ class KubernetesSettings(BaseModel):
         50.0,
         description="Pod creates per second this dispatcher sends the cluster's API server at most; 0: no limit.",
     )
+    intake_horizon: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds of Pod creates, at the create rate the dispatcher measures, that it takes runs from the "
+        "pickup queue for (within the room `capacity` leaves); the rest of a peak is left to other clusters' "
+        "dispatchers. 0: no bound.",
+    )
     warm_pools: list[WarmPoolSettings] = Field(
         default_factory=list,
         description="Warm Pod pools (JSON list) this dispatcher keeps and hands runs to; a run no waiting Pod "
