@@ -226,13 +226,14 @@ class ControlPlane:
         """Plain JSON calls, as admin or with ``token``."""
         return Rest(self.url, self.ca_file, token or self.admin_token)
 
-    def write_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> Path:
+    def write_kubeconfig(self, path: Path, token: str, namespace: str = "default", *, server: str = "") -> Path:
+        """A kubeconfig for this API server as ``token``, reached at ``server`` (a proxy's address) if given."""
         path.write_text(
             f"""apiVersion: v1
 kind: Config
 clusters:
 - name: local
-  cluster: {{server: "{self.url}", certificate-authority: "{self.ca_file}"}}
+  cluster: {{server: "{server or self.url}", certificate-authority: "{self.ca_file}"}}
 users:
 - name: user
   user: {{token: "{token}"}}
