@@ -102,3 +102,14 @@ def test_the_warm_pools_row_shows_every_pool_metric_by_pool_and_cluster() -> Non
     titles = " | ".join(p["title"] for p in row).lower()
     for subject in ("forecast", "target", "idle", "queued", "lead time", "served warm"):
         assert subject in titles
+
+
+def test_the_clusters_row_shows_each_dispatchers_intake_bound_and_create_rate() -> None:
+    panels = _rows_and_panels(_dashboard())
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Clusters")
+    row = panels[start + 1 :]
+    row = row[: next((i for i, p in enumerate(row) if p["type"] == "row"), len(row))]
+    exprs = [target["expr"] for panel in row for target in panel["targets"]]
+    shown = {name for expr in exprs for name in re.findall(r"\brunplane_[a-z_]+", expr)}
+    assert {"runplane_dispatcher_intake_bound", "runplane_dispatcher_create_rate"} <= shown & exported_names()
+    assert all("by (cluster)" in expr and 'cluster=~"$cluster"' in expr for expr in exprs), exprs
