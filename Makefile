@@ -60,11 +60,13 @@ $(BIN)/helm: $(STAMP) deploy/helm/extract_helm.py
 # built from Debian's source package (about 8 minutes of two cores, once per machine), cached by
 # version under /var/cache/runplane; etcd and dockerd from Debian's packages, installed here. With
 # them kubemark, the hollow nodes of a simulated fleet (built alone where the others are cached).
-# Beside the build, the runner image of this checkout is saved to the same cache (its slow part
-# waits on the network while Go keeps the CPUs busy), so the real-Pod tests only load it.
+# A cold build saves the runner image of this checkout to the same cache beside it (the image
+# waits on the network while Go keeps the CPUs busy); `make test` saves it beside the tests when
+# only the image is missing. The real-Pod tests then load it, or wait for the build under way.
 k8s:
 	deploy/k8s-local/build.sh --packages
-	@log=$$(mktemp); deploy/k8s-local/runner-image.sh >$$log 2>&1 & image=$$!; \
+	@deploy/k8s-local/build.sh --locate --kubemark >/dev/null 2>&1 && exit 0; \
+	log=$$(mktemp); deploy/k8s-local/runner-image.sh >$$log 2>&1 & image=$$!; \
 	deploy/k8s-local/build.sh --kubemark; built=$$?; \
 	wait $$image; imaged=$$?; cat $$log; rm -f $$log; \
 	test $$built -eq 0 -a $$imaged -eq 0
@@ -81,6 +83,7 @@ fence-packages:
 # printed after the rest's, and either one failing fails the target. The rest runs on TEST_WORKERS
 # pytest-xdist workers: most of its time is spent waiting on processes, servers and dbt, not on CPU.
 FAULTS_LOG := $(VENV)/test-faults.log
+IMAGE_LOG := $(VENV)/runner-image.log
 TEST_WORKERS ?= 2
 # The scheduling protocol under deterministic simulation, for SIMULATE_SECONDS: random histories from
 # consecutive seeds (SIMULATE_FIRST_SEED on), histories per second printed; a failure prints its
@@ -93,9 +96,11 @@ simulate: $(STAMP)
 	$(BIN)/python -m tests.simulation.run --seconds $(SIMULATE_SECONDS) --first-seed $(SIMULATE_FIRST_SEED)
 
 test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
-	@$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
-	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=15; rest=$$?; \
+	@deploy/k8s-local/runner-image.sh > $(IMAGE_LOG) 2>&1 & image=$$!; \
+	$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
+	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=40; rest=$$?; \
 	wait $$faults; faulted=$$?; \
+	wait $$image || { echo "== the runner image was not saved:"; cat $(IMAGE_LOG); }; \
 	echo; echo "== fault suite (pytest -m faults) =="; cat $(FAULTS_LOG); \
 	echo "== pytest -m 'not faults': exit $$rest; pytest -m faults: exit $$faulted"; \
 	test $$rest -eq 0 -a $$faulted -eq 0

@@ -80,16 +80,23 @@ make_rootfs
 
 saved=$images/runplane-runner-$TAG-$(content_key).tar
 mkdir -p "$images"
-if [ -f "$saved" ] && [ "$MODE" = save ]; then
-    echo "$saved"
-    exit 0
-fi
-if [ -f "$saved" ]; then
-    t0=$SECONDS
+load_saved() {
+    local t0=$SECONDS
     docker load -q -i "$saved" >/dev/null
     touch "$saved"
     log "runner image loaded from $saved in $((SECONDS - t0)) s"
     echo "$runner"
+}
+if [ -f "$saved" ]; then
+    if [ "$MODE" = save ]; then echo "$saved"; else load_saved; fi
+    exit 0
+fi
+# One build of an image at a time: a build of the same content already under way (`make test`
+# starts one beside the tests) is waited for and its image loaded, not built a second time.
+exec 7>"$saved.lock"
+flock 7
+if [ -f "$saved" ]; then
+    if [ "$MODE" = save ]; then echo "$saved"; else load_saved; fi
     exit 0
 fi
 
@@ -121,4 +128,5 @@ if [ ! -f "$layers" ]; then
 fi
 docker save -o "$saved.tmp" "$runner" && mv "$saved.tmp" "$saved"
 prune 4 "$images"/runplane-runner-"$TAG"-*.tar
+rm -f "$saved.lock"
 if [ "$MODE" = save ]; then echo "$saved"; else echo "$runner"; fi

@@ -24,12 +24,14 @@ command -v dockerd >/dev/null || { log "dockerd is missing: deploy/k8s-local/bui
 dir=$(mktemp -d /tmp/rpk-img-XXXXXX)
 dockerd_pid=
 stop() {
-    if [ -n "$dockerd_pid" ]; then
-        kill "$dockerd_pid" 2>/dev/null || true
-        wait "$dockerd_pid" 2>/dev/null || true
-    fi
+    # dockerd and the containerd it started, until both are gone: a dockerd still shutting down
+    # restarts its containerd, which writes under the directory again.
+    [ -n "$dockerd_pid" ] && kill "$dockerd_pid" 2>/dev/null
+    for _ in $(seq 300); do pgrep -f -- "$dir" >/dev/null || break; sleep 0.1; done
+    pkill -KILL -f -- "$dir" 2>/dev/null && sleep 0.5
     # What dockerd mounted under its directories (its default network namespace) and left behind.
-    grep -o " $dir/[^ ]*" /proc/self/mounts | sort -r | while read -r point; do
+    # (No match is no mount: under pipefail a failing grep would end the clean-up here.)
+    { grep -o " $dir/[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r point; do
         umount "$point" 2>/dev/null || umount -l "$point"
     done
     rm -rf "$dir"

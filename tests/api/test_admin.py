@@ -27,6 +27,9 @@ async def runplane(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     return await finish(proc)
 
 
+# Three runplane processes (each imports the CLI and connects to Postgres) beside the API server:
+# under 10 s at load 3-6, 18-20 s at load 10-37, where the default 20 s cut it off.
+@pytest.mark.timeout(120)
 async def test_admin_commands_print_working_tokens(api: RunningApi, service_env: dict[str, str], adb: AsyncDb) -> None:
     code, out, err = await runplane(
         service_env, "admin", "create-account", "--name", "initech", "--run-slots", "3", "--memory-mb", "2048"
