@@ -7,16 +7,18 @@ holds (has moved to starting and not launched yet) at most
     bound = min(room, max(1, ceil(create_rate * horizon)))
 
 runs, where ``room`` is what its cluster has left (``kubernetes.capacity`` minus the active run Pods;
-no limit without a capacity), ``create_rate`` the runs per second it launched, measured over each
-batch of its own launches (an EWMA), and ``horizon`` is ``kubernetes.intake_horizon``. A dispatch
-pass starts at most ``bound - held`` runs; the accounts whose due runs it leaves queued get a Pickup
-again at once, before it launches, so a dispatcher of another cluster with credit takes them. A
-batch that finds no credit waits for some up to ``horizon`` and then hands all its accounts back the
-same way. So a cluster whose API is slow (its launches take long, its rate falls) or that is full
-keeps less of the peak, and the others take the rest; the run's compare-and-set (queued → starting)
+no limit without a capacity), ``create_rate`` the runs per second its own launches got a runner
+(an EWMA over the time it has launches in flight), and ``horizon`` is ``kubernetes.intake_horizon``.
+A dispatch pass starts at most ``bound - held`` runs; the accounts whose due runs it leaves queued
+get a Pickup again at once, before it launches, so a dispatcher of another cluster with credit takes
+them. Each launch that ends frees its run's credit; a batch waits for at least half the bound to be
+free (up to ``horizon``), then takes what there is, or hands all its accounts back the same way. So
+a cluster whose API is slow (its launches take long, its rate falls) or that is full keeps less of
+the peak, and the others take the rest; the run's compare-and-set (queued → starting)
 keeps a run from starting twice whichever dispatcher reads it.
 
-No I/O here: the dispatcher hands :class:`Intake` each batch's count and duration, and a ``room`` callable.
+No I/O here: the dispatcher tells :class:`Intake` when launches start and end (with the time), and
+gives it a ``room`` callable.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from runplane.adapters import instruments
 RATE_WEIGHT = 0.5  # of the newest batch's rate in the EWMA: a slowing cluster sheds within a batch or two
 SHORTEST_BATCH = 0.001  # seconds: a batch timed shorter than this is timed this long
 LOOK_AGAIN = 0.2  # seconds between looks at the room while waiting for credit
+SAMPLE_SECONDS = 1.0  # of launches in flight, at most, between two samples of the create rate
 
 
 @dataclass(slots=True)
@@ -56,8 +59,12 @@ def intake_bound(*, room: int | None, rate: float, horizon: float) -> int:
 
 
 class Intake:
-    """A dispatcher's credit of runs: taken before a pass, given back for what the pass did not
-    start, settled when the pass's launches are done. One per dispatcher process (its consumers share it)."""
+    """A dispatcher's credit of runs: taken before a pass, given back for what the pass did not start,
+    and freed run by run as launches end. One per dispatcher process (its consumers share it).
+
+    The create rate is measured while launches are in flight: runs that got a runner over the seconds
+    with at least one launch under way, folded in at least every ``SAMPLE_SECONDS`` of that and
+    whenever the last launch ends, so batches that overlap are measured together."""
 
     def __init__(
         self, *, rate: float, horizon: float, room: Callable[[], int | None] = lambda: None, cluster: str = ""
@@ -67,6 +74,9 @@ class Intake:
         self._room = room
         self._labels = {"cluster": cluster}
         self.held = 0
+        self._launching = 0
+        self._busy_since = 0.0  # when launches were last seen in flight with no sample since
+        self._started = 0  # runs that got a runner since then
         self._changed = asyncio.Event()
 
     def bound(self) -> int:
@@ -75,21 +85,24 @@ class Intake:
     def credit(self) -> int:
         return max(0, self.bound() - self.held)
 
-    def take(self) -> int:
-        """Take the whole credit now (0 when there is none)."""
+    def take(self, *, at_least: int = 1) -> int:
+        """Take the whole credit now if it is ``at_least`` runs; else take none (0)."""
         bound = self.bound()
-        taken = max(0, bound - self.held)
-        self.held += taken
+        credit = max(0, bound - self.held)
         instruments.intake_bound.set(bound, self._labels)
-        return taken
+        if credit < max(1, at_least):
+            return 0
+        self.held += credit
+        return credit
 
     async def take_within(self, seconds: float) -> int:
-        """:meth:`take`, waiting up to ``seconds`` for credit to free; 0 if none did."""
+        """Take the credit once it is half the bound or more (a pass over a few runs costs about what
+        one over many does), waiting up to ``seconds``; then whatever there is (0: none)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while True:
-            taken = self.take()
             left = deadline - loop.time()
+            taken = self.take(at_least=(self.bound() + 1) // 2 if left > 0 else 1)
             if taken or left <= 0:
                 return taken
             self._changed.clear()
@@ -98,15 +111,30 @@ class Intake:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, LOOK_AGAIN))
 
     def give_back(self, runs: int) -> None:
-        """Credit taken for runs a pass did not start."""
-        self._release(runs)
-
-    def launched(self, held: int, *, started: int, seconds: float) -> None:
-        """A batch of ``held`` runs went through their launches in ``seconds``; ``started`` got a runner."""
-        self.rate.observe(started, seconds)
-        instruments.create_rate.set(self.rate.per_second, self._labels)
-        self._release(held)
-
-    def _release(self, runs: int) -> None:
+        """Credit taken for runs that will not be launched (a pass did not start them)."""
         self.held = max(0, self.held - runs)
         self._changed.set()
+
+    def launching(self, runs: int, now: float) -> None:
+        """``runs`` of the credit go to their launches at ``now`` (monotonic seconds)."""
+        if runs <= 0:
+            return
+        if self._launching == 0:
+            self._busy_since = now
+        self._launching += runs
+
+    def abandon(self, runs: int) -> None:
+        """``runs`` that went to their launches will not be launched (cancelled): their credit is freed unmeasured."""
+        self._launching = max(0, self._launching - runs)
+        self.give_back(runs)
+
+    def launch_ended(self, *, started: bool, now: float) -> None:
+        """One launch is over; ``started``: its run got a runner. Frees its credit."""
+        self._launching = max(0, self._launching - 1)
+        self._started += started
+        busy = now - self._busy_since
+        if self._launching == 0 or busy >= SAMPLE_SECONDS:
+            self.rate.observe(self._started, busy)
+            instruments.create_rate.set(self.rate.per_second, self._labels)
+            self._started, self._busy_since = 0, now
+        self.give_back(1)

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -203,12 +203,18 @@ class Dispatcher:
         if not started:
             return
         self.dispatched += len(started)
-        began = time.monotonic()
-        launched = 0
+        ended = 0
+
+        def launch_ended(got_runner: bool) -> None:
+            nonlocal ended
+            ended += 1
+            intake.launch_ended(started=got_runner, now=time.monotonic())
+
+        intake.launching(len(started), time.monotonic())
         try:
-            launched = await self._launch_all(started)
+            await self._launch_all(started, launch_ended)
         finally:
-            intake.launched(len(started), started=launched, seconds=time.monotonic() - began)
+            intake.abandon(len(started) - ended)  # launches never begun: cancelled
 
     async def _shed(self, accounts: Sequence[AccountId]) -> None:
         """Accounts this dispatcher has no credit for: a Pickup again, for whichever dispatcher has some."""
@@ -359,8 +365,8 @@ class Dispatcher:
         instruments.cancellations.add(1, {"reason": "superseded_merge"})
         return {AccountId(a) for a in finished.pickup_accounts}
 
-    async def _launch_all(self, started: list[Started]) -> int:
-        """Launch the runs; how many got a runner."""
+    async def _launch_all(self, started: list[Started], ended: Callable[[bool], None] | None = None) -> None:
+        """Launch the runs; ``ended`` hears of each launch as it ends (whether the run got a runner)."""
         # A few workers, each holding one of the process's launch permits, take the runs in turn: a
         # task and a semaphore wait per run cost more than a noop or warm-pool launch itself.
         results: list[LaunchResult | None] = [None] * len(started)
@@ -369,12 +375,17 @@ class Dispatcher:
         async def worker() -> None:
             async with self._launches:
                 for index in turns:
-                    results[index] = await self._launch(started[index])
+                    try:
+                        results[index] = await self._launch(started[index])
+                    finally:
+                        if ended is not None:
+                            result = results[index]
+                            ended(result is not None and bool(result.pod_name))
 
         await asyncio.gather(*(worker() for _ in range(min(len(started), self._launch_concurrency))))
         launched = [(run, result) for run, result in zip(started, results, strict=True) if result and result.pod_name]
         if not launched:
-            return 0
+            return
         try:
             async with self._pool.connection() as conn:
                 await conn.execute(
@@ -387,7 +398,6 @@ class Dispatcher:
                 )
         except ServiceUnavailable as exc:
             log.warning("pod names not recorded", extra={"error": str(exc)})
-        return len(launched)
 
     async def _launch(self, run: Started) -> LaunchResult | None:
         request = LaunchRequest(

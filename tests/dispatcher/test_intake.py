@@ -38,32 +38,57 @@ def test_the_create_rate_follows_each_batch_half_way() -> None:
     assert rate.observe(1, 0.0) == pytest.approx(0.5 * 1000 + 0.5 * 52.5)  # timed at the shortest batch
 
 
-async def test_credit_is_taken_given_back_and_settled_by_launches() -> None:
+async def test_credit_is_taken_given_back_and_freed_as_launches_end() -> None:
     room = [1000]
     intake = Intake(rate=10.0, horizon=2.0, room=lambda: room[0], cluster="east")
     assert intake.take() == 20
     assert intake.take() == 0  # a second consumer of the same process finds none
     intake.give_back(5)  # the pass started 15
     assert intake.credit() == 5
-    intake.launched(15, started=15, seconds=0.5)  # 30/s measured: the rate moves to 20/s
+    intake.launching(15, now=100.0)
+    for i in range(14):
+        intake.launch_ended(started=True, now=100.0 + 0.05 * i)
+    assert intake.rate.per_second == pytest.approx(10.0)  # nothing measured yet: under a second in flight
+    assert intake.held == 1 and intake.credit() == 19
+    intake.launch_ended(started=True, now=100.5)  # the last one: 15 runs in 0.5 s, 30/s
     assert intake.rate.per_second == pytest.approx(20.0)
     assert intake.held == 0 and intake.credit() == 40
     room[0] = 7
     assert intake.take() == 7  # the cluster filled up meanwhile
 
 
-async def test_a_batch_without_credit_waits_for_a_launch_to_end_then_gives_up_at_the_horizon() -> None:
-    intake = Intake(rate=2.0, horizon=0.5, room=lambda: None)
-    assert intake.take() == 1
+def test_batches_in_flight_together_are_measured_together() -> None:
+    intake = Intake(rate=10.0, horizon=1.0, room=lambda: None)
+    intake.take()
+    intake.launching(5, now=0.0)
+    intake.launching(5, now=0.4)  # another consumer's batch, while the first is under way
+    ended = [0.2 * (i + 1) for i in range(9)]  # ten runs in 2 s: 5/s, whatever batch each was in
+    for at in ended:
+        intake.launch_ended(started=True, now=at)
+    assert intake.rate.per_second == pytest.approx(0.5 * 5 / 1.0 + 0.5 * 10.0)  # folded in after 1 s in flight
+    intake.launch_ended(started=False, now=2.0)  # the last failed: 4 runs in the next 1 s
+    assert intake.rate.per_second == pytest.approx(0.5 * 4 / 1.0 + 0.5 * 7.5)
+    intake.abandon(0)
+    assert intake.held == 0
+
+
+async def test_a_batch_waits_for_half_the_bound_to_be_free_then_takes_what_there_is() -> None:
+    intake = Intake(rate=4.0, horizon=1.0, room=lambda: None)
+    assert intake.take() == 4
+    intake.launching(4, now=0.0)
     waiting = asyncio.create_task(intake.take_within(5.0))
+    intake.launch_ended(started=True, now=0.1)  # one free of four: not yet
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    intake.launched(1, started=1, seconds=0.1)  # 10/s: the bound grows to 3 (2 + 10) / 2 * 0.5
-    assert await asyncio.wait_for(waiting, 1.0) == 3
+    intake.launch_ended(started=True, now=0.2)  # two of four: taken
+    assert await asyncio.wait_for(waiting, 1.0) == 2
+    assert intake.held == 4
     loop = asyncio.get_running_loop()
     began = loop.time()
     assert await intake.take_within(0.3) == 0  # nothing ends: none after the wait
     assert loop.time() - began >= 0.3
+    intake.launch_ended(started=True, now=0.3)
+    assert await intake.take_within(0.0) == 1  # past the wait: whatever there is
 
 
 async def test_a_dispatcher_starts_its_credit_and_hands_the_other_accounts_back(

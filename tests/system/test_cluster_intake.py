@@ -147,16 +147,18 @@ async def test_a_burst_is_split_by_each_clusters_create_rate_and_no_run_gets_two
     clusters: Clusters, db: Conn
 ) -> None:
     clusters.proxy.delay = 0.15  # east's API answers slowly: its dispatcher creates fewer Pods a second
-    # The same allowance for both (20 Pods/s, so 20 runs a batch until measured): only the measured rates differ.
-    clusters.start_dispatchers(RUNPLANE_KUBERNETES__POD_CREATES_PER_SECOND="20")
+    # The same allowance for both (10 Pods/s, so 10 runs a batch until measured): only the measured rates differ.
+    clusters.start_dispatchers(RUNPLANE_KUBERNETES__POD_CREATES_PER_SECOND="10")
     await eventually(lambda: asyncio.to_thread(lambda: clusters.services.log_text("dispatcher-west")), 30,
                      until=lambda text: "dispatcher ready" in text, what="the west dispatcher")  # fmt: skip
     ids = await clusters.burst(db, accounts=50, runs_each=3)
 
     final = await clusters.all_launched(ids, 240)
     took = Counter(r[2] for r in final)
-    assert took["east"] > 0, took  # east takes part, within what it creates
-    assert took["west"] >= 2 * took["east"], took  # and the faster cluster takes most of the burst
+    # East took more than its first batch (10, from the allowance): it came back for what its measured
+    # rate let it start, while the faster cluster took most of the burst.
+    assert took["east"] > 10, took
+    assert took["west"] >= 2 * took["east"], took
     east, west = (
         await asyncio.to_thread(clusters.pods, clusters.east),
         await asyncio.to_thread(clusters.pods, clusters.west),
