@@ -145,9 +145,35 @@ def _dropper() -> _Dropper:
 
 
 def pytest_sessionfinish() -> None:
-    """Wait for every test database to be dropped; a drop that failed ends the run in an error."""
+    """Wait for every test database to be dropped; a drop that failed ends the run in an error. Then
+    delete the shared queues of every prefix this process handed out."""
     if _DROPPER is not None:
         _DROPPER.close()
+    if _PREFIXES:
+        asyncio.run(_delete_shared_queues(_PREFIXES))
+
+
+# Every prefix handed out in this process. A test that opens its prefix's shared queues without a
+# clean-up of its own (a bus, a dispatcher, a publisher made in the test) would leave them on the
+# broker; they are deleted once at the end, in one connection (deleting a queue that is not there
+# succeeds). Each queuer worker's own queue is named by its id and deleted by the fixtures that start workers.
+_PREFIXES: list[str] = []
+
+
+async def _delete_shared_queues(prefixes: list[str]) -> None:
+    import aio_pika
+
+    from runplane.adapters.bus import Topology
+
+    connection = await aio_pika.connect(BASE.amqp_url)
+    try:
+        channel = await connection.channel()
+        for prefix in prefixes:
+            topology = Topology(prefix)
+            for queue in (topology.assign, topology.orchestrator, topology.pickup, topology.dead_letter):
+                await channel.queue_delete(queue)
+    finally:
+        await connection.close()
 
 
 @pytest.fixture
@@ -167,7 +193,9 @@ def database_url(template_db: str, _dropper: _Dropper) -> Iterator[str]:
 @pytest.fixture
 def prefix() -> str:
     """A unique prefix for this test's queues and Redis keys."""
-    return f"rpt{uuid.uuid4().hex[:10]}"
+    name = f"rpt{uuid.uuid4().hex[:10]}"
+    _PREFIXES.append(name)
+    return name
 
 
 @pytest.fixture
