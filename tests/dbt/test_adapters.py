@@ -9,6 +9,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,38 @@ pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(600)]
 
 Db = psycopg.Connection[Any]
 
-# Each adapter's credentials as the installed adapter declares them: field names and aliases.
-CREDENTIALS = """
-import dataclasses, importlib, json, sys
-found = {}
-for name in sys.argv[1:]:
+# One process of the dbt install does every check of the installed adapters: importing dbt and its
+# adapters costs seconds each time, and a process per check paid it eleven times. It lists each
+# adapter's credentials fields (names and aliases), then parses the project with each profile given,
+# through dbt's own command line in-process (dbtRunner), noting the adapters dbt registered.
+DBT_CHECKS = """
+import dataclasses, importlib, json, os, sys
+from dbt.cli.main import dbtRunner
+
+spec = json.load(open(sys.argv[1]))
+fields = {}
+for name in spec["adapters"]:
     credentials = importlib.import_module(f"dbt.adapters.{name}").Plugin.credentials
     aliases = getattr(credentials, "_ALIASES", {})
-    found[name] = sorted({f.name for f in dataclasses.fields(credentials)} | set(aliases))
-print(json.dumps(found))
+    fields[name] = sorted({f.name for f in dataclasses.fields(credentials)} | set(aliases))
+
+def parse(check):
+    registered = []
+    def seen(event):
+        if event.info.name == "AdapterRegistered":
+            registered.append(event.data.adapter_name)
+    os.environ.clear()
+    os.environ.update(check["env"])
+    done = dbtRunner(callbacks=[seen]).invoke(
+        ["parse", "--profiles-dir", check["profiles_dir"], "--project-dir", check["project"]])
+    return {"success": done.success, "registered": registered, "exception": repr(done.exception)}
+
+parsed = {name: parse(check) for name, check in spec["parses"].items()}
+with open(sys.argv[2], "w") as out:
+    json.dump({"fields": fields, "parsed": parsed}, out)
 """
+
+CLOUD_CASES = ["snowflake-password", "snowflake-key-pair", "bigquery", "databricks", "redshift"]
 
 
 def _rsa_key(tmp_path: Path) -> str:
@@ -95,47 +118,71 @@ def _context(adapter_type: str, fields: dict[str, str], secrets: dict[str, str])
     )  # fmt: skip
 
 
-def test_every_field_of_every_adapter_is_the_adapters_own() -> None:
-    names = sorted(ADAPTERS)
-    done = subprocess.run([str(DBT_BIN / "python"), "-c", CREDENTIALS, *names], check=True, capture_output=True,
-                          text=True)  # fmt: skip
-    declared: dict[str, list[str]] = json.loads(done.stdout)
+@dataclass(frozen=True)
+class Written:
+    """A case's profiles.yml as a run gets it, and the secrets it must refer to only by name."""
+
+    text: str
+    secrets: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def dbt_checks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Written], dict[str, Any]]:
+    """Each cloud case's written profile, and what the installed dbt made of every adapter and profile."""
+    base = tmp_path_factory.mktemp("adapters")
+    connections = _connections(base)
+    written: dict[str, Written] = {}
+    parses: dict[str, dict[str, Any]] = {}
+    for case in CLOUD_CASES:
+        fields, secrets = connections[case]
+        adapter_type = case.split("-", maxsplit=1)[0]
+        typed_profile_fields(adapter_type, fields)  # what the API checks when the environment is saved
+        check_secret_fields(adapter_type, secrets)
+        home = base / case
+        project = home / "project"
+        shutil.copytree(EXAMPLE, project)
+        profile = write_profile(_context(adapter_type, fields, secrets), project, home / "profile")
+        text = (profile.directory / "profiles.yml").read_text()
+        wrong = home / "wrong"
+        wrong.mkdir()
+        required = sorted(ADAPTERS[adapter_type].required)[0]
+        (wrong / "profiles.yml").write_text(text.replace(f" {required}:", f" {required}_misspelled:"))
+        env = {"PATH": f"{DBT_BIN}:/usr/bin:/bin", "HOME": str(home), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
+               **profile.environment}  # fmt: skip
+        right_check = {"profiles_dir": str(profile.directory), "project": str(project), "env": env}
+        wrong_check = {**right_check, "profiles_dir": str(wrong)}
+        parses[case], parses[f"{case}/wrong"] = right_check, wrong_check
+        written[case] = Written(text, secrets)
+    spec, out = base / "spec.json", base / "checks.json"
+    spec.write_text(json.dumps({"adapters": sorted(ADAPTERS), "parses": parses}))
+    done = subprocess.run([str(DBT_BIN / "python"), "-c", DBT_CHECKS, str(spec), str(out)],
+                          capture_output=True, text=True, timeout=500, check=False)  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return written, json.loads(out.read_text())
+
+
+def test_every_field_of_every_adapter_is_the_adapters_own(
+    dbt_checks: tuple[dict[str, Written], dict[str, Any]],
+) -> None:
+    declared: dict[str, list[str]] = dbt_checks[1]["fields"]
     for name, schema in ADAPTERS.items():
         ours = schema.strings | schema.integers | schema.booleans | schema.secrets | set(schema.profile_defaults)
         unknown = ours - set(declared[name]) - {"method"}  # method: how dbt-bigquery and dbt-redshift authenticate
         assert not unknown, f"{name}: not fields of the installed adapter: {sorted(unknown)}"
 
 
-@pytest.mark.parametrize("case", ["snowflake-password", "snowflake-key-pair", "bigquery", "databricks", "redshift"])
-def test_dbt_accepts_the_profile_written_for_each_cloud_adapter(case: str, tmp_path: Path) -> None:
-    fields, secrets = _connections(tmp_path)[case]
-    adapter_type = case.split("-", maxsplit=1)[0]
-    typed_profile_fields(adapter_type, fields)  # what the API checks when the environment is saved
-    check_secret_fields(adapter_type, secrets)
-    project = tmp_path / "project"
-    shutil.copytree(EXAMPLE, project)
-    profile = write_profile(_context(adapter_type, fields, secrets), project, tmp_path / "profile")
-    text = (profile.directory / "profiles.yml").read_text()
-    assert all(value not in text for value in secrets.values()), text  # secrets only by reference
-    env = {"PATH": f"{DBT_BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
-           **profile.environment}  # fmt: skip
-
-    def parse(profiles_dir: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(DBT_BIN / "dbt"), "parse", "--profiles-dir", str(profiles_dir), "--project-dir", str(project)],
-            env=env, capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
-
-    parsed = parse(profile.directory)
-    assert parsed.returncode == 0, parsed.stdout[-3000:]
-    assert f"Registered adapter: {adapter_type}=" in parsed.stdout
+@pytest.mark.parametrize("case", CLOUD_CASES)
+def test_dbt_accepts_the_profile_written_for_each_cloud_adapter(
+    case: str, dbt_checks: tuple[dict[str, Written], dict[str, Any]]
+) -> None:
+    written, checks = dbt_checks[0][case], dbt_checks[1]["parsed"]
+    assert all(value not in written.text for value in written.secrets.values()), written.text  # only by reference
+    parsed = checks[case]
+    assert parsed["success"], parsed["exception"]
+    assert parsed["registered"] == [case.split("-", maxsplit=1)[0]], parsed
 
     # The same check fails a profile whose required field is misnamed: dbt does read the fields.
-    wrong = tmp_path / "wrong"
-    wrong.mkdir()
-    required = sorted(ADAPTERS[adapter_type].required)[0]
-    (wrong / "profiles.yml").write_text(text.replace(f" {required}:", f" {required}_misspelled:"))
-    assert parse(wrong).returncode != 0
+    assert not checks[f"{case}/wrong"]["success"], checks[f"{case}/wrong"]
 
 
 def test_a_secret_json_key_file_must_be_json() -> None:

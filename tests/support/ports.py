@@ -5,19 +5,38 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+from pathlib import Path
 
 import psutil
 
 
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range, which it hands to every outgoing connection."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports are picked below the ephemeral range: a port the kernel chose (bind to port 0) is free only
+# until the next outgoing connection of any process on the machine is given it as its own, and a
+# server started a moment later then found it taken (Address already in use).
+_PORTS = range(20000, min(_ephemeral_start(), 32768))
+_BLOCKS = range(_PORTS.start, _PORTS.stop - 100, 97)
+
+
 def free_port() -> int:
-    """A port free right now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# Below the kernel's ephemeral range (32768 on): a port the kernel hands out never lands in a block.
-_BLOCKS = range(20000, 32000, 97)
+    """A port free right now, below the ephemeral range, picked at random (two test processes picking
+    at once rarely pick the same one, and each test-binds its pick)."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def free_ports(n: int) -> list[int]:
