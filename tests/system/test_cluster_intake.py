@@ -29,19 +29,15 @@ from tests.support.polling import eventually
 from tests.support.processes import Services
 from tests.support.records import Conn, create_account, create_job, queue_run
 from tests.support.stalling_proxy import StallingProxy
+from tests.support.two_clusters import TwoClusters
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-SELECTOR = "app.kubernetes.io/managed-by=runplane"
 
 
 @dataclass
-class Clusters:
-    settings: Settings
+class Clusters(TwoClusters):
     services: Services
-    east: ControlPlane  # behind ``proxy``
-    west: ControlPlane
-    proxy: StallingProxy
-    namespace: str
+    proxy: StallingProxy  # east's API server is reached through it
     kubeconfig: Path  # east's, through the proxy
 
     def start_dispatchers(self, **env: str) -> None:
@@ -57,19 +53,6 @@ class Clusters:
                 RUNPLANE_KUBERNETES__NODE_SELECTOR='{"runplane.dev/test-node": "none"}',
                 **env,
             )
-
-    def pods(self, plane: ControlPlane) -> list[str]:
-        rest = plane.rest()
-        try:
-            return rest.pod_names(self.namespace, SELECTOR)
-        finally:
-            rest.close()
-
-    def runs(self) -> list[tuple[int, int, str, str]]:
-        """(id, status, cluster, pod name) of every run."""
-        with psycopg.connect(self.settings.database_url, autocommit=True) as db:
-            rows = db.execute("SELECT id, status, cluster, pod_name FROM runs ORDER BY id").fetchall()
-        return [(int(str(r[0])), int(str(r[1])), str(r[2] or ""), str(r[3] or "")) for r in rows]
 
     async def burst(self, db: Conn, accounts: int, runs_each: int) -> list[int]:
         """Queue the runs of new accounts, then send one Pickup naming them all (as a queuer's tick does)."""
@@ -132,7 +115,8 @@ async def clusters(
     )
     try:
         services.start("scheduler")  # sends the Pickups of runs a failed launch put back in the queue
-        yield Clusters(settings, services, east, west, proxy, namespace, kubeconfig)
+        yield Clusters(settings=settings, east=east, west=west, namespace=namespace, services=services, proxy=proxy,
+                       kubeconfig=kubeconfig)  # fmt: skip
     finally:
         services.stop_all()
         await proxy.close()

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import psycopg
 import pytest
 
 from api.admin import create_account
@@ -27,32 +26,16 @@ from runplane.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_
 from tests.support.kubernetes_cluster import ControlPlane, Rest
 from tests.support.polling import eventually
 from tests.support.processes import Services
+from tests.support.two_clusters import TwoClusters
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 CAPACITY = 3
 
 
 @dataclass
-class Clusters:
-    settings: Settings
+class Clusters(TwoClusters):
     api: RunningApi
     services: Services
-    east: ControlPlane
-    west: ControlPlane
-    namespace: str
-
-    def pods(self, plane: ControlPlane) -> list[str]:
-        rest = plane.rest()
-        try:
-            return rest.pod_names(self.namespace, "app.kubernetes.io/managed-by=runplane")
-        finally:
-            rest.close()
-
-    def runs(self) -> list[tuple[int, int, str, str]]:
-        """(id, status, cluster, pod name) of every run."""
-        with psycopg.connect(self.settings.database_url, autocommit=True) as db:
-            rows = db.execute("SELECT id, status, cluster, pod_name FROM runs ORDER BY id").fetchall()
-        return [(int(str(r[0])), int(str(r[1])), str(r[2] or ""), str(r[3] or "")) for r in rows]
 
 
 @pytest.fixture
@@ -92,7 +75,9 @@ async def clusters(
                 RUNPLANE_KUBERNETES__HEALTH_FAILURES="2",
                 RUNPLANE_KUBERNETES__API_ATTEMPTS="1",
             )
-        yield Clusters(settings, api, services, east, control_plane, namespace)
+        yield Clusters(
+            settings=settings, east=east, west=control_plane, namespace=namespace, api=api, services=services
+        )
     finally:
         services.stop_all()
         await api.stop(0)
