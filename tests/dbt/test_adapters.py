@@ -59,6 +59,8 @@ with open(sys.argv[2], "w") as out:
 """
 
 CLOUD_CASES = ["snowflake-password", "snowflake-key-pair", "bigquery", "databricks", "redshift"]
+# Under pytest-xdist, the tests of ``dbt_checks`` go to one worker, so the checks run once, not per worker.
+CHECKED = pytest.mark.xdist_group("dbt-adapter-checks")
 
 
 def _rsa_key(tmp_path: Path) -> str:
@@ -161,6 +163,7 @@ def dbt_checks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Writ
     return written, json.loads(out.read_text())
 
 
+@CHECKED
 def test_every_field_of_every_adapter_is_the_adapters_own(
     dbt_checks: tuple[dict[str, Written], dict[str, Any]],
 ) -> None:
@@ -171,6 +174,7 @@ def test_every_field_of_every_adapter_is_the_adapters_own(
         assert not unknown, f"{name}: not fields of the installed adapter: {sorted(unknown)}"
 
 
+@CHECKED
 @pytest.mark.parametrize("case", CLOUD_CASES)
 def test_dbt_accepts_the_profile_written_for_each_cloud_adapter(
     case: str, dbt_checks: tuple[dict[str, Written], dict[str, Any]]
