@@ -84,7 +84,7 @@ fence-packages:
 # pytest-xdist workers: most of its time is spent waiting on processes, servers and dbt, not on CPU.
 FAULTS_LOG := $(VENV)/test-faults.log
 IMAGE_LOG := $(VENV)/runner-image.log
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 # The scheduling protocol under deterministic simulation, for SIMULATE_SECONDS: random histories from
 # consecutive seeds (SIMULATE_FIRST_SEED on), histories per second printed; a failure prints its
 # seed and trace (replay one: python -m tests.simulation.run --history KIND --seed N). make test runs a
