@@ -157,8 +157,10 @@ def run_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
                   count(*) FILTER (WHERE delay > 60 OR delay IS NULL),
                   count(*) FILTER (WHERE status = 10),
                   percentile_cont(0.5) WITHIN GROUP (ORDER BY wait), percentile_cont(0.99) WITHIN GROUP (ORDER BY wait),
-                  percentile_cont(0.99) WITHIN GROUP (ORDER BY lag)
-             FROM (SELECT status, started_at, extract(epoch FROM started_at - dispatched_at)::float8 AS prep,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+                  count(*) FILTER (WHERE launch_attempts > 1)
+             FROM (SELECT status, started_at, launch_attempts,
+                          extract(epoch FROM started_at - dispatched_at)::float8 AS prep,
                           extract(epoch FROM started_at - scheduled_at)::float8 AS delay,
                           extract(epoch FROM dispatched_at - queued_at)::float8 AS wait,
                           extract(epoch FROM queued_at - scheduled_at)::float8 AS lag FROM runs) AS r"""
@@ -172,11 +174,16 @@ def run_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     unstarted = conn.execute(
         "SELECT status, left(status_message, 120), count(*) FROM runs WHERE started_at IS NULL GROUP BY 1, 2"
     ).fetchall()
+    relaunched = conn.execute(
+        "SELECT left(status_message, 120), count(*) FROM runs WHERE launch_attempts > 1 GROUP BY 1"
+    ).fetchall()
     return {
         "not_started": [{"status": r[0], "message": r[1], "runs": r[2]} for r in unstarted],
+        "relaunch_messages": [{"message": r[0], "runs": r[1]} for r in relaunched],
         "runs": int(row[0]),
         "started": int(row[1]),
         "succeeded": int(row[11]),
+        "relaunched": int(row[15]),  # launched more than once: a launch failed or its Pod did before the runner
         "prep_p50_s": seconds(row[2]),
         "prep_p99_s": seconds(row[3]),
         "prep_max_s": seconds(row[4]),
