@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test simulate test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
+.PHONY: run test checkout-reachable simulate test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
 
 # dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
@@ -37,10 +37,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
+# Runs execute as uids of their own and read this checkout: a private checkout root is opened (o+x);
+# a private directory above it stops here, named.
+checkout-reachable:
+	@deploy/checkout-reachable.sh
+
 check-services: $(STAMP)
 	$(BIN)/runplane check-services
 
-run: check-services $(DBT_STAMP) fence-packages
+run: checkout-reachable check-services $(DBT_STAMP) fence-packages
 	$(BIN)/runplane up --demo
 
 lint: $(STAMP)
@@ -95,7 +100,7 @@ SIMULATE_FIRST_SEED ?= 0
 simulate: $(STAMP)
 	$(BIN)/python -m tests.simulation.run --seconds $(SIMULATE_SECONDS) --first-seed $(SIMULATE_FIRST_SEED)
 
-test: lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
+test: checkout-reachable lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
 	@deploy/k8s-local/runner-image.sh > $(IMAGE_LOG) 2>&1 & image=$$!; \
 	$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
 	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=40; rest=$$?; \
