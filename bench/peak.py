@@ -236,7 +236,9 @@ def _waiting_runners(dispatcher_pid: int, runner_api_port: int) -> int:
     return waiting
 
 
-def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: bool = False) -> dict[str, Any]:
+def local_case(
+    case: str, n: int, spares_max: int, timeout: float, *, capacity: int = 0, profile: bool = False
+) -> dict[str, Any]:
     base = Settings()
     prefix = f"bpeak{uuid.uuid4().hex[:10]}"
     with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
@@ -248,6 +250,7 @@ def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: b
             RUNPLANE_DISPATCHER__LOCAL_LEAD_SECONDS=str(LOCAL_LEAD_SECONDS),
             # A uid range of its own: the tests on this machine lease theirs from the default one.
             RUNPLANE_RUNNER__LOCAL_UID=str(BENCH_UIDS),
+            RUNPLANE_DISPATCHER__LOCAL_CAPACITY=str(capacity),
         )
         settings = base.model_copy(update={"database_url": url, "bus_prefix": prefix, "redis_prefix": prefix})
         processes = Processes(env, Path(logs))
@@ -285,6 +288,7 @@ def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: b
     return {
         "case": case,
         "n": n,
+        "local_capacity": capacity or None,  # None: the default, per CPU
         **figures,
         "served_warm": round(min(waiting, n) / n, 4),
         "spares_at_due_second": waiting,
@@ -294,12 +298,21 @@ def local_case(case: str, n: int, spares_max: int, timeout: float, *, profile: b
 
 
 def local(
-    ns: Sequence[int], cases: Sequence[str], spares_max: int, timeout: float, *, profile: bool = False
+    ns: Sequence[int],
+    cases: Sequence[str],
+    spares_max: int,
+    timeout: float,
+    *,
+    capacities: Sequence[int] = (0,),
+    profile: bool = False,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"part": "local", "spares_max": spares_max, "lead_seconds": LOCAL_LEAD_SECONDS}
     results |= ceiling()
     results["cases"] = [
-        announce(local_case(case, n, spares_max, timeout, profile=profile)) for n in ns for case in cases
+        announce(local_case(case, n, spares_max, timeout, capacity=capacity, profile=profile))
+        for n in ns
+        for capacity in capacities
+        for case in cases
     ]
     return results
 
@@ -309,13 +322,15 @@ def local(
 
 def table(results: dict[str, Any]) -> str:
     head = (
-        f"{'part':<6}{'case':<11}{'N':>6}{'prep p50':>9}{'p99':>7}{'max':>7}{'delay p50':>10}{'p99':>7}{'max':>7}"
+        f"{'part':<6}{'case':<11}{'N':>6}{'cap':>5}{'prep p50':>9}{'p99':>7}{'max':>7}"
+        f"{'delay p50':>10}{'p99':>7}{'max':>7}"
         f"{'≤25s':>7}{'25-60':>7}{'>60s':>7}{'warm':>7}{'load 1m':>8}"
     )
     lines = [head]
     for c in results["cases"]:
         lines.append(
-            f"{results['part']:<6}{c['case']:<11}{c['n']:>6}{c['prep_p50_s']!s:>9}{c['prep_p99_s']!s:>7}"
+            f"{results['part']:<6}{c['case']:<11}{c['n']:>6}{c.get('local_capacity') or '-'!s:>5}"
+            f"{c['prep_p50_s']!s:>9}{c['prep_p99_s']!s:>7}"
             f"{c['prep_max_s']!s:>7}{c['delay_p50_s']!s:>10}{c['delay_p99_s']!s:>7}{c['delay_max_s']!s:>7}"
             f"{c['on_time_le_25s']:>7.1%}{c['on_time_25_60s']:>7.1%}{c['late_gt_60s']:>7.1%}{c['served_warm']:>7.1%}"
             f"{c['load_average'][0]:>8}"
@@ -342,13 +357,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, nargs="+", help="runs due at the one second (local: 1000 5000)")
     parser.add_argument("--cases", nargs="+", help="cases to run, in order (default: all of the part)")
     parser.add_argument("--spares-max", type=int, default=200, help="local: most spares the fork server keeps")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="local: dispatcher.local_capacity of each case, side by side (0: the default, 16 per CPU)",
+    )
     parser.add_argument("--nodes", type=int, default=50, help="fleet: hollow nodes per cluster")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a case may take to start its runs")
     parser.add_argument("--profile", action="store_true", help="CPU per service from the due second to the last start")
     args = parser.parse_args(argv)
     if args.part == "local":
         results = local(
-            args.n or [1000, 5000], args.cases or LOCAL_CASES, args.spares_max, args.timeout, profile=args.profile
+            args.n or [1000, 5000],
+            args.cases or LOCAL_CASES,
+            args.spares_max,
+            args.timeout,
+            capacities=args.capacity,
+            profile=args.profile,
         )
     elif args.part == "fleet":
         from bench.peak_fleet import fleet

@@ -9,13 +9,17 @@ holds (has moved to starting and not launched yet) at most
 runs, where ``room`` is what its cluster has left (``kubernetes.capacity`` minus the active run Pods;
 no limit without a capacity), ``create_rate`` the runs per second its own launches got a runner
 (an EWMA over the time it has launches in flight), and ``horizon`` is ``kubernetes.intake_horizon``.
+A local dispatcher's cluster is its machine: its room is ``dispatcher.local_capacity`` minus the
+runners it gave a run that are still alive; a fork takes milliseconds, so the room is what binds.
 A dispatch pass starts at most ``bound - held`` runs; the accounts whose due runs it leaves queued
 get a Pickup again at once, before it launches, so a dispatcher of another cluster with credit takes
 them. Each launch that ends frees its run's credit; a batch waits for at least half the bound to be
 free (up to ``horizon``), then takes what there is, or hands all its accounts back the same way. So
 a cluster whose API is slow (its launches take long, its rate falls) or that is full keeps less of
 the peak, and the others take the rest; the run's compare-and-set (queued → starting)
-keeps a run from starting twice whichever dispatcher reads it.
+keeps a run from starting twice whichever dispatcher reads it. Where the room has a known size with
+nothing running (``full``, a local machine's capacity), a batch waits for half of that instead of
+half of what is left, so a full machine takes runs in batches rather than one per runner that exits.
 
 No I/O here: the dispatcher tells :class:`Intake` when launches start and end (with the time), and
 gives it a ``room`` callable.
@@ -67,11 +71,18 @@ class Intake:
     whenever the last launch ends, so batches that overlap are measured together."""
 
     def __init__(
-        self, *, rate: float, horizon: float, room: Callable[[], int | None] = lambda: None, cluster: str = ""
+        self,
+        *,
+        rate: float,
+        horizon: float,
+        room: Callable[[], int | None] = lambda: None,
+        full: int | None = None,
+        cluster: str = "",
     ) -> None:
         self.rate = CreateRate(rate)
         self.horizon = horizon
         self._room = room
+        self._full = full  # the room with nothing running, when it is known
         self._labels = {"cluster": cluster}
         self.held = 0
         self._launching = 0
@@ -81,6 +92,13 @@ class Intake:
 
     def bound(self) -> int:
         return intake_bound(room=self._room(), rate=self.rate.per_second, horizon=self.horizon)
+
+    def batch(self) -> int:
+        """The runs a batch waits for (half of them) before it takes what there is: the bound with nothing
+        running where that is known, else the bound now."""
+        if self._full is None:
+            return self.bound()
+        return intake_bound(room=self._full, rate=self.rate.per_second, horizon=self.horizon)
 
     def credit(self) -> int:
         return max(0, self.bound() - self.held)
@@ -95,14 +113,16 @@ class Intake:
         self.held += credit
         return credit
 
-    async def take_within(self, seconds: float) -> int:
-        """Take the credit once it is half the bound or more (a pass over a few runs costs about what
-        one over many does), waiting up to ``seconds``; then whatever there is (0: none)."""
+    async def take_within(self, seconds: float, *, wanted: int | None = None) -> int:
+        """Take the credit once it is half the batch or more (a pass over a few runs costs about what
+        one over many does), or the ``wanted`` runs when fewer are asked for, waiting up to ``seconds``;
+        then whatever there is (0: none)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while True:
             left = deadline - loop.time()
-            taken = self.take(at_least=(self.bound() + 1) // 2 if left > 0 else 1)
+            enough = (self.batch() + 1) // 2 if wanted is None else min(wanted, (self.batch() + 1) // 2)
+            taken = self.take(at_least=enough if left > 0 else 1)
             if taken or left <= 0:
                 return taken
             self._changed.clear()

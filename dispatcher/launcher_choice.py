@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # imported when chosen: the Kubernetes client is heavy
 
 
 DEFAULT_CREATE_RATE = 50.0  # Pods per second expected of a cluster with no create limit, until measured
+# A local dispatcher's batch waits at most this long for half its capacity to come free: a fork takes
+# milliseconds, so its measured rate never binds and the horizon only paces the batches.
+LOCAL_INTAKE_HORIZON = 1.0
 
 
 def make_launcher(settings: Settings, pool: AsyncConnectionPool[Connection]) -> Launcher:
@@ -52,8 +55,8 @@ class KubernetesCompanion:
     watcher: PodWatcher
     pools: WarmPools | None = None
 
-    def active_count(self) -> int:
-        return self.watcher.active_count()
+    def run_pod_count(self) -> int:
+        return self.watcher.run_pod_count()
 
     async def run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
@@ -84,12 +87,27 @@ def intake_gate(settings: Settings, watcher: KubernetesCompanion | None) -> Clus
         return None
     from dispatcher.kubernetes.gate import ClusterGate
 
-    return ClusterGate(settings, active_pods=watcher.active_count if watcher is not None else None)
+    # Waiting pool Pods do not fill the cluster for runs: each takes one without a new Pod.
+    return ClusterGate(settings, active_pods=watcher.run_pod_count if watcher is not None else None)
 
 
-def intake(settings: Settings, watcher: KubernetesCompanion | None) -> Intake | None:
+def intake(settings: Settings, watcher: KubernetesCompanion | None, launcher: Launcher) -> Intake | None:
     """The bound on the runs this dispatcher holds (``dispatcher.intake``): for Kubernetes, its cluster's
-    room and measured create rate; None: the dispatcher takes what its prefetch brings."""
+    room and measured create rate; locally, the room its capacity leaves; None: the dispatcher takes
+    what its prefetch brings (the noop launcher of the benchmarks)."""
+    if isinstance(launcher, LocalLauncher):
+        local = launcher
+
+        def local_room() -> int:
+            return local.capacity - local.alive()
+
+        return Intake(
+            rate=DEFAULT_CREATE_RATE,
+            horizon=LOCAL_INTAKE_HORIZON,
+            room=local_room,
+            full=local.capacity,
+            cluster=settings.dispatcher.cluster,
+        )
     k8s = settings.kubernetes
     if settings.dispatcher.launcher != "kubernetes" or k8s.intake_horizon <= 0:
         return None
@@ -97,7 +115,9 @@ def intake(settings: Settings, watcher: KubernetesCompanion | None) -> Intake | 
     def room() -> int | None:
         if k8s.capacity <= 0 or watcher is None:
             return None
-        return k8s.capacity - watcher.active_count()
+        # The room for runs: waiting pool Pods take runs without a new Pod (the pools grow only
+        # within the room all Pods leave, ``WarmPools``).
+        return k8s.capacity - watcher.run_pod_count()
 
     # Until its first launches are measured, a dispatcher expects the create rate it is allowed.
     prior = k8s.pod_creates_per_second if k8s.pod_creates_per_second > 0 else DEFAULT_CREATE_RATE

@@ -11,6 +11,12 @@ A runner gets no control-plane credential: its environment is built from an allo
 API address) and never holds the database, Redis or RabbitMQ URLs or the secret keys. The run's
 token travels through a pipe (the fork server's stdin, or a fresh runner's stdin), never through
 an environment variable or a file left on disk.
+
+The launcher knows which of the runners it gave a run are alive: a pidfd per runner, watched by the
+event loop, tells it when one exits (:meth:`LocalLauncher.alive`). The dispatcher holds no more runs
+than ``dispatcher.local_capacity`` leaves room for (``dispatcher/intake.py``), so a peak larger than
+the machine waits queued, where nothing times out, instead of as thousands of runners that cannot
+all claim their runs before the start timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import stat
 import sys
 from collections.abc import Mapping
@@ -40,6 +47,8 @@ log = logging.getLogger(__name__)
 FORK_SERVER_MODULE = "runner.fork_server"
 POOL_NAME = "local"  # the fork server's spares, as a pool in the metrics
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
+RUNNERS_PER_CPU = 16  # the default capacity: a run's runner mostly waits (on the API, its step, its logs)
+SPARE_DESCRIPTORS = 256  # file descriptors kept for everything but the runners' pidfds
 
 
 # Passed through from the dispatcher's environment to a runner; nothing else is.
@@ -103,6 +112,19 @@ def closed_to_others(path: Path) -> Path | None:
         if not mode & needed:
             return part
     return None
+
+
+def local_capacity(settings: Settings) -> int:
+    """Runners given a run that one local dispatcher keeps alive at once (``dispatcher.local_capacity``)."""
+    return settings.dispatcher.local_capacity or RUNNERS_PER_CPU * len(os.sched_getaffinity(0))
+
+
+def _allow_descriptors(count: int) -> None:
+    """Raise this process's soft limit on open files to ``count`` when it is lower (within the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count if hard == resource.RLIM_INFINITY else min(count, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 class ForkServer:
@@ -230,6 +252,13 @@ class LocalLauncher:
         self._env = runner_environment(settings)
         self._fork_server = ForkServer(self._env) if settings.dispatcher.local_fork_server else None
         self._children: set[int] = set()
+        self.capacity = local_capacity(settings)
+        _allow_descriptors(self.capacity + SPARE_DESCRIPTORS)
+        self._alive: dict[int, int] = {}  # pidfd -> pid of each runner given a run that has not exited
+
+    def alive(self) -> int:
+        """Runners this launcher gave a run that have not exited yet."""
+        return len(self._alive)
 
     async def start(self) -> None:
         """Load the fork server ahead of the first run."""
@@ -250,9 +279,27 @@ class LocalLauncher:
             pid, warm = await self._fork_server.fork(request.run_id, request.token)
         else:
             pid, warm = self._spawn(request.run_id, request.token), False
+        self._watch(pid)
         record_launch(pool=POOL_NAME, cluster=self._cluster, warm=warm)
         log.info("runner started", extra={"run_id": request.run_id, "pid": pid, "warm": warm})
         return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}", warm=warm)
+
+    def _watch(self, pid: int) -> None:
+        """Count the runner as alive until the kernel says it exited (its pidfd turns readable)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return  # it has already exited, and its parent reaped it
+        except OSError as exc:
+            log.warning("a runner is not counted against the capacity", extra={"pid": pid, "error": str(exc)})
+            return
+        asyncio.get_running_loop().add_reader(pidfd, self._exited, pidfd)
+        self._alive[pidfd] = pid
+
+    def _exited(self, pidfd: int) -> None:
+        asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        self._alive.pop(pidfd, None)
 
     def _spawn(self, run_id: int, token: str) -> int:
         self._reap()
@@ -291,6 +338,8 @@ class LocalLauncher:
 
     async def close(self) -> None:
         """Runners still working carry on (their lease keeps them honest)."""
+        for pidfd in list(self._alive):
+            self._exited(pidfd)
         if self._fork_server is not None:
             await self._fork_server.close()
         with contextlib.suppress(OSError):

@@ -189,15 +189,22 @@ class Dispatcher:
         (for dispatchers of other clusters) before launching what it took."""
         if not accounts:
             return
-        credit = await intake.take_within(intake.horizon)
-        size = max(1, self._settings.dispatcher.batch_accounts)
+        # An account names one due run at least: a Pickup of few accounts does not wait for a large batch.
+        credit = await intake.take_within(intake.horizon, wanted=len(accounts))
+        most = max(1, self._settings.dispatcher.batch_accounts)
         started: list[Started] = []
         try:
-            for start in range(0, len(accounts), size):
-                if credit - len(started) <= 0:
+            start = 0
+            while start < len(accounts):
+                left = credit - len(started)
+                if left <= 0:
                     await self._shed(accounts[start:])
                     break
-                started += await self._take(accounts[start : start + size], limit=credit - len(started))
+                # An account has at least one due run, or its Pickup is stale: a pass takes no more
+                # accounts than the credit left, so one with little credit stays small.
+                size = min(most, left)
+                started += await self._take(accounts[start : start + size], limit=left)
+                start += size
         finally:
             intake.give_back(credit - len(started))
         if not started:
@@ -480,7 +487,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             launcher.on_ended = functools.partial(hint_pickups, bus, Topology(settings.bus_prefix), source="outcome")
         name = f"{socket.gethostname()}:{os.getpid()}"
         watcher = companion(settings, pool)
-        bounded = intake(settings, watcher)
+        bounded = intake(settings, watcher, launcher)
         dispatcher = Dispatcher(
             settings, pool, bus, locks, launcher, pending=pending, dispatcher_id=name, intake=bounded
         )

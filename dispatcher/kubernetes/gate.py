@@ -2,7 +2,8 @@
 
 A dispatcher talks to one cluster. While that cluster's API server does not answer
 (``/version``, ``health_failures`` probes in a row, one every ``health_interval`` seconds), or the cluster holds
-``capacity`` active run Pods, the dispatcher stops consuming pickups (its consumers are cancelled),
+``capacity`` active run Pods (Pods given a run: a warm pool Pod still waiting for one takes a run
+without a new Pod), the dispatcher stops consuming pickups (its consumers are cancelled),
 so the dispatchers of other clusters take the runs; it consumes again once the API answers and
 there is room. A run it moved to starting but could not launch goes back to the queue as a
 retryable launch failure, where any dispatcher picks it up; the compare-and-set on the run's status

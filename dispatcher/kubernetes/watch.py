@@ -94,8 +94,13 @@ class PodWatcher:
         return dict(self._pods)
 
     def active_count(self) -> int:
-        """Run Pods of this cluster still pending or running, as last seen."""
+        """Pods of this cluster still pending or running, as last seen: run Pods and warm pool Pods."""
         return sum(1 for view in self._pods.values() if not view.terminal)
+
+    def run_pod_count(self) -> int:
+        """Pods of this cluster given a run and still pending or running, as last seen. A pool Pod
+        waiting for a run is not one: a run given to it takes no new room."""
+        return sum(1 for view in self._pods.values() if not view.terminal and view.run_id is not None)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

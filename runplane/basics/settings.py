@@ -157,6 +157,13 @@ class DispatcherSettings(BaseModel):
         20.0, ge=0, description="local launcher: the spares grow to the forecast of a minute this long before it."
     )
     local_pool_interval: float = Field(1.0, gt=0, description="local launcher: seconds between looks at the forecast.")
+    local_capacity: int = Field(
+        0,
+        ge=0,
+        description="local launcher: runners given a run that one dispatcher keeps alive at once; the runs beyond "
+        "it stay queued (their start timeout not yet running) until a runner exits, or go to another dispatcher. "
+        "0: 16 per CPU of this machine.",
+    )
 
 
 class WarmPoolSettings(BaseModel):

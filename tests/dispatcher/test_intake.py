@@ -91,6 +91,21 @@ async def test_a_batch_waits_for_half_the_bound_to_be_free_then_takes_what_there
     assert await intake.take_within(0.0) == 1  # past the wait: whatever there is
 
 
+async def test_a_machine_of_known_capacity_takes_runs_in_batches_and_a_small_pickup_at_once() -> None:
+    alive = [8]  # of a capacity of 8: the machine is full
+    intake = Intake(rate=1000.0, horizon=5.0, room=lambda: 8 - alive[0], full=8)
+    assert intake.batch() == 8 and intake.take() == 0
+    waiting = asyncio.create_task(intake.take_within(5.0))
+    alive[0] = 5  # three runners exited: fewer than half the capacity is free
+    await asyncio.sleep(0.5)  # more than one look at the room
+    assert not waiting.done()
+    alive[0] = 4
+    assert await asyncio.wait_for(waiting, 1.0) == 4
+    intake.give_back(4)
+    alive[0] = 7
+    assert await asyncio.wait_for(intake.take_within(5.0, wanted=1), 0.5) == 1  # one account: no batch to wait for
+
+
 async def test_a_dispatcher_starts_its_credit_and_hands_the_other_accounts_back(
     db: Conn, settings: Settings, locks: RedisAccountLocks
 ) -> None:

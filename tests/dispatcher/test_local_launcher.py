@@ -173,6 +173,21 @@ async def test_a_fresh_runner_process_per_run(db: Conn, settings: Settings) -> N
         await launcher.close()
 
 
+async def test_a_runner_counts_against_the_capacity_until_it_exits(db: Conn, settings: Settings) -> None:
+    capped = settings.dispatcher.model_copy(update={"local_capacity": 3})
+    launcher = LocalLauncher(settings.model_copy(update={"dispatcher": capped}))
+    try:
+        assert launcher.capacity == 3 and launcher.alive() == 0
+        first = await launcher.launch(starting_run(db, ["sleep 1"]))
+        second = await launcher.launch(starting_run(db, ["sleep 1"]))
+        assert launcher.alive() == 2
+        await gone(int(first.pod_name.removeprefix("pid:")))
+        await gone(int(second.pod_name.removeprefix("pid:")))
+        await eventually(lambda: launcher.alive() == 0, 5, what="the exits to be seen")
+    finally:
+        await launcher.close()
+
+
 def test_a_path_closed_to_other_users_is_named() -> None:
     base = Path(tempfile.mkdtemp(prefix="rp-closed-"))
     try:

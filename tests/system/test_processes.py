@@ -63,6 +63,28 @@ def test_two_slots_ten_runs_three_dispatchers(db: Conn, services: Services, tmp_
     assert bytes(artifact_row["content"]) == f'{{"run": {runs[3]}}}'.encode()
 
 
+def test_a_peak_larger_than_the_machine_waits_queued_and_every_run_runs_once(db: Conn, services: Services) -> None:
+    runs = [
+        queue_run(db, create_job(db, create_account(db, run_slots=4), name=f"peak {i}", steps=["sleep 0.5"]))
+        for i in range(12)
+    ]
+    # Twelve runs due at once on a dispatcher whose machine holds three runners: the other nine wait
+    # queued, where no start timeout runs, instead of as runners that cannot all claim in time.
+    services.start("scheduler")
+    services.start("dispatcher", RUNPLANE_DISPATCHER__LOCAL_CAPACITY="3")
+    wait_for(lambda: all_terminal(db, runs), timeout=90, what="the peak's runs to end")
+    finished = [run_row(db, r) for r in runs]
+    assert [r["status"] for r in finished] == [RunStatus.SUCCESS] * len(runs)
+    assert [r["launch_attempts"] for r in finished] == [1] * len(runs)
+    # A runner is alive from its launch until after its run finished: no more than three at any moment.
+    edges = sorted(
+        itertools.chain.from_iterable(((r["dispatched_at"], 1), (r["finished_at"], -1)) for r in finished),
+        key=lambda edge: (edge[0], edge[1]),
+    )
+    most = max(itertools.accumulate(change for _, change in edges))
+    assert most == 3
+
+
 def test_deploy_runs_are_serial_and_ci_runs_concurrent_outside_the_slots(db: Conn, services: Services) -> None:
     account = create_account(db, run_slots=1)
     deploy = create_job(db, account, name="deploy", steps=["sleep 0.2"])

@@ -20,6 +20,8 @@ import pytest
 
 from dispatcher.kubernetes.launcher import KubernetesLauncher
 from dispatcher.kubernetes.outcomes import PostgresPodOutcomes
+from dispatcher.kubernetes.pods import MANAGED_BY, MANAGER
+from dispatcher.kubernetes.pool import POOL
 from dispatcher.kubernetes.watch import PodWatcher
 from dispatcher.launcher import LaunchRequest
 from runplane.adapters.db import open_pool
@@ -208,6 +210,23 @@ async def test_a_failed_pod_not_recorded_on_its_running_run_changes_nothing(clus
     await cluster.set_status(other_pod, {"phase": "Failed", "containerStatuses": [_terminated("OOMKilled", 137)]})
     await eventually(lambda: _row(db, other)["status"] == RunStatus.ERROR, 5.0)  # events are handled in order
     assert _row(db, run_id)["status"] == RunStatus.RUNNING
+
+
+async def test_a_pool_pod_waiting_for_a_run_fills_the_cluster_but_leaves_room_for_runs(
+    cluster: Cluster, db: Db
+) -> None:
+    waiting = "runplane-pool-small-0a1b2c3d"
+    labels = {MANAGED_BY: MANAGER, POOL: "small"}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": waiting, "labels": labels},
+            "spec": {"containers": [{"name": "runner", "image": "runner"}]}}  # fmt: skip
+    await asyncio.to_thread(cluster.kube.post, f"/api/v1/namespaces/{cluster.namespace}/pods", body)
+    run_pod = await _launch(cluster, db, _run(db, RunStatus.STARTING))
+    await eventually(lambda: cluster.watcher.pods.keys() >= {waiting, run_pod}, 5.0)
+    assert cluster.watcher.active_count() == 2  # both hold a place on the nodes (what the pools grow within)
+    assert cluster.watcher.run_pod_count() == 1  # the waiting one takes a run without a new Pod
+    await cluster.set_status(waiting, {"phase": "Failed", "reason": "Evicted"})
+    await eventually(lambda: cluster.watcher.active_count() == 1, 5.0)
+    assert cluster.watcher.run_pod_count() == 1
 
 
 async def test_pod_whose_run_is_not_live_is_deleted(cluster: Cluster, db: Db) -> None:
