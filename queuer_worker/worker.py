@@ -40,6 +40,7 @@ _INSERT_ATTEMPTS = 3
 _MIN_BEAT_GAP = 0.2
 # How long before a fire its statement is prepared (due jobs taken off the heap, parameters built).
 _PREPARE_AHEAD = 0.5
+LEAVE_TIMEOUT = 5.0  # seconds a stopping worker gives the broker to delete its queue
 
 
 class QueuerWorker:
@@ -100,6 +101,20 @@ class QueuerWorker:
                     eternal=True,
                     stop=stop,
                 )
+        if stop.is_set():
+            await self._leave()
+
+    async def _leave(self) -> None:
+        """A worker that stops takes its own queue with it. The leader deletes the queue of a worker it
+        declares dead, but only of one it heard from: a worker stopped before its first heartbeat was
+        recorded would leave its queue on the broker for good. What the queue still holds was for this
+        worker alone; the leader gives its jobs to others once it counts it dead."""
+        try:
+            await asyncio.wait_for(self.bus.delete(self.own_queue), LEAVE_TIMEOUT)
+        except Exception as exc:
+            if not (isinstance(exc, TimeoutError) or is_transient(exc)):
+                raise
+            log.warning("own queue not deleted; the leader deletes it", extra={"queue": self.own_queue})
 
     # -- messages ---------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aio_pika
 import pytest
 from google.protobuf.message import Message
 
@@ -240,3 +241,37 @@ async def test_due_jobs_are_queued_once_at_their_minute_and_not_before(
     )
     assert set(late) == {*steady, to_every_minute}
     assert duplicate_keys(db) == 0
+
+
+async def queue_exists(amqp_url: str, name: str) -> bool:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(name, passive=True)
+        except aio_pika.exceptions.ChannelClosed:  # NOT_FOUND closes the channel
+            return False
+        await channel.close()
+        return True
+    finally:
+        await connection.close()
+
+
+async def test_a_worker_that_stops_takes_its_own_queue_with_it(settings: Settings) -> None:
+    """Also when no leader ever heard from it (no row in queuer_workers: none would delete the queue)."""
+    pool = await open_pool(settings.database_url, max_size=2)
+    bus = await AmqpBus.connect(settings.amqp_url)
+    worker = QueuerWorker(settings, bus, PostgresRunsStore(pool), "w-leaving")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop), name="queuer-worker-under-test")
+    try:
+        await eventually(lambda: queue_exists(settings.amqp_url, worker.own_queue), 10, what="the worker's queue")
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert not await queue_exists(settings.amqp_url, worker.own_queue)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await bus.close()
+        await pool.close()
+        await delete_queues(settings.bus_prefix, ["w-leaving"])
