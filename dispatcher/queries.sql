@@ -37,10 +37,14 @@ UPDATE runs r
  WHERE r.id = v.id AND r.status = 1 AND r.waiting_reason <> v.reason
 
 -- name: record_launches
+-- Where each launch put its run's runner, whatever the run's status by now (a quick run may have ended
+-- before its dispatcher's batch was launched), but only for the launch it was: a run sent back to the
+-- queue since (status 1, its launch forgotten) counts its next launch on.
 UPDATE runs r
    SET pod_name = v.pod_name, cluster = v.cluster
-  FROM unnest(%(ids)b::bigint[], %(pod_names)b::text[], %(clusters)b::text[]) AS v(id, pod_name, cluster)
- WHERE r.id = v.id AND r.status IN (2, 3)
+  FROM unnest(%(ids)b::bigint[], %(pod_names)b::text[], %(clusters)b::text[], %(attempts)b::int[])
+       AS v(id, pod_name, cluster, attempt)
+ WHERE r.id = v.id AND r.launch_attempts = v.attempt AND r.status <> 1
 
 -- name: dispatcher_seen
 INSERT INTO dispatchers (dispatcher_id, cluster, launcher, dispatched)

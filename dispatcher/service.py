@@ -401,6 +401,7 @@ class Dispatcher:
                         "ids": [run.run_id for run, _ in launched],
                         "pod_names": [result.pod_name for _, result in launched],
                         "clusters": [result.cluster for _, result in launched],
+                        "attempts": [run.launch_attempts for run, _ in launched],
                     },
                 )
         except ServiceUnavailable as exc:

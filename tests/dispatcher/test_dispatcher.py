@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.service import Dispatcher
 from runplane.adapters.db import Pool, open_pool
 from runplane.adapters.locks import RedisAccountLocks
@@ -134,3 +135,36 @@ def test_the_launcher_is_chosen_by_name(settings: Settings) -> None:
     settings.dispatcher.launcher = "ssh"
     with pytest.raises(InvalidArgument, match="unknown launcher 'ssh'"):
         make_launcher(settings, pool)
+
+
+class EndingLauncher(HoldingLauncher):
+    """Its runners are quick: each run has ended (or was sent back to the queue) before ``launch`` returns,
+    so before the dispatcher records where the runs went."""
+
+    def __init__(self, db: Conn, requeue: set[int]) -> None:
+        super().__init__()
+        self.db = db
+        self.requeue = requeue
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        result = await super().launch(request)
+        if request.run_id in self.requeue:  # as the reaper does when a runner never claimed it
+            self.db.execute("UPDATE runs SET status = 1, dispatched_at = NULL WHERE id = %s", (request.run_id,))
+        else:
+            self.db.execute(
+                "UPDATE runs SET status = 10, started_at = now(), finished_at = now() WHERE id = %s", (request.run_id,)
+            )
+        return result
+
+
+async def test_a_run_that_ended_before_its_launch_was_recorded_still_says_where_it_ran(
+    db: Conn, settings: Settings, locks: RedisAccountLocks
+) -> None:
+    account = create_account(db, run_slots=3)
+    quick, requeued = (queue_run(db, create_job(db, account, name=f"job {i}")) for i in range(2))
+    launcher = EndingLauncher(db, requeue={requeued})
+    assert sorted(await pickup(settings, locks, launcher, account)) == [quick, requeued]
+    assert (run_row(db, quick)["status"], run_row(db, quick)["pod_name"]) == (RunStatus.SUCCESS, f"held-{quick}")
+    assert run_row(db, quick)["cluster"] == "test"
+    # Back in the queue: its launch is forgotten, and its next one is recorded when it comes.
+    assert (run_row(db, requeued)["status"], run_row(db, requeued)["pod_name"]) == (RunStatus.QUEUED, "")
