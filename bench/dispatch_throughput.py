@@ -106,16 +106,18 @@ def _env(base: Settings, database_url: str, prefix: str, launcher: str) -> dict[
     return env
 
 
-def _cleanup_prefix(base: Settings, prefix: str) -> None:
-    async def delete_queue() -> None:
-        bus = await AmqpBus.connect(base.amqp_url)
-        try:
-            await bus.delete(Topology(prefix).pickup)
-        finally:
-            await bus.close()
-
-    asyncio.run(delete_queue())
+async def clean_prefix(amqp_url: str, prefix: str) -> None:
+    """Delete what a bench's system left under ``prefix``: its pickup queue and its Redis keys."""
+    bus = await AmqpBus.connect(amqp_url)
+    try:
+        await bus.delete(Topology(prefix).pickup)
+    finally:
+        await bus.close()
     delete_prefixed_keys(prefix)
+
+
+def _cleanup_prefix(base: Settings, prefix: str) -> None:
+    asyncio.run(clean_prefix(base.amqp_url, prefix))
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -40,6 +40,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from api.process import start_server
+from bench.dispatch_throughput import clean_prefix
 from bench.kubernetes_pods import IMAGES, NAMESPACE, Watch, cluster, percentile, write_figures
 from bench.sandbox import temporary_database, unique_name
 from dispatcher.kubernetes.launcher import KubernetesLauncher
@@ -228,6 +229,7 @@ async def _with_system(
         await locks.close()
         await api.stop(0)
         await db.close()
+        await clean_prefix(settings.amqp_url, settings.bus_prefix)  # the API's Pickups declared its queue
 
 
 def _container_started_at(node: Node, pod_name: str) -> float | None:
