@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import random
 import socket
+import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -24,10 +28,42 @@ def _ephemeral_start() -> int:
 _PORTS = range(20000, min(_ephemeral_start(), 32768))
 _BLOCKS = range(_PORTS.start, _PORTS.stop - 100, 97)
 
+# Ports handed out on this machine lately, by every test process (the xdist workers, the fault suite
+# beside them, other checkouts): a port is free from its pick until its server binds it, which takes
+# seconds for a broker or a database, and another process that picked the same port meanwhile found
+# its test-bind free too; one of the two servers then failed with Address already in use.
+_CLAIMS = Path(tempfile.gettempdir()) / "runplane-test-ports.json"
+CLAIM_SECONDS = 900.0
+
+
+def _claim(ports: list[int]) -> bool:
+    """Record ``ports`` as handed out, unless a process on this machine was handed one of them in the
+    last ``CLAIM_SECONDS``."""
+    try:
+        claims_file = _CLAIMS.open("a+")
+    except OSError:  # another user's file: no claims kept, the test-bind alone decides
+        return True
+    with claims_file:
+        fcntl.flock(claims_file, fcntl.LOCK_EX)
+        claims_file.seek(0)
+        try:
+            claims = {int(port): float(at) for port, at in json.loads(claims_file.read() or "{}").items()}
+        except (ValueError, AttributeError):
+            claims = {}
+        now = time.time()
+        claims = {port: at for port, at in claims.items() if now - at < CLAIM_SECONDS}
+        if any(port in claims for port in ports):
+            return False
+        claims.update(dict.fromkeys(ports, now))
+        claims_file.seek(0)
+        claims_file.truncate()
+        claims_file.write(json.dumps(claims))
+    return True
+
 
 def free_port() -> int:
-    """A port free right now, below the ephemeral range, picked at random (two test processes picking
-    at once rarely pick the same one, and each test-binds its pick)."""
+    """A port free right now, below the ephemeral range, picked at random and handed to no other test
+    process on this machine lately."""
     for _ in range(200):
         port = random.choice(_PORTS)
         with socket.socket() as sock:
@@ -35,6 +71,7 @@ def free_port() -> int:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        if _claim([port]):
             return port
     raise RuntimeError("no free port below the ephemeral range")
 
@@ -54,7 +91,8 @@ def free_ports(n: int) -> list[int]:
                     sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return list(range(base, base + n))
+            if _claim(list(range(base, base + n))):
+                return list(range(base, base + n))
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
