@@ -121,7 +121,8 @@ class Intake:
         deadline = loop.time() + seconds
         while True:
             left = deadline - loop.time()
-            enough = (self.batch() + 1) // 2 if wanted is None else min(wanted, (self.batch() + 1) // 2)
+            half = (self.batch() + 1) // 2
+            enough = half if wanted is None else min(wanted, half)
             taken = self.take(at_least=enough if left > 0 else 1)
             if taken or left <= 0:
                 return taken

@@ -254,7 +254,7 @@ class LocalLauncher:
         self._children: set[int] = set()
         self.capacity = local_capacity(settings)
         _allow_descriptors(self.capacity + SPARE_DESCRIPTORS)
-        self._alive: dict[int, int] = {}  # pidfd -> pid of each runner given a run that has not exited
+        self._alive: set[int] = set()  # a pidfd for each runner given a run that has not exited
 
     def alive(self) -> int:
         """Runners this launcher gave a run that have not exited yet."""
@@ -294,12 +294,12 @@ class LocalLauncher:
             log.warning("a runner is not counted against the capacity", extra={"pid": pid, "error": str(exc)})
             return
         asyncio.get_running_loop().add_reader(pidfd, self._exited, pidfd)
-        self._alive[pidfd] = pid
+        self._alive.add(pidfd)
 
     def _exited(self, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
-        self._alive.pop(pidfd, None)
+        self._alive.discard(pidfd)
 
     def _spawn(self, run_id: int, token: str) -> int:
         self._reap()

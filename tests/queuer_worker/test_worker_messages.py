@@ -244,17 +244,13 @@ async def test_due_jobs_are_queued_once_at_their_minute_and_not_before(
 
 
 async def queue_exists(amqp_url: str, name: str) -> bool:
-    connection = await aio_pika.connect(amqp_url)
-    try:
+    async with await aio_pika.connect(amqp_url) as connection:
         channel = await connection.channel()
         try:
             await channel.declare_queue(name, passive=True)
         except aio_pika.exceptions.ChannelClosed:  # NOT_FOUND closes the channel
             return False
-        await channel.close()
         return True
-    finally:
-        await connection.close()
 
 
 async def test_a_worker_that_stops_takes_its_own_queue_with_it(settings: Settings) -> None:
