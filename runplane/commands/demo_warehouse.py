@@ -5,8 +5,10 @@ run that may reach it is a superuser of every account's data; the fence (``runne
 warehouse that is a control-plane server. The demo therefore keeps its warehouse in a cluster of
 its own (``initdb`` into ``<state>/demo-warehouse``, listening on 127.0.0.1 only, password
 authentication over TCP, its Unix socket in its own directory), started by ``runplane up --demo``
-and stopped with it. The password is made once and kept beside the cluster (0600); the demo
-environment holds it as an encrypted secret field, as any customer's warehouse password.
+and stopped with it. Its port is the install's own when free, else the next free one: the demo
+environment's profile is set again at every start, so it follows the cluster. The password is made
+once and kept beside the cluster (0600); the demo environment holds it as an encrypted secret field,
+as any customer's warehouse password.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import pwd
 import secrets
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,8 @@ USER = "warehouse"
 DATABASE = "warehouse"
 STATE = Path("/var/lib/runplane") if os.geteuid() == 0 else Path.home() / ".local" / "state" / "runplane"
 BASE_PORT = 25432
+PORTS = 1000  # an install's preferred port is one of BASE_PORT .. BASE_PORT + PORTS - 1
+TRIES = 20  # ports tried from the preferred one on, when another program holds it
 
 
 def pg_bin(name: str) -> str:
@@ -47,7 +52,7 @@ class DemoWarehouse:
     def for_install(cls, settings: Settings, state: Path = STATE) -> DemoWarehouse:
         """One per install (its database URL), with a port of its own."""
         digest = hashlib.sha256(settings.database_url.encode()).hexdigest()
-        return cls(state / f"demo-warehouse-{digest[:10]}", BASE_PORT + int(digest[:6], 16) % 1000)
+        return cls(state / f"demo-warehouse-{digest[:10]}", BASE_PORT + int(digest[:6], 16) % PORTS)
 
     @property
     def data(self) -> Path:
@@ -78,16 +83,42 @@ class DemoWarehouse:
                       "--auth-host=scram-sha-256", "-N")  # fmt: skip
         running = subprocess.run([*self._as_owner(), pg_bin("pg_ctl"), "-D", str(self.data), "status"],
                                  capture_output=True, check=False)  # fmt: skip
-        if running.returncode != 0:
-            options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.directory}"
-            self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-o", options,
-                      "-l", str(self.directory / "postgres.log"), "start")  # fmt: skip
-        self._ensure_role(password)
-        return {"host": "127.0.0.1", "port": str(self.port), "user": USER, "dbname": DATABASE}, password
+        port = self._running_port() if running.returncode == 0 else self._start()
+        self._ensure_role(password, port)
+        return {"host": "127.0.0.1", "port": str(port), "user": USER, "dbname": DATABASE}, password
 
-    def _ensure_role(self, password: str) -> None:
+    def _running_port(self) -> int:
+        """The port of the running cluster (the fourth line of its postmaster.pid)."""
+        return int((self.data / "postmaster.pid").read_text().splitlines()[3])
+
+    def _start(self) -> int:
+        """Start the cluster on the install's port, or the next free one; the port it listens on."""
+        log = self.directory / "postgres.log"
+        tried = []
+        for port in range(self.port, self.port + TRIES):
+            if not _free(port):
+                tried.append(port)
+                continue
+            options = f"-p {port} -c listen_addresses=127.0.0.1 -k {self.directory}"
+            started = subprocess.run(
+                [*self._as_owner(), pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-o", options,
+                 "-l", str(log), "start"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            if started.returncode == 0:
+                return port
+            if _free(port):  # not a race for the port: the cluster itself would not start
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(
+                    f"the demo warehouse (Postgres in {self.data}) did not start on port {port}:\n"
+                    f"{started.stdout}{started.stderr}{tail}"
+                )
+            tried.append(port)
+        raise RuntimeError(f"the demo warehouse found no free port: {tried} are taken by other programs")
+
+    def _ensure_role(self, password: str, port: int) -> None:
         """The warehouse's own role and database (over the cluster's Unix socket, as its superuser)."""
-        with psycopg.connect(host=str(self.directory), port=self.port, user="postgres", dbname="postgres",
+        with psycopg.connect(host=str(self.directory), port=port, user="postgres", dbname="postgres",
                              autocommit=True) as conn:  # fmt: skip
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone()
             verb = "ALTER" if exists else "CREATE"
@@ -100,3 +131,13 @@ class DemoWarehouse:
     def stop(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "stop")
+
+
+def _free(port: int) -> bool:
+    """Whether nothing listens on (or holds) the port on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -3,8 +3,14 @@ user, one Postgres) never share them, and a restart keeps the repository and its
 
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
+import tempfile
 from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
 
 from runplane.basics.settings import Settings
 from runplane.commands.demo import EXAMPLE_PROJECT, demo_repository, demo_repository_path
@@ -38,6 +44,25 @@ def test_two_installs_on_one_postgres_get_warehouses_of_their_own() -> None:
     other = DemoWarehouse.for_install(_settings("runplane_second"))
     assert one.directory != other.directory and one.port != other.port
     assert one == DemoWarehouse.for_install(_settings("runplane"))  # the same after a restart
+
+
+def test_a_warehouse_whose_port_another_program_holds_starts_on_the_next_free_one() -> None:
+    state = Path(tempfile.mkdtemp(prefix="rp-demo-warehouse-"))
+    state.chmod(0o755)  # the cluster's owner (postgres, when run as root) enters it
+    warehouse = DemoWarehouse.for_install(_settings(state.name), state=state)
+    try:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", warehouse.port))
+            holder.listen()
+            fields, password = warehouse.start()
+            assert int(fields["port"]) != warehouse.port
+            again, _ = warehouse.start()  # already running: the same cluster, where it listens
+            assert again == fields
+        with psycopg.connect(make_conninfo(**fields, password=password)) as conn:  # over TCP, with the password
+            assert conn.execute("SELECT current_user").fetchone() == (fields["user"],)
+    finally:
+        warehouse.stop()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_a_restart_keeps_the_repository_and_commits_only_a_change(tmp_path: Path) -> None:
