@@ -177,8 +177,13 @@ def run_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     relaunched = conn.execute(
         "SELECT left(status_message, 120), count(*) FROM runs WHERE launch_attempts > 1 GROUP BY 1"
     ).fetchall()
+    failed = conn.execute(
+        "SELECT status, left(status_message, 160), count(*) FROM runs WHERE started_at IS NOT NULL AND status <> 10"
+        " GROUP BY 1, 2"
+    ).fetchall()
     return {
         "not_started": [{"status": r[0], "message": r[1], "runs": r[2]} for r in unstarted],
+        "not_succeeded": [{"status": r[0], "message": r[1], "runs": r[2]} for r in failed],
         "relaunch_messages": [{"message": r[0], "runs": r[1]} for r in relaunched],
         "runs": int(row[0]),
         "started": int(row[1]),

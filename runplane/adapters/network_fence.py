@@ -16,17 +16,20 @@ packets from the control plane's by the uid that owns the socket (``meta skuid``
 
 Packets without a full socket (the kernel's own resets, time-wait acks) carry no owner and are
 never matched, so the rules cannot touch anything but the runs' own connections.
+
+Changes go through libnftables, the library the ``nft`` command is made of, called in the process
+(``ctypes``): a run's rules are one call of its runner, not a fork and exec of ``nft`` per run.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
 import ipaddress
 import json
 import os
-import shutil
 import socket
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +64,34 @@ INSTALL_LOCK = Path("/run/runplane-fence.lock")
 
 class FenceError(RuntimeError):
     """nftables refused a change."""
+
+
+def _load() -> ctypes.CDLL | None:
+    """libnftables (Debian's libnftables1, which the ``nftables`` package brings), or None."""
+    for name in ("libnftables.so.1", ctypes.util.find_library("nftables")):
+        if name is None:
+            continue
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        library.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        library.nft_ctx_new.restype = ctypes.c_void_p
+        library.nft_ctx_free.argtypes = [ctypes.c_void_p]
+        library.nft_ctx_free.restype = None
+        for buffered in (library.nft_ctx_buffer_output, library.nft_ctx_buffer_error):
+            buffered.argtypes = [ctypes.c_void_p]
+            buffered.restype = ctypes.c_int
+        library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        library.nft_run_cmd_from_buffer.restype = ctypes.c_int
+        return library
+    return None
+
+
+# Loaded once per process at import (the runners' fork server hands it to every runner it forks).
+_LIBRARY = _load()
 
 
 @dataclass(frozen=True, order=True)
@@ -106,26 +137,35 @@ def unavailable() -> str | None:
     """Why this machine cannot fence runs by the network, or None when it can."""
     if os.geteuid() != 0:
         return "not root"
-    if shutil.which("nft") is None:
-        return "nftables is not installed (the `nft` command; apt-get install nftables)"
+    if _LIBRARY is None:
+        return "nftables is not installed (its library, libnftables; apt-get install nftables)"
     return None
 
 
-def _nft(script: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False, timeout=30)
-    if check and done.returncode != 0:
-        raise FenceError(f"nft refused: {done.stderr.strip()}")
-    return done
+def _nft(script: str, *, check: bool = True) -> bool:
+    """Run an nft script (what ``nft -f -`` reads) in one transaction; whether nftables took it."""
+    if _LIBRARY is None:
+        raise FenceError(unavailable() or "nftables is not loaded")
+    context = _LIBRARY.nft_ctx_new(0)
+    if not context:
+        raise FenceError("nftables: no context (out of memory)")
+    try:
+        _LIBRARY.nft_ctx_buffer_output(context)  # what a "list" prints is not ours to show
+        _LIBRARY.nft_ctx_buffer_error(context)
+        taken: bool = _LIBRARY.nft_run_cmd_from_buffer(context, script.encode()) == 0
+        if check and not taken:
+            error = (_LIBRARY.nft_ctx_get_error_buffer(context) or b"").decode(errors="replace")
+            raise FenceError(f"nft refused: {error.strip()}")
+        return taken
+    finally:
+        _LIBRARY.nft_ctx_free(context)
 
 
 def install(uid_first: int, uid_count: int, control_plane: Iterable[Endpoint]) -> None:
     """Make the table (once per machine) and add this install's run uids and control-plane servers."""
     with INSTALL_LOCK.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        exists = subprocess.run(
-            ["nft", "list", "chain", "inet", TABLE, "fence"], capture_output=True, check=False, timeout=30
-        )
-        if exists.returncode != 0:
+        if not _nft(f"list chain inet {TABLE} fence", check=False):
             _nft(RULES)
     lines = [f"add element inet {TABLE} fenced_uids {{ {uid_first}-{uid_first + uid_count - 1} }}"]
     lines += _element_lines("add", "control_plane", control_plane)
@@ -152,13 +192,7 @@ def allow_run(uid: int, endpoints: Iterable[Endpoint], earlier: Iterable[Endpoin
 
 def is_control_plane(endpoint: Endpoint) -> bool:
     """Whether ``endpoint`` is one of the control plane's servers in the table."""
-    done = subprocess.run(
-        ["nft", "get", "element", "inet", TABLE, f"control_plane{endpoint.family}", f"{{ {endpoint.element()} }}"],
-        capture_output=True,
-        check=False,
-        timeout=30,
-    )
-    return done.returncode == 0
+    return _nft(f"get element inet {TABLE} control_plane{endpoint.family} {{ {endpoint.element()} }}", check=False)
 
 
 def is_local(endpoint: Endpoint) -> bool:
