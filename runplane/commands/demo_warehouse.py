@@ -134,8 +134,11 @@ class DemoWarehouse:
 
 
 def _free(port: int) -> bool:
-    """Whether nothing listens on (or holds) the port on 127.0.0.1 right now."""
+    """Whether nothing listens on (or holds) the port on 127.0.0.1 right now. As Postgres binds
+    (``SO_REUSEADDR``): the connections of the cluster's last start, waiting out TIME_WAIT, do not
+    make its port look taken."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
