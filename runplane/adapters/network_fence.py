@@ -68,26 +68,28 @@ class FenceError(RuntimeError):
 
 def _load() -> ctypes.CDLL | None:
     """libnftables (Debian's libnftables1, which the ``nftables`` package brings), or None."""
-    for name in ("libnftables.so.1", ctypes.util.find_library("nftables")):
+    try:
+        library = ctypes.CDLL("libnftables.so.1")
+    except OSError:  # another soname: ask the loader's cache (find_library runs ldconfig)
+        name = ctypes.util.find_library("nftables")
         if name is None:
-            continue
+            return None
         try:
             library = ctypes.CDLL(name)
         except OSError:
-            continue
-        library.nft_ctx_new.argtypes = [ctypes.c_uint32]
-        library.nft_ctx_new.restype = ctypes.c_void_p
-        library.nft_ctx_free.argtypes = [ctypes.c_void_p]
-        library.nft_ctx_free.restype = None
-        for buffered in (library.nft_ctx_buffer_output, library.nft_ctx_buffer_error):
-            buffered.argtypes = [ctypes.c_void_p]
-            buffered.restype = ctypes.c_int
-        library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-        library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-        library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        library.nft_run_cmd_from_buffer.restype = ctypes.c_int
-        return library
-    return None
+            return None
+    library.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    library.nft_ctx_new.restype = ctypes.c_void_p
+    library.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    library.nft_ctx_free.restype = None
+    for buffered in (library.nft_ctx_buffer_output, library.nft_ctx_buffer_error):
+        buffered.argtypes = [ctypes.c_void_p]
+        buffered.restype = ctypes.c_int
+    library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    library.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    return library
 
 
 # Loaded once per process at import (the runners' fork server hands it to every runner it forks).
