@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import psycopg
 
 from runplane.basics.settings import Settings
+from runplane.commands.preflight import port_in_use
 
 USER = "warehouse"
 DATABASE = "warehouse"
@@ -96,7 +96,7 @@ class DemoWarehouse:
         log = self.directory / "postgres.log"
         tried = []
         for port in range(self.port, self.port + TRIES):
-            if not _free(port):
+            if port_in_use("127.0.0.1", port):
                 tried.append(port)
                 continue
             options = f"-p {port} -c listen_addresses=127.0.0.1 -k {self.directory}"
@@ -107,7 +107,7 @@ class DemoWarehouse:
             )  # fmt: skip
             if started.returncode == 0:
                 return port
-            if _free(port):  # not a race for the port: the cluster itself would not start
+            if not port_in_use("127.0.0.1", port):  # no race for the port: the cluster would not start
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise RuntimeError(
                     f"the demo warehouse (Postgres in {self.data}) did not start on port {port}:\n"
@@ -131,16 +131,3 @@ class DemoWarehouse:
     def stop(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "stop")
-
-
-def _free(port: int) -> bool:
-    """Whether nothing listens on (or holds) the port on 127.0.0.1 right now. As Postgres binds
-    (``SO_REUSEADDR``): the connections of the cluster's last start, waiting out TIME_WAIT, do not
-    make its port look taken."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

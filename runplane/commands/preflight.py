@@ -8,7 +8,9 @@ command its Debian package provides; otherwise the message says what is missing 
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,6 +24,20 @@ from runplane.adapters.db import redact
 from runplane.basics.settings import Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", ""}
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another program listens on (or holds) ``host:port``, probed as servers bind
+    (``SO_REUSEADDR``): connections of an earlier server waiting out TIME_WAIT leave it free."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,8 @@ runners), so no process is left behind.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ from pydantic import SecretStr
 from runplane.adapters import local_fence
 from runplane.basics.backoff import ceiling
 from runplane.basics.settings import Settings
+from runplane.commands.preflight import port_in_use
 
 
 @dataclass
@@ -101,17 +100,11 @@ def ports_to_bind(settings: Settings, children: list[Child]) -> list[tuple[str, 
 
 def taken_ports(ports: list[tuple[str, int, str]]) -> list[str]:
     """What is wrong with each port another program (another runplane, say) already listens on."""
-    problems = []
-    for host, port, setting in ports:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-                problems.append(f"port {port} on {host} is taken by another program: set {setting} to a free one")
-    return problems
+    return [
+        f"port {port} on {host} is taken by another program: set {setting} to a free one"
+        for host, port, setting in ports
+        if port_in_use(host, port)
+    ]
 
 
 def metrics_ports(children: list[Child]) -> dict[str, str]:
