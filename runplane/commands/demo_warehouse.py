@@ -83,7 +83,7 @@ class DemoWarehouse:
                       "--auth-host=scram-sha-256", "-N")  # fmt: skip
         running = subprocess.run([*self._as_owner(), pg_bin("pg_ctl"), "-D", str(self.data), "status"],
                                  capture_output=True, check=False)  # fmt: skip
-        port = self._running_port() if running.returncode == 0 else self._start()
+        port = self._running_port() if running.returncode == 0 else self._start(password)
         self._ensure_role(password, port)
         return {"host": "127.0.0.1", "port": str(port), "user": USER, "dbname": DATABASE}, password
 
@@ -91,8 +91,10 @@ class DemoWarehouse:
         """The port of the running cluster (the fourth line of its postmaster.pid)."""
         return int((self.data / "postmaster.pid").read_text().splitlines()[3])
 
-    def _start(self) -> int:
-        """Start the cluster on the install's port, or the next free one; the port it listens on."""
+    def _start(self, password: str) -> int:
+        """Start the cluster on the install's port, or the next free one; the port it listens on.
+        ``password`` is masked in what a failed start shows: the log keeps the statement of a
+        failed ``ALTER ROLE`` of an earlier start."""
         log = self.directory / "postgres.log"
         tried = []
         for port in range(self.port, self.port + TRIES):
@@ -111,7 +113,7 @@ class DemoWarehouse:
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise RuntimeError(
                     f"the demo warehouse (Postgres in {self.data}) did not start on port {port}:\n"
-                    f"{started.stdout}{started.stderr}{tail}"
+                    f"{started.stdout}{started.stderr}{tail}".replace(password, "****")
                 )
             tried.append(port)
         raise RuntimeError(f"the demo warehouse found no free port: {tried} are taken by other programs")

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg.conninfo import make_conninfo
 
 from runplane.basics.settings import Settings
@@ -60,6 +61,26 @@ def test_a_warehouse_whose_port_another_program_holds_starts_on_the_next_free_on
             assert again == fields
         with psycopg.connect(make_conninfo(**fields, password=password)) as conn:  # over TCP, with the password
             assert conn.execute("SELECT current_user").fetchone() == (fields["user"],)
+    finally:
+        warehouse.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_warehouse_that_will_not_start_says_why_without_its_password() -> None:
+    state = Path(tempfile.mkdtemp(prefix="rp-demo-warehouse-"))
+    state.chmod(0o755)
+    warehouse = DemoWarehouse.for_install(_settings(state.name), state=state)
+    try:
+        _, password = warehouse.start()
+        warehouse.stop()
+        with (warehouse.directory / "postgres.log").open("a") as log:  # as a failed ALTER ROLE leaves it
+            log.write(f"STATEMENT:  ALTER ROLE \"warehouse\" LOGIN PASSWORD '{password}'\n")
+        with (warehouse.data / "postgresql.conf").open("a") as conf:
+            conf.write("no_such_setting = 1\n")
+        with pytest.raises(RuntimeError, match="no_such_setting") as refused:
+            warehouse.start()
+        assert password not in str(refused.value)
+        assert "****" in str(refused.value)
     finally:
         warehouse.stop()
         shutil.rmtree(state, ignore_errors=True)
