@@ -57,7 +57,7 @@ from bench.dispatch_throughput import Processes, _cleanup_prefix, _env, _wait_fo
 from bench.sandbox import temporary_database
 from queuer_worker.firing import prepare_chunks, queue_runs
 from queuer_worker.forecast import Forecaster
-from queuer_worker.heap import CronHeap, Definition
+from queuer_worker.heap import CronHeap, Definition, Due
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings
@@ -116,7 +116,7 @@ async def forecast_until(settings: Settings, url: str, job_ids: list[int], fire:
 async def fire_tick(settings: Settings, url: str, job_ids: list[int], fire: int, *, pickups: bool = True) -> list[int]:
     """At the due second: the queuer's INSERTs of the tick, each chunk's Pickups sent as it commits;
     returns the accounts with runs queued."""
-    ticks = prepare_chunks([(job_id, fire) for job_id in job_ids], settings.queuer.insert_chunk)
+    ticks = prepare_chunks([Due(job_id, fire, CRON, "UTC") for job_id in job_ids], settings.queuer.insert_chunk)
     pool = await open_pool(make_conninfo(url, application_name="queuer"), min_size=1, max_size=2, name="bench-queuer")
     bus = await AmqpBus.connect(settings.amqp_url) if pickups else None
     accounts: list[int] = []

@@ -47,6 +47,7 @@ from bench.dispatch_throughput import (
 )
 from bench.sandbox import admin_url, temporary_database
 from queuer_worker.firing import prepare_chunks, queue_runs
+from queuer_worker.heap import Due
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.adapters.db import open_pool
 from runplane.basics.settings import Settings
@@ -58,6 +59,10 @@ DISPATCHERS = 2
 CEILING_SECONDS = 10
 
 
+# The seeded jobs' schedule; the bench queues their runs at a second of its own choosing.
+CRON = "0 * * * *"
+
+
 def _seed(conn: psycopg.Connection[Any], n: int, accounts: int) -> list[int]:
     """``accounts`` accounts with run slots 10 and ``n`` scheduled deploy jobs spread evenly over them."""
     conn.execute(
@@ -66,9 +71,9 @@ def _seed(conn: psycopg.Connection[Any], n: int, accounts: int) -> list[int]:
     )
     conn.execute(
         """INSERT INTO jobs (account_id, name, job_type, steps, cron, timezone)
-           SELECT (SELECT min(id) FROM accounts) + (j %% %s), 'job ' || j, 'deploy', ARRAY['true'], '0 * * * *', 'UTC'
+           SELECT (SELECT min(id) FROM accounts) + (j %% %s), 'job ' || j, 'deploy', ARRAY['true'], %s, 'UTC'
              FROM generate_series(0, %s - 1) AS j""",
-        (accounts, n),
+        (accounts, CRON, n),
     )
     conn.execute("ANALYZE")
     return [int(row[0]) for row in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
@@ -77,7 +82,7 @@ def _seed(conn: psycopg.Connection[Any], n: int, accounts: int) -> list[int]:
 async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire: int) -> dict[str, float]:
     """At the due second: the queuer's INSERTs of the tick, each chunk's Pickups sent as it commits."""
     # Built before the second, as a worker does.
-    ticks = prepare_chunks([(job_id, fire) for job_id in job_ids], base.queuer.insert_chunk)
+    ticks = prepare_chunks([Due(job_id, fire, CRON, "UTC") for job_id in job_ids], base.queuer.insert_chunk)
     # Named "queuer" in a profile, as the services are by their PGAPPNAME.
     pool = await open_pool(make_conninfo(url, application_name="queuer"), min_size=1, max_size=2, name="bench-queuer")
     bus = await AmqpBus.connect(base.amqp_url)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,3 +53,28 @@ def plan_moves(owned: dict[str, list[int]], tolerance: float) -> list[Move]:
             moves.append(Move(donor, target, take))
             missing -= len(take)
     return moves
+
+
+def spread(items: Sequence[T], loads: dict[str, int]) -> list[tuple[str | None, Sequence[T]]]:
+    """``items`` split over the workers of ``loads`` (worker -> jobs it owns) so their counts even out,
+    the least loaded first; one share for the shared queue (None) when no worker is alive.
+
+    A dead worker's jobs go to live workers' own queues, never to the shared queue: a worker frozen
+    while it was declared dead still has a consumer attached to the shared queue (its connection
+    stays open until the broker notices), and an Assign handed to it there would wait in the very
+    process its jobs were taken from."""
+    if not loads:
+        return [(None, items)] if items else []
+    total = sum(loads.values()) + len(items)
+    base, extra = divmod(total, len(loads))
+    # The odd ones over the mean go to the most loaded, who are nearest them already.
+    by_load = sorted(loads, key=lambda w: (-loads[w], w))
+    quota = {worker: base + (1 if i < extra else 0) for i, worker in enumerate(by_load)}
+    shares: list[tuple[str | None, Sequence[T]]] = []
+    rest = items
+    for worker in reversed(by_load):  # the quotas' shortfalls add up to at least len(items)
+        want = max(0, quota[worker] - loads[worker])
+        take, rest = rest[:want], rest[want:]
+        if take:
+            shares.append((worker, take))
+    return shares

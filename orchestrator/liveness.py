@@ -9,7 +9,7 @@ import logging
 from collections import defaultdict
 
 from orchestrator import metrics
-from orchestrator.balance import balanced, plan_moves
+from orchestrator.balance import balanced, plan_moves, spread
 from orchestrator.decisions import WorkerInfo, drifted, silent_workers
 from orchestrator.outbox import Outbox
 from runplane.basics.ownership import job_digest
@@ -72,19 +72,26 @@ class Liveness(Outbox):
                 await self._bury(worker_id)
 
     async def _reassign(self, job_ids: list[int], dead: str) -> None:
-        """Give the jobs of a dead worker to whoever takes them from the shared queue.
+        """Give the jobs of a dead worker to the live workers, on their own queues (``balance.spread``
+        says why not the shared queue), the least loaded first.
 
         A job still pending for it was being moved to it (rebalancing): its donor may hold it yet,
         the move's Revoke unsent (a leader stopped before it), so every other live worker lets go of
         it first, under a stamp older than the new Assign."""
         size = self.settings.orchestrator.assign_batch_size
+        loads = {w: self.workers[w].jobs_owned for w in self._alive()}
         for start in range(0, len(job_ids), size):
             async with self._lock:
                 # Only what the dead worker still owns: the batch may have changed since.
                 rows = await self.store.definitions(job_ids[start : start + size], dead, claimed=False)
                 revoke_stamp = self.clock.tick()
                 fires_after = {r.job_id: r.fires_after for r in rows}
-                outgoing = await self._record_assigns(rows, worker_id=None, fires_after=fires_after)
+                loads = {w: n for w, n in loads.items() if self._is_alive(w)}
+                outgoing = []
+                for target, share in spread(rows, loads):
+                    outgoing += await self._record_assigns(share, worker_id=target, fires_after=fires_after)
+                    if target is not None:
+                        loads[target] += len(share)
                 if moving := [r.job_id for r in rows if r.state == "pending"]:
                     for other in self._alive():
                         await self._revoke(other, moving, revoke_stamp)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
+from queuer_worker.heap import Due
 from runplane.adapters import instruments
-from runplane.adapters.db import Connection, fetch_all, fetch_values
+from runplane.adapters.db import Connection, fetch_all, fetch_value, fetch_values
 from runplane.basics.types import schedule_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
@@ -70,30 +72,39 @@ class PreparedTick:
     is cheaper than adapting tens of thousands of values at the fire second.
     """
 
-    due: list[tuple[int, int]]
+    due: list[Due]
     job_ids: str
     fire_ts: str
     keys: str
+    crons: str
+    timezones: str
 
 
-def prepare(due: list[tuple[int, int]]) -> PreparedTick:
-    """Build the INSERT parameters of ``due`` [(job_id, fire_ts)]."""
+def _text_array(values: Iterable[str]) -> str:
+    """A Postgres array literal of ``values``, each quoted (a cron holds spaces and commas)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def prepare(due: list[Due]) -> PreparedTick:
+    """Build the INSERT parameters of ``due``."""
     return PreparedTick(
         due,
-        "{" + ",".join(str(job_id) for job_id, _ in due) + "}",
-        "{" + ",".join(str(fire) for _, fire in due) + "}",
+        "{" + ",".join(str(d.job_id) for d in due) + "}",
+        "{" + ",".join(str(d.fire_ts) for d in due) + "}",
         # Keys are letters, digits and colons: nothing to quote in an array literal.
-        "{" + ",".join(schedule_idempotency_key(job_id, fire) for job_id, fire in due) + "}",
+        "{" + ",".join(schedule_idempotency_key(d.job_id, d.fire_ts) for d in due) + "}",
+        _text_array(d.cron for d in due),
+        _text_array(d.timezone for d in due),
     )
 
 
-def prepare_chunks(due: list[tuple[int, int]], size: int) -> list[PreparedTick]:
+def prepare_chunks(due: list[Due], size: int) -> list[PreparedTick]:
     """``due`` in ticks of at most ``size`` runs: each is queued and committed on its own, so the
     first runs of a large tick reach the dispatchers while the rest are still being inserted."""
     return [prepare(due[start : start + size]) for start in range(0, len(due), size)]
 
 
-async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int, int]] | PreparedTick) -> TickResult:
+async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[Due] | PreparedTick) -> TickResult:
     """Insert the runs of one tick in one statement, and cancel the runs they supersede, in one
     transaction."""
     tick = due if isinstance(due, PreparedTick) else prepare(due)
@@ -101,7 +112,13 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
         return TickResult(0, 0, frozenset())
     by_reason: Counter[str] = Counter()
     async with pool.connection() as conn, conn.transaction():
-        params = {"job_ids": tick.job_ids, "fire_ts": tick.fire_ts, "keys": tick.keys}
+        params = {
+            "job_ids": tick.job_ids,
+            "fire_ts": tick.fire_ts,
+            "keys": tick.keys,
+            "crons": tick.crons,
+            "timezones": tick.timezones,
+        }
         rows = await fetch_all(conn, TRANSITIONS["queue_runs"], params, _Queued)
         if rows:
             await conn.execute("SET LOCAL enable_nestloop = off")
@@ -116,6 +133,12 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[tuple[int,
         metrics.runs_superseded(reason, count)
     accounts = frozenset(row.account_id for row in rows)
     return TickResult(len(rows), by_reason.total(), accounts, dict(by_reason))
+
+
+async def worker_state(pool: AsyncConnectionPool[Connection], worker_id: str) -> str | None:
+    """The worker's state as the leader recorded it ('alive', 'dead'); None before its first beat."""
+    async with pool.connection() as conn:
+        return await fetch_value(conn, QUERIES["worker_state"], {"worker_id": worker_id}, str)
 
 
 def never_fires_reason(cron: str, timezone: str) -> str:

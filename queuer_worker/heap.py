@@ -14,6 +14,7 @@ import heapq
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from runplane.basics.cron import NeverFires, next_fire, previous_fire
 from runplane.basics.ownership import job_digest
@@ -42,6 +43,16 @@ class Definition:
     cron: str
     timezone: str
     missed_run_grace_seconds: int
+
+
+class Due(NamedTuple):
+    """One fire taken off the heap, with the schedule it was computed from: Postgres queues its run
+    only when that schedule is the one in force at ``fire_ts``."""
+
+    job_id: int
+    fire_ts: int
+    cron: str
+    timezone: str
 
 
 def missed_fire(defn: Definition, *, last_fire_ts: int, now: float) -> int | None:
@@ -123,9 +134,10 @@ class CronHeap:
             heapq.heappop(self._heap)  # stale entry
         return None
 
-    def pop_due(self, now: float) -> list[tuple[int, int]]:
-        """Every (job_id, fire_ts) due at ``now``; each job is rescheduled to its following fire."""
-        due: list[tuple[int, int]] = []
+    def pop_due(self, now: float) -> list[Due]:
+        """Every fire due at ``now``, with its schedule; ``reschedule`` moves each job to its following
+        fire once the tick is queued."""
+        due: list[Due] = []
         heap = self._heap
         jobs = self._jobs
         while heap and heap[0][0] <= now:
@@ -133,26 +145,32 @@ class CronHeap:
             job = jobs.get(job_id)
             if job is None or job.next_fire != fire:
                 continue
-            due.append((job_id, fire))
+            due.append(Due(job_id, fire, job.cron, job.timezone))
         # Rescheduling after collecting keeps the insert of this tick from waiting on cron maths.
         return due
 
-    def still_due(self, due: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Those of ``due`` (taken by pop_due) that were neither revoked nor rescheduled since."""
+    def still_due(self, due: list[Due]) -> list[Due]:
+        """Those of ``due`` (taken by pop_due) that were neither revoked, rescheduled nor given another
+        schedule since (a new cron may keep the same next fire: that fire is taken again, under it)."""
         jobs = self._jobs
         return [
-            (job_id, fire) for job_id, fire in due if (job := jobs.get(job_id)) is not None and job.next_fire == fire
+            d
+            for d in due
+            if (job := jobs.get(d.job_id)) is not None
+            and job.next_fire == d.fire_ts
+            and job.cron == d.cron
+            and job.timezone == d.timezone
         ]
 
-    def reschedule(self, due: list[tuple[int, int]]) -> list[tuple[OwnedJob, NeverFires]]:
+    def reschedule(self, due: list[Due]) -> list[tuple[OwnedJob, NeverFires]]:
         """Push the fire after each of ``due`` (called once the tick's runs are queued).
 
         A job with no fire after this one is taken off the heap and returned with the reason: it is
         that job's error, for the caller to record, and never stops the others."""
         never: list[tuple[OwnedJob, NeverFires]] = []
-        for job_id, fire in due:
+        for job_id, fire, cron, timezone in due:
             job = self._jobs.get(job_id)
-            if job is None or job.next_fire != fire:
+            if job is None or job.next_fire != fire or job.cron != cron or job.timezone != timezone:
                 continue  # revoked or updated meanwhile
             try:
                 job.next_fire = next_fire(job.cron, job.timezone, fire)

@@ -13,6 +13,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from runplane.adapters import instruments
 
 messages_applied = instruments.worker_messages
+stalls_waited = instruments.worker_stalls
 
 
 # Why a superseded run was still waiting -> the cancellation reason operators see.

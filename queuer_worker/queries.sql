@@ -7,3 +7,7 @@
 UPDATE jobs
    SET deactivated_at = now(), deactivation_reason = %(reason)s, version = version + 1, updated_at = now()
  WHERE id = %(job_id)s AND version = %(version)s AND deleted_at IS NULL AND deactivated_at IS NULL
+
+-- name: worker_state
+-- Whether the leader has declared this worker dead ('dead'), checked after the worker stood still.
+SELECT state FROM queuer_workers WHERE worker_id = %(worker_id)s

@@ -1,5 +1,6 @@
 """The queuer worker's port to the system of record: queue the runs of a tick (one run per
-idempotency key) and record that a schedule never fires.
+idempotency key and only under the schedule in force), record that a schedule never fires, and read
+whether the leader has declared the worker dead.
 
 ``PostgresRunsStore`` is the real adapter (``queuer_worker.firing``); the deterministic simulator
 runs the same worker against an in-memory twin with the same ``UNIQUE(idempotency_key)`` rule,
@@ -12,7 +13,7 @@ from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from queuer_worker.firing import PreparedTick, TickResult, deactivate_never_fires, queue_runs
+from queuer_worker.firing import PreparedTick, TickResult, deactivate_never_fires, queue_runs, worker_state
 from runplane.adapters.db import Connection
 
 
@@ -26,6 +27,10 @@ class RunsStore(Protocol):
         """Record that a job's schedule has no next fire, as that job's error; True when this call did it."""
         ...
 
+    async def worker_state(self, worker_id: str) -> str | None:
+        """The worker's state as the leader recorded it ('alive', 'dead'); None before its first beat."""
+        ...
+
 
 class PostgresRunsStore:
     def __init__(self, pool: AsyncConnectionPool[Connection]) -> None:
@@ -36,3 +41,6 @@ class PostgresRunsStore:
 
     async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
         return await deactivate_never_fires(self.pool, job_id, version, cron, timezone)
+
+    async def worker_state(self, worker_id: str) -> str | None:
+        return await worker_state(self.pool, worker_id)

@@ -64,6 +64,7 @@ class QueuerWorker:
         self.wall_clock = wall_clock
         self._wake = asyncio.Event()
         self._held_changed = asyncio.Event()
+        self._dropped = asyncio.Event()  # a drop-everything applied
         self.forecaster = forecaster  # what this worker's heap will fire, published (none: not published)
         metrics.observe_jobs_owned(worker_id, lambda: len(self.heap))
 
@@ -133,6 +134,8 @@ class QueuerWorker:
             self._changed_kinds(message.job_ids)
             applied = self.holdings.revoke(message)
             metrics.messages_applied.add(1, {"kind": "drop_all" if message.drop_all else "revoke", "applied": applied})
+            if message.drop_all and applied:
+                self._dropped.set()
         else:
             log.warning("unexpected message on a queuer queue", extra={"message_type": type(message).__name__})
         self._wake.set()
@@ -197,6 +200,7 @@ class QueuerWorker:
     # -- firing -----------------------------------------------------------------------------------
 
     async def _fire_loop(self, stop: asyncio.Event) -> None:
+        heard = False  # the leader was heard since the fire loop last found itself late
         while not stop.is_set():
             self._wake.clear()
             head = self.heap.next_due()
@@ -205,6 +209,11 @@ class QueuerWorker:
                 wait = _MAX_SLEEP if head is None else min(_MAX_SLEEP, head - now - _PREPARE_AHEAD)
                 await self.wall_clock.sleep(wait, stop, self._wake)
                 continue
+            if now - head > self.settings.orchestrator.heartbeat_interval and not heard:
+                await self._after_standing_still(stop)
+                heard = True
+                continue  # what the leader said may have changed the heap
+            heard = False
             # Just before the fire: take what is due then and build the statement's parameters, so
             # at the fire second only the INSERT is left to do.
             due = self.heap.pop_due(max(head, now))  # late: everything due so far
@@ -231,6 +240,31 @@ class QueuerWorker:
                 except Exception:
                     # Off the heap already; the orchestrator's reconcile hands it back if it still counts.
                     log.exception("recording a schedule that never fires failed")
+
+    async def _after_standing_still(self, stop: asyncio.Event) -> None:
+        """A fire found this late means the worker (or its machine) stood still, or was handed a
+        missed fire. While it stood still the leader may have declared it dead and given its jobs
+        to others: then it fires nothing before the leader's drop-everything has been applied (sent
+        when its next heartbeat reaches the leader), waiting at most what a death and a beat take.
+        Postgres refuses a fire the schedule in force did not allow in any case; this keeps a
+        stale heap from acting at all."""
+        self._dropped.clear()
+        try:
+            state = await self.runs.worker_state(self.worker_id)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            return  # Postgres is away: the insert waits for it anyway, and decides
+        if state != "dead" or self.holdings.registering_beats > 0:
+            return  # not declared dead, or it already dropped everything and is registering again
+        cfg = self.settings.orchestrator
+        bound = cfg.heartbeat_interval * (cfg.dead_after_intervals + 2)
+        log.warning(
+            "declared dead while standing still: waiting for the leader's drop-everything before firing",
+            extra={"worker_id": self.worker_id, "wait_at_most": bound},
+        )
+        metrics.stalls_waited.add(1)
+        await wait_any(stop, self._dropped, timeout=bound)
 
     async def _queue(self, tick: PreparedTick, stop: asyncio.Event) -> None:
         """Queue the runs of one chunk of a tick and send their Pickups; while Postgres is down, keep

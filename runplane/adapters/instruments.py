@@ -132,6 +132,10 @@ webhook_attempts = _counter(
 worker_messages = _counter(
     "runplane.worker.messages", "Assign/Update/Revoke messages a worker received (kind, applied)"
 )
+worker_stalls = _counter(
+    "runplane.worker.stalls_waited",
+    "Times a queuer worker found itself declared dead after standing still, and held its fires for the leader",
+)
 
 # -- gauges --------------------------------------------------------------------------------------
 queued_runs = _gauge("runplane.runs.queued_now", "Runs queued right now")

@@ -20,13 +20,24 @@ ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *
 
 -- name: queue_runs
--- One statement per tick: insert the due cron runs. Postgres is re-checked: deleted, deactivated or
--- paused jobs queue nothing. A fire queued before (by this or another worker) is skipped by its key.
+-- One statement per tick: insert the due cron runs. Postgres decides whether each occurrence exists:
+-- the schedule in force at the fire's instant (job_schedules) must let the job fire then and be the
+-- very cron and time zone the worker computed the fire from, so a stale heap or a late catch-up
+-- queues nothing the schedule did not allow; and the job must still be schedulable now (deleted,
+-- deactivated or paused jobs queue nothing). A fire queued before (by this or another worker) is
+-- skipped by its key.
 INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
 SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
-FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[]) AS d (job_id, fire_ts, key)
+FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[], %(crons)b::text[], %(timezones)b::text[])
+     AS d (job_id, fire_ts, key, cron, timezone)
 JOIN jobs j ON j.id = d.job_id
+CROSS JOIN LATERAL (
+    SELECT s.fires, s.cron, s.timezone FROM job_schedules s
+     WHERE s.job_id = d.job_id AND s.valid_from <= to_timestamp(d.fire_ts)
+     ORDER BY s.valid_from DESC LIMIT 1
+) AS in_force
 WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
+  AND in_force.fires AND in_force.cron = d.cron AND in_force.timezone = d.timezone
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
           extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.balance import balanced, plan_moves
+from orchestrator.balance import balanced, plan_moves, spread
 
 
 def apply(owned: dict[str, list[int]], tolerance: float = 0.10) -> dict[str, list[int]]:
@@ -42,3 +42,16 @@ def test_any_start_ends_balanced_with_every_job_once(sizes: list[int]) -> None:
     after = apply(owned)
     assert balanced({w: len(j) for w, j in after.items()}, 0.10)
     assert sorted(j for jobs in after.values() for j in jobs) == list(range(next_id))
+
+
+def test_a_dead_workers_jobs_are_spread_over_the_live_workers_least_loaded_first() -> None:
+    loads = {"busy": 8, "idle": 0, "some": 4}
+    shares = spread(list(range(10)), loads)
+    assert shares == [("idle", [0, 1, 2, 3, 4, 5, 6]), ("some", [7, 8, 9])]
+    assert sorted(n + sum(len(s) for w, s in shares if w == worker) for worker, n in loads.items()) == [7, 7, 8]
+
+
+def test_a_dead_workers_jobs_wait_on_the_shared_queue_only_when_no_worker_is_alive() -> None:
+    assert spread([1, 2, 3], {}) == [(None, [1, 2, 3])]
+    assert spread([], {}) == []
+    assert spread([1, 2, 3], {"a": 50, "b": 49}) == [("b", [1, 2]), ("a", [3])]

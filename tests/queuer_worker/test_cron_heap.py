@@ -6,7 +6,7 @@ import itertools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-from queuer_worker.heap import CronHeap, Definition, missed_fire
+from queuer_worker.heap import CronHeap, Definition, Due, missed_fire
 from runplane.basics.cron import next_fire, previous_fire
 from runplane.basics.ownership import job_digest
 
@@ -35,7 +35,7 @@ def drain(heap: CronHeap, until: int) -> list[tuple[int, int]]:
     fired: list[tuple[int, int]] = []
     while (head := heap.next_due()) is not None and head <= until:
         due = heap.pop_due(head)
-        fired.extend(due)
+        fired.extend((d.job_id, d.fire_ts) for d in due)
         heap.reschedule(due)
     return fired
 
@@ -109,7 +109,7 @@ def test_due_jobs_come_out_together_and_reschedule() -> None:
     heap.assign(Definition(9, 1, "*/5 * * * *", "UTC", 0), last_fire_ts=0, now=now)
     assert heap.next_due() == utc(2026, 5, 1, 12, 1)
     due = heap.pop_due(utc(2026, 5, 1, 12, 1))
-    assert sorted(due) == [(j, utc(2026, 5, 1, 12, 1)) for j in range(1, 6)]
+    assert sorted(due) == [Due(j, utc(2026, 5, 1, 12, 1), "* * * * *", "UTC") for j in range(1, 6)]
     heap.reschedule(due)
     assert heap.next_due() == utc(2026, 5, 1, 12, 2)
     assert heap.pop_due(utc(2026, 5, 1, 12, 1)) == []
@@ -154,7 +154,7 @@ def test_missed_fire_inside_grace_is_queued_once() -> None:
     first = heap.assign(defn, last_fire_ts=utc(2026, 5, 1, 12, 0), now=now)
     assert first == utc(2026, 5, 1, 12, 4)
     due = heap.pop_due(now)
-    assert due == [(1, utc(2026, 5, 1, 12, 4))]
+    assert due == [Due(1, utc(2026, 5, 1, 12, 4), "* * * * *", "UTC")]
     heap.reschedule(due)
     assert heap.next_due() == utc(2026, 5, 1, 12, 5)
 
@@ -169,3 +169,17 @@ def test_missed_fire_outside_grace_or_already_queued_is_skipped() -> None:
     assert missed_fire(Definition(1, 1, "0 * * * *", "UTC", 0), last_fire_ts=0, now=utc(2026, 5, 1, 12, 1)) is None
     heap = CronHeap()
     assert heap.assign(hourly, last_fire_ts=0, now=utc(2026, 5, 1, 12, 6)) == utc(2026, 5, 1, 13, 0)
+
+
+def test_a_fire_whose_schedule_changed_after_it_was_taken_is_taken_again_under_the_new_one() -> None:
+    """A new cron may keep the same next fire: the fire taken under the old one is no longer due as
+    it was (Postgres would refuse it), and stays on the heap to be taken under the new one."""
+    heap = CronHeap()
+    now = utc(2026, 5, 1, 12, 1) + 10
+    heap.assign(Definition(1, 1, "* * * * *", "UTC", 0), last_fire_ts=0, now=now)
+    taken = heap.pop_due(utc(2026, 5, 1, 12, 2))
+    assert taken == [Due(1, utc(2026, 5, 1, 12, 2), "* * * * *", "UTC")]
+    heap.update(Definition(1, 2, "*/2 * * * *", "UTC", 0), now=now + 5)
+    assert heap.still_due(taken) == []
+    assert heap.reschedule(taken) == []
+    assert heap.pop_due(utc(2026, 5, 1, 12, 2)) == [Due(1, utc(2026, 5, 1, 12, 2), "*/2 * * * *", "UTC")]

@@ -149,9 +149,9 @@ async def test_cron_runs_on_time_through_updates_failover_and_rebalancing(
     await eventually(lambda: all_claimed(db, 306) and workers_agree(db), 10, what="the new job claimed")
 
     # -- updates, applied by the owners ------------------------------------------------------------
-    update_job(db, to_yearly, cron=NEVER_SOON)
-    update_job(db, to_every_minute, cron=EVERY_MINUTE)
-    update_job(db, to_kolkata, timezone="Asia/Kolkata")
+    update_job(db, to_yearly, cron=NEVER_SOON, at=clock.now())
+    update_job(db, to_every_minute, cron=EVERY_MINUTE, at=clock.now())
+    update_job(db, to_kolkata, timezone="Asia/Kolkata", at=clock.now())
     db.execute("UPDATE jobs SET deactivated_at = now(), version = version + 1 WHERE id = %s", (to_deactivate,))
     db.execute("UPDATE jobs SET deleted_at = now(), version = version + 1 WHERE id = %s", (to_soft_delete,))
     db.execute("DELETE FROM jobs WHERE id = %s", (to_hard_delete,))

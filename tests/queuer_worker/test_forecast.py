@@ -80,7 +80,7 @@ def drained(heap: CronHeap, kind_of: dict[int, RunnerKind], *, now: float, minut
     counts: Counts = Counter()
     while (head := heap.next_due()) is not None and head < end:
         due = heap.pop_due(head)
-        for job_id, fire in due:
+        for job_id, fire, _, _ in due:
             counts[kind_of[job_id], max(start, minute_of(fire))] += 1
         heap.reschedule(due)
     return counts

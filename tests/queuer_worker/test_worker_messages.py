@@ -32,6 +32,7 @@ from tests.support.queuer import (
     insert_accounts,
     insert_jobs,
     runs_at,
+    update_job,
 )
 from tests.support.wall_clock import FakeClock
 
@@ -208,6 +209,9 @@ async def test_due_jobs_are_queued_once_at_their_minute_and_not_before(
     to_yearly, to_every_minute, revoked, kolkata = insert_jobs(db, 4, cron=EVERY_MINUTE, accounts=accounts)
     # Minute (boundary + 30) of the hour in UTC is the boundary itself in Asia/Kolkata (UTC+05:30).
     kolkata_minute = (int(boundary) // 60 + 30) % 60
+    # Postgres holds the schedules the messages below end with: a fire is queued only under the
+    # schedule in force at its instant.
+    update_job(db, kolkata, cron=f"{kolkata_minute} * * * *", timezone="Asia/Kolkata", at=clock.now())
     stamp = Stamp(2, 1)
     jobs = [
         bus_pb2.JobAssignment(job=definition(job_id, 1, EVERY_MINUTE), stamp=stamp.to_proto())

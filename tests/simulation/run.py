@@ -62,6 +62,18 @@ def freeze_history(world: World, steps: int) -> None:
         world.freeze_worker(rng.randrange(3), rng.uniform(6.5, 14))
 
 
+def freeze_edit_history(world: World, steps: int) -> None:
+    """A worker frozen across fire seconds, past being declared dead, while jobs' crons change and
+    pauses toggle: when it thaws, its heap still holds the schedules from before the freeze."""
+    rng = random.Random(world.seed)
+    for _ in range(rng.randrange(1, 4)):
+        world.run_for(rng.uniform(0, 40))
+        world.freeze_worker(rng.randrange(2), rng.uniform(6.5, 25))
+        for _ in range(rng.randrange(1, 6)):
+            world.run_for(rng.uniform(0.5, 6.0))
+            world.change_job(rng.randrange(12), rng.choice(("cron", "cron", "pause")), rng.choice(world.crons))
+
+
 def stall_history(world: World, steps: int) -> None:
     """A leader that stalls past losing its lock, one to three times, with jobs changing around it:
     the newer leader acts on the changes while the deposed one, thawed, may still act on its own."""
@@ -97,6 +109,17 @@ HISTORIES = {
     "random": History(random_history, {}),
     "stalls": History(stall_history, {"slow_calls": 0.1, "slowest_call": 2.0}),
     "sends": History(send_stall_history, {}),
+    "edits": History(
+        freeze_edit_history,
+        {
+            "workers_at_start": 2,
+            "jobs_at_start": 12,
+            "crons": ("* * * * *", "*/2 * * * *", "*/3 * * * *"),
+            "graces": (300,),
+            "slow_calls": 0.15,
+            "slowest_call": 3.0,
+        },
+    ),
     "freezes": History(
         freeze_history,
         {

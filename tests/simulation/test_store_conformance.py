@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import psycopg
 import pytest
@@ -17,6 +17,7 @@ from orchestrator import rows
 from orchestrator.leadership import LeadershipLost
 from orchestrator.ownership_store import OwnershipStore, PostgresOwnershipStore
 from queuer_worker.firing import prepare
+from queuer_worker.heap import Due
 from queuer_worker.runs_store import PostgresRunsStore, RunsStore
 from runplane.adapters.db import open_pool
 from runplane.basics.stamps import Stamp
@@ -24,6 +25,7 @@ from tests.simulation.twins import DefinitionColumns, MemoryDatabase, MemoryOwne
 from tests.support.queuer import insert_accounts, insert_jobs, update_job
 
 EVERY_MINUTE = "* * * * *"
+EVERY_TWO_MINUTES = "*/2 * * * *"
 FIRE = 1_700_000_040
 
 
@@ -56,10 +58,11 @@ class PostgresJobs:
         return insert_jobs(self.db, 1, cron=cron, accounts=[self.account_id])[0]
 
     def change(self, job_id: int, **fields: object) -> None:
-        if fields.pop("paused", False):
-            self.db.execute("UPDATE jobs SET paused_at = now(), version = version + 1 WHERE id = %s", (job_id,))
+        if "paused" in fields:
+            paused_at = "now()" if fields.pop("paused") else "NULL"
+            self.db.execute(f"UPDATE jobs SET paused_at = {paused_at}, version = version + 1 WHERE id = %s", (job_id,))
         if fields:
-            update_job(self.db, job_id, **fields)
+            update_job(self.db, job_id, **cast(dict[str, Any], fields))
 
     def delete_for_good(self, job_id: int) -> None:
         self.db.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
@@ -102,6 +105,10 @@ async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
         yield Ports(store, PostgresRunsStore(pool), PostgresJobs(db), elect)
     finally:
         await pool.close()
+
+
+def every_minute(job_id: int, fire: int) -> Due:
+    return Due(job_id, fire, EVERY_MINUTE, "UTC")
 
 
 def _columns(ports: Ports, job: int, *, version: int = 1, cron: str | None = EVERY_MINUTE) -> DefinitionColumns:
@@ -220,7 +227,29 @@ async def test_stale_pending_is_what_waited_longer_than_the_timeout(ports: Ports
 async def test_a_fire_queued_twice_is_one_run(ports: Ports) -> None:
     job, paused = ports.jobs.add(), ports.jobs.add()
     ports.jobs.change(paused, paused=True)
-    first = await ports.runs.queue_runs(prepare([(job, FIRE), (paused, FIRE)]))
+    first = await ports.runs.queue_runs(prepare([every_minute(job, FIRE), every_minute(paused, FIRE)]))
     assert first.queued == 1
-    again = await ports.runs.queue_runs(prepare([(job, FIRE), (job, FIRE + 60)]))
+    again = await ports.runs.queue_runs(prepare([every_minute(job, FIRE), every_minute(job, FIRE + 60)]))
     assert again.queued == 1  # only the new fire
+
+
+async def test_a_fire_is_queued_only_under_the_schedule_in_force_at_its_instant(ports: Ports) -> None:
+    job = ports.jobs.add()
+    ports.jobs.change(job, cron=EVERY_TWO_MINUTES)
+    future = (int(time.time()) // 120 + 2) * 120  # an occurrence of both schedules, after the change
+    queued = await ports.runs.queue_runs(
+        prepare([every_minute(job, FIRE), every_minute(job, future), Due(job, future + 120, EVERY_TWO_MINUTES, "UTC")])
+    )
+    # FIRE came before the change, under the first schedule; the later fires come under the new one.
+    assert queued.queued == 2
+    assert (await ports.runs.queue_runs(prepare([Due(job, future, EVERY_TWO_MINUTES, "UTC")]))).queued == 1
+
+
+async def test_a_fire_while_its_job_was_paused_is_not_queued_once_it_is_resumed(ports: Ports) -> None:
+    job = ports.jobs.add()
+    ports.jobs.change(job, paused=True)
+    paused_at = time.time()
+    await asyncio.sleep(int(paused_at) + 1.05 - paused_at)  # a whole second passes while it is paused
+    ports.jobs.change(job, paused=False)
+    result = await ports.runs.queue_runs(prepare([every_minute(job, int(paused_at) + 1)]))
+    assert result.queued == 0

@@ -81,6 +81,16 @@ class WorkerRow:
 
 
 @dataclass(frozen=True)
+class ScheduleRow:
+    """A row of ``job_schedules``: the schedule in force from ``valid_from`` on."""
+
+    valid_from: float
+    cron: str | None
+    timezone: str
+    fires: bool
+
+
+@dataclass(frozen=True)
 class RunRow:
     job_id: int
     account_id: int
@@ -98,6 +108,7 @@ class MemoryDatabase:
     ownership: dict[int, OwnershipRow] = field(default_factory=dict)
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     runs: dict[str, RunRow] = field(default_factory=dict)
+    schedules: dict[int, list[ScheduleRow]] = field(default_factory=dict)
     term: int = 0
     _listeners: list[asyncio.Queue[tuple[str, int]]] = field(default_factory=list)
     _next_job_id: int = 1
@@ -110,16 +121,34 @@ class MemoryDatabase:
         job = JobRow(self._next_job_id, account_id, cron, missed_run_grace_seconds=missed_run_grace_seconds)
         self._next_job_id += 1
         self.jobs[job.id] = job
+        self.schedules[job.id] = [ScheduleRow(float("-inf"), job.cron, job.timezone, job.schedulable)]
         self.notify(job.id)
         return job
 
     def change_job(self, job_id: int, **fields: object) -> None:
-        """Change a job the way the API does: the version is bumped in the same statement."""
+        """Change a job the way the API does: the version is bumped in the same statement, and a
+        change of its schedule is recorded in its history (the trigger ``jobs_schedule_history``)."""
         job = self.jobs[job_id]
         for name, value in fields.items():
             setattr(job, name, value)
         job.version += 1
+        history = self.schedules[job_id]
+        now = ScheduleRow(self.now(), job.cron, job.timezone, job.schedulable)
+        last = history[-1]
+        if (last.cron, last.timezone, last.fires) != (now.cron, now.timezone, now.fires):
+            if last.valid_from == now.valid_from:
+                history.pop()
+            history.append(now)
         self.notify(job_id)
+
+    def schedule_at(self, job_id: int, instant: float) -> ScheduleRow | None:
+        """The schedule in force at ``instant`` (None: the job did not exist)."""
+        in_force = None
+        for row in self.schedules.get(job_id, []):
+            if row.valid_from > instant:
+                break
+            in_force = row
+        return in_force
 
     def notify(self, job_id: int) -> None:
         for listener in self._listeners:
@@ -342,7 +371,8 @@ class MemoryOwnershipStore:
 
 
 class MemoryRunsStore:
-    """``RunsStore`` on a ``MemoryDatabase``: one run per idempotency key, only for schedulable jobs."""
+    """``RunsStore`` on a ``MemoryDatabase``: one run per idempotency key, only for jobs schedulable now
+    whose schedule in force at the fire is the one the fire was computed from."""
 
     def __init__(self, db: MemoryDatabase, queued_by: str) -> None:
         self.db = db
@@ -351,10 +381,13 @@ class MemoryRunsStore:
     async def queue_runs(self, tick: PreparedTick) -> TickResult:
         queued = 0
         accounts: set[int] = set()
-        for job_id, fire_ts in tick.due:
+        for job_id, fire_ts, cron, timezone in tick.due:
             job = self.db.jobs.get(job_id)
             key = schedule_idempotency_key(job_id, fire_ts)
             if job is None or not job.schedulable or key in self.db.runs:
+                continue
+            in_force = self.db.schedule_at(job_id, fire_ts)
+            if in_force is None or not in_force.fires or (in_force.cron, in_force.timezone) != (cron, timezone):
                 continue
             self.db.runs[key] = RunRow(job_id, job.account_id, fire_ts, self.db.now(), self.queued_by)
             queued += 1
@@ -367,3 +400,7 @@ class MemoryRunsStore:
             return False
         self.db.change_job(job_id, deactivated=True)
         return True
+
+    async def worker_state(self, worker_id: str) -> str | None:
+        row = self.db.workers.get(worker_id)
+        return row.state if row is not None else None

@@ -523,6 +523,7 @@ class World:
         self.run_for(self.bound + 180.0)
         end = self.now
         self._check_runs(end)
+        self._check_schedule_in_force()
         # Views converge: each job held by its owner alone, the leader's view of the workers true,
         # at one instant within B (a false death on a slow call may be settling at any given one).
         for _ in range(int(self.bound)):
@@ -556,6 +557,23 @@ class World:
                         f"job {job_id}: the occurrence at t={fire - EPOCH:.0f} queued {run.queued_at - fire:.1f}s late"
                     )
                 fire = next_fire(job.cron, job.timezone, fire)
+
+    def _check_schedule_in_force(self) -> None:
+        """No run exists for an instant that was not an occurrence of its job's schedule in force
+        then: never while paused or deleted, never on a superseded cron, never before the job was
+        made."""
+        for run in self.db.runs.values():
+            # Schedules are kept to the second: a job made within a second may fire at its start
+            # (``CronHeap.assign`` counts a fire in this very second).
+            made = EPOCH + int(self.history[run.job_id].created_at)
+            in_force = self.db.schedule_at(run.job_id, run.fire_ts)
+            at = f"job {run.job_id}: a run at t={run.fire_ts - EPOCH:.0f}, queued by {run.queued_by}"
+            if in_force is None or run.fire_ts < made:
+                self.violated(f"{at}, before the job was made")
+            elif not in_force.fires or in_force.cron is None:
+                self.violated(f"{at}, while the job could not fire (paused or deleted)")
+            elif next_fire(in_force.cron, in_force.timezone, run.fire_ts - 1) != run.fire_ts:
+                self.violated(f"{at}, which is not an occurrence of its schedule then ({in_force.cron!r})")
 
     def _settled(self) -> list[str]:
         """What is not yet as it should be once messages settle: each schedulable job held by exactly

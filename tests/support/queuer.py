@@ -66,10 +66,19 @@ def insert_jobs(
     return [int(r[0]) for r in rows]
 
 
-def update_job(db: Db, job_id: int, **changes: object) -> None:
-    """Change scheduling fields the way the API does: bump the version in the same statement."""
+def update_job(db: Db, job_id: int, *, at: float | None = None, **changes: Any) -> None:
+    """Change scheduling fields the way the API does: bump the version in the same statement.
+
+    ``at``: the instant the change takes effect in the schedule's history, for a test whose services
+    run on a wall clock of its own (a FakeClock in the database's past); by default the database's."""
     sets = ", ".join(f"{column} = %({column})s" for column in changes)
-    db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = %(id)s", {**changes, "id": job_id})
+    with db.transaction():
+        db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = %(id)s", {**changes, "id": job_id})
+        if at is not None:
+            db.execute(
+                "UPDATE job_schedules SET valid_from = to_timestamp(%s) WHERE job_id = %s AND valid_from = now()",
+                (at, job_id),
+            )
 
 
 def scalar(db: Db, sql: str, params: tuple[object, ...] = ()) -> Any:
