@@ -5,22 +5,25 @@ backoff that doubles from 1 s to 30 s and starts over once it has stayed up for 
 leader lock or one crash never ends the others' runs. Only Ctrl-C or SIGTERM stops everything:
 SIGTERM first, SIGKILL after the drain bound, and the same for anything they started (local
 runners), so no process is left behind.
+
+Only processes provably started here are signalled: each service and everything under it is held
+by a pidfd from when it is first seen until it exits (``runplane.basics.held_processes``), never
+remembered as a pid number, which the machine hands to other programs once its process is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import psutil
 from pydantic import SecretStr
 
 from runplane.adapters import local_fence
+from runplane.basics import held_processes
 from runplane.basics.backoff import ceiling
 from runplane.basics.settings import Settings
 from runplane.commands.preflight import port_in_use
@@ -32,7 +35,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
-    descendants: set[int] = field(default_factory=set)
+    held: held_processes.HeldProcess | None = None  # the process, by a pidfd opened before it could be reaped
     restarts: int = 0
     started_at: float = 0.0
     restart_at: float | None = None  # when a child that exited is started again
@@ -40,6 +43,9 @@ class Child:
     def start(self) -> None:
         # Own process group: a terminal's Ctrl-C reaches only `up`, which stops the rest in order.
         self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        if self.held is not None:
+            self.held.close()
+        self.held = held_processes.hold(self.process.pid)
         self.started_at = time.monotonic()
         self.restart_at = None
 
@@ -111,40 +117,23 @@ def metrics_ports(children: list[Child]) -> dict[str, str]:
     return {c.name: c.env["RUNPLANE_METRICS_PORT"] for c in children if "RUNPLANE_METRICS_PORT" in c.env}
 
 
-def _remember_descendants(children: list[Child]) -> None:
-    for child in children:
-        if child.process is None or child.process.poll() is not None:
-            continue
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.descendants |= {p.pid for p in psutil.Process(child.process.pid).children(recursive=True)}
-
-
-def stop_all(children: list[Child], drain_seconds: float) -> None:
-    """SIGTERM every child, wait up to the drain bound, then SIGKILL what is left (with descendants)."""
-    _remember_descendants(children)
-    for child in children:
-        if child.process and child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + drain_seconds
-    for child in children:
-        if child.process is None:
-            continue
-        try:
-            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
-    leftovers = []
-    for pid in set().union(*(c.descendants for c in children)):
-        try:
-            proc = psutil.Process(pid)
-            proc.terminate()
-            leftovers.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(leftovers, timeout=5)
-    for proc in alive:
-        proc.kill()
+def stop_all(children: list[Child], descendants: held_processes.Descendants, drain_seconds: float) -> None:
+    """SIGTERM every service, SIGKILL what is left after the drain bound, then the same for what they
+    started (local runners, their steps). Only held processes are signalled, and one that is gone
+    already, or cannot be listed or signalled, never keeps the rest from being stopped."""
+    services = [child.held for child in children if child.held is not None]
+    try:
+        descendants.follow(services)
+    except OSError as exc:  # what was held before still is, and is stopped below
+        print(f"runplane: could not look for new processes of the services: {exc}", file=sys.stderr, flush=True)
+    try:
+        held_processes.stop(services, drain_seconds)
+    finally:
+        for child in children:
+            child.held = None
+            if child.process is not None:
+                child.process.poll()  # collected already: Popen forgets it
+        descendants.stop(grace_seconds=5.0)
 
 
 def _restart_exited(children: list[Child]) -> None:
@@ -185,7 +174,20 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         from runplane.commands.demo import seed_demo
 
         banner, warehouse = seed_demo(settings)
+    try:
+        return _supervise(settings, banner, launcher=launcher, queuer_workers=queuer_workers, dispatchers=dispatchers)
+    finally:
+        if warehouse is not None:
+            warehouse.stop()
+        print("stopped", flush=True)
+
+
+def _supervise(
+    settings: Settings, banner: list[str], *, launcher: str | None, queuer_workers: int, dispatchers: int
+) -> int:
+    """Start every service, keep them running until Ctrl-C or SIGTERM, then stop them and what they started."""
     children = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
+    descendants = held_processes.Descendants()
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -194,32 +196,28 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for child in children:
-        child.start()
-        print(f"started {child.name} (pid {child.process.pid if child.process else '?'})", flush=True)
-    print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
-    if settings.api.rest_port >= 0:
-        scheme = "https" if settings.api.tls_certfile else "http"
-        rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
-        print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
-        print(f"  pages: {rest}/ui/ (sign in with a token)", flush=True)
-    for port_line in (f"  metrics of {n}: http://127.0.0.1:{p}/metrics" for n, p in metrics_ports(children).items()):
-        print(port_line, flush=True)
-    for line in banner:
-        print(line, flush=True)
-    if (launcher or settings.dispatcher.launcher) == "local":
-        for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
-            print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
-    exit_code = 0
     try:
+        for child in children:
+            child.start()
+            print(f"started {child.name} (pid {child.process.pid if child.process else '?'})", flush=True)
+        print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
+        if settings.api.rest_port >= 0:
+            scheme = "https" if settings.api.tls_certfile else "http"
+            rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
+            print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
+            print(f"  pages: {rest}/ui/ (sign in with a token)", flush=True)
+        for name, port in metrics_ports(children).items():
+            print(f"  metrics of {name}: http://127.0.0.1:{port}/metrics", flush=True)
+        for line in banner:
+            print(line, flush=True)
+        if (launcher or settings.dispatcher.launcher) == "local":
+            for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
+                print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
         while not stopping:
-            _remember_descendants(children)
+            descendants.follow(child.held for child in children if child.held is not None)
             _restart_exited(children)
             time.sleep(0.2)
     finally:
         print("stopping runplane ...", flush=True)
-        stop_all(children, settings.drain_seconds + 5)
-        if warehouse is not None:
-            warehouse.stop()
-        print("stopped", flush=True)
-    return exit_code
+        stop_all(children, descendants, settings.drain_seconds + 5)
+    return 0

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,57 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
         assert "stopped" in output
         alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert alive == [], f"orphans left: {alive}"
+
+
+def _with_pid(pid: int, attempts: int = 200) -> subprocess.Popen[bytes]:
+    """A process of this test, unrelated to runplane, that the kernel gave the number ``pid``: the next
+    pid is set through ``ns_last_pid`` (root), and set again whenever another process on the machine
+    took it first."""
+    for _ in range(attempts):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        other = subprocess.Popen(["sleep", "600"])
+        if other.pid == pid:
+            return other
+        other.kill()
+        other.wait()
+    raise AssertionError(f"pid {pid} was never free for this test's process in {attempts} attempts")
+
+
+def _spare_runner(up: psutil.Process) -> psutil.Process | None:
+    """A spare runner: a child of a dispatcher's fork server (two levels under a service of ``up``)."""
+    for process in up.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            parent = process.parent()
+            forked = parent is not None and "runner.fork_server" in " ".join(parent.cmdline())
+            if forked and process.status() != psutil.STATUS_ZOMBIE:
+                return process
+    return None
+
+
+def test_stopping_never_signals_a_program_that_got_the_pid_of_a_process_up_saw(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A spare runner ``up`` has seen exits; a program of its own gets its pid; stopping ``up`` leaves
+    that program running (``up`` signals through pidfds, never a remembered number)."""
+    log = tmp_path / "up.log"
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        with _running_up(up_env, log) as (proc, up):
+            _wait_for_every_service(proc, up, log)
+            spare = wait_for(lambda: _spare_runner(up), 90, what="a spare runner of a fork server")
+            assert spare is not None
+            time.sleep(1.0)  # up's bookkeeping looks every 0.2 s: it has seen the spare
+            pid = spare.pid
+            spare.kill()
+            wait_for(lambda: not psutil.pid_exists(pid), 30, what=f"the spare runner {pid} to be reaped")
+            other = _with_pid(pid)
+            output = _stop(proc, log)
+            assert "stopped" in output
+            assert other.poll() is None, f"runplane up signalled {pid}, which another program held:\n{output[-3000:]}"
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
 
 
 def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: dict[str, str], tmp_path: Path) -> None:
