@@ -104,6 +104,39 @@ def ports_to_bind(settings: Settings, children: list[Child]) -> list[tuple[str, 
     return ports
 
 
+PORTS = range(1, 65536)
+
+
+def port_problems(settings: Settings, children: list[Child]) -> list[str]:
+    """What is wrong with the ports ``up`` would start ``children`` on, each naming its setting (empty:
+    nothing): a number that is not a port, two services on one port, a port among the metrics ports
+    (one per service, in a row), then a port another program holds."""
+    api = settings.api
+    named = [("RUNPLANE_API__PORT", api.port), ("RUNPLANE_API__RUNNER_PORT", api.runner_port)]
+    if api.rest_port >= 0:
+        named.append(("RUNPLANE_API__REST_PORT", api.rest_port))
+    first = settings.metrics_port or DEFAULT_METRICS_PORT
+    metrics = range(first, first + len(children))
+    problems = [f"{setting}={port} is not a port: ports are 1 to 65535" for setting, port in named if port not in PORTS]
+    if metrics.start not in PORTS or metrics[-1] not in PORTS:
+        problems.append(
+            f"RUNPLANE_METRICS_PORT={first} gives the {len(children)} services the metrics ports {first} to "
+            f"{metrics[-1]}: ports are 1 to 65535"
+        )
+    for index, (setting, port) in enumerate(named):
+        problems += [
+            f"{setting} and {other} are both {port}: each service needs a port of its own"
+            for other, other_port in named[index + 1 :]
+            if port == other_port
+        ]
+        if port in metrics:
+            problems.append(
+                f"{setting}={port} is one of the metrics ports {first} to {metrics[-1]} (RUNPLANE_METRICS_PORT "
+                f"and the next {len(children) - 1}, one per service): move one of them"
+            )
+    return problems or taken_ports(ports_to_bind(settings, children))
+
+
 def taken_ports(ports: list[tuple[str, int, str]]) -> list[str]:
     """What is wrong with each port another program (another runplane, say) already listens on."""
     return [
@@ -158,9 +191,9 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     from runplane.commands.migrate import ensure_database, migrate
 
     planned = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
-    taken = taken_ports(ports_to_bind(settings, planned))
-    if taken:
-        for problem in taken:
+    problems = port_problems(settings, planned)
+    if problems:  # before anything starts
+        for problem in problems:
             print(f"runplane: {problem}", file=sys.stderr, flush=True)
         print('runplane: README, "A second install on one machine", lists every setting to change', file=sys.stderr)
         return 1

@@ -211,3 +211,45 @@ def test_runners_are_told_the_runner_port_up_starts_the_runner_api_on(monkeypatc
     settings = Settings(api=ApiSettings(runner_port=61234))
     children = plan(settings, queuer_workers=1, dispatchers=1, launcher="noop")
     assert {c.env["RUNPLANE_RUNNER__API_ADDRESS"] for c in children} == {"127.0.0.1:61234"}
+
+
+def _refused(env: dict[str, str], tmp_path: Path) -> str:
+    """``runplane up --demo`` that must refuse to start: its output; it fails the test if it runs on,
+    and whatever it started is gone afterwards."""
+    log = tmp_path / "up.log"
+    with _running_up(env, log) as (proc, _):
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"runplane up started:\n{log.read_text()[-3000:]}") from None
+        output = log.read_text()
+        assert proc.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "started" not in output and "is up" not in output, f"something was started:\n{output[-3000:]}"
+    return output
+
+
+def test_a_port_over_65535_is_refused_naming_its_setting(up_env: dict[str, str], tmp_path: Path) -> None:
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": "70000"}, tmp_path)
+    assert "RUNPLANE_API__REST_PORT=70000 is not a port: ports are 1 to 65535" in output
+
+
+def test_two_services_on_one_port_are_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    port = up_env["RUNPLANE_API__PORT"]
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": port}, tmp_path)
+    assert f"RUNPLANE_API__PORT and RUNPLANE_API__REST_PORT are both {port}" in output
+
+
+def test_a_port_among_the_metrics_ports_is_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    inside = int(up_env["RUNPLANE_METRICS_PORT"]) + 2  # the third service's
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": str(inside)}, tmp_path)
+    assert f"RUNPLANE_API__REST_PORT={inside} is one of the metrics ports" in output
+
+
+def test_a_port_another_program_holds_is_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    (rest_port,) = free_ports(1)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", rest_port))
+        other.listen()
+        output = _refused(up_env | {"RUNPLANE_API__REST_PORT": str(rest_port)}, tmp_path)
+    assert f"port {rest_port} on 127.0.0.1 is taken by another program: set RUNPLANE_API__REST_PORT" in output
