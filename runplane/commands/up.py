@@ -4,7 +4,8 @@ A service that exits is restarted, loudly (its name, exit code and the wait are 
 backoff that doubles from 1 s to 30 s and starts over once it has stayed up for a minute: one lost
 leader lock or one crash never ends the others' runs. Only Ctrl-C or SIGTERM stops everything:
 SIGTERM first, SIGKILL after the drain bound, and the same for anything they started (local
-runners), so no process is left behind.
+runners), so no process is left behind. "runplane is up" is printed once every service answers on
+its ports; a service that exits before it does is reported as failing instead.
 
 Only processes provably started here are signalled: each service and everything under it is held
 by a pidfd from when it is first seen until it exits (``runplane.basics.held_processes``), never
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,6 +171,26 @@ def stop_all(children: list[Child], descendants: held_processes.Descendants, dra
         descendants.stop(grace_seconds=5.0)
 
 
+def _answers(host: str, port: int) -> bool:
+    """Whether something accepts a connection on ``host:port`` (a wildcard address: this machine's)."""
+    address = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def answering(settings: Settings, child: Child) -> bool:
+    """Whether ``child`` runs and answers on each of its ports (the API's, and its metrics endpoint)."""
+    if child.process is None or child.process.poll() is not None:
+        return False
+    ports = [("0.0.0.0", int(child.env["RUNPLANE_METRICS_PORT"]))]
+    if child.name == "api":
+        ports += [(host, port) for host, port, _ in ports_to_bind(settings, []) if port >= 0]
+    return all(_answers(host, port) for host, port in ports) and child.process.poll() is None
+
+
 def _restart_exited(children: list[Child]) -> None:
     """Schedule a restart of each child that exited; start those whose backoff is over."""
     now = time.monotonic()
@@ -215,6 +237,23 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
         print("stopped", flush=True)
 
 
+def _print_banner(settings: Settings, children: list[Child], banner: list[str], launcher: str | None) -> None:
+    """Where everything answers: printed once every service does."""
+    print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
+    if settings.api.rest_port >= 0:
+        scheme = "https" if settings.api.tls_certfile else "http"
+        rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
+        print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
+        print(f"  pages: {rest}/ui/ (sign in with a token)", flush=True)
+    for name, port in metrics_ports(children).items():
+        print(f"  metrics of {name}: http://127.0.0.1:{port}/metrics", flush=True)
+    for line in banner:
+        print(line, flush=True)
+    if (launcher or settings.dispatcher.launcher) == "local":
+        for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
+            print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
+
+
 def _supervise(
     settings: Settings, banner: list[str], *, launcher: str | None, queuer_workers: int, dispatchers: int
 ) -> int:
@@ -233,22 +272,24 @@ def _supervise(
         for child in children:
             child.start()
             print(f"started {child.name} (pid {child.process.pid if child.process else '?'})", flush=True)
-        print(f"runplane is up: gRPC API on {settings.api.host}:{settings.api.port}", flush=True)
-        if settings.api.rest_port >= 0:
-            scheme = "https" if settings.api.tls_certfile else "http"
-            rest = f"{scheme}://{settings.api.host}:{settings.api.rest_port}"
-            print(f"  REST API (dbt Cloud v2): {rest}/api/v2/accounts/ (Authorization: Token <token>)", flush=True)
-            print(f"  pages: {rest}/ui/ (sign in with a token)", flush=True)
-        for name, port in metrics_ports(children).items():
-            print(f"  metrics of {name}: http://127.0.0.1:{port}/metrics", flush=True)
-        for line in banner:
-            print(line, flush=True)
-        if (launcher or settings.dispatcher.launcher) == "local":
-            for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
-                print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
+        up_now: set[str] = set()  # the services that answered since they last started
+        failing: set[str] = set()
+        told = False
         while not stopping:
             descendants.follow(child.held for child in children if child.held is not None)
+            for child in children:
+                if child.process is not None and child.process.poll() is not None:
+                    up_now.discard(child.name)
+                    if not told and child.name not in failing:
+                        failing.add(child.name)
+                        print(f"runplane: {child.name} is failing (not up): it exited before it answered; "
+                              "its output is above", file=sys.stderr, flush=True)  # fmt: skip
+                elif not told and child.name not in up_now and answering(settings, child):
+                    up_now.add(child.name)
             _restart_exited(children)
+            if not told and len(up_now) == len(children):
+                _print_banner(settings, children, banner, launcher)
+                told = True
             time.sleep(0.2)
     finally:
         print("stopping runplane ...", flush=True)

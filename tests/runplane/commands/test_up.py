@@ -103,6 +103,7 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
         base = int(up_env["RUNPLANE_METRICS_PORT"])
         metrics = range(base, base + len(EXPECTED))
         wait_for(lambda: all(listening(port) for port in metrics), 60, what="every service's metrics endpoint")
+        wait_for(lambda: "runplane is up" in log.read_text(), 60, what="the banner, once everything answers")
         assert proc.poll() is None, log.read_text()[-5000:]
         output = _stop(proc, log)
         assert "demo token:" in output
@@ -253,3 +254,32 @@ def test_a_port_another_program_holds_is_refused(up_env: dict[str, str], tmp_pat
         other.listen()
         output = _refused(up_env | {"RUNPLANE_API__REST_PORT": str(rest_port)}, tmp_path)
     assert f"port {rest_port} on 127.0.0.1 is taken by another program: set RUNPLANE_API__REST_PORT" in output
+
+
+def test_a_service_that_cannot_start_is_reported_failing_and_up_is_never_said(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The API cannot start (its certificate does not exist): up says so, restarts it, and never says up."""
+    missing = tmp_path / "no-such-cert.pem"
+    env = up_env | {"RUNPLANE_API__TLS_CERTFILE": str(missing), "RUNPLANE_API__TLS_KEYFILE": str(missing)}
+    log = tmp_path / "up.log"
+    with _running_up(env, log) as (proc, _):
+        wait_for(lambda: "api exited with code" in log.read_text(), 90, what="the API to fail and be restarted")
+        wait_for(lambda: "api is failing (not up)" in log.read_text(), 10, what="up to report the API failing")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        output = log.read_text()
+    assert "runplane is up" not in output, output[-3000:]
+    assert "stopped" in output, output[-3000:]
+
+
+def test_the_banner_waits_for_every_service_to_answer(up_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "up.log"
+    with _running_up(up_env, log) as (proc, _):
+        wait_for(lambda: proc.poll() is not None or "runplane is up" in log.read_text(), 90, what="the banner")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert _serving(int(up_env["RUNPLANE_API__PORT"])) or listening(int(up_env["RUNPLANE_API__PORT"]))
+        base = int(up_env["RUNPLANE_METRICS_PORT"])
+        assert all(listening(port) for port in range(base, base + len(EXPECTED))), log.read_text()[-3000:]
+        _stop(proc, log)
