@@ -40,6 +40,7 @@ from dispatcher.pool_sizing import record_launch
 from runplane.adapters import local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
+from runplane.basics.held_processes import open_pidfd
 from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -287,12 +288,12 @@ class LocalLauncher:
     def _watch(self, pid: int) -> None:
         """Count the runner as alive until the kernel says it exited (its pidfd turns readable)."""
         try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return  # it has already exited, and its parent reaped it
+            pidfd = open_pidfd(pid)
         except OSError as exc:
             log.warning("a runner is not counted against the capacity", extra={"pid": pid, "error": str(exc)})
             return
+        if pidfd is None:
+            return  # it has already exited, and its parent reaped it
         asyncio.get_running_loop().add_reader(pidfd, self._exited, pidfd)
         self._alive.add(pidfd)
 

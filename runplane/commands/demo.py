@@ -70,14 +70,18 @@ def seed_demo(settings: Settings) -> tuple[list[str], DemoWarehouse | None]:
 
     dbt_versions = sorted(settings.runner.dbt_versions)
     project = None
-    warehouse = None
-    if dbt_versions:
-        warehouse = DemoWarehouse.for_install(settings)
-        fields, password = warehouse.start()
-        project = DemoProject(
-            demo_repository(demo_repository_path(settings)), fields, dbt_versions[-1], {"password": password}
-        )
-    account_id, token, job_ids = asyncio.run(seed(settings, DEMO_ACCOUNT, project))
+    warehouse = DemoWarehouse.for_install(settings) if dbt_versions else None
+    try:
+        if warehouse is not None:
+            fields, password = warehouse.start()
+            project = DemoProject(
+                demo_repository(demo_repository_path(settings)), fields, dbt_versions[-1], {"password": password}
+            )
+        account_id, token, job_ids = asyncio.run(seed(settings, DEMO_ACCOUNT, project))
+    except BaseException:
+        if warehouse is not None:  # nobody else knows it was started
+            warehouse.stop()
+        raise
     address = f"{settings.api.host}:{settings.api.port}"
     dbt_lines = (
         [

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,12 +103,64 @@ def test_up_starts_every_service_and_sigterm_stops_them_all(up_env: dict[str, st
         base = int(up_env["RUNPLANE_METRICS_PORT"])
         metrics = range(base, base + len(EXPECTED))
         wait_for(lambda: all(listening(port) for port in metrics), 60, what="every service's metrics endpoint")
+        wait_for(lambda: "runplane is up" in log.read_text(), 60, what="the banner, once everything answers")
         assert proc.poll() is None, log.read_text()[-5000:]
         output = _stop(proc, log)
         assert "demo token:" in output
         assert "stopped" in output
         alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert alive == [], f"orphans left: {alive}"
+
+
+def _with_pid(pid: int, attempts: int = 200) -> subprocess.Popen[bytes]:
+    """A process of this test, unrelated to runplane, that the kernel gave the number ``pid``: the next
+    pid is set through ``ns_last_pid`` (root), and set again whenever another process on the machine
+    took it first."""
+    for _ in range(attempts):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        other = subprocess.Popen(["sleep", "600"])
+        if other.pid == pid:
+            return other
+        other.kill()
+        other.wait()
+    raise AssertionError(f"pid {pid} was never free for this test's process in {attempts} attempts")
+
+
+def _spare_runner(up: psutil.Process) -> psutil.Process | None:
+    """A spare runner: a child of a dispatcher's fork server (two levels under a service of ``up``)."""
+    for process in up.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            parent = process.parent()
+            forked = parent is not None and "runner.fork_server" in " ".join(parent.cmdline())
+            if forked and process.status() != psutil.STATUS_ZOMBIE:
+                return process
+    return None
+
+
+def test_stopping_never_signals_a_program_that_got_the_pid_of_a_process_up_saw(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A spare runner ``up`` has seen exits; a program of its own gets its pid; stopping ``up`` leaves
+    that program running (``up`` signals through pidfds, never a remembered number)."""
+    log = tmp_path / "up.log"
+    other: subprocess.Popen[bytes] | None = None
+    try:
+        with _running_up(up_env, log) as (proc, up):
+            _wait_for_every_service(proc, up, log)
+            spare = wait_for(lambda: _spare_runner(up), 90, what="a spare runner of a fork server")
+            assert spare is not None
+            time.sleep(1.0)  # up's bookkeeping looks every 0.2 s: it has seen the spare
+            pid = spare.pid
+            spare.kill()
+            wait_for(lambda: not psutil.pid_exists(pid), 30, what=f"the spare runner {pid} to be reaped")
+            other = _with_pid(pid)
+            output = _stop(proc, log)
+            assert "stopped" in output
+            assert other.poll() is None, f"runplane up signalled {pid}, which another program held:\n{output[-3000:]}"
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
 
 
 def test_a_service_that_dies_is_restarted_and_the_others_keep_running(up_env: dict[str, str], tmp_path: Path) -> None:
@@ -159,3 +212,74 @@ def test_runners_are_told_the_runner_port_up_starts_the_runner_api_on(monkeypatc
     settings = Settings(api=ApiSettings(runner_port=61234))
     children = plan(settings, queuer_workers=1, dispatchers=1, launcher="noop")
     assert {c.env["RUNPLANE_RUNNER__API_ADDRESS"] for c in children} == {"127.0.0.1:61234"}
+
+
+def _refused(env: dict[str, str], tmp_path: Path) -> str:
+    """``runplane up --demo`` that must refuse to start: its output; it fails the test if it runs on,
+    and whatever it started is gone afterwards."""
+    log = tmp_path / "up.log"
+    with _running_up(env, log) as (proc, _):
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"runplane up started:\n{log.read_text()[-3000:]}") from None
+        output = log.read_text()
+        assert proc.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "started" not in output and "is up" not in output, f"something was started:\n{output[-3000:]}"
+    return output
+
+
+def test_a_port_over_65535_is_refused_naming_its_setting(up_env: dict[str, str], tmp_path: Path) -> None:
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": "70000"}, tmp_path)
+    assert "RUNPLANE_API__REST_PORT=70000 is not a port: ports are 1 to 65535" in output
+
+
+def test_two_services_on_one_port_are_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    port = up_env["RUNPLANE_API__PORT"]
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": port}, tmp_path)
+    assert f"RUNPLANE_API__PORT and RUNPLANE_API__REST_PORT are both {port}" in output
+
+
+def test_a_port_among_the_metrics_ports_is_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    inside = int(up_env["RUNPLANE_METRICS_PORT"]) + 2  # the third service's
+    output = _refused(up_env | {"RUNPLANE_API__REST_PORT": str(inside)}, tmp_path)
+    assert f"RUNPLANE_API__REST_PORT={inside} is one of the metrics ports" in output
+
+
+def test_a_port_another_program_holds_is_refused(up_env: dict[str, str], tmp_path: Path) -> None:
+    (rest_port,) = free_ports(1)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", rest_port))
+        other.listen()
+        output = _refused(up_env | {"RUNPLANE_API__REST_PORT": str(rest_port)}, tmp_path)
+    assert f"port {rest_port} on 127.0.0.1 is taken by another program: set RUNPLANE_API__REST_PORT" in output
+
+
+def test_a_service_that_cannot_start_is_reported_failing_and_up_is_never_said(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The API cannot start (its certificate does not exist): up says so, restarts it, and never says up."""
+    missing = tmp_path / "no-such-cert.pem"
+    env = up_env | {"RUNPLANE_API__TLS_CERTFILE": str(missing), "RUNPLANE_API__TLS_KEYFILE": str(missing)}
+    log = tmp_path / "up.log"
+    with _running_up(env, log) as (proc, _):
+        wait_for(lambda: "api exited with code" in log.read_text(), 90, what="the API to fail and be restarted")
+        wait_for(lambda: "api is failing (not up)" in log.read_text(), 10, what="up to report the API failing")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        output = log.read_text()
+    assert "runplane is up" not in output, output[-3000:]
+    assert "stopped" in output, output[-3000:]
+
+
+def test_the_banner_waits_for_every_service_to_answer(up_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "up.log"
+    with _running_up(up_env, log) as (proc, _):
+        wait_for(lambda: proc.poll() is not None or "runplane is up" in log.read_text(), 90, what="the banner")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert _serving(int(up_env["RUNPLANE_API__PORT"])) or listening(int(up_env["RUNPLANE_API__PORT"]))
+        base = int(up_env["RUNPLANE_METRICS_PORT"])
+        assert all(listening(port) for port in range(base, base + len(EXPECTED))), log.read_text()[-3000:]
+        _stop(proc, log)
