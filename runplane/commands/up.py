@@ -10,6 +10,7 @@ runners), so no process is left behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +68,8 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
     keys = base.pop("RUNPLANE_SECRET_KEYS", "") or settings.secret_keys.get_secret_value()
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
+    if settings.repositories.local_roots:  # the demo's repository added to the operator's
+        base["RUNPLANE_REPOSITORIES__LOCAL_ROOTS"] = json.dumps(settings.repositories.local_roots)
     # Runners reach the runner API this `up` starts: one setting, the port, moves both ends.
     base.setdefault("RUNPLANE_RUNNER__API_ADDRESS", f"{settings.api.host}:{settings.api.runner_port}")
     exe = [sys.executable, "-m", "runplane"]
@@ -182,8 +185,9 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     banner: list[str] = []
     warehouse = None
     if demo:
-        from runplane.commands.demo import seed_demo
+        from runplane.commands.demo import seed_demo, with_demo_repository
 
+        settings = with_demo_repository(settings)
         banner, warehouse = seed_demo(settings)
     children = plan(settings, queuer_workers=queuer_workers, dispatchers=dispatchers, launcher=launcher)
     stopping = False
