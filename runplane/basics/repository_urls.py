@@ -17,6 +17,7 @@ own), so a URL an account chooses must not make them read what the account could
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -147,6 +148,16 @@ class RepositoryRule:
                 f"{shown}, which is not a public address: repositories are cloned from public hosts only "
                 "(repositories.allowed_networks names exceptions)"
             )
+
+
+def repository_environment(settings: RepositorySettings) -> dict[str, str]:
+    """The ``RUNPLANE_REPOSITORIES__*`` variables that give a runner process these settings (a runner's
+    environment is an allow-list: the rule it applies before a clone is the dispatcher's)."""
+    return {
+        "RUNPLANE_REPOSITORIES__PLAIN_SCHEMES": json.dumps(settings.plain_schemes),
+        "RUNPLANE_REPOSITORIES__ALLOWED_NETWORKS": json.dumps(settings.allowed_networks),
+        "RUNPLANE_REPOSITORIES__LOCAL_ROOTS": json.dumps(settings.local_roots),
+    }
 
 
 def without_credentials(url: str) -> str:
