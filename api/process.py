@@ -162,6 +162,7 @@ async def _open(
                     pickups,
                     box,
                     targets=TargetPolicy(settings.webhooks.allowed_networks),
+                    repositories=settings.repositories,
                     log_poll_interval=settings.api.log_poll_interval,
                     draining=draining,
                     max_body_bytes=settings.api.max_body_bytes,

@@ -4,7 +4,8 @@ and deleting them, for gRPC's ``ProjectService``, REST and the web pages' forms.
 Secret fields (the git credential, a connection's password or keyfile) are encrypted with the box
 that ``box`` returns before the store sees them; it is asked for only when a secret is written, so
 an API without keys serves everything else. A credential or secret field left out of an update
-keeps the stored one.
+keeps the stored one. A project's repository must be one the repository rule allows
+(``runplane.basics.repository_urls``), its host resolving to addresses it allows.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 from collections.abc import Callable
 
 from api.lookup import existing_environment, existing_project
-from api.projects_validation import environment_spec, project_spec
+from api.projects_validation import environment_spec, project_spec, reachable_repository, repository_url
 from api.rows import Environment, Project
 from api.store import Store
 from api.validation import positive_id
 from runplane.adapters.db import Connection
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
 from runplane.v1 import projects_pb2
@@ -29,9 +31,10 @@ BoxOf = Callable[[], SecretBox]
 
 
 async def create_project(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateProjectRequest
+    store: Store, box: BoxOf, rule: RepositoryRule, account_id: AccountId, request: projects_pb2.CreateProjectRequest
 ) -> Project:
-    spec = project_spec(request)
+    spec = project_spec(request, rule)
+    await reachable_repository(rule, spec.repository_url)
     credential = box().encrypt(spec.credential) if spec.credential else ""
     async with store.transaction() as conn:
         row = await store.insert_project(conn, account_id, spec, credential)
@@ -40,14 +43,16 @@ async def create_project(
 
 
 async def update_project(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
+    store: Store, box: BoxOf, rule: RepositoryRule, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
 ) -> Project:
     project_id = positive_id(request.project_id, "project_id")
+    url = repository_url(request.repository_url, "repository_url", rule)
+    await reachable_repository(rule, url)  # resolved before the row is locked
     async with store.transaction() as conn:
         current = await store.get_project(conn, account_id, project_id, for_update=True)
         if current is None:
             raise NotFound(f"project {project_id} not found")
-        spec = project_spec(request, stored_kind=str(current.git_credential_kind))
+        spec = project_spec(request, rule, stored_kind=str(current.git_credential_kind))
         if spec.credential_kind == "none":
             credential: str | None = ""
         elif spec.credential:

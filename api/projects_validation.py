@@ -6,22 +6,19 @@ with its secrets still in clear text, which only the service encrypts before the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from urllib.parse import urlsplit
 
 from api.validation import MAX_NAME, Variables, git_branch, positive_id, split_variables, text
 from runplane.basics.errors import InvalidArgument
+from runplane.basics.repository_urls import MAX_URL, RepositoryRule, RepositoryUrlRefused
 from runplane.dbt import fields
 from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
 from runplane.v1 import projects_pb2
 
-MAX_URL = 2048
 MAX_CREDENTIAL = 16 * 1024
 MAX_SUBDIRECTORY = 1024
 MAX_FIELD_VALUE = 1024
-_SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+")
 
 CREDENTIAL_KINDS = {
     projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED: "none",
@@ -59,25 +56,30 @@ class EnvironmentSpec:
     variables: Variables  # plain ones stored in clear, secret ones set and unset apart
 
 
-def repository_url(value: str, name: str) -> str:
-    """https://, ssh://, git@host:path, file:// or an absolute local path; nothing git reads as an option."""
+def repository_url(value: str, name: str, rule: RepositoryRule) -> str:
+    """A repository the rule allows (``runplane.basics.repository_urls``), judged from the URL alone;
+    :func:`reachable_repository` then checks what its host resolves to."""
     value = text(value.strip(), name, max_length=MAX_URL, required=True)
-    if value.startswith("-"):
-        raise InvalidArgument(name, "must not start with '-'")
-    if value.startswith("/") or _SCP_LIKE.fullmatch(value):
-        return value
-    parts = urlsplit(value)
-    if parts.scheme not in {"https", "http", "ssh", "git", "file"}:
-        raise InvalidArgument(name, "must be an https://, ssh://, git@host:path, file:// URL or an absolute local path")
-    if parts.scheme != "file" and not parts.hostname:
-        raise InvalidArgument(name, "names no host")
-    if parts.password:
-        raise InvalidArgument(name, "must not hold a password or token: send it as git_credential")
+    try:
+        rule.check(value)
+    except RepositoryUrlRefused as exc:
+        raise InvalidArgument(name, str(exc)) from exc
     return value
 
 
+async def reachable_repository(rule: RepositoryRule, url: str, name: str = "repository_url") -> None:
+    """Refuse a repository whose host resolves, now, to an address the rule refuses."""
+    try:
+        await rule.reachable(url)
+    except RepositoryUrlRefused as exc:
+        raise InvalidArgument(name, str(exc)) from exc
+
+
 def project_spec(
-    request: projects_pb2.CreateProjectRequest | projects_pb2.UpdateProjectRequest, *, stored_kind: str | None = None
+    request: projects_pb2.CreateProjectRequest | projects_pb2.UpdateProjectRequest,
+    rule: RepositoryRule,
+    *,
+    stored_kind: str | None = None,
 ) -> ProjectSpec:
     """The project a create (or, with the ``stored_kind`` of its credential, an update) asks for.
 
@@ -85,7 +87,7 @@ def project_spec(
     ``credential`` is then empty and the caller keeps what is stored.
     """
     name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
-    url = repository_url(request.repository_url, "repository_url")
+    url = repository_url(request.repository_url, "repository_url", rule)
     subdirectory = text(request.subdirectory.strip().strip("/"), "subdirectory", max_length=MAX_SUBDIRECTORY)
     if subdirectory and (PurePosixPath(subdirectory).is_absolute() or ".." in PurePosixPath(subdirectory).parts):
         raise InvalidArgument("subdirectory", "must be a relative path inside the repository")

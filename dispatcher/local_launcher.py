@@ -7,10 +7,10 @@ importing; with ``dispatcher.local_fork_server`` off, each run gets a fresh
 outlives a dispatcher restart the way a Pod outlives the dispatcher that created it.
 
 A runner gets no control-plane credential: its environment is built from an allow-list
-(:func:`runner_environment`: PATH, HOME, locale, Python's own, the runner's settings and the runner
-API address) and never holds the database, Redis or RabbitMQ URLs or the secret keys. The run's
-token travels through a pipe (the fork server's stdin, or a fresh runner's stdin), never through
-an environment variable or a file left on disk.
+(:func:`runner_environment`: PATH, HOME, locale, Python's own, the runner's settings, the runner
+API address and the repository rule's settings) and never holds the database, Redis or RabbitMQ
+URLs or the secret keys. The run's token travels through a pipe (the fork server's stdin, or a
+fresh runner's stdin), never through an environment variable or a file left on disk.
 
 The launcher knows which of the runners it gave a run are alive: a pidfd per runner, watched by the
 event loop, tells it when one exits (:meth:`LocalLauncher.alive`). The dispatcher holds no more runs
@@ -41,6 +41,7 @@ from runplane.adapters import local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
 from runplane.basics.held_processes import open_pidfd
+from runplane.basics.repository_urls import repository_environment
 from runplane.basics.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def runner_environment(settings: Settings, environ: Mapping[str, str] | None = N
         or k.startswith(RUNNER_SETTINGS_PREFIX)
     }
     env["RUNPLANE_RUNNER__API_ADDRESS"] = settings.runner.api_address
+    env.update(repository_environment(settings.repositories))  # the cache keeper checks each clone with them
     hidden = [*settings.runner.local_hidden_paths, *_socket_directories(settings.database_url)]
     env["RUNPLANE_RUNNER__LOCAL_HIDDEN_PATHS"] = json.dumps(list(dict.fromkeys(hidden)))
     return env

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 from runner.checkout import Checkout, Repository, RepositoryCache
 from runner.package_cache import PackageCache
 from runplane.basics.errors import RunplaneError
-from runplane.basics.settings import RunnerSettings
+from runplane.basics.repository_urls import RepositoryRule
+from runplane.basics.settings import RunnerSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ def cache_roots(runner: RunnerSettings) -> tuple[Path, Path]:
 class InProcessCache:
     """The caches kept by the runner itself, as its own uid."""
 
-    def __init__(self, runner: RunnerSettings) -> None:
-        repositories, packages = cache_roots(runner)
-        self._repositories = RepositoryCache(repositories)
+    def __init__(self, settings: Settings) -> None:
+        repositories, packages = cache_roots(settings.runner)
+        self._repositories = RepositoryCache(repositories, RepositoryRule(settings.repositories))
         self._packages = PackageCache(packages)
 
     async def checkout(self, repo: Repository, *, account_id: int, branch: str, sha: str, dest: Path) -> Checkout:
@@ -137,10 +138,11 @@ def keeper_socket_pair() -> tuple[socket.socket, socket.socket]:
     return keeper, runner
 
 
-def serve(sock: socket.socket, runner: RunnerSettings) -> None:
+def serve(sock: socket.socket, settings: Settings) -> None:
     """The keeper's loop: answer the runner's requests until its end closes."""
-    repositories, packages = cache_roots(runner)
-    keeper = _Keeper(RepositoryCache(repositories), PackageCache(packages), runner)
+    repositories, packages = cache_roots(settings.runner)
+    rule = RepositoryRule(settings.repositories)
+    keeper = _Keeper(RepositoryCache(repositories, rule), PackageCache(packages), settings.runner)
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(_UCRED.size))

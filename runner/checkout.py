@@ -6,7 +6,13 @@ run gets a clone of its own made from the mirror with ``git clone --local``: the
 links to the mirror's (read-only, the host's), everything else is the run's; the run checks its
 commit out in it itself (:func:`check_out`), so the work tree is its own. The cache is the host's
 alone (0700, shared by its runs under a file lock) and keyed by account and URL: a run never reads
-a mirror that another account's credentials fetched.
+a mirror that another account's credentials fetched. A mirror's name is a keyed hash of both under
+a secret of the host's, and a run's clone names the project's URL as its remote, not the mirror:
+where another account's mirror lies cannot be worked out from what a run sees.
+
+Every clone and fetch applies the repository rule again (``runplane.basics.repository_urls``: the
+project's URL, its host's addresses now), so a project saved before the rule, or written into the
+database by other means, fails its run with the rule's reason.
 
 When runs have uids of their own, a root process keeps the cache for them (``runner.cache_keeper``)
 and hands each run's clone over to its uid (``owner``); otherwise the runner keeps it itself.
@@ -23,7 +29,9 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -33,9 +41,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runplane.basics.errors import RunplaneError
+from runplane.basics.repository_urls import (
+    ReachableRepository,
+    RepositoryRule,
+    RepositoryUrlRefused,
+    without_credentials,
+)
 from runplane.basics.secrets import mask
 
 GIT_TIMEOUT_SECONDS = 300.0
+MIRROR_KEY_FILE = "mirror-names.key"
 
 
 class CheckoutError(RunplaneError):
@@ -66,22 +81,48 @@ class Checkout:
 
 
 class RepositoryCache:
-    """Bare mirrors of the repositories this host has run, under ``root``."""
+    """Bare mirrors of the repositories this host has run, under ``root``; only repositories ``rule``
+    allows, checked again (and their host resolved again) just before each clone or fetch."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, rule: RepositoryRule) -> None:
         self._root = root
+        self._rule = rule
 
     def mirror_path(self, account_id: int, url: str) -> Path:
-        return self._root / (hashlib.sha256(f"{account_id}\0{url}".encode()).hexdigest()[:24] + ".git")
+        """The mirror of ``url`` for ``account_id``: named by a keyed hash whose key is this host's
+        secret, so knowing an account's id and URL does not tell where its mirror is."""
+        digest = hmac.new(self._host_key(), f"{account_id}\0{url}".encode(), hashlib.sha256).hexdigest()
+        return self._root / (digest[:32] + ".git")
+
+    def _host_key(self) -> bytes:
+        """This cache's secret (made once, readable by its owner alone)."""
+        path = self._root / MIRROR_KEY_FILE
+        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            pass
+        partial = Path(tempfile.mkstemp(prefix=MIRROR_KEY_FILE + ".", dir=self._root)[1])
+        try:
+            partial.write_bytes(secrets.token_bytes(32))
+            with contextlib.suppress(FileExistsError):  # another run made it first: theirs is the key
+                os.link(partial, path)
+        finally:
+            partial.unlink()
+        return path.read_bytes()
 
     async def clone_for_run(
         self, repo: Repository, *, account_id: int, branch: str, sha: str, dest: Path, owner: int | None
     ) -> Checkout:
         """A clone of ``repo`` in ``dest`` (new), nothing checked out yet, the run's commit resolved;
-        given to uid ``owner`` when the run is not this process's own uid."""
+        given to uid ``owner`` when the run is not this process's own uid. Its remote is the project's
+        URL, never the mirror's path."""
+        try:
+            reachable = await self._rule.reachable(repo.url)
+        except RepositoryUrlRefused as exc:
+            raise CheckoutError(f"repository {_shown(repo)} refused: {exc}") from exc
         mirror = self.mirror_path(account_id, repo.url)
-        self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with _git_auth(repo) as env:
+        with _git_auth(repo, _transport_config(reachable)) as env:
             async with _locked(mirror.with_suffix(".lock")):
                 cloned = not mirror.exists()
                 if cloned:
@@ -91,6 +132,8 @@ class RepositoryCache:
                 resolved, branch_name = await _resolve(repo, mirror, branch=branch, sha=sha, env=env)
                 # Under the lock: a fetch's repack must not remove objects while they are linked.
                 await _git(repo, ["clone", "--local", "--no-checkout", "--quiet", "--", str(mirror), str(dest)], {})
+        await _git(repo, ["-C", str(dest), "remote", "set-url", "origin", without_credentials(repo.url)], {})
+        shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)  # "clone: from <the mirror>" in every entry
         if owner is not None:
             hand_over(dest, owner)
         return Checkout(dest, resolved, branch_name, cloned)
@@ -194,38 +237,59 @@ def _base_env() -> dict[str, str]:
     return env
 
 
+def _transport_config(reachable: ReachableRepository) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """(environment, configuration) that keep git to the checked repository: its transport alone, no
+    redirect elsewhere, and over http(s) the addresses just checked (a DNS answer that changes before
+    git connects changes nothing)."""
+    location = reachable.location
+    env = {"GIT_ALLOW_PROTOCOL": location.scheme}
+    config = [("http.followRedirects", "false")]
+    if location.scheme in ("https", "http") and reachable.addresses:
+        pinned = ",".join(f"[{a}]" if a.version == 6 else str(a) for a in reachable.addresses)
+        config.append(("http.curloptResolve", f"{location.host}:{location.port}:{pinned}"))
+    return env, config
+
+
+def _config_env(config: Sequence[tuple[str, str]]) -> dict[str, str]:
+    env = {"GIT_CONFIG_COUNT": str(len(config))}
+    for index, (key, value) in enumerate(config):
+        env[f"GIT_CONFIG_KEY_{index}"] = key
+        env[f"GIT_CONFIG_VALUE_{index}"] = value
+    return env
+
+
 @contextlib.contextmanager
-def _git_auth(repo: Repository) -> Iterator[dict[str, str]]:
-    """Environment that makes git authenticate: never on its command line, never in the cache's config."""
+def _git_auth(repo: Repository, transport: tuple[dict[str, str], list[tuple[str, str]]]) -> Iterator[dict[str, str]]:
+    """Environment that makes git authenticate (never on its command line, never in the cache's
+    config) and keeps it to ``transport``."""
+    env, config = transport
     if repo.credential_kind == "token" and repo.credential:
         basic = base64.b64encode(f"x-access-token:{repo.credential}".encode()).decode()
-        yield {
-            "GIT_CONFIG_COUNT": "1",
-            "GIT_CONFIG_KEY_0": "http.extraHeader",
-            "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
-        }
+        yield {**env, **_config_env([*config, ("http.extraHeader", f"Authorization: Basic {basic}")])}
     elif repo.credential_kind == "ssh_key" and repo.credential:
         fd, key_path = tempfile.mkstemp(prefix="runplane-deploy-key-")
         try:
             with os.fdopen(fd, "w") as handle:  # mkstemp makes it 0600
                 handle.write(repo.credential.rstrip("\n") + "\n")
             yield {
+                **env,
+                **_config_env(config),
                 "GIT_SSH_COMMAND": (
                     f"ssh -i {key_path} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
-                )
+                ),
             }
         finally:
             os.unlink(key_path)
-    elif config := local_trust(repo.url):
+    elif trust := local_trust(repo.url):
         fd, config_path = tempfile.mkstemp(prefix="runplane-gitconfig-")
         try:
             with os.fdopen(fd, "w") as handle:
-                handle.write(config)
-            yield {"GIT_CONFIG_GLOBAL": config_path}
+                handle.write(trust)
+            yield {**env, **_config_env(config), "GIT_CONFIG_GLOBAL": config_path}
         finally:
             os.unlink(config_path)
     else:
-        yield {}
+        yield {**env, **_config_env(config)}
 
 
 def local_trust(url: str) -> str:

@@ -104,7 +104,7 @@ def _fork_keeper(settings: Settings, keeper_end: socket.socket, runner_end: sock
         keep = keeper_end.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        serve(keeper_end, settings.runner)
+        serve(keeper_end, settings)
         code = 0
     except BaseException as exc:  # the child must never return into the server's loop
         print(f"runner fork server cache keeper failed: {exc!r}", file=sys.stderr, flush=True)

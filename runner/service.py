@@ -114,7 +114,7 @@ class Runner:
         self._settings = settings
         self._api = api
         self._fence = fence or Fence()
-        self._cache = cache or InProcessCache(settings.runner)
+        self._cache = cache or InProcessCache(settings)
         self._control = StepControl()
         self._masked: list[str] = []
 
@@ -414,7 +414,7 @@ async def run(
                 token=token,
                 run_id=run_id,
                 lease_id=api.lease_id,
-                local=InProcessCache(settings.runner),
+                local=InProcessCache(settings),
             )
         outcome = await Runner(settings, api, fence, cache).execute(spec)
         if outcome is None:

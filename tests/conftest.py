@@ -7,6 +7,7 @@ bus and Redis prefixes, so tests cannot see each other (even from parallel check
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import shutil
@@ -22,7 +23,7 @@ from pydantic import SecretStr
 
 from runplane.basics import redis_keys
 from runplane.basics.secrets import generate_key
-from runplane.basics.settings import Settings
+from runplane.basics.settings import RepositorySettings, Settings
 from runplane.commands.migrate import migrate
 from runplane.commands.preflight import ensure_services
 from tests.support.ports import free_port
@@ -199,14 +200,16 @@ def prefix() -> str:
 
 
 @pytest.fixture
-def settings(database_url: str, prefix: str) -> Settings:
-    """This test's settings: its database and prefixes, secret keys, and free ports for the APIs."""
+def settings(database_url: str, prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """This test's settings: its database and prefixes, secret keys, free ports for the APIs, and the
+    test run's temporary directories as where projects may name local repositories."""
     base = Settings(
         database_url=database_url,
         bus_prefix=prefix,
         redis_prefix=prefix,
         log_format="text",
         secret_keys=SecretStr(TEST_SECRET_KEYS),
+        repositories=RepositorySettings(local_roots=[str(tmp_path_factory.getbasetemp())]),
     )
     runner_port = free_port()
     return base.model_copy(
@@ -233,6 +236,7 @@ def service_env(settings: Settings) -> Iterator[dict[str, str]]:
         RUNPLANE_API__RUNNER_PORT=str(settings.api.runner_port),
         RUNPLANE_API__REST_PORT=str(settings.api.rest_port),
         RUNPLANE_RUNNER__API_ADDRESS=settings.runner.api_address,
+        RUNPLANE_REPOSITORIES__LOCAL_ROOTS=json.dumps(settings.repositories.local_roots),
     )
     yield env
     # A fixture's teardown may run while the test's event loop is still set: a thread of its own.

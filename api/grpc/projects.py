@@ -25,6 +25,7 @@ from api.project_definitions import (
 )
 from api.store import Store
 from runplane.basics.errors import FailedPrecondition, InvalidArgument
+from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox, SecretKeyError, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.v1 import projects_pb2, projects_pb2_grpc
@@ -38,6 +39,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     def __init__(self, store: Store, settings: Settings) -> None:
         self._store = store
         self._settings = settings
+        self._repositories = RepositoryRule(settings.repositories)
 
     def _box(self) -> SecretBox:
         """The keys, read when a secret is first stored: an API without keys serves everything else."""
@@ -47,7 +49,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
             raise FailedPrecondition(f"secrets cannot be stored: {exc}") from exc
 
     async def CreateProject(self, request: projects_pb2.CreateProjectRequest, context: Context) -> projects_pb2.Project:
-        return convert.project(await create_project(self._store, self._box, current_account(), request))
+        return convert.project(
+            await create_project(self._store, self._box, self._repositories, current_account(), request)
+        )
 
     async def GetProject(self, request: projects_pb2.GetProjectRequest, context: Context) -> projects_pb2.Project:
         async with self._store.connection() as conn:
@@ -85,7 +89,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         return projects_pb2.ListEnvironmentsResponse(environments=[convert.environment(r) for r in rows])
 
     async def UpdateProject(self, request: projects_pb2.UpdateProjectRequest, context: Context) -> projects_pb2.Project:
-        return convert.project(await update_project(self._store, self._box, current_account(), request))
+        return convert.project(
+            await update_project(self._store, self._box, self._repositories, current_account(), request)
+        )
 
     async def DeleteProject(
         self, request: projects_pb2.DeleteProjectRequest, context: Context

@@ -31,7 +31,9 @@ from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
 from api.webhooks.targets import TargetPolicy
 from runplane.basics.errors import RunplaneError
+from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
+from runplane.basics.settings import RepositorySettings
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ def create_app(
     box: SecretBox | None = None,
     *,
     targets: TargetPolicy | None = None,
+    repositories: RepositorySettings | None = None,
     log_poll_interval: float = 0.5,
     draining: asyncio.Event | None = None,
     max_body_bytes: int = 1024 * 1024,
@@ -49,7 +52,8 @@ def create_app(
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
-    default). Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
+    default), ``repositories`` which repositories projects may name (the strict rule by default).
+    Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
     request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
     ``web_session_lifetime`` at most.
     """
@@ -62,6 +66,7 @@ def create_app(
     app.state.store = store
     app.state.pickups = pickups
     app.state.box = box  # the web forms encrypt secrets with it
+    app.state.repositories = RepositoryRule(repositories or RepositorySettings())
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())

@@ -23,6 +23,7 @@ from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pa
 from api.rows import Environment, Project
 from api.store import Store
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
 from runplane.v1 import projects_pb2
@@ -83,6 +84,11 @@ ENVIRONMENT_TYPES = {
 def _store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
+
+
+def _repositories(request: Request) -> RepositoryRule:
+    rule: RepositoryRule = request.app.state.repositories
+    return rule
 
 
 def _keys(request: Request) -> use.BoxOf:
@@ -276,7 +282,11 @@ async def create_project(
     fields = _project_request(body, None)
     with params.named_as(PROJECT_NAMES):
         row = await use.create_project(
-            _store(request), _keys(request), account_id, projects_pb2.CreateProjectRequest(**fields)
+            _store(request),
+            _keys(request),
+            _repositories(request),
+            account_id,
+            projects_pb2.CreateProjectRequest(**fields),
         )
     return Envelope[shapes.Project](status=success(201), data=shapes.project(row))
 
@@ -301,7 +311,7 @@ async def update_project(
     fields = _project_request(body, current)
     request_pb = projects_pb2.UpdateProjectRequest(project_id=project_id, **fields)
     with params.named_as(PROJECT_NAMES):
-        row = await use.update_project(store, _keys(request), account_id, request_pb)
+        row = await use.update_project(store, _keys(request), _repositories(request), account_id, request_pb)
     return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
 

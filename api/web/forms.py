@@ -28,6 +28,7 @@ from api.web.form_fields import FormErrors, lines, number, variables, without_se
 from api.web.layout import page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
 from runplane.dbt.connections import adapter_fields
@@ -60,6 +61,11 @@ ENVIRONMENT_TYPES = {
     "deployment": projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
     "development": projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT,
 }
+
+
+def _repositories(request: Request) -> RepositoryRule:
+    rule: RepositoryRule = request.app.state.repositories
+    return rule
 
 
 def _box(request: Request) -> SecretBox:
@@ -379,7 +385,9 @@ async def create_project_form(request: Request, who: Changing) -> Response:
     form = await request.form()
     try:
         message = projects_pb2.CreateProjectRequest(**_project_request(form))
-        row = await create_project(store_of(request), lambda: _box(request), who.account_id, message)
+        row = await create_project(
+            store_of(request), lambda: _box(request), _repositories(request), who.account_id, message
+        )
     except InvalidArgument as exc:
         return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=None)
     return see_other(f"/ui/projects#project-{row.id}")
@@ -398,7 +406,7 @@ async def update_project_form(request: Request, who: Changing, project_id: int) 
     row = await _project(store, who.account_id, project_id)
     try:
         message = projects_pb2.UpdateProjectRequest(project_id=project_id, **_project_request(form))
-        await update_project(store, lambda: _box(request), who.account_id, message)
+        await update_project(store, lambda: _box(request), _repositories(request), who.account_id, message)
     except InvalidArgument as exc:
         return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=row)
     return see_other(f"/ui/projects#project-{project_id}")

@@ -14,17 +14,12 @@ is saved, so the mistake shows where it is made.
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from runplane.basics.addresses import Address, AddressPolicy, Unresolvable, literal
 from runplane.basics.errors import InvalidArgument
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class TargetRefused(Exception):
@@ -40,50 +35,25 @@ class Target:
     server_name: str | None
 
 
-NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix: the last 32 bits are IPv4
-
-
-def _plain(address: Address) -> Address:
-    """An IPv6 address that carries an IPv4 address (IPv4-mapped, 6to4, NAT64's well-known prefix)
-    as the IPv4 address it reaches: ``64:ff9b::7f00:1`` is loopback however it is written."""
-    if not isinstance(address, ipaddress.IPv6Address):
-        return address
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address in NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return address
-
-
 class TargetPolicy:
+    """Webhooks' use of the one address rule (``runplane.basics.addresses``)."""
+
     def __init__(self, allowed_networks: Iterable[str] = ()) -> None:
-        self._allowed: tuple[Network, ...] = tuple(ipaddress.ip_network(n, strict=False) for n in allowed_networks)
+        self._addresses = AddressPolicy(allowed_networks)
 
     def refusal(self, address: Address) -> str | None:
         """Why ``address`` may not be reached, or None when it may."""
-        address = _plain(address)
-        if any(address in network for network in self._allowed if network.version == address.version):
+        reason = self._addresses.refusal(address)
+        if reason is None:
             return None
-        if address.is_global and not address.is_multicast:
-            return None
-        return (
-            f"{address} is not a public address; webhooks go only to public addresses "
-            "(webhooks.allowed_networks names exceptions)"
-        )
+        return f"{reason}; webhooks go only to public addresses (webhooks.allowed_networks names exceptions)"
 
     def check_url(self, url: str) -> None:
         """Refuse, when it is saved, a URL whose host is a literal address or ``localhost`` that may not be reached."""
-        host = urlsplit(url).hostname or ""
-        if host == "localhost" or host.endswith(".localhost"):
-            literal: Address = ipaddress.ip_address("127.0.0.1")
-        else:
-            try:
-                literal = ipaddress.ip_address(host)
-            except ValueError:
-                return  # a name: checked on every delivery, against what it resolves to then
-        reason = self.refusal(literal)
+        named = literal(urlsplit(url).hostname or "")
+        if named is None:
+            return  # a name: checked on every delivery, against what it resolves to then
+        reason = self.refusal(named)
         if reason is not None:
             raise InvalidArgument("client_url", reason)
 
@@ -95,10 +65,9 @@ class TargetPolicy:
             raise TargetRefused("the URL has no host")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise TargetRefused(f"{host} does not resolve: {exc.strerror}") from exc
-        addresses = [_plain(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])) for info in infos]
+            addresses = await self._addresses.resolve(host, port)
+        except Unresolvable as exc:
+            raise TargetRefused(str(exc)) from exc
         for address in addresses:
             reason = self.refusal(address)
             if reason is not None:

@@ -52,6 +52,27 @@ class WebhookSettings(BaseModel):
     )
 
 
+class RepositorySettings(BaseModel):
+    """Which git repositories projects may name: checked when a project is saved, by `runplane migrate` for
+    the stored ones, and again on the runner host just before each clone."""
+
+    plain_schemes: bool = Field(
+        False,
+        description="Allow git:// and http:// repositories (unencrypted, unauthenticated transports); "
+        "https://, ssh:// and git@host:path are always allowed.",
+    )
+    allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDR) repository hosts may be in besides public addresses, e.g. an in-house Git "
+        "server's; loopback, private and link-local addresses are refused unless listed here.",
+    )
+    local_roots: list[str] = Field(
+        default_factory=list,
+        description="Directories under which a project may name a local repository (an absolute path or "
+        "file:// URL), JSON list; empty: none may. `runplane up --demo` adds its demo repository's.",
+    )
+
+
 class OrchestratorSettings(BaseModel):
     heartbeat_interval: float = Field(2.0, description="Seconds between queuer-worker heartbeats.")
     dead_after_intervals: int = Field(3, description="Missed heartbeats before a worker is dead.")
@@ -368,6 +389,7 @@ class Settings(BaseSettings):
 
     api: ApiSettings = ApiSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    repositories: RepositorySettings = RepositorySettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()
     scheduler: SchedulerSettings = SchedulerSettings()

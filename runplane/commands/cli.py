@@ -168,14 +168,24 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     match args.command:
         case "migrate":
+            from runplane.basics.repository_urls import RepositoryRule
             from runplane.basics.secrets import box_from_settings, parse_keys
-            from runplane.commands.migrate import ensure_database, migrate
+            from runplane.commands.migrate import ensure_database, migrate, refused_repositories
 
             logs.configure("migrate", fmt=settings.log_format, level=settings.log_level)
             ensure_database(settings.database_url)
             keys = parse_keys(settings.secret_keys.get_secret_value())
             applied = migrate(settings.database_url, box_from_settings(settings) if keys else None)
             print(f"migrations applied: {applied}" if applied else "schema is up to date")
+            refused = refused_repositories(settings.database_url, RepositoryRule(settings.repositories))
+            for project in refused:
+                print(f"runplane: {project}", file=sys.stderr)
+            if refused:
+                print(
+                    f"runplane: {len(refused)} projects name a repository their runs will refuse to clone: "
+                    "change their repository_url (or the repositories.* settings)",
+                    file=sys.stderr,
+                )
             return 0
         case "check-services":
             from runplane.commands.preflight import ensure_services

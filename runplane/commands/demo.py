@@ -39,6 +39,19 @@ def demo_repository_path(settings: Settings, install: Path = EXAMPLE_PROJECT) ->
     return Path(tempfile.gettempdir()) / f"runplane-demo-{digest}" / "jaffle_shop"
 
 
+def with_demo_repository(settings: Settings) -> Settings:
+    """``settings`` whose local repository roots include this install's demo repository (the demo's
+    project names it, and every repository is checked against those roots when a run clones it)."""
+    if not settings.runner.dbt_versions:
+        return settings  # no dbt: the demo has no project
+    path = str(demo_repository_path(settings))
+    roots = settings.repositories.local_roots
+    if path in roots:
+        return settings
+    repositories = settings.repositories.model_copy(update={"local_roots": [*roots, path]})
+    return settings.model_copy(update={"repositories": repositories})
+
+
 def demo_repository(path: Path, source: Path = EXAMPLE_PROJECT) -> str:
     """``source`` as the head of ``main`` of the local repository at ``path`` (made once; a new commit
     only when ``source`` changed, so runs and their pinned commits survive a restart); its URL."""

@@ -6,6 +6,10 @@ the others wait for it and then find nothing to do.
 Encrypting needs the secret keys, which SQL never sees, so a secret that an older version stored in
 clear is sealed here, after the SQL, under the same lock: each call looks for such values and
 encrypts what it finds (nothing, once done). Without keys it refuses to go on when there is one.
+
+Projects saved before the repository rule (``runplane.basics.repository_urls``) may name a
+repository it refuses; :func:`refused_repositories` lists them for ``runplane migrate`` to report
+(their runs fail at checkout with the same reason until the project is changed).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from psycopg.types.json import Jsonb
 
 from runplane.adapters.db import redact
 from runplane.basics.errors import FailedPrecondition, ServiceUnavailable
+from runplane.basics.repository_urls import RepositoryRule, RepositoryUrlRefused
 from runplane.basics.secrets import SECRET_ENV_PREFIX, SecretBox, is_secret_name
 from runplane.sql import load_queries
 
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 _MIGRATION_LOCK_KEY = 0x72756E706C616E65  # "runplane"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 Q = load_queries("runplane.sql", "sealing.sql")
+REPOSITORIES = load_queries("runplane.sql", "repositories.sql")
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,34 @@ def seal_environment_secrets(conn: psycopg.Connection[tuple[object, ...]], box: 
     if found:
         log.info("sealed environments' secret variables", extra={"environments": len(found)})
     return len(found)
+
+
+@dataclass(frozen=True)
+class RefusedRepository:
+    project_id: int
+    account_id: int
+    repository_url: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"project {self.project_id} of account {self.account_id}: repository_url refused: {self.reason}"
+
+
+def refused_repositories(database_url: str, rule: RepositoryRule) -> list[RefusedRepository]:
+    """Stored projects whose repository the rule refuses from its URL alone (a host name is resolved
+    when a run clones it, not here)."""
+    try:
+        with psycopg.connect(database_url) as conn:
+            rows = conn.execute(REPOSITORIES["project_repositories"]).fetchall()
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"cannot reach Postgres at {redact(database_url)}: {exc}") from exc
+    refused: list[RefusedRepository] = []
+    for project_id, account_id, url in rows:
+        try:
+            rule.check(str(url))
+        except RepositoryUrlRefused as exc:
+            refused.append(RefusedRepository(int(project_id), int(account_id), str(url), str(exc)))
+    return refused
 
 
 def ensure_database(database_url: str) -> bool:

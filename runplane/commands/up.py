@@ -14,6 +14,7 @@ remembered as a pid number, which the machine hands to other programs once its p
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -75,6 +76,8 @@ def plan(settings: Settings, *, queuer_workers: int, dispatchers: int, launcher:
     keys = base.pop("RUNPLANE_SECRET_KEYS", "") or settings.secret_keys.get_secret_value()
     if launcher:
         base["RUNPLANE_DISPATCHER__LAUNCHER"] = launcher
+    if settings.repositories.local_roots:  # the demo's repository added to the operator's
+        base["RUNPLANE_REPOSITORIES__LOCAL_ROOTS"] = json.dumps(settings.repositories.local_roots)
     # Runners reach the runner API this `up` starts: one setting, the port, moves both ends.
     base.setdefault("RUNPLANE_RUNNER__API_ADDRESS", f"{settings.api.host}:{settings.api.runner_port}")
     exe = [sys.executable, "-m", "runplane"]
@@ -226,8 +229,9 @@ def up(settings: Settings, *, demo: bool, queuer_workers: int, dispatchers: int,
     banner: list[str] = []
     warehouse = None
     if demo:
-        from runplane.commands.demo import seed_demo
+        from runplane.commands.demo import seed_demo, with_demo_repository
 
+        settings = with_demo_repository(settings)
         banner, warehouse = seed_demo(settings)
     try:
         return _supervise(settings, banner, launcher=launcher, queuer_workers=queuer_workers, dispatchers=dispatchers)

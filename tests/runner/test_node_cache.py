@@ -90,7 +90,7 @@ def client(node: Node, settings: Settings, run: Run, *, token: str | None = None
         token=token or run.token,
         run_id=run.api.run_id,
         lease_id=run.api.lease_id,
-        local=InProcessCache(settings.runner),
+        local=InProcessCache(settings),
     )
 
 
@@ -296,7 +296,7 @@ async def test_a_keeper_that_never_answers_costs_the_run_dbt_deps_not_the_run(
             token=run.token,
             run_id=run.api.run_id,
             lease_id=run.api.lease_id,
-            local=InProcessCache(settings.runner),
+            local=InProcessCache(settings),
             timeout=0.3,
         )
         assert await slow.restore_packages(key, stored, "dbt_packages") is False

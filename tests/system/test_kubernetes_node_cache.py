@@ -54,7 +54,7 @@ token = pathlib.Path("/var/run/runplane/token").read_text().strip()
 socket = pathlib.Path(os.environ["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"])
 
 def client(token):
-    local = InProcessCache(Settings().runner)
+    local = InProcessCache(Settings())
     return NodeCacheClient(socket, token=token, run_id=run_id, lease_id=lease_id, local=local)
 
 async def main():

@@ -80,6 +80,7 @@ def test_runs_of_different_uids_share_the_hosts_caches_and_cannot_write_them(
         RUNPLANE_RUNNER__DBT_VERSIONS=json.dumps({"test": str(DBT_BIN)}),
         RUNPLANE_RUNNER__REPOSITORY_CACHE=str(caches / "repositories"),
         RUNPLANE_RUNNER__PACKAGE_CACHE=str(caches / "dbt-packages"),
+        RUNPLANE_REPOSITORIES__LOCAL_ROOTS=json.dumps([str(shared_dir)]),  # the project's repository is there
     )
     (shared_dir / "git").mkdir()
     macro_package(shared_dir / "git")
