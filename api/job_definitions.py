@@ -19,7 +19,7 @@ from api.store import Store
 from api.validation import JobSpec, positive_id
 from runplane.adapters import instruments
 from runplane.adapters.db import Connection
-from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, VersionConflict
 from runplane.basics.types import AccountId, JobId
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,7 @@ async def update_job(
     async with store.transaction() as conn:
         current = await existing_job(store, conn, account_id, job_id, for_update=True)
         if expected_version and expected_version != current.version:
-            raise FailedPrecondition(
-                f"job {job_id} is at version {current.version}, not {expected_version}: "
-                "read it again and reapply the change"
-            )
+            raise VersionConflict(f"job {job_id}", current.version, expected_version)
         await _check_references(store, conn, account_id, job_id, spec)
         row = await store.update_job(conn, account_id, job_id, spec)
         await store.replace_completion_triggers(conn, job_id, spec)

@@ -19,7 +19,7 @@ from api.rows import Environment, Project
 from api.store import Store
 from api.validation import positive_id
 from runplane.adapters.db import Connection
-from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, VersionConflict
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
@@ -59,8 +59,10 @@ async def update_project(
             credential = box().encrypt(spec.credential)
         else:
             credential = None  # the stored one, of the same kind
-        row = await store.update_project(conn, account_id, project_id, spec, credential)
-    assert row is not None
+        expected = _expected_version(request.expected_version)
+        row = await store.update_project(conn, account_id, project_id, spec, credential, expected_version=expected)
+        if row is None:  # locked above, so the compare-and-set failed on its version
+            raise VersionConflict(f"project {project_id}", current.version, expected)
     log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
     return row
 
@@ -96,10 +98,18 @@ async def update_environment(
                 raise InvalidArgument("clear_secret_fields", f"{name[:60]!r} is not set")
             del stored[name]
         secrets = {**stored, **{name: box().encrypt(value) for name, value in spec.connection_secrets.items()}}
-        row = await store.update_environment(conn, account_id, environment_id, spec, secrets)
-    assert row is not None
+        expected = _expected_version(request.expected_version)
+        row = await store.update_environment(conn, account_id, environment_id, spec, secrets, expected_version=expected)
+        if row is None:  # locked above, so the compare-and-set failed on its version
+            raise VersionConflict(f"environment {environment_id}", current.version, expected)
     log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
     return row
+
+
+def _expected_version(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("expected_version", "must be 0 (no check) or the version the object was read at")
+    return value
 
 
 async def delete_project(store: Store, account_id: AccountId, project_id: int) -> None:

@@ -220,12 +220,14 @@ SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s
 SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL FOR UPDATE;
 
 -- name: update_project
--- A NULL credential keeps the stored one.
+-- A NULL credential keeps the stored one. An expected version other than 0 must be the stored one
+-- (compare-and-set): no row back when another save came in between.
 UPDATE projects
    SET name = %(name)s, repository_url = %(repository_url)s, subdirectory = %(subdirectory)s,
        git_credential_kind = %(git_credential_kind)s, git_credential = coalesce(%(git_credential)s, git_credential),
-       updated_at = now()
+       version = version + 1, updated_at = now()
  WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+   AND (%(expected_version)s::bigint = 0 OR version = %(expected_version)s::bigint)
 RETURNING *;
 
 -- name: delete_project
@@ -273,8 +275,11 @@ UPDATE environments
        connection_secrets = %(connection_secrets)s, target_name = %(target_name)s, schema_name = %(schema_name)s,
        threads = %(threads)s, variables = %(variables)s,
        -- As a job's: set or unset one by one; a secret the update does not name keeps its value.
-       secret_variables = (secret_variables - %(unset_secrets)b::text[]) || %(set_secrets)s, updated_at = now()
+       secret_variables = (secret_variables - %(unset_secrets)b::text[]) || %(set_secrets)s,
+       version = version + 1, updated_at = now()
  WHERE id = %(environment_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+   -- As a project's: compare-and-set on the version the caller read, when it names one.
+   AND (%(expected_version)s::bigint = 0 OR version = %(expected_version)s::bigint)
 RETURNING *;
 
 -- name: delete_environment

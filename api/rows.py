@@ -273,6 +273,7 @@ class Project:
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
+    version: int  # bumped by every save; an update naming another is refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,3 +298,4 @@ class Environment:
     updated_at: datetime
     deleted_at: datetime | None
     secret_variables: dict[str, str]
+    version: int  # bumped by every save; an update naming another is refused

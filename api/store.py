@@ -375,9 +375,17 @@ class Store:
         return await _one(conn, query, Project, account_id=account_id, project_id=project_id)
 
     async def update_project(
-        self, conn: Connection, account_id: AccountId, project_id: int, spec: ProjectSpec, credential: str | None
+        self,
+        conn: Connection,
+        account_id: AccountId,
+        project_id: int,
+        spec: ProjectSpec,
+        credential: str | None,
+        *,
+        expected_version: int = 0,
     ) -> Project | None:
-        """The project changed; a ``credential`` of None keeps the stored one."""
+        """The project changed; a ``credential`` of None keeps the stored one. None when the project is
+        gone or, with an ``expected_version`` (0: any), when it is no longer at that version."""
         return await _one(
             conn,
             "update_project",
@@ -389,6 +397,7 @@ class Store:
             subdirectory=spec.subdirectory,
             git_credential_kind=spec.credential_kind,
             git_credential=credential,
+            expected_version=expected_version,
         )
 
     async def delete_project(self, conn: Connection, account_id: AccountId, project_id: int) -> None:
@@ -432,13 +441,18 @@ class Store:
         environment_id: int,
         spec: EnvironmentSpec,
         secrets: dict[str, str],
+        *,
+        expected_version: int = 0,
     ) -> Environment | None:
+        """None when the environment is gone or, with an ``expected_version`` (0: any), when it is no
+        longer at that version."""
         return await _one(
             conn,
             "update_environment",
             Environment,
             account_id=account_id,
             environment_id=environment_id,
+            expected_version=expected_version,
             **self._environment_fields(spec, secrets),
         )
 

@@ -161,6 +161,7 @@ def project(row: Project) -> projects_pb2.Project:
         git_credential_set=bool(row.git_credential),
         created_at=timestamp(row.created_at),
         updated_at=timestamp(row.updated_at),
+        version=row.version,
     )
 
 
@@ -183,4 +184,5 @@ def environment(row: Environment) -> projects_pb2.Environment:
         secret_variable_names=sorted(row.secret_variables),
         created_at=timestamp(row.created_at),
         updated_at=timestamp(row.updated_at),
+        version=row.version,
     )

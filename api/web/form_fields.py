@@ -46,6 +46,16 @@ def without_secret_lines(value: str) -> str:
     return "\n".join(line for line in value.splitlines() if not is_secret_name(line.strip()))
 
 
+def secret_lines(value: str) -> list[str]:
+    """The names of the secret variables a text area sets to a value (unsetting lines excluded)."""
+    names = []
+    for line in value.splitlines():
+        key, sep, rest = line.partition("=")
+        if sep and is_secret_name(key.strip()) and rest:
+            names.append(key.strip())
+    return names
+
+
 def field_of(api_field: str) -> str:
     """The form field an API error names: ``settings.threads`` → ``threads``, ``steps[2]`` → ``steps``,
     ``connection.fields[host]`` → ``conn_host``."""

@@ -24,10 +24,11 @@ from api.project_definitions import create_environment, create_project, update_e
 from api.rows import CompletionTrigger, Environment, Job, Project
 from api.store import Store
 from api.validation import MAX_COMPLETION_TRIGGERS, checked_idempotency_key, job_spec
-from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
+from api.web.conflicts import LOADED_FIELD, changed_since, conflict_errors, loaded_values
+from api.web.form_fields import FormErrors, lines, number, secret_lines, variables, without_secret_lines
 from api.web.layout import page, see_other, store_of
-from api.web.session import Changing, Looking, Viewer
-from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from api.web.session import CSRF_FIELD, Changing, Looking, Viewer
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, VersionConflict
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
@@ -52,6 +53,7 @@ ENVIRONMENT_FIELDS = {
     "conn_password",
 }  # fmt: skip
 VARIABLES_FIELDS = {"environment", "variables"}  # NAME=value text areas of the job and the environment forms
+SECRET_FIELDS = {"git_credential": "the token or private key", "conn_password": "the password"}  # write-only
 CREDENTIAL_KINDS = {
     "none": projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
     "token": projects_pb2.GIT_CREDENTIAL_KIND_TOKEN,
@@ -95,6 +97,11 @@ def _id(form: FormData, name: str) -> int:
     return number(_text(form, name), name) or 0
 
 
+def _version(form: FormData) -> int:
+    """The version an edit form was read at (0 from a form without one: no check)."""
+    return number(_text(form, "version"), "version") or 0
+
+
 # The API's name of a field where the form's differs: triggers.schedule is the cron field, the completion
 # trigger's statuses and loops are told at its upstream job.
 FIELD_ALIASES = {"schedule": "cron", "statuses": "upstream_job_id", "on_completion": "upstream_job_id"}
@@ -104,15 +111,67 @@ async def _refused(
     request: Request, who: Viewer, template: str, exc: InvalidArgument, known: set[str], **context: Any
 ) -> HTMLResponse:
     """The form again, with what was typed and the error next to its field (secrets are not echoed)."""
+    errors = FormErrors.of(exc, known, FIELD_ALIASES)
+    return await _again(request, who, template, errors, status=400, overrides={}, **context)
+
+
+async def _conflicted(
+    request: Request,
+    who: Viewer,
+    template: str,
+    exc: VersionConflict,
+    *,
+    known: set[str],
+    now: dict[str, str],
+    **context: Any,
+) -> HTMLResponse:
+    """The form again after someone else's save came first: what they changed named at its fields,
+    what this person typed kept, and the version stored now, so that saving again applies it."""
     form = await request.form()
-    values = {k: str(v) for k, v in form.items() if k not in {"git_credential", "conn_password", "csrf_token"}}
+    errors = conflict_errors(exc, changed_since(_text(form, LOADED_FIELD), now), known)
+    current = {"version": now["version"], LOADED_FIELD: loaded_values(now)}
+    return await _again(request, who, template, errors, status=409, overrides=current, **context)
+
+
+async def _again(
+    request: Request,
+    who: Viewer,
+    template: str,
+    errors: FormErrors,
+    *,
+    status: int,
+    overrides: dict[str, str],
+    **context: Any,
+) -> HTMLResponse:
+    """A refused form shown again with what was typed, but its secrets: those are never sent back, and
+    the form says which ones must be typed again."""
+    form = await request.form()
+    values = {k: str(v) for k, v in form.items() if k not in {*SECRET_FIELDS, CSRF_FIELD}}
     for name in VARIABLES_FIELDS & set(values):
         values[name] = without_secret_lines(values[name])
-    answer = await page(
-        request, template, who, values=values, errors=FormErrors.of(exc, known, FIELD_ALIASES), **context
-    )
-    answer.status_code = 400
+    errors.general.extend(_secrets_to_type_again(form))
+    answer = await page(request, template, who, values=values | overrides, errors=errors, **context)
+    answer.status_code = status
     return answer
+
+
+def _secrets_to_type_again(form: FormData) -> list[str]:
+    """What a refused form had in its secret fields, named (never shown): it was not kept."""
+    said = [
+        f"Nothing was kept of {what} you typed: type it again."
+        for name, what in SECRET_FIELDS.items()
+        if _text(form, name).strip()
+    ]
+    for name in sorted(VARIABLES_FIELDS & set(form)):
+        typed = secret_lines(_text(form, name))
+        if typed:
+            said.append(f"The secret variables you typed ({', '.join(typed)}) were not kept: type them again.")
+    return said
+
+
+def _with_loaded(values: dict[str, str]) -> dict[str, str]:
+    """An edit form's values with what it was loaded with, to name another save's change at a conflict."""
+    return {**values, LOADED_FIELD: loaded_values(values)}
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -133,29 +192,31 @@ def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[st
     for i, trigger in enumerate(completion):
         upstream[f"upstream_job_id{_row(i)}"] = str(trigger.upstream_job_id)
         upstream |= {f"upstream_{RunStatus(s).name.lower()}{_row(i)}": "on" for s in trigger.statuses}
-    return {
-        **upstream,
-        "defer_to_environment_id": str(job.defer_to_environment_id or ""),
-        "name": job.name,
-        "job_type": job.job_type,
-        "environment_id": str(job.environment_id or ""),
-        "steps": "\n".join(job.steps),
-        "cron": job.cron or "",
-        "timezone": job.timezone or "UTC",
-        "threads": str(job.threads or ""),
-        "timeout_seconds": str(job.timeout_seconds or ""),
-        "target_name": job.target_name,
-        "schema": job.schema_name,
-        "git_branch": job.git_branch,
-        "defer_to_job_id": str(job.defer_to_job_id or ""),
-        "retry_max_attempts": str(job.retry_max_attempts or ""),
-        "priority": str(job.priority or ""),
-        "missed_run_grace_seconds": str(job.missed_run_grace_seconds),
-        "completion_mode": job.completion_mode,
-        "environment": "\n".join(f"{k}={v}" for k, v in sorted(job.environment.items())),
-        "version": str(job.version),
-        **{name: "on" for name, ticked in flags.items() if ticked},
-    }
+    return _with_loaded(
+        {
+            **upstream,
+            "defer_to_environment_id": str(job.defer_to_environment_id or ""),
+            "name": job.name,
+            "job_type": job.job_type,
+            "environment_id": str(job.environment_id or ""),
+            "steps": "\n".join(job.steps),
+            "cron": job.cron or "",
+            "timezone": job.timezone or "UTC",
+            "threads": str(job.threads or ""),
+            "timeout_seconds": str(job.timeout_seconds or ""),
+            "target_name": job.target_name,
+            "schema": job.schema_name,
+            "git_branch": job.git_branch,
+            "defer_to_job_id": str(job.defer_to_job_id or ""),
+            "retry_max_attempts": str(job.retry_max_attempts or ""),
+            "priority": str(job.priority or ""),
+            "missed_run_grace_seconds": str(job.missed_run_grace_seconds),
+            "completion_mode": job.completion_mode,
+            "environment": "\n".join(f"{k}={v}" for k, v in sorted(job.environment.items())),
+            "version": str(job.version),
+            **{name: "on" for name, ticked in flags.items() if ticked},
+        }
+    )
 
 
 JOB_TYPES = {t.value: JOB_TYPE_TO_PROTO[t] for t in JobType}
@@ -321,11 +382,16 @@ async def update_job_form(request: Request, who: Changing, job_id: int) -> Respo
                 settings=definition.settings,
             )
         )
-        expected = number(_text(form, "version"), "version") or 0
+        expected = _version(form)
         await update_job(store, who.account_id, JobId(job_id), spec, expected_version=expected)
     except InvalidArgument as exc:
         choices = await _job_choices(store, who.account_id, job_id)
         return await _refused(request, who, "job_form.html", _at_its_row(exc, form), JOB_FIELDS, job=stored, **choices)
+    except VersionConflict as exc:
+        now, completion = await _stored_job(store, who.account_id, job_id)
+        choices = await _job_choices(store, who.account_id, job_id)
+        values = _job_values(now, completion)
+        return await _conflicted(request, who, "job_form.html", exc, known=JOB_FIELDS, now=values, job=now, **choices)
     return see_other(f"/ui/jobs/{job_id}")
 
 
@@ -355,12 +421,15 @@ async def _project(store: Store, account_id: AccountId, project_id: int) -> Proj
 def _project_values(row: Project | None) -> dict[str, str]:
     if row is None:
         return {"git_credential_kind": "none"}
-    return {
-        "name": row.name,
-        "repository_url": row.repository_url,
-        "subdirectory": row.subdirectory,
-        "git_credential_kind": row.git_credential_kind,
-    }
+    return _with_loaded(
+        {
+            "name": row.name,
+            "repository_url": row.repository_url,
+            "subdirectory": row.subdirectory,
+            "git_credential_kind": row.git_credential_kind,
+            "version": str(row.version),
+        }
+    )
 
 
 def _project_request(form: FormData) -> dict[str, Any]:
@@ -405,10 +474,16 @@ async def update_project_form(request: Request, who: Changing, project_id: int) 
     store = store_of(request)
     row = await _project(store, who.account_id, project_id)
     try:
-        message = projects_pb2.UpdateProjectRequest(project_id=project_id, **_project_request(form))
+        message = projects_pb2.UpdateProjectRequest(
+            project_id=project_id, expected_version=_version(form), **_project_request(form)
+        )
         await update_project(store, lambda: _box(request), _repositories(request), who.account_id, message)
     except InvalidArgument as exc:
         return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=row)
+    except VersionConflict as exc:
+        now = await _project(store, who.account_id, project_id)
+        values = _project_values(now)
+        return await _conflicted(request, who, "project_form.html", exc, known=PROJECT_FIELDS, now=values, project=now)
     return see_other(f"/ui/projects#project-{project_id}")
 
 
@@ -426,7 +501,7 @@ def _environment_values(row: Environment | None) -> dict[str, str]:
         "variables": "\n".join(f"{k}={v}" for k, v in sorted(row.variables.items())),
     }
     values.update({f"conn_{k}": str(v) for k, v in row.connection.items()})
-    return values
+    return _with_loaded(values | {"version": str(row.version)})
 
 
 def _environment_request(form: FormData) -> dict[str, Any]:
@@ -511,10 +586,18 @@ async def update_environment_form(request: Request, who: Changing, environment_i
         message = projects_pb2.UpdateEnvironmentRequest(
             environment_id=environment_id,
             clear_secret_fields=["password"] if _checked(form, "clear_password") else [],
+            expected_version=_version(form),
             **_environment_request(form),
         )
         await update_environment(store, lambda: _box(request), who.account_id, message)
     except InvalidArgument as exc:
         context = await _environment_context(store, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
+    except VersionConflict as exc:
+        now = await _environment(store, who.account_id, environment_id)
+        context = await _environment_context(store, who, project, now)
+        values = _environment_values(now)
+        return await _conflicted(
+            request, who, "environment_form.html", exc, known=ENVIRONMENT_FIELDS, now=values, **context
+        )
     return see_other(f"/ui/projects#project-{project.id}")

@@ -31,6 +31,19 @@ class FailedPrecondition(RunplaneError):
     """The request is well formed but the object's state forbids it."""
 
 
+class VersionConflict(FailedPrecondition):
+    """An update named the version it was read at, and another save came in between: nothing changed."""
+
+    def __init__(self, what: str, current_version: int, expected_version: int) -> None:
+        super().__init__(
+            f"{what} is at version {current_version}, not {expected_version}: "
+            "someone else saved it since; read it again and reapply the change"
+        )
+        self.what = what
+        self.current_version = current_version
+        self.expected_version = expected_version
+
+
 class ServiceUnavailable(RunplaneError):
     """An outside system (Postgres, Redis, RabbitMQ, Kubernetes) did not answer."""
 

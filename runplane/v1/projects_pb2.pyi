@@ -79,6 +79,7 @@ class Project(_message.Message):
     GIT_CREDENTIAL_SET_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     name: _builtins.str
@@ -89,6 +90,8 @@ class Project(_message.Message):
     git_credential_kind: Global___GitCredentialKind.ValueType
     git_credential_set: _builtins.bool
     """the secret itself is never returned"""
+    version: _builtins.int
+    """bumped by every update"""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -105,10 +108,11 @@ class Project(_message.Message):
         git_credential_set: _builtins.bool = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "created_at", b"created_at", "git_credential_kind", b"git_credential_kind", "git_credential_set", b"git_credential_set", "id", b"id", "name", b"name", "repository_url", b"repository_url", "subdirectory", b"subdirectory", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "created_at", b"created_at", "git_credential_kind", b"git_credential_kind", "git_credential_set", b"git_credential_set", "id", b"id", "name", b"name", "repository_url", b"repository_url", "subdirectory", b"subdirectory", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -179,12 +183,15 @@ class UpdateProjectRequest(_message.Message):
     SUBDIRECTORY_FIELD_NUMBER: _builtins.int
     GIT_CREDENTIAL_KIND_FIELD_NUMBER: _builtins.int
     GIT_CREDENTIAL_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     project_id: _builtins.int
     name: _builtins.str
     repository_url: _builtins.str
     subdirectory: _builtins.str
     git_credential_kind: Global___GitCredentialKind.ValueType
     git_credential: _builtins.str
+    expected_version: _builtins.int
+    """0: no check; else FAILED_PRECONDITION when it differs"""
     def __init__(
         self,
         *,
@@ -194,10 +201,11 @@ class UpdateProjectRequest(_message.Message):
         subdirectory: _builtins.str = ...,
         git_credential_kind: Global___GitCredentialKind.ValueType = ...,
         git_credential: _builtins.str = ...,
+        expected_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "name", b"name", "project_id", b"project_id", "repository_url", b"repository_url", "subdirectory", b"subdirectory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "git_credential", b"git_credential", "git_credential_kind", b"git_credential_kind", "name", b"name", "project_id", b"project_id", "repository_url", b"repository_url", "subdirectory", b"subdirectory"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -415,6 +423,7 @@ class Environment(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     SECRET_VARIABLE_NAMES_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     project_id: _builtins.int
@@ -431,6 +440,8 @@ class Environment(_message.Message):
     """default schema"""
     threads: _builtins.int
     """default threads"""
+    version: _builtins.int
+    """bumped by every update"""
     @_builtins.property
     def connection_fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -473,10 +484,11 @@ class Environment(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         secret_variable_names: _abc.Iterable[_builtins.str] | None = ...,
+        version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "connection_fields", b"connection_fields", "created_at", b"created_at", "dbt_version", b"dbt_version", "environment_type", b"environment_type", "git_branch", b"git_branch", "id", b"id", "name", b"name", "project_id", b"project_id", "schema", b"schema", "secret_fields_set", b"secret_fields_set", "secret_variable_names", b"secret_variable_names", "target_name", b"target_name", "threads", b"threads", "updated_at", b"updated_at", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "adapter_type", b"adapter_type", "connection_fields", b"connection_fields", "created_at", b"created_at", "dbt_version", b"dbt_version", "environment_type", b"environment_type", "git_branch", b"git_branch", "id", b"id", "name", b"name", "project_id", b"project_id", "schema", b"schema", "secret_fields_set", b"secret_fields_set", "secret_variable_names", b"secret_variable_names", "target_name", b"target_name", "threads", b"threads", "updated_at", b"updated_at", "variables", b"variables", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -612,6 +624,7 @@ class UpdateEnvironmentRequest(_message.Message):
     THREADS_FIELD_NUMBER: _builtins.int
     VARIABLES_FIELD_NUMBER: _builtins.int
     CLEAR_SECRET_FIELDS_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.int
     name: _builtins.str
     environment_type: Global___EnvironmentType.ValueType
@@ -620,6 +633,8 @@ class UpdateEnvironmentRequest(_message.Message):
     target_name: _builtins.str
     schema: _builtins.str
     threads: _builtins.int
+    expected_version: _builtins.int
+    """0: no check; else FAILED_PRECONDITION when it differs"""
     @_builtins.property
     def connection(self) -> Global___Connection: ...
     @_builtins.property
@@ -644,10 +659,11 @@ class UpdateEnvironmentRequest(_message.Message):
         threads: _builtins.int = ...,
         variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         clear_secret_fields: _abc.Iterable[_builtins.str] | None = ...,
+        expected_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear_secret_fields", b"clear_secret_fields", "connection", b"connection", "dbt_version", b"dbt_version", "environment_id", b"environment_id", "environment_type", b"environment_type", "git_branch", b"git_branch", "name", b"name", "schema", b"schema", "target_name", b"target_name", "threads", b"threads", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear_secret_fields", b"clear_secret_fields", "connection", b"connection", "dbt_version", b"dbt_version", "environment_id", b"environment_id", "environment_type", b"environment_type", "expected_version", b"expected_version", "git_branch", b"git_branch", "name", b"name", "schema", b"schema", "target_name", b"target_name", "threads", b"threads", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

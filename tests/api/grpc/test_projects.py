@@ -239,3 +239,35 @@ async def test_another_accounts_projects_are_not_found(account: Account, strange
     ):  # fmt: skip
         assert (await status_of(call))[0] == grpc.StatusCode.NOT_FOUND
     assert (await account.projects.GetProject(projects_pb2.GetProjectRequest(project_id=project.id))).name == "shop"
+
+
+async def test_an_update_naming_an_older_version_is_refused_and_changes_nothing(account: Account) -> None:
+    project = await _project(account)
+    environment = await _environment(account, project.id)
+    assert project.version == 1 and environment.version == 1
+
+    def project_update(name: str, version: int) -> projects_pb2.UpdateProjectRequest:
+        return projects_pb2.UpdateProjectRequest(
+            project_id=project.id, name=name, repository_url=project.repository_url,
+            git_credential_kind=projects_pb2.GIT_CREDENTIAL_KIND_TOKEN, expected_version=version,
+        )  # fmt: skip
+
+    first = await account.projects.UpdateProject(project_update("shop-a", 1))
+    assert first.version == 2
+    code, details = await status_of(account.projects.UpdateProject(project_update("shop-b", 1)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and f"project {project.id} is at version 2, not 1" in details
+    assert (await account.projects.GetProject(projects_pb2.GetProjectRequest(project_id=project.id))).name == "shop-a"
+    assert (await account.projects.UpdateProject(project_update("shop-c", 0))).version == 3  # 0: no check
+
+    def environment_update(threads: int, version: int) -> projects_pb2.UpdateEnvironmentRequest:
+        return projects_pb2.UpdateEnvironmentRequest(
+            environment_id=environment.id, name="prod", environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+            dbt_version="1.10", connection=_connection(), schema="analytics", threads=threads,
+            expected_version=version,
+        )  # fmt: skip
+
+    assert (await account.projects.UpdateEnvironment(environment_update(8, 1))).version == 2
+    code, details = await status_of(account.projects.UpdateEnvironment(environment_update(2, 1)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "is at version 2, not 1" in details
+    stored = await account.projects.GetEnvironment(projects_pb2.GetEnvironmentRequest(environment_id=environment.id))
+    assert (stored.threads, stored.version) == (8, 2)

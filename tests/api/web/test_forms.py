@@ -211,7 +211,8 @@ async def test_editing_keeps_what_the_form_does_not_show_and_secrets_left_empty(
     stale = await browser.post(
         f"/ui/jobs/{job_id}/edit", name="late edit", job_type="deploy", steps="dbt build", version=str(version)
     )
-    assert stale.status_code == 409 and "read it again" in stale.text and 'href="/ui/jobs"' in stale.text
+    assert stale.status_code == 409 and "someone else saved job" in stale.text  # the form again, typed input kept
+    assert 'name="name" type="text" value="late edit"' in stale.text and 'href="/ui/jobs"' in stale.text
 
     # An environment saved with the password left empty keeps it; the box asks to remove it.
     before = await scalar(adb, "SELECT connection_secrets FROM environments WHERE id = %s", environment_id)
