@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
@@ -595,4 +595,18 @@ async def error_page(request: Request, code: int, title: str, message: str, what
         who: Viewer | None = await viewer(request)
     except RunplaneError:
         who = None
-    return await page(request, "error.html", who, code=code, title=title, message=message, what_now=what_now)
+    return await page(
+        request, "error.html", who, code=code, title=title, message=message, what_now=what_now, back=_back(request)
+    )
+
+
+def _back(request: Request) -> str | None:
+    """The page this one was reached from, as a plain link (the pages' CSP runs no ``javascript:`` URL):
+    a page of this site under ``/ui/`` (the ``Referrer-Policy`` sends the path only within the site),
+    not this one. None when there is none."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if referer.netloc != request.url.netloc or not referer.path.startswith("/ui/"):
+        return None
+    back = referer.path + (f"?{referer.query}" if referer.query else "")
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return _safe_next(back) if back != here or request.method != "GET" else None

@@ -5,8 +5,6 @@ text show no sideways scroll, and the keyboard reaches the log box."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from api.rest.server import RestServer
 from runplane.basics.types import RunStatus
 from tests.api.conftest import AsyncDb, scalar
-from tests.api.web.conftest import Browser
+from tests.api.web.conftest import AXE, Browser, log_in
 from tests.support.web_rows import RUN_RESULTS, insert_job, insert_runs, insert_steps
 
 if TYPE_CHECKING:  # imported by the fixture that starts the browser: collecting this file does not load Playwright
@@ -23,27 +21,7 @@ if TYPE_CHECKING:  # imported by the fixture that starts the browser: collecting
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-AXE = Path(__file__).resolve().parents[2] / "system" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 WAITING = "waiting for this job's running run (serial execution)"
-
-
-@pytest.fixture
-def installed() -> None:
-    if not CHROMIUM.is_file() or not AXE.is_file():
-        pytest.fail(f"{CHROMIUM} or {AXE} is missing: `make test-packages` installs both")
-
-
-@pytest.fixture
-async def chromium(installed: None) -> AsyncIterator[Chromium]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            yield browser
-        finally:
-            await browser.close()
 
 
 async def _seed(browser: Browser, adb: AsyncDb) -> dict[str, int]:
@@ -130,12 +108,6 @@ async def _overflow(page: Page) -> list[str]:
     return found
 
 
-async def _log_in(page: Page, base: str, token: str) -> None:
-    await page.fill("#token", token)
-    await page.click("#login")
-    await page.wait_for_url(f"{base}/ui/runs")
-
-
 async def test_every_page_passes_axe_and_fits_a_phone(
     browser: Browser, adb: AsyncDb, rest_server: RestServer, chromium: Chromium
 ) -> None:
@@ -153,7 +125,7 @@ async def test_every_page_passes_axe_and_fits_a_phone(
             await page.goto(f"{base}/ui/login")
             if width == 1280:
                 problems["/ui/login"] = await _violations(page)
-            await _log_in(page, base, browser.token)
+            await log_in(page, base, browser.token)
             for path in _pages(seeded):
                 await page.goto(base + path)
                 await page.wait_for_load_state("load")
@@ -177,8 +149,7 @@ async def test_the_log_box_is_reached_by_keyboard_and_times_follow_the_browser(
     )
     page = await context.new_page()
     try:
-        await page.goto(f"{base}/ui/login")
-        await _log_in(page, base, browser.token)
+        await log_in(page, base, browser.token)
         await page.goto(f"{base}/ui/runs/{seeded['failed']}")
         await page.wait_for_function("document.querySelector('#log-1').textContent.includes('line 199')")
         assert "times in Asia/Tokyo" in await page.inner_text("#zone")
