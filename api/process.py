@@ -167,6 +167,7 @@ async def _open(
                     draining=draining,
                     max_body_bytes=settings.api.max_body_bytes,
                     web_session_lifetime=timedelta(hours=settings.api.web_session_hours),
+                    dbt_versions=settings.installed_dbt_versions,
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

@@ -11,7 +11,7 @@ keeps the stored one. A project's repository must be one the repository rule all
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from api.lookup import existing_environment, existing_project
 from api.projects_validation import environment_spec, project_spec, reachable_repository, repository_url
@@ -68,9 +68,15 @@ async def update_project(
 
 
 async def create_environment(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateEnvironmentRequest
+    store: Store,
+    box: BoxOf,
+    account_id: AccountId,
+    request: projects_pb2.CreateEnvironmentRequest,
+    *,
+    installed_dbt_versions: Collection[str] = (),
 ) -> Environment:
-    spec = environment_spec(request)
+    """The new environment; with ``installed_dbt_versions`` its dbt version must be one of them."""
+    spec = environment_spec(request, installed_dbt_versions=installed_dbt_versions)
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
         if await store.get_project(conn, account_id, spec.project_id) is None:
@@ -84,14 +90,21 @@ async def create_environment(
 
 
 async def update_environment(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateEnvironmentRequest
+    store: Store,
+    box: BoxOf,
+    account_id: AccountId,
+    request: projects_pb2.UpdateEnvironmentRequest,
+    *,
+    installed_dbt_versions: Collection[str] = (),
 ) -> Environment:
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
         current = await store.get_environment(conn, account_id, environment_id, for_update=True)
         if current is None:
             raise NotFound(f"environment {environment_id} not found")
-        spec = environment_spec(request, project_id=int(current.project_id))
+        spec = environment_spec(
+            request, project_id=int(current.project_id), installed_dbt_versions=installed_dbt_versions
+        )
         stored: dict[str, str] = dict(current.connection_secrets)
         for name in request.clear_secret_fields:
             if name not in stored:

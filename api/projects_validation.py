@@ -6,14 +6,16 @@ with its secrets still in clear text, which only the service encrypts before the
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import PurePosixPath
 
 from api.validation import MAX_NAME, Variables, git_branch, positive_id, split_variables, text
-from runplane.basics.errors import InvalidArgument
+from runplane.basics.errors import InvalidArgument, Problems
 from runplane.basics.repository_urls import MAX_URL, RepositoryRule, RepositoryUrlRefused
 from runplane.dbt import fields
-from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, typed_profile_fields
+from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, profile_field_problems
 from runplane.v1 import projects_pb2
 
 MAX_CREDENTIAL = 16 * 1024
@@ -86,70 +88,108 @@ def project_spec(
     On an update an empty credential of the stored kind keeps the stored credential: the spec's
     ``credential`` is then empty and the caller keeps what is stored.
     """
-    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
-    url = repository_url(request.repository_url, "repository_url", rule)
-    subdirectory = text(request.subdirectory.strip().strip("/"), "subdirectory", max_length=MAX_SUBDIRECTORY)
-    if subdirectory and (PurePosixPath(subdirectory).is_absolute() or ".." in PurePosixPath(subdirectory).parts):
-        raise InvalidArgument("subdirectory", "must be a relative path inside the repository")
+    problems = Problems()
+    name = problems.check(lambda: text(request.name.strip(), "name", max_length=MAX_NAME, required=True), "")
+    url = problems.check(lambda: repository_url(request.repository_url, "repository_url", rule), "")
+    subdirectory = problems.check(lambda: _subdirectory(request.subdirectory), "")
     kind = CREDENTIAL_KINDS.get(request.git_credential_kind)
     if kind is None:
-        raise InvalidArgument("git_credential_kind", "must be unspecified (none), token or ssh_key")
-    credential = text(request.git_credential, "git_credential", max_length=MAX_CREDENTIAL, single_line=False)
+        problems.found.append(InvalidArgument("git_credential_kind", "must be unspecified (none), token or ssh_key"))
+    else:
+        problems.check(lambda: _credential(request.git_credential, kind, url, stored_kind), None)
+    problems.raise_any()
+    assert kind is not None
+    credential = request.git_credential
+    return ProjectSpec(name, url, subdirectory, kind, credential)
+
+
+def _subdirectory(value: str) -> str:
+    subdirectory = text(value.strip().strip("/"), "subdirectory", max_length=MAX_SUBDIRECTORY)
+    if subdirectory and (PurePosixPath(subdirectory).is_absolute() or ".." in PurePosixPath(subdirectory).parts):
+        raise InvalidArgument("subdirectory", "must be a relative path inside the repository")
+    return subdirectory
+
+
+def _credential(value: str, kind: str, url: str, stored_kind: str | None) -> None:
+    """A credential of its kind, for a repository it works with; empty keeps a stored one of the kind."""
+    credential = text(value, "git_credential", max_length=MAX_CREDENTIAL, single_line=False)
     if kind == "none" and credential:
         raise InvalidArgument("git_credential", "is set but git_credential_kind is not: say token or ssh_key")
     keeps = stored_kind == kind and not credential
     if kind != "none" and not credential.strip() and not keeps:
         raise InvalidArgument("git_credential", f"must be set for git_credential_kind {kind}")
-    if kind == "token" and not url.startswith(("https://", "http://")):
+    if kind == "token" and url and not url.startswith(("https://", "http://")):
         raise InvalidArgument("git_credential_kind", "a token works with https:// repositories only")
     if kind == "ssh_key" and not keeps and "BEGIN" not in credential:
         raise InvalidArgument("git_credential", "must be a private key in OpenSSH or PEM format")
-    return ProjectSpec(name, url, subdirectory, kind, credential)
 
 
 def environment_spec(
-    request: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest, *, project_id: int = 0
+    request: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
+    *,
+    project_id: int = 0,
+    installed_dbt_versions: Collection[str] = (),
 ) -> EnvironmentSpec:
-    """The environment a create asks for, or an update of one in ``project_id``."""
+    """The environment a create asks for, or an update of one in ``project_id``. Every refused field is
+    named in one ``InvalidArgument`` (``InvalidArguments`` for several). With ``installed_dbt_versions``
+    (what this installation runs, when it knows) the dbt version must be one of them."""
+    problems = Problems()
     if isinstance(request, projects_pb2.CreateEnvironmentRequest):
-        project_id = positive_id(request.project_id, "project_id")
-    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
-    environment_type = ENVIRONMENT_TYPES.get(request.environment_type)
-    if environment_type is None:
-        raise InvalidArgument("environment_type", "must be deployment or development")
-    dbt_version = fields.dbt_version(
-        text(request.dbt_version.strip(), "dbt_version", max_length=fields.MAX_DBT_VERSION, required=True)
+        project_id = problems.check(lambda: positive_id(request.project_id, "project_id"), 0)
+    name = problems.check(lambda: text(request.name.strip(), "name", max_length=MAX_NAME, required=True), "")
+    environment_type = ENVIRONMENT_TYPES.get(request.environment_type, "")
+    if not environment_type:
+        problems.found.append(InvalidArgument("environment_type", "must be deployment or development"))
+    dbt_version = problems.check(
+        lambda: fields.dbt_version(
+            text(request.dbt_version.strip(), "dbt_version", max_length=fields.MAX_DBT_VERSION, required=True),
+            installed=installed_dbt_versions,
+        ),
+        "",
     )
-    if not request.HasField("connection"):
-        raise InvalidArgument("connection", "is required")
     connection = request.connection
+    if not request.HasField("connection"):
+        problems.found.append(InvalidArgument("connection", "is required"))
     adapter_type = connection.adapter_type.strip()
     profile_fields = {
-        k: text(v, f"connection.fields[{k}]", max_length=MAX_FIELD_VALUE) for k, v in connection.fields.items()
+        k: problems.check(partial(text, v, f"connection.fields[{k}]", max_length=MAX_FIELD_VALUE), "")
+        for k, v in connection.fields.items()
     }
     secrets = {
-        k: text(v, f"connection.secret_fields[{k}]", max_length=MAX_CREDENTIAL, single_line=False)
+        k: problems.check(
+            partial(text, v, f"connection.secret_fields[{k}]", max_length=MAX_CREDENTIAL, single_line=False), ""
+        )
         for k, v in connection.secret_fields.items()
     }
-    try:
-        typed_profile_fields(adapter_type, profile_fields)
-        check_secret_fields(adapter_type, secrets)
-    except ConnectionFieldError as exc:
-        raise InvalidArgument(f"connection.{exc.field}", exc.reason) from exc
-    schema = fields.schema(text(request.schema.strip(), "schema", max_length=63, required=True))
-    target_name = fields.target_name(request.target_name.strip() or fields.DEFAULT_TARGET_NAME)
-    threads = fields.threads(request.threads) or fields.DEFAULT_THREADS
+    if request.HasField("connection"):
+        try:
+            refused = profile_field_problems(adapter_type, profile_fields)
+            check_secret_fields(adapter_type, secrets)
+        except ConnectionFieldError as exc:
+            refused = [exc]
+        problems.found.extend(InvalidArgument(f"connection.{exc.field}", exc.reason) for exc in refused)
+    schema = problems.check(
+        lambda: fields.schema(text(request.schema.strip(), "schema", max_length=63, required=True)), ""
+    )
+    target_name = problems.check(
+        lambda: fields.target_name(request.target_name.strip() or fields.DEFAULT_TARGET_NAME),
+        fields.DEFAULT_TARGET_NAME,
+    )
+    threads = problems.check(lambda: fields.threads(request.threads), 0) or fields.DEFAULT_THREADS
+    branch = problems.check(lambda: git_branch(request.git_branch.strip(), "git_branch"), "")
+    variables = problems.check(lambda: split_variables(dict(request.variables), "variables"), Variables({}, {}, []))
+    problems.raise_any()
     return EnvironmentSpec(
         project_id=project_id,
         name=name,
         environment_type=environment_type,
         dbt_version=dbt_version,
-        git_branch=git_branch(request.git_branch.strip(), "git_branch"),
+        git_branch=branch,
         adapter_type=adapter_type,
         connection=profile_fields,
         connection_secrets={k: v for k, v in secrets.items() if v},
         target_name=target_name,
         schema=schema,
         threads=threads,
-        variables=split_variables(dict(request.variables), "variables"),
+        variables=variables,
     )

@@ -11,10 +11,11 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from runplane.basics.cron import validate_cron, validate_fires, validate_timezone
-from runplane.basics.errors import InvalidArgument
+from runplane.basics.errors import InvalidArgument, Problems
 from runplane.basics.secrets import is_secret_name
 from runplane.basics.types import (
     JOB_TYPE_FROM_PROTO,
@@ -125,17 +126,20 @@ class JobSpec:
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
-    """Validate a job definition. A request without ``settings`` gets every default."""
-    name = text(request.name.strip(), "name", max_length=MAX_NAME, required=True)
+    """Validate a job definition. A request without ``settings`` gets every default. Every refused
+    field is named in one ``InvalidArgument`` (``InvalidArguments`` for several)."""
+    problems = Problems()
+    name = problems.check(lambda: text(request.name.strip(), "name", max_length=MAX_NAME, required=True), "")
     job_type = JOB_TYPE_FROM_PROTO.get(request.job_type)
     if job_type is None:
-        raise InvalidArgument("job_type", "must be deploy, ci, merge or adhoc")
-    steps = _steps(list(request.steps), "steps")
-    spec = JobSpec(name=name, job_type=job_type, steps=steps)
-    if request.HasField("triggers"):
-        spec = _with_triggers(spec, request.triggers)
+        problems.found.append(InvalidArgument("job_type", "must be deploy, ci, merge or adhoc"))
+    steps = problems.check(lambda: _steps(list(request.steps), "steps"), list[str]())
+    spec = JobSpec(name=name, job_type=job_type or JobType.DEPLOY, steps=steps)
+    if request.HasField("triggers") and job_type is not None:  # the triggers a job may have depend on its type
+        spec = problems.check(partial(_with_triggers, spec, request.triggers), spec)
     if request.HasField("settings"):
-        spec = _with_settings(spec, request.settings)
+        spec = problems.check(partial(_with_settings, spec, request.settings), spec)
+    problems.raise_any()
     return spec
 
 
@@ -206,32 +210,40 @@ def _terminal_statuses(values: list[int], name: str) -> tuple[RunStatus, ...]:
 
 
 def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
+    problems = Problems()
     if settings.environment_id < 0:
-        raise InvalidArgument("settings.environment_id", "must be an environment id, or 0 for none")
+        problems.found.append(InvalidArgument("settings.environment_id", "must be an environment id, or 0 for none"))
     grace = settings.missed_run_grace_seconds
     if grace == -1:
         grace = DEFAULT_GRACE_SECONDS
-    return replace(
-        spec,
-        # 0 on a job with an environment means the environment's default.
-        threads=fields.threads(settings.threads, "settings.threads")
-        or (0 if settings.environment_id else fields.DEFAULT_THREADS),
-        timeout_seconds=bounded(settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS),
-        target_name=fields.target_name(settings.target_name, "settings.target_name"),
-        **_variables(dict(settings.environment), "settings.environment"),
-        git_branch=git_branch(settings.git_branch, "settings.git_branch"),
-        retry_max_attempts=bounded(settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS),
+    # 0 threads on a job with an environment means the environment's default.
+    threads = problems.check(partial(fields.threads, settings.threads, "settings.threads"), 0)
+    changed: dict[str, Any] = dict(
+        threads=threads or (0 if settings.environment_id else fields.DEFAULT_THREADS),
+        timeout_seconds=problems.check(
+            partial(bounded, settings.timeout_seconds, "settings.timeout_seconds", 0, MAX_TIMEOUT_SECONDS), 0
+        ),
+        target_name=problems.check(partial(fields.target_name, settings.target_name, "settings.target_name"), ""),
+        **problems.check(partial(_variables, dict(settings.environment), "settings.environment"), dict[str, Any]()),
+        git_branch=problems.check(partial(git_branch, settings.git_branch, "settings.git_branch"), ""),
+        retry_max_attempts=problems.check(
+            partial(bounded, settings.retry_max_attempts, "settings.retry_max_attempts", 0, MAX_RETRY_ATTEMPTS), 0
+        ),
         retry_on_step_failure=settings.retry_on_step_failure,
-        missed_run_grace_seconds=bounded(grace, "settings.missed_run_grace_seconds", 0, MAX_GRACE_SECONDS),
-        priority=bounded(settings.priority, "settings.priority", -MAX_PRIORITY, MAX_PRIORITY),
-        environment_id=positive_id(settings.environment_id, "settings.environment_id")
-        if settings.environment_id
-        else None,
-        schema=fields.schema(settings.schema, "settings.schema"),
+        missed_run_grace_seconds=problems.check(
+            partial(bounded, grace, "settings.missed_run_grace_seconds", 0, MAX_GRACE_SECONDS), DEFAULT_GRACE_SECONDS
+        ),
+        priority=problems.check(
+            partial(bounded, settings.priority, "settings.priority", -MAX_PRIORITY, MAX_PRIORITY), 0
+        ),
+        environment_id=settings.environment_id if settings.environment_id > 0 else None,
+        schema=problems.check(partial(fields.schema, settings.schema, "settings.schema"), ""),
         generate_docs=settings.generate_docs,
         run_source_freshness=settings.run_source_freshness,
-        **_deferral(settings),
+        **problems.check(partial(_deferral, settings), dict[str, Any]()),
     )
+    problems.raise_any()
+    return replace(spec, **changed)
 
 
 def _variables(env: dict[str, str], name: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Collection
 from datetime import timedelta
 
 from fastapi import FastAPI, Request
@@ -49,13 +50,14 @@ def create_app(
     draining: asyncio.Event | None = None,
     max_body_bytes: int = 1024 * 1024,
     web_session_lifetime: timedelta = timedelta(hours=12),
+    dbt_versions: Collection[str] = (),
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
     default), ``repositories`` which repositories projects may name (the strict rule by default).
     Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
     request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
-    ``web_session_lifetime`` at most.
+    ``web_session_lifetime`` at most. An environment form takes only the ``dbt_versions`` given (any when none).
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -67,6 +69,7 @@ def create_app(
     app.state.pickups = pickups
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())
+    app.state.dbt_versions = frozenset(dbt_versions)  # an environment form's dbt version is one of them
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from runplane.basics.errors import InvalidArgument
+from runplane.basics.errors import InvalidArgument, InvalidArguments, Problems
 from runplane.basics.secrets import is_secret_name
 
 _CONNECTION_FIELD = re.compile(r"connection\.(?:secret_)?fields\[(\w+)\]")
@@ -25,6 +25,12 @@ def number(value: str, name: str) -> int | None:
     if not re.fullmatch(r"-?\d{1,18}", value.strip()):
         raise InvalidArgument(name, f"{value.strip()[:20]!r} is not a whole number")
     return int(value)
+
+
+def checked_number(value: str, name: str, problems: Problems) -> int:
+    """A whole number typed into a field (0 when empty); a refusal is kept in ``problems`` (and 0 used),
+    so that the form's other fields are checked too."""
+    return problems.check(lambda: number(value, name), None) or 0
 
 
 def variables(value: str, name: str) -> dict[str, str]:
@@ -74,10 +80,15 @@ class FormErrors:
 
     @classmethod
     def of(cls, exc: InvalidArgument, known: set[str], aliases: dict[str, str] | None = None) -> FormErrors:
-        """``aliases`` maps the API's name of a field to the form's where they differ."""
-        name = field_of(exc.field)
-        name = (aliases or {}).get(name, name)
-        message = str(exc).removeprefix(f"{exc.field}: ")
-        if name in known:
-            return cls(fields={name: message})
-        return cls(general=[f"{exc.field}: {message}"])
+        """Every field the refusal names (``InvalidArguments``: several at once) at its field when the form
+        has it; ``aliases`` maps the API's name of a field to the form's where they differ."""
+        errors = cls()
+        for problem in exc.problems if isinstance(exc, InvalidArguments) else [exc]:
+            name = field_of(problem.field)
+            name = (aliases or {}).get(name, name)
+            message = str(problem).removeprefix(f"{problem.field}: ")
+            if name in known and name not in errors.fields:
+                errors.fields[name] = message
+            else:
+                errors.general.append(f"{problem.field}: {message}")
+        return errors

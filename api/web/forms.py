@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,14 +22,30 @@ from starlette.datastructures import FormData
 from api.job_definitions import create_job, update_job
 from api.lookup import existing_job
 from api.project_definitions import create_environment, create_project, update_environment, update_project
+from api.projects_validation import environment_spec
 from api.rows import CompletionTrigger, Environment, Job, Project
 from api.store import Store
-from api.validation import MAX_COMPLETION_TRIGGERS, checked_idempotency_key, job_spec
+from api.validation import MAX_COMPLETION_TRIGGERS, JobSpec, checked_idempotency_key, job_spec
 from api.web.conflicts import LOADED_FIELD, changed_since, conflict_errors, loaded_values
-from api.web.form_fields import FormErrors, lines, number, secret_lines, variables, without_secret_lines
+from api.web.form_fields import (
+    FormErrors,
+    checked_number,
+    lines,
+    number,
+    secret_lines,
+    variables,
+    without_secret_lines,
+)
 from api.web.layout import page, see_other, store_of
 from api.web.session import CSRF_FIELD, Changing, Looking, Viewer
-from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound, VersionConflict
+from runplane.basics.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    InvalidArguments,
+    NotFound,
+    Problems,
+    VersionConflict,
+)
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
@@ -77,10 +94,12 @@ def _box(request: Request) -> SecretBox:
     return box
 
 
-def _choice(form: FormData, name: str, allowed: dict[str, Any]) -> Any:
+def _choice(form: FormData, name: str, allowed: dict[str, Any], problems: Problems) -> Any:
+    """The option chosen; one not offered is kept in ``problems`` (and the first option used)."""
     value = str(form.get(name, ""))
     if value not in allowed:
-        raise InvalidArgument(name, f"choose one of {', '.join(allowed)}")
+        problems.found.append(InvalidArgument(name, f"choose one of {', '.join(allowed)}"))
+        return next(iter(allowed.values()))
     return allowed[value]
 
 
@@ -92,9 +111,9 @@ def _checked(form: FormData, name: str) -> bool:
     return name in form
 
 
-def _id(form: FormData, name: str) -> int:
+def _id(form: FormData, name: str, problems: Problems) -> int:
     """A select of ids; empty for none (0, as the API's requests say)."""
-    return number(_text(form, name), name) or 0
+    return checked_number(_text(form, name), name, problems)
 
 
 def _version(form: FormData) -> int:
@@ -238,6 +257,8 @@ def _upstream_rows(form: FormData) -> list[int]:
 
 def _at_its_row(exc: InvalidArgument, form: FormData) -> InvalidArgument:
     """An error about the k-th completion trigger, put at the job select of the form's row it came from."""
+    if isinstance(exc, InvalidArguments):
+        return InvalidArguments([_at_its_row(problem, form) for problem in exc.problems])
     found = _ON_COMPLETION.match(exc.field)
     if found is None:
         return exc
@@ -247,8 +268,11 @@ def _at_its_row(exc: InvalidArgument, form: FormData) -> InvalidArgument:
     return InvalidArgument(f"upstream_job_id{_row(row)}", str(exc).removeprefix(f"{exc.field}: "))
 
 
-def _job_definition(form: FormData, stored: Job | None, completion: list[CompletionTrigger]) -> jobs_pb2.Job:
-    """The job the form describes; what it does not show is kept from ``stored`` (None: a new job)."""
+def _job_definition(
+    form: FormData, stored: Job | None, completion: list[CompletionTrigger], problems: Problems
+) -> jobs_pb2.Job:
+    """The job the form describes; what it does not show is kept from ``stored`` (None: a new job). What
+    the form cannot even read (a number that is not one) is kept in ``problems``."""
     job = jobs_pb2.Job()
     s, t = job.settings, job.triggers
     # A page loaded before the form had these fields posts none of them: the stored values stay.
@@ -257,11 +281,12 @@ def _job_definition(form: FormData, stored: Job | None, completion: list[Complet
         s.priority = stored.priority
         t.completion_mode = COMPLETION_MODES[stored.completion_mode]
     else:
-        grace = number(_text(form, "missed_run_grace_seconds"), "missed_run_grace_seconds")
+        grace_typed = _text(form, "missed_run_grace_seconds")
+        grace = problems.check(lambda: number(grace_typed, "missed_run_grace_seconds"), None)
         s.missed_run_grace_seconds = -1 if grace is None else grace  # empty: the default, as the API's -1
-        s.priority = number(_text(form, "priority"), "priority") or 0
+        s.priority = checked_number(_text(form, "priority"), "priority", problems)
         if "completion_mode" in form:
-            t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES)
+            t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES, problems)
     if stored is not None and "upstream_job_id" not in form:  # a page from before the rows: kept as stored
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(
@@ -270,36 +295,57 @@ def _job_definition(form: FormData, stored: Job | None, completion: list[Complet
             for c in completion
         )
     for i in _upstream_rows(form):
-        trigger = t.on_completion.add(upstream_job_id=_id(form, f"upstream_job_id{_row(i)}"))
+        trigger = t.on_completion.add(upstream_job_id=_id(form, f"upstream_job_id{_row(i)}", problems))
         trigger.statuses.extend(
             common_pb2.RunStatus.ValueType(s)
             for s in UPSTREAM_STATUSES
             if _checked(form, f"upstream_{s.name.lower()}{_row(i)}")
         )
     job.name = _text(form, "name")
-    job.job_type = _choice(form, "job_type", JOB_TYPES)
+    job.job_type = _choice(form, "job_type", JOB_TYPES, problems)
     job.steps.extend(lines(_text(form, "steps")) or [])
     cron = _text(form, "cron").strip()
     if cron:
         t.schedule.CopyFrom(jobs_pb2.CronSchedule(cron=cron, timezone=_text(form, "timezone").strip()))
     t.on_pull_request = _checked(form, "on_pull_request")
     t.on_merge = _checked(form, "on_merge")
-    s.environment_id = _id(form, "environment_id")
-    s.threads = number(_text(form, "threads"), "threads") or 0
-    s.timeout_seconds = number(_text(form, "timeout_seconds"), "timeout_seconds") or 0
-    s.retry_max_attempts = number(_text(form, "retry_max_attempts"), "retry_max_attempts") or 0
+    s.environment_id = _id(form, "environment_id", problems)
+    s.threads = checked_number(_text(form, "threads"), "threads", problems)
+    s.timeout_seconds = checked_number(_text(form, "timeout_seconds"), "timeout_seconds", problems)
+    s.retry_max_attempts = checked_number(_text(form, "retry_max_attempts"), "retry_max_attempts", problems)
     s.target_name = _text(form, "target_name").strip()
     s.schema = _text(form, "schema").strip()
     s.git_branch = _text(form, "git_branch").strip()
     s.generate_docs = _checked(form, "generate_docs")
     s.run_source_freshness = _checked(form, "run_source_freshness")
-    s.defer_to_job_id = _id(form, "defer_to_job_id")
+    s.defer_to_job_id = _id(form, "defer_to_job_id", problems)
     s.run_only_modified = _checked(form, "run_only_modified")
-    s.defer_to_environment_id = _id(form, "defer_to_environment_id")
+    s.defer_to_environment_id = _id(form, "defer_to_environment_id", problems)
     s.retry_on_step_failure = _checked(form, "retry_on_step_failure")
     # Plain variables as the form lists them; a secret (DBT_ENV_SECRET_*) not named is kept.
-    s.environment.update(variables(_text(form, "environment"), "environment"))
+    s.environment.update(problems.check(lambda: variables(_text(form, "environment"), "environment"), dict[str, str]()))
     return job
+
+
+def _checked_job(
+    form: FormData, stored: Job | None, completion: list[CompletionTrigger], job_id: int | None
+) -> JobSpec:
+    """The job the form describes as the API checks it; what the form cannot read and what the checks
+    refuse are named together, every field at once."""
+    problems = Problems()
+    definition = _job_definition(form, stored, completion, problems)
+    fields: dict[str, Any] = {
+        "name": definition.name,
+        "job_type": definition.job_type,
+        "steps": definition.steps,
+        "triggers": definition.triggers,
+        "settings": definition.settings,
+    }
+    asked = jobs_pb2.UpdateJobRequest(job_id=job_id, **fields) if job_id else jobs_pb2.CreateJobRequest(**fields)
+    spec = problems.check(lambda: job_spec(asked), None)
+    problems.raise_any()
+    assert spec is not None
+    return spec
 
 
 async def _job_choices(store: Store, account_id: AccountId, job_id: int | None = None) -> dict[str, Any]:
@@ -338,16 +384,7 @@ async def create_job_form(request: Request, who: Changing) -> Response:
     form = await request.form()
     store = store_of(request)
     try:
-        definition = _job_definition(form, None, [])
-        spec = job_spec(
-            jobs_pb2.CreateJobRequest(
-                name=definition.name,
-                job_type=definition.job_type,
-                steps=definition.steps,
-                triggers=definition.triggers,
-                settings=definition.settings,
-            )
-        )
+        spec = _checked_job(form, None, [], None)
         key = checked_idempotency_key(_text(form, "create_key"), "create_key")
         row = await create_job(store, who.account_id, spec, create_key=key and f"web:{key}")
     except InvalidArgument as exc:
@@ -371,17 +408,7 @@ async def update_job_form(request: Request, who: Changing, job_id: int) -> Respo
     store = store_of(request)
     stored, completion = await _stored_job(store, who.account_id, job_id)
     try:
-        definition = _job_definition(form, stored, completion)
-        spec = job_spec(
-            jobs_pb2.UpdateJobRequest(
-                job_id=job_id,
-                name=definition.name,
-                job_type=definition.job_type,
-                steps=definition.steps,
-                triggers=definition.triggers,
-                settings=definition.settings,
-            )
-        )
+        spec = _checked_job(form, stored, completion, job_id)
         expected = _version(form)
         await update_job(store, who.account_id, JobId(job_id), spec, expected_version=expected)
     except InvalidArgument as exc:
@@ -432,12 +459,12 @@ def _project_values(row: Project | None) -> dict[str, str]:
     )
 
 
-def _project_request(form: FormData) -> dict[str, Any]:
+def _project_request(form: FormData, problems: Problems) -> dict[str, Any]:
     return {
         "name": _text(form, "name"),
         "repository_url": _text(form, "repository_url"),
         "subdirectory": _text(form, "subdirectory"),
-        "git_credential_kind": _choice(form, "git_credential_kind", CREDENTIAL_KINDS),
+        "git_credential_kind": _choice(form, "git_credential_kind", CREDENTIAL_KINDS, problems),
         "git_credential": _text(form, "git_credential").strip(),
     }
 
@@ -453,7 +480,9 @@ async def new_project(request: Request, who: Looking) -> HTMLResponse:
 async def create_project_form(request: Request, who: Changing) -> Response:
     form = await request.form()
     try:
-        message = projects_pb2.CreateProjectRequest(**_project_request(form))
+        problems = Problems()
+        message = projects_pb2.CreateProjectRequest(**_project_request(form, problems))
+        problems.raise_any()
         row = await create_project(
             store_of(request), lambda: _box(request), _repositories(request), who.account_id, message
         )
@@ -474,9 +503,11 @@ async def update_project_form(request: Request, who: Changing, project_id: int) 
     store = store_of(request)
     row = await _project(store, who.account_id, project_id)
     try:
+        problems = Problems()
         message = projects_pb2.UpdateProjectRequest(
-            project_id=project_id, expected_version=_version(form), **_project_request(form)
+            project_id=project_id, expected_version=_version(form), **_project_request(form, problems)
         )
+        problems.raise_any()
         await update_project(store, lambda: _box(request), _repositories(request), who.account_id, message)
     except InvalidArgument as exc:
         return await _refused(request, who, "project_form.html", exc, PROJECT_FIELDS, project=row)
@@ -504,11 +535,11 @@ def _environment_values(row: Environment | None) -> dict[str, str]:
     return _with_loaded(values | {"version": str(row.version)})
 
 
-def _environment_request(form: FormData) -> dict[str, Any]:
+def _environment_request(form: FormData, problems: Problems) -> dict[str, Any]:
     password = _text(form, "conn_password")
     return {
         "name": _text(form, "name"),
-        "environment_type": _choice(form, "environment_type", ENVIRONMENT_TYPES),
+        "environment_type": _choice(form, "environment_type", ENVIRONMENT_TYPES, problems),
         "dbt_version": _text(form, "dbt_version"),
         "git_branch": _text(form, "git_branch"),
         "connection": projects_pb2.Connection(
@@ -518,9 +549,27 @@ def _environment_request(form: FormData) -> dict[str, Any]:
         ),
         "target_name": _text(form, "target_name"),
         "schema": _text(form, "schema"),
-        "threads": number(_text(form, "threads"), "threads") or 0,
-        "variables": variables(_text(form, "variables"), "variables"),
+        "threads": checked_number(_text(form, "threads"), "threads", problems),
+        "variables": problems.check(lambda: variables(_text(form, "variables"), "variables"), dict[str, str]()),
     }
+
+
+def _all_refused(
+    problems: Problems,
+    message: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
+    project_id: int,
+    installed: Collection[str],
+) -> None:
+    """A form it could not read whole is refused with the API's own refusals of the rest beside them."""
+    if problems.found:
+        problems.check(lambda: environment_spec(message, project_id=project_id, installed_dbt_versions=installed), None)
+        problems.raise_any()
+
+
+def _installed(request: Request) -> frozenset[str]:
+    """The dbt versions this installation runs (empty: it does not say)."""
+    installed: frozenset[str] = request.app.state.dbt_versions
+    return installed
 
 
 async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Environment:
@@ -532,14 +581,16 @@ async def _environment(store: Store, account_id: AccountId, environment_id: int)
 
 
 async def _environment_context(
-    store: Store, who: Viewer, project: Project, environment: Environment | None
+    request: Request, who: Viewer, project: Project, environment: Environment | None
 ) -> dict[str, Any]:
+    store = store_of(request)
     async with store.connection() as conn:
         environments = await store.list_environments(conn, who.account_id, None)
     return {
         "project": project,
         "environment": environment,
-        "dbt_versions": sorted({str(e.dbt_version) for e in environments}),  # offered as suggestions
+        # offered as suggestions: what this installation runs, else what the account's environments use
+        "dbt_versions": sorted(_installed(request) or {str(e.dbt_version) for e in environments}),
         "sslmode_options": [("", "default")] + [(m, m) for m in sorted(adapter_fields(ADAPTER).choices["sslmode"])],
     }
 
@@ -548,7 +599,7 @@ async def _environment_context(
 async def new_environment(request: Request, who: Looking, project_id: int) -> HTMLResponse:
     project = await _project(store_of(request), who.account_id, project_id)
     values = _environment_values(None)
-    context = await _environment_context(store_of(request), who, project, None)
+    context = await _environment_context(request, who, project, None)
     return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
 
 
@@ -558,10 +609,14 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
     store = store_of(request)
     project = await _project(store, who.account_id, project_id)
     try:
-        message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form))
-        await create_environment(store, lambda: _box(request), who.account_id, message)
+        problems = Problems()
+        message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form, problems))
+        _all_refused(problems, message, project_id, _installed(request))
+        await create_environment(
+            store, lambda: _box(request), who.account_id, message, installed_dbt_versions=_installed(request)
+        )
     except InvalidArgument as exc:
-        context = await _environment_context(store, who, project, None)
+        context = await _environment_context(request, who, project, None)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
     return see_other(f"/ui/projects#project-{project_id}")
 
@@ -571,7 +626,7 @@ async def edit_environment(request: Request, who: Looking, environment_id: int) 
     store = store_of(request)
     environment = await _environment(store, who.account_id, environment_id)
     project = await _project(store, who.account_id, environment.project_id)
-    context = await _environment_context(store, who, project, environment)
+    context = await _environment_context(request, who, project, environment)
     values = _environment_values(environment)
     return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
 
@@ -583,19 +638,23 @@ async def update_environment_form(request: Request, who: Changing, environment_i
     environment = await _environment(store, who.account_id, environment_id)
     project = await _project(store, who.account_id, environment.project_id)
     try:
+        problems = Problems()
         message = projects_pb2.UpdateEnvironmentRequest(
             environment_id=environment_id,
             clear_secret_fields=["password"] if _checked(form, "clear_password") else [],
             expected_version=_version(form),
-            **_environment_request(form),
+            **_environment_request(form, problems),
         )
-        await update_environment(store, lambda: _box(request), who.account_id, message)
+        _all_refused(problems, message, project.id, _installed(request))
+        await update_environment(
+            store, lambda: _box(request), who.account_id, message, installed_dbt_versions=_installed(request)
+        )
     except InvalidArgument as exc:
-        context = await _environment_context(store, who, project, environment)
+        context = await _environment_context(request, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
     except VersionConflict as exc:
         now = await _environment(store, who.account_id, environment_id)
-        context = await _environment_context(store, who, project, now)
+        context = await _environment_context(request, who, project, now)
         values = _environment_values(now)
         return await _conflicted(
             request, who, "environment_form.html", exc, known=ENVIRONMENT_FIELDS, now=values, **context

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class RunplaneError(Exception):
     """Root of every error runplane raises on purpose."""
@@ -13,6 +18,39 @@ class InvalidArgument(RunplaneError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class InvalidArguments(InvalidArgument):
+    """Several fields refused at once; named by the first, every one in ``problems``."""
+
+    def __init__(self, problems: list[InvalidArgument]) -> None:
+        first, others = problems[0], problems[1:]
+        super().__init__(first.field, str(first).removeprefix(f"{first.field}: "))
+        self.args = (f"{first}; also {'; '.join(str(p) for p in others)}",)
+        self.problems = problems
+
+
+class Problems:
+    """Checks run one after another with every refusal kept, so that one answer names every invalid
+    field: :meth:`check` returns the check's value, or ``fallback`` when it refused."""
+
+    def __init__(self) -> None:
+        self.found: list[InvalidArgument] = []
+
+    def check(self, run: Callable[[], T], fallback: T) -> T:
+        try:
+            return run()
+        except InvalidArguments as exc:
+            self.found.extend(exc.problems)
+        except InvalidArgument as exc:
+            self.found.append(exc)
+        return fallback
+
+    def raise_any(self) -> None:
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            raise InvalidArguments(list(self.found))
 
 
 class NotFound(RunplaneError):

@@ -397,3 +397,9 @@ class Settings(BaseSettings):
     dispatcher: DispatcherSettings = DispatcherSettings()
     runner: RunnerSettings = RunnerSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
+
+    @property
+    def installed_dbt_versions(self) -> frozenset[str]:
+        """The dbt versions this installation says it runs: the local runners' and the Kubernetes images'.
+        Empty when it names none (any well-formed version is then taken)."""
+        return frozenset(self.runner.dbt_versions) | frozenset(self.kubernetes.dbt_images)

@@ -120,6 +120,8 @@ ADAPTERS: Mapping[str, AdapterFields] = {
 }
 
 _TRUE = {"true", "1", "yes"}
+# Integer fields with a narrower range than a 32-bit count: a TCP port is 1 to 65535 for every adapter.
+INTEGER_RANGES = {"port": (1, 65535)}
 _FALSE = {"false", "0", "no"}
 
 
@@ -132,36 +134,54 @@ def adapter_fields(adapter_type: str) -> AdapterFields:
 
 
 def typed_profile_fields(adapter_type: str, fields: Mapping[str, str]) -> dict[str, str | int | bool]:
-    """The non-secret fields with their profile types; raises ConnectionFieldError on bad input."""
+    """The non-secret fields with their profile types; raises ConnectionFieldError on bad input (the
+    first of :func:`profile_field_problems`)."""
+    problems = profile_field_problems(adapter_type, fields)
+    if problems:
+        raise problems[0]
     schema = adapter_fields(adapter_type)
-    out: dict[str, str | int | bool] = {}
+    return {name: _typed(schema, adapter_type, name, value) for name, value in fields.items()}
+
+
+def profile_field_problems(adapter_type: str, fields: Mapping[str, str]) -> list[ConnectionFieldError]:
+    """Every refused non-secret field, each named, so that a form can show them all at once."""
+    schema = adapter_fields(adapter_type)
+    problems = []
     for name, value in fields.items():
-        field = f"fields[{name}]"
-        if name in schema.secrets:
-            raise ConnectionFieldError(field, "is a secret: send it in secret_fields")
-        if name in schema.integers:
-            try:
-                number = int(value.strip())
-            except ValueError:
-                raise ConnectionFieldError(field, f"must be an integer (got {value[:40]!r})") from None
-            if number < 0 or number > 2**31 - 1:
-                raise ConnectionFieldError(field, f"must be between 0 and {2**31 - 1}")
-            out[name] = number
-        elif name in schema.booleans:
-            if value.lower() not in _TRUE | _FALSE:
-                raise ConnectionFieldError(field, f"must be true or false (got {value[:40]!r})")
-            out[name] = value.lower() in _TRUE
-        elif name in schema.strings:
-            allowed = schema.choices.get(name)
-            if allowed is not None and value not in allowed:
-                raise ConnectionFieldError(field, f"must be one of {', '.join(sorted(allowed))}")
-            out[name] = value
-        else:
-            known = ", ".join(sorted(schema.strings | schema.integers | schema.booleans))
-            raise ConnectionFieldError(field, f"is not a {adapter_type} field (known: {known})")
-    for name in sorted(schema.required - set(fields)):
-        raise ConnectionFieldError(f"fields[{name}]", "is required")
-    return out
+        try:
+            _typed(schema, adapter_type, name, value)
+        except ConnectionFieldError as exc:
+            problems.append(exc)
+    problems.extend(
+        ConnectionFieldError(f"fields[{name}]", "is required") for name in sorted(schema.required - set(fields))
+    )
+    return problems
+
+
+def _typed(schema: AdapterFields, adapter_type: str, name: str, value: str) -> str | int | bool:
+    field = f"fields[{name}]"
+    if name in schema.secrets:
+        raise ConnectionFieldError(field, "is a secret: send it in secret_fields")
+    if name in schema.integers:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ConnectionFieldError(field, f"must be an integer (got {value[:40]!r})") from None
+        low, high = INTEGER_RANGES.get(name, (0, 2**31 - 1))
+        if not low <= number <= high:
+            raise ConnectionFieldError(field, f"must be between {low} and {high} (got {number})")
+        return number
+    if name in schema.booleans:
+        if value.lower() not in _TRUE | _FALSE:
+            raise ConnectionFieldError(field, f"must be true or false (got {value[:40]!r})")
+        return value.lower() in _TRUE
+    if name in schema.strings:
+        allowed = schema.choices.get(name)
+        if allowed is not None and value not in allowed:
+            raise ConnectionFieldError(field, f"must be one of {', '.join(sorted(allowed))}")
+        return value
+    known = ", ".join(sorted(schema.strings | schema.integers | schema.booleans))
+    raise ConnectionFieldError(field, f"is not a {adapter_type} field (known: {known})")
 
 
 def check_secret_fields(adapter_type: str, secrets: Mapping[str, str]) -> None:
