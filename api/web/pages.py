@@ -61,6 +61,7 @@ WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(
 PING_SECONDS = 15.0
 SESSION_CHECK_SECONDS = 15.0  # a followed log stops this long at most after its session ended
 RUN_RESULTS = "target/run_results.json"
+DOCS_SITE = "target/index.html"  # a run that kept it made a docs site (api.web.docs)
 MAX_SHOWN_BYTES = 5 * 1024 * 1024  # larger artifacts are downloaded, not drawn on a page
 VIEWABLE = frozenset({"json", "log", "txt", "sql", "yml", "yaml", "md", "csv"})
 REFRESH_SECONDS = 30
@@ -260,6 +261,7 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps = (await store.run_steps(conn, [row.id]))[row.id]
         artifacts = await store.list_artifacts(conn, RunId(row.id))
         job = await store.get_job(conn, who.account_id, row.job_id)
+        job_docs = await store.latest_docs_run(conn, who.account_id, row.job_id)
         models = {}
         for a in artifacts:
             if a.path == RUN_RESULTS and a.size_bytes <= MAX_SHOWN_BYTES:
@@ -279,6 +281,8 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps=step_views,
         artifacts=artifacts,
         models=models,
+        made_docs=any(a.path == DOCS_SITE for a in artifacts),
+        job_docs=job_docs,
         commands={s.step_index: s.command for s in steps},
         viewable=lambda path: path.rsplit(".", 1)[-1] in VIEWABLE,
         terminal=RunStatus(row.status).is_terminal,
@@ -438,6 +442,7 @@ async def _job_page(
         row = await existing_job(store, conn, who.account_id, job_id)
         completion = (await store.completion_triggers(conn, [job_id])).get(job_id, [])
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=CHART_RUNS)
+        docs_run = await store.latest_docs_run(conn, who.account_id, job_id)
     chart = views.duration_chart(recent)
     recent = recent[:10]
     now = datetime.now(UTC)
@@ -450,6 +455,7 @@ async def _job_page(
         schedule=views.schedule(row.cron, row.timezone, time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,
+        docs_run=docs_run,
         values=values,
         errors=errors,
     )

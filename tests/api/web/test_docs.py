@@ -67,3 +67,29 @@ async def test_another_accounts_docs_answer_404(browser: Browser, adb: AsyncDb) 
     await adb.execute("UPDATE runs SET job_id = %s, account_id = %s WHERE id = %s", (job_id, other, run_id))
     await browser.login()
     assert (await browser.http.get(f"/ui/jobs/{job_id}/docs/")).status_code == 404
+
+
+async def test_a_job_links_its_docs_only_once_a_run_made_them_and_the_run_page_links_its_own(
+    browser: Browser, adb: AsyncDb
+) -> None:
+    job_id = await _job(adb, browser.account_id)
+    await adb.execute("UPDATE jobs SET generate_docs = true WHERE id = %s", (job_id,))
+    await browser.login()
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert 'id="docs"' not in page and f"/ui/jobs/{job_id}/docs/" not in page  # no link to a 404
+    assert 'id="no-docs">No docs yet' in page
+
+    made = await _run(browser, adb, job_id, 10, {"index.html": INDEX, "manifest.json": b'{"v": 1}'})
+    later = await _run(browser, adb, job_id, 20, {})
+    page = (await browser.http.get(f"/ui/jobs/{job_id}")).text
+    assert f'<a href="/ui/jobs/{job_id}/docs/" id="docs">' in page and f'href="/ui/runs/{made}">run #{made}</a>' in page
+    assert (await browser.http.get(f"/ui/jobs/{job_id}/docs/")).status_code == 200
+
+    run_page = (await browser.http.get(f"/ui/runs/{made}")).text
+    assert f'<a href="/ui/runs/{made}/docs/" id="docs">' in run_page and 'id="hosted-docs"' in run_page
+    site = await browser.http.get(f"/ui/runs/{made}/docs/")
+    assert site.status_code == 200 and b'manifest: {"v": 1}' in site.content
+    assert site.headers["content-security-policy"].startswith("sandbox allow-scripts")
+    other = (await browser.http.get(f"/ui/runs/{later}")).text
+    assert f"/ui/runs/{later}/docs/" not in other and f'href="/ui/jobs/{job_id}/docs/" id="job-docs"' in other
+    assert (await browser.http.get(f"/ui/runs/{later}/docs/")).status_code == 404

@@ -525,8 +525,15 @@ async def test_a_job_that_generates_docs_links_to_them(browser: Browser, adb: As
     plain = await insert_job(adb, browser.account_id, "plain")
     (run_id,) = await insert_runs(adb, browser.account_id, documented, 1)
     await browser.login()
-    for path in (f"/ui/jobs/{documented}", f"/ui/runs/{run_id}"):
-        assert f'<a href="/ui/jobs/{documented}/docs/" id="docs">' in (await browser.http.get(path)).text
+    for path in (f"/ui/jobs/{documented}", f"/ui/runs/{run_id}"):  # the run kept no docs: no link to a 404
+        assert 'id="docs"' not in (await browser.http.get(path)).text
+    await adb.execute(
+        "INSERT INTO artifacts (run_id, path, step_index, content) VALUES (%s, 'target/index.html', 0, '<html>')",
+        (run_id,),
+    )
+    job_page = (await browser.http.get(f"/ui/jobs/{documented}")).text
+    assert f'<a href="/ui/jobs/{documented}/docs/" id="docs">' in job_page
+    assert f'<a href="/ui/runs/{run_id}/docs/" id="docs">' in (await browser.http.get(f"/ui/runs/{run_id}")).text
     assert 'id="docs"' not in (await browser.http.get(f"/ui/jobs/{plain}")).text
 
 
