@@ -46,8 +46,12 @@ async def update_project(
     store: Store, box: BoxOf, rule: RepositoryRule, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
 ) -> Project:
     project_id = positive_id(request.project_id, "project_id")
-    url = repository_url(request.repository_url, "repository_url", rule)
-    await reachable_repository(rule, url)  # resolved before the row is locked
+    try:
+        url = repository_url(request.repository_url, "repository_url", rule)
+    except InvalidArgument:
+        url = ""  # project_spec below refuses it, with every other field it refuses
+    if url:
+        await reachable_repository(rule, url)  # resolved before the row is locked
     async with store.transaction() as conn:
         current = await store.get_project(conn, account_id, project_id, for_update=True)
         if current is None:

@@ -71,6 +71,8 @@ def _pages(seeded: dict[str, int]) -> list[str]:
         f"/ui/jobs/{seeded['job']}",
         "/ui/jobs/new",
         f"/ui/jobs/{seeded['job']}/edit",
+        f"/ui/jobs/{seeded['job']}/delete",
+        f"/ui/environments/{seeded['environment']}/delete",
         "/ui/projects",
         "/ui/projects/new",
         f"/ui/projects/{seeded['project']}/edit",

@@ -65,3 +65,21 @@ async def test_every_invalid_field_is_flagged_at_once_and_typed_secrets_are_aske
     assert set(errors) == {"name", "steps", "threads", "timeout_seconds", "priority"}, errors
     assert "The secret variables you typed (DBT_ENV_SECRET_KEY) were not kept: type them again." in refused.text
     assert await scalar(adb, "SELECT count(*) FROM jobs") == 0
+
+
+async def test_a_project_edit_names_a_refused_repository_with_the_other_refused_fields(
+    browser: Browser, adb: AsyncDb
+) -> None:
+    await browser.login()
+    made = await browser.post(
+        "/ui/projects/new", name="shop", repository_url="https://github.com/acme/shop.git", git_credential_kind="none"
+    )
+    assert made.status_code == 303, made.text
+    project_id = int(await scalar(adb, "SELECT id FROM projects WHERE name = 'shop'"))
+    refused = await browser.post(
+        f"/ui/projects/{project_id}/edit", name="", repository_url="ftp://example.com/x.git", subdirectory="../up",
+        git_credential_kind="none",
+    )  # fmt: skip
+    assert refused.status_code == 400, refused.text
+    assert set(_errors(refused.text)) == {"name", "repository_url", "subdirectory"}, _errors(refused.text)
+    assert await scalar(adb, "SELECT name FROM projects WHERE id = %s", project_id) == "shop"
