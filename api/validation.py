@@ -396,12 +396,15 @@ def run_overrides(overrides: runs_pb2.RunOverrides) -> RunOverridesSpec:
 
 
 def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -> RunOverridesSpec:
-    """``raw`` checked field by field; ``field_name`` turns a field into the client's name for it."""
+    """``raw`` checked field by field, every refusal named at once; ``field_name`` turns a field into the
+    client's name for it."""
+
+    problems = Problems()  # every refused field named at once
 
     def maybe(value: T | None, check: Callable[[T, str], T], name: str) -> T | None:
-        return None if value is None else check(value, field_name(name))
+        return None if value is None else problems.check(partial(check, value, field_name(name)), None)
 
-    return RunOverridesSpec(
+    checked = RunOverridesSpec(
         steps=maybe(raw.steps, _steps, "steps"),
         threads=maybe(raw.threads, lambda v, n: fields.threads(v, n, unset=False), "threads"),
         git_branch=maybe(raw.git_branch, git_branch, "git_branch"),
@@ -418,6 +421,8 @@ def checked_overrides(raw: RunOverridesSpec, field_name: Callable[[str], str]) -
         generate_docs=raw.generate_docs,
         pull_request_provider=raw.pull_request_provider,
     )
+    problems.raise_any()
+    return checked
 
 
 def run_statuses(values: list[int], name: str) -> list[RunStatus]:

@@ -50,7 +50,7 @@ from api.web.session import (
     sessions_of,
     viewer,
 )
-from runplane.basics.errors import InvalidArgument, RunplaneError
+from runplane.basics.errors import InvalidArgument, Problems, RunplaneError
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger, WaitingReason
 
@@ -490,26 +490,27 @@ async def run_now(
     """Run now (a manual trigger: it also reactivates a deactivated job), with the overrides given;
     a CI job's run names its pull request. ``run_at`` (in the viewer's time zone) queues the run for a
     later time instead. A refused override comes back at its field."""
+    problems = Problems()  # every refused field named at once
     try:
-        later = _time(run_at.strip(), "run_at", views.viewer_zone(request.cookies.get(views.ZONE_COOKIE)))
-        overrides = checked_overrides(
-            RunOverridesSpec(
-                steps=lines(steps),
-                git_branch=git_branch.strip() or None,
-                git_sha=git_sha.strip() or None,
-                schema=schema_name.strip() or None,
-                target_name=target_name.strip() or None,
-                threads=number(threads, "threads"),
-                timeout_seconds=number(timeout_seconds, "timeout_seconds"),
-                pull_request_number=number(pull_request_number, "pull_request_number"),
-                generate_docs=_choice(generate_docs, GENERATE_DOCS, "generate_docs"),
-                dbt_version=dbt_version.strip() or None,
-            ),
-            lambda name: name,
+        zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
+        later = problems.check(lambda: _time(run_at.strip(), "run_at", zone), None)
+        raw = RunOverridesSpec(
+            steps=lines(steps),
+            git_branch=git_branch.strip() or None,
+            git_sha=git_sha.strip() or None,
+            schema=schema_name.strip() or None,
+            target_name=target_name.strip() or None,
+            threads=problems.check(lambda: number(threads, "threads"), None),
+            timeout_seconds=problems.check(lambda: number(timeout_seconds, "timeout_seconds"), None),
+            pull_request_number=problems.check(lambda: number(pull_request_number, "pull_request_number"), None),
+            generate_docs=problems.check(lambda: _choice(generate_docs, GENERATE_DOCS, "generate_docs"), None),
+            dbt_version=dbt_version.strip() or None,
         )
-        cause = text(cause, "cause", max_length=MAX_CAUSE)
-        at = later_time(later, "run_at") if later is not None else None
-        key = checked_idempotency_key(run_key, "run_key")
+        overrides = problems.check(lambda: checked_overrides(raw, lambda name: name), raw)
+        cause = problems.check(lambda: text(cause, "cause", max_length=MAX_CAUSE), cause)
+        at = problems.check(lambda: later_time(later, "run_at") if later is not None else None, None)
+        key = problems.check(lambda: checked_idempotency_key(run_key, "run_key"), None)
+        problems.raise_any()
         spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, key and f"web:{key}", overrides, run_at=at)
         row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
     except InvalidArgument as exc:

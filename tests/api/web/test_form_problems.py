@@ -10,6 +10,7 @@ import pytest
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, scalar
 from tests.api.web.conftest import Browser
+from tests.support.web_rows import insert_job
 
 PASSWORD = "never-echoed-password"
 
@@ -83,3 +84,14 @@ async def test_a_project_edit_names_a_refused_repository_with_the_other_refused_
     assert refused.status_code == 400, refused.text
     assert set(_errors(refused.text)) == {"name", "repository_url", "subdirectory"}, _errors(refused.text)
     assert await scalar(adb, "SELECT name FROM projects WHERE id = %s", project_id) == "shop"
+
+
+async def test_run_now_names_every_refused_override_at_once(browser: Browser, adb: AsyncDb) -> None:
+    await browser.login()
+    job_id = await insert_job(adb, browser.account_id, "nightly")
+    refused = await browser.post(
+        f"/ui/jobs/{job_id}/run", threads="0", git_sha="not-a-sha", schema="not a schema", timeout_seconds="soon"
+    )
+    assert refused.status_code == 400, refused.text
+    assert set(_errors(refused.text)) == {"threads", "git_sha", "schema", "timeout_seconds"}, _errors(refused.text)
+    assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 0
