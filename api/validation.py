@@ -157,16 +157,23 @@ def _steps(steps: list[str], name: str) -> list[str]:
 def _with_triggers(spec: JobSpec, triggers: jobs_pb2.JobTriggers) -> JobSpec:
     cron: str | None = None
     timezone = "UTC"
+    problems = Problems()  # every refused trigger named at once
     if triggers.HasField("schedule"):
         if spec.job_type in (JobType.CI, JobType.MERGE):
-            raise InvalidArgument("triggers.schedule", f"{spec.job_type} jobs run on pull requests, not on a schedule")
-        cron = validate_cron(triggers.schedule.cron, "triggers.schedule.cron")
-        timezone = validate_timezone(triggers.schedule.timezone, "triggers.schedule.timezone")
-        validate_fires(cron, timezone, "triggers.schedule.cron")
+            problems.found.append(
+                InvalidArgument("triggers.schedule", f"{spec.job_type} jobs run on pull requests, not on a schedule")
+            )
+        cron = problems.check(partial(validate_cron, triggers.schedule.cron, "triggers.schedule.cron"), None)
+        timezone = problems.check(
+            partial(validate_timezone, triggers.schedule.timezone, "triggers.schedule.timezone"), "UTC"
+        )
+        if cron is not None and not problems.found:
+            problems.check(partial(validate_fires, cron, timezone, "triggers.schedule.cron"), None)
     if triggers.on_pull_request and spec.job_type is not JobType.CI:
-        raise InvalidArgument("triggers.on_pull_request", "only ci jobs run on pull requests")
+        problems.found.append(InvalidArgument("triggers.on_pull_request", "only ci jobs run on pull requests"))
     if triggers.on_merge and spec.job_type is not JobType.MERGE:
-        raise InvalidArgument("triggers.on_merge", "only merge jobs run on merges")
+        problems.found.append(InvalidArgument("triggers.on_merge", "only merge jobs run on merges"))
+    problems.raise_any()
     if len(triggers.on_completion) > MAX_COMPLETION_TRIGGERS:
         raise InvalidArgument("triggers.on_completion", f"at most {MAX_COMPLETION_TRIGGERS} completion triggers")
     completion: list[CompletionTriggerSpec] = []

@@ -65,6 +65,9 @@ async def test_every_invalid_field_is_flagged_at_once_and_typed_secrets_are_aske
     errors = _errors(refused.text)
     assert set(errors) == {"name", "steps", "threads", "timeout_seconds", "priority"}, errors
     assert "The secret variables you typed (DBT_ENV_SECRET_KEY) were not kept: type them again." in refused.text
+    schedule = {"name": "hourly", "job_type": "deploy", "steps": "dbt build", "cron": "61 * * * *"}
+    refused = await browser.post("/ui/jobs/new", **schedule, timezone="Mars/Olympus")
+    assert set(_errors(refused.text)) == {"cron", "timezone"}, _errors(refused.text)
     assert await scalar(adb, "SELECT count(*) FROM jobs") == 0
 
 
