@@ -31,7 +31,13 @@ from runner.cache_keeper import CacheError, PrepCache
 from runner.checkout import CheckoutError, Repository, check_out
 from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, step_environment
 from runner.macros import add_drop_schema_macro
-from runner.package_cache import has_packages, install_path, package_key
+from runner.package_cache import (
+    LOCK_FILE,
+    has_packages,
+    install_path,
+    package_key,
+    unpinned_package,
+)
 from runner.profile import ProjectError, project_directory, write_profile
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane.basics.errors import RunplaneError
@@ -202,8 +208,12 @@ async def _packages(
     installed by ``dbt deps`` and then kept by the host for the next run."""
     secrets = context.secrets()
     install_dir = install_path(project)
+    unpinned = unpinned_package(project)
     key = None
-    if install_dir is not None:
+    if install_dir is not None and unpinned is not None:
+        say(f"dbt packages not cached by this host: no {LOCK_FILE} and {mask(unpinned, secrets)} "
+            f"(commit the {LOCK_FILE} dbt deps writes, or pin a commit, for the cache to serve them)")  # fmt: skip
+    elif install_dir is not None:
         key = package_key(project, account_id=context.account_id, dbt_version=context.dbt_version,
                           install_dir=install_dir)  # fmt: skip
         with _part("dbt packages", secrets):
@@ -227,6 +237,8 @@ async def _packages(
                                end=StepEnd.TIMED_OUT)  # fmt: skip
         case StepEnd.ABANDONED:
             raise PrepareError("lease lost during dbt deps", part="dbt deps", end=StepEnd.ABANDONED)
+    if unpinned is not None:
+        return
     if key is None or install_dir is None:
         say("dbt packages not kept by this host: packages-install-path is not one plain directory of the project")
         return
