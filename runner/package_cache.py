@@ -123,6 +123,21 @@ def unpinned_package(project: Path) -> str | None:
     return None
 
 
+def git_package_urls(project: Path) -> list[str]:
+    """The ``git:`` URLs the project's package files name as written (unrendered; unreadable files name none)."""
+    urls: list[str] = []
+    for name in PACKAGE_FILES:
+        try:
+            document = yaml.safe_load((project / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        packages = document.get("packages") if isinstance(document, dict) else None
+        for package in packages if isinstance(packages, list) else []:
+            if isinstance(package, dict) and isinstance(package.get("git"), str):
+                urls.append(package["git"])
+    return urls
+
+
 def _unpinned(package: dict[object, object]) -> str | None:
     for source in ("git", "private"):
         if source in package:

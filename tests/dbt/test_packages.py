@@ -1,8 +1,10 @@
 """A project's dbt packages from git, with the host's package cache: a package that follows a branch
-is installed as the branch is now."""
+is installed as the branch is now, and a local package repository that another user owns installs."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from runplane.basics.settings import Settings
@@ -21,6 +23,8 @@ from tests.dbt.conftest import (
 )
 
 pytestmark = dbt_run_marks(timeout=400)
+
+NOBODY = 65534
 
 
 def moving_package(path: Path, version: int) -> None:
@@ -74,3 +78,33 @@ async def test_a_package_on_a_branch_is_installed_as_the_branch_is_now(
     assert built() == 2, log[-3000:]
     assert "dbt packages not cached by this host: no package-lock.yml" in log
     assert "dbt deps skipped" not in log
+
+
+def owned_by(path: Path, uid: int) -> None:
+    for root, directories, files in os.walk(path):
+        for name in [*directories, *files]:
+            os.lchown(Path(root) / name, uid, uid)
+    os.lchown(path, uid, uid)
+
+
+async def test_a_local_package_repository_another_user_owns_installs(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    package = tmp_path / "git" / "moving"
+    moving_package(package, 7)
+    repo = make_repository(tmp_path / "jaffle")
+    project_using(repo, f"file://{package}")
+    # Another user's repository, as a root-owned one is to a run's uid: git calls that dubious ownership.
+    owned_by(package, NOBODY if os.getuid() != NOBODY else 0)
+    try:
+        env = await environment(client, database_url, str(repo))
+        job = await dbt_job(client, env.id, ["dbt run --select package_version"])
+        run = await run_job(client, cached(dbt_settings, tmp_path), db, job.id)
+        log = await run_log(client, run.id)
+        assert run.status == OK, f"{run.status_message}\n{log[-3000:]}"
+        assert "dubious ownership" not in log
+        row = db.execute("SELECT version FROM analytics.package_version").fetchone()
+        assert row is not None and int(row[0]) == 7
+    finally:
+        owned_by(package, os.getuid())
+        shutil.rmtree(tmp_path / "git", ignore_errors=True)
