@@ -37,6 +37,7 @@ from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.secrets import SecretBox, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import spawn
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import runner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ async def _open(
                     draining=draining,
                     max_body_bytes=settings.api.max_body_bytes,
                     web_session_lifetime=timedelta(hours=settings.api.web_session_hours),
+                    dbt_versions=InstalledDbtVersions.of(settings),
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

@@ -18,6 +18,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+from runner.dbt_errors import ErrorLines
 from runplane.basics.secrets import MASK
 from runplane.basics.supervise import wait_any
 
@@ -71,6 +72,7 @@ class RunLogs:
         self._append = append
         self._secrets = tuple(secrets)
         self._maskers: dict[int, StreamMasker] = {}
+        self._errors: dict[int, ErrorLines] = {}
         self._next_seq = first_seq
         self._flush_interval = flush_interval
         self._max_bytes = max_bytes
@@ -85,6 +87,10 @@ class RunLogs:
         masker = self._maskers.setdefault(step_index, StreamMasker(self._secrets))
         # NUL cannot be stored in a text column; it is no printable output either.
         text = masker.feed(decoder.decode(data, final=final).replace("\x00", "\ufffd"), final=final)
+        errors = self._errors.setdefault(step_index, ErrorLines())
+        errors.feed(text)
+        if final:
+            errors.end()
         if not text:
             return
         self._pending.append((step_index, text))
@@ -94,6 +100,11 @@ class RunLogs:
 
     def end_step(self, step_index: int) -> None:
         self.write(step_index, b"", final=True)
+
+    def error_of(self, step_index: int) -> str | None:
+        """dbt's first error header and its reason in the step's (masked) output, if it printed one."""
+        errors = self._errors.get(step_index)
+        return errors.found if errors else None
 
     async def flush(self) -> None:
         async with self._lock:
