@@ -296,6 +296,7 @@ class Runner:
                 on_output=lambda data: logs.write(index, data),
                 control=self._control,
                 limits=limits,
+                output_room=logs.room,
             )
         if result.end is StepEnd.ABANDONED:
             return None, True

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -123,7 +123,10 @@ async def run_step(
     on_output: Callable[[bytes], None],
     control: StepControl,
     limits: Limits,
+    output_room: Callable[[], Awaitable[None]] | None = None,
 ) -> StepResult:
+    """Run ``command`` to its end. ``output_room``: awaited before each read of the step's output, so
+    the step blocks on its pipe while what it wrote waits to be shipped."""
     _steps_can_be_interrupted()
     guard, lifeline = await _start_guard(cwd)
     oom_kills_before = limits.oom_kills() if limits.oom_kills is not None else 0
@@ -152,7 +155,12 @@ async def run_step(
     stdout = process.stdout
 
     async def pump() -> None:
-        while chunk := await stdout.read(65536):
+        while True:
+            if output_room is not None:
+                await output_room()
+            chunk = await stdout.read(65536)
+            if not chunk:
+                return
             on_output(chunk)
 
     reader = asyncio.create_task(pump(), name=f"step:{pgid}:output")
