@@ -27,8 +27,10 @@ import json
 import logging
 import os
 import resource
+import signal
 import stat
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,10 +39,10 @@ import psycopg
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.pool_sizing import record_launch
-from runplane.adapters import local_fence, network_fence
+from runplane.adapters import cgroups, local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
-from runplane.basics.held_processes import open_pidfd
+from runplane.basics.held_processes import exited, open_pidfd
 from runplane.basics.repository_urls import repository_environment
 from runplane.basics.settings import Settings
 
@@ -51,6 +53,7 @@ POOL_NAME = "local"  # the fork server's spares, as a pool in the metrics
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
 RUNNERS_PER_CPU = 16  # the default capacity: a run's runner mostly waits (on the API, its step, its logs)
 SPARE_DESCRIPTORS = 256  # file descriptors kept for everything but the runners' pidfds
+CGROUP_KILL_TIMEOUT = 10.0  # how long the processes of a killed run cgroup may take to end
 
 
 # Passed through from the dispatcher's environment to a runner; nothing else is.
@@ -257,11 +260,41 @@ class LocalLauncher:
         self._children: set[int] = set()
         self.capacity = local_capacity(settings)
         _allow_descriptors(self.capacity + SPARE_DESCRIPTORS)
-        self._alive: set[int] = set()  # a pidfd for each runner given a run that has not exited
+        # A pidfd for each runner given a run that has not exited: its run and pid.
+        self._alive: dict[int, tuple[int, int]] = {}
 
     def alive(self) -> int:
         """Runners this launcher gave a run that have not exited yet."""
         return len(self._alive)
+
+    def runs_alive(self) -> list[int]:
+        """The runs of those runners."""
+        return [run_id for run_id, _ in self._alive.values()]
+
+    def end_runner(self, run_id: int) -> str:
+        """Kill the runner of ``run_id`` and everything of its run: its run cgroup when it has one
+        (emptied and removed), else the runner itself. What was killed; "" when it had exited."""
+        for pidfd, (held_run, pid) in list(self._alive.items()):
+            if held_run != run_id:
+                continue
+            try:
+                directories = cgroups.run_cgroups_of(pid)
+            except OSError:
+                directories = []
+            if exited(pidfd):  # read after: what was read was this runner's while it lived
+                return ""
+            if not directories:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                return f"runner {pid} killed"
+            deadline = time.monotonic() + CGROUP_KILL_TIMEOUT
+            for directory in directories:
+                try:
+                    cgroups.kill(directory, deadline)
+                except OSError as exc:
+                    log.error("a run cgroup was not emptied", extra={"run_id": run_id, "error": str(exc)})
+            return f"run cgroup {', '.join(map(str, directories))} killed"
+        return ""
 
     async def start(self) -> None:
         """Load the fork server ahead of the first run."""
@@ -282,12 +315,12 @@ class LocalLauncher:
             pid, warm = await self._fork_server.fork(request.run_id, request.token)
         else:
             pid, warm = self._spawn(request.run_id, request.token), False
-        self._watch(pid)
+        self._watch(request.run_id, pid)
         record_launch(pool=POOL_NAME, cluster=self._cluster, warm=warm)
         log.info("runner started", extra={"run_id": request.run_id, "pid": pid, "warm": warm})
         return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}", warm=warm)
 
-    def _watch(self, pid: int) -> None:
+    def _watch(self, run_id: int, pid: int) -> None:
         """Count the runner as alive until the kernel says it exited (its pidfd turns readable)."""
         try:
             pidfd = open_pidfd(pid)
@@ -297,12 +330,12 @@ class LocalLauncher:
         if pidfd is None:
             return  # it has already exited, and its parent reaped it
         asyncio.get_running_loop().add_reader(pidfd, self._exited, pidfd)
-        self._alive.add(pidfd)
+        self._alive[pidfd] = (run_id, pid)
 
     def _exited(self, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
-        self._alive.discard(pidfd)
+        self._alive.pop(pidfd, None)
 
     def _spawn(self, run_id: int, token: str) -> int:
         self._reap()
