@@ -59,6 +59,9 @@ class Limits:
     confinement: tuple[str, ...] = ()
     # How many of the run's processes the kernel killed for the run cgroup's memory limit so far.
     oom_kills: Callable[[], int] | None = None
+    # Awaited before each read of a step's output: the step blocks on its pipe while what it wrote
+    # waits to be shipped (``runner.run_logs``).
+    output_room: Callable[[], Awaitable[None]] | None = None
 
 
 def tree_rss(pid: int) -> int:
@@ -123,10 +126,7 @@ async def run_step(
     on_output: Callable[[bytes], None],
     control: StepControl,
     limits: Limits,
-    output_room: Callable[[], Awaitable[None]] | None = None,
 ) -> StepResult:
-    """Run ``command`` to its end. ``output_room``: awaited before each read of the step's output, so
-    the step blocks on its pipe while what it wrote waits to be shipped."""
     _steps_can_be_interrupted()
     guard, lifeline = await _start_guard(cwd)
     oom_kills_before = limits.oom_kills() if limits.oom_kills is not None else 0
@@ -156,8 +156,8 @@ async def run_step(
 
     async def pump() -> None:
         while True:
-            if output_room is not None:
-                await output_room()
+            if limits.output_room is not None:
+                await limits.output_room()
             chunk = await stdout.read(65536)
             if not chunk:
                 return
