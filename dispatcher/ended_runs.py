@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
+from pathlib import Path
 
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.local_launcher import LocalLauncher
+from runplane.adapters import cgroups
 from runplane.adapters.db import Connection, fetch_values
 from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.supervise import sleep_or_stop
@@ -30,6 +34,7 @@ Q = load_queries("dispatcher")
 
 CHECK_INTERVAL = 1.0
 GRACE = 2.0
+KILL_TIMEOUT = 10.0  # how long the processes of a killed run cgroup may take to end
 
 
 async def end_runners_of_ended_runs(
@@ -47,6 +52,22 @@ async def end_runners_of_ended_runs(
             log.warning("ended runs not read", extra={"error": str(exc)})
             continue
         for run_id in ended:
-            how = await asyncio.to_thread(launcher.end_runner, run_id)
-            if how:
-                log.warning("the runner of an ended run was still alive: %s", how, extra={"run_id": run_id})
+            opened = launcher.end_runner(run_id)
+            if opened is None:
+                continue  # it exited meanwhile
+            where = ", ".join(str(directory) for directory, _ in opened) or "no run cgroup: the runner"
+            log.warning("the runner of an ended run was still alive; killed: %s", where, extra={"run_id": run_id})
+            if opened:
+                await asyncio.to_thread(_empty, run_id, opened)
+
+
+def _empty(run_id: int, opened: list[tuple[Path, int]]) -> None:
+    """Kill and remove the run cgroups ``opened`` names, then close their descriptors."""
+    deadline = time.monotonic() + KILL_TIMEOUT
+    for directory, fd in opened:
+        try:
+            cgroups.kill(directory, deadline, opened=fd)
+        except OSError as exc:
+            log.error("a run cgroup was not emptied", extra={"run_id": run_id, "error": str(exc)})
+        finally:
+            os.close(fd)

@@ -30,7 +30,6 @@ import resource
 import signal
 import stat
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -53,7 +52,6 @@ POOL_NAME = "local"  # the fork server's spares, as a pool in the metrics
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
 RUNNERS_PER_CPU = 16  # the default capacity: a run's runner mostly waits (on the API, its step, its logs)
 SPARE_DESCRIPTORS = 256  # file descriptors kept for everything but the runners' pidfds
-CGROUP_KILL_TIMEOUT = 10.0  # how long the processes of a killed run cgroup may take to end
 
 
 # Passed through from the dispatcher's environment to a runner; nothing else is.
@@ -271,30 +269,28 @@ class LocalLauncher:
         """The runs of those runners."""
         return [run_id for run_id, _ in self._alive.values()]
 
-    def end_runner(self, run_id: int) -> str:
-        """Kill the runner of ``run_id`` and everything of its run: its run cgroup when it has one
-        (emptied and removed), else the runner itself. What was killed; "" when it had exited."""
-        for pidfd, (held_run, pid) in list(self._alive.items()):
+    def end_runner(self, run_id: int) -> list[tuple[Path, int]] | None:
+        """On the event loop (which alone closes pidfds): end the runner of ``run_id`` and everything
+        of its run. With a run cgroup, its directories and descriptors opened while the runner was
+        alive, for the caller to empty (:func:`runplane.adapters.cgroups.kill`, which may take a
+        while) and close; without one the runner is killed here and the list is empty. None when the
+        run has no live runner here."""
+        for pidfd, (held_run, pid) in self._alive.items():
             if held_run != run_id:
                 continue
-            try:
-                directories = cgroups.run_cgroups_of(pid)
-            except OSError:
-                directories = []
-            if exited(pidfd):  # read after: what was read was this runner's while it lived
-                return ""
-            if not directories:
+            opened: list[tuple[Path, int]] = []
+            with contextlib.suppress(OSError):
+                for directory in cgroups.run_cgroups_of(pid):
+                    opened.append((directory, cgroups.open_cgroup(directory)))
+            if exited(pidfd):  # checked after: what was read and opened was this runner's, alive
+                for _, fd in opened:
+                    os.close(fd)
+                return None
+            if not opened:
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                return f"runner {pid} killed"
-            deadline = time.monotonic() + CGROUP_KILL_TIMEOUT
-            for directory in directories:
-                try:
-                    cgroups.kill(directory, deadline)
-                except OSError as exc:
-                    log.error("a run cgroup was not emptied", extra={"run_id": run_id, "error": str(exc)})
-            return f"run cgroup {', '.join(map(str, directories))} killed"
-        return ""
+            return opened
+        return None
 
     async def start(self) -> None:
         """Load the fork server ahead of the first run."""

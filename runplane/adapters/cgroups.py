@@ -93,28 +93,54 @@ def run_cgroups_of(pid: int) -> list[Path]:
     return found
 
 
-def kill(directory: Path, deadline: float) -> None:
+def open_cgroup(directory: Path) -> int:
+    """A descriptor of the cgroup at ``directory``: it names that cgroup and no other made later at the
+    same path (a uid's next run)."""
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def kill(directory: Path, deadline: float, opened: int | None = None) -> None:
     """Kill every process of the cgroup at ``directory`` (``cgroup.kill`` where there is one, then
-    the processes it still lists) and remove it once it is empty (it may already be gone)."""
-    if not directory.is_dir():
+    the processes it still lists) and remove it once it is empty (it may already be gone). With
+    ``opened`` (from :func:`open_cgroup`), only the cgroup it names is touched, whatever is at that
+    path now."""
+    try:
+        fd = opened if opened is not None else open_cgroup(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    with contextlib.suppress(OSError):
-        if (directory / "cgroup.kill").exists():
-            (directory / "cgroup.kill").write_text("1")
-    while time.monotonic() < deadline:
-        try:
-            pids = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            with contextlib.suppress(FileNotFoundError):
-                directory.rmdir()
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)  # the kernel ends the killed processes asynchronously
-    raise OSError(errno.EBUSY, f"processes of {directory} did not end in time")
+    try:
+        with contextlib.suppress(OSError):
+            _write_at(fd, "cgroup.kill", "1")
+        while time.monotonic() < deadline:
+            try:
+                pids = [int(p) for p in _read_at(fd, "cgroup.procs").split()]
+            except OSError:
+                return  # removed meanwhile
+            if not pids:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(directory).st_ino == os.fstat(fd).st_ino:
+                        directory.rmdir()
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)  # the kernel ends the killed processes asynchronously
+        raise OSError(errno.EBUSY, f"processes of {directory} did not end in time")
+    finally:
+        if opened is None:
+            os.close(fd)
+
+
+def _read_at(directory: int, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=directory)
+    with os.fdopen(fd) as file:
+        return file.read()
+
+
+def _write_at(directory: int, name: str, value: str) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=directory)
+    with os.fdopen(fd, "w") as file:
+        file.write(value)
 
 
 def unavailable() -> str | None:
