@@ -114,15 +114,16 @@ class CallLimitInterceptor(ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> MethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler  # the door check refuses what is not a unary call
         method = handler_call_details.method
         lease = method.rsplit("/", 1)[-1] in LEASE_METHODS
         token = _token_of(handler_call_details.invocation_metadata)
         if token is not None and self._budgets.exhausted(token, lease):
-            # Refused before the request is even parsed: a flood costs as little as it can.
+            # Refused before the call reaches the door check or its request is parsed: a flood
+            # costs as little as it can. (Every method of the runner API is unary.)
             return grpc.unary_unary_rpc_method_handler(_refuse, request_deserializer=_unparsed)
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler  # the door check refuses what is not a unary call
         return grpc.unary_unary_rpc_method_handler(
             self._limited(handler.unary_unary, lease),
             request_deserializer=handler.request_deserializer,

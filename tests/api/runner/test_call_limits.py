@@ -1,6 +1,6 @@
 """One run's token flooding the runner API (a process of its own, as deployed) is refused beyond its
-budget, and another run's calls are answered in time meanwhile: within the deadline a runner gives
-its lease calls."""
+budget, and another run's calls are answered in time meanwhile: half of them in a tenth of the
+deadline a runner gives its lease calls, every one before its next heartbeat would be due."""
 
 from __future__ import annotations
 
@@ -126,12 +126,14 @@ async def test_a_token_flooding_the_runner_api_is_refused_and_another_run_is_ans
         f" {refused} refused; other run: {len(latencies)} calls, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms,"
         f" max {worst * 1000:.0f} ms"
     )
-    assert answered + refused == len(codes), {c.name for c in codes}
     assert refused > 0
+    assert answered + refused == len(codes), {c.name for c in codes}
     limits = settings.api.runner_limits
     rate = limits.calls_per_second + limits.lease_calls_per_second
     most = limits.calls_burst + limits.lease_calls_burst + rate * flood_seconds
     assert answered <= most, (answered, most)
     assert probe_codes
     assert set(probe_codes) == {grpc.StatusCode.OK}, {c.name for c in probe_codes}
-    assert worst < LEASE_CALL_TIMEOUT, latencies  # the other run's heartbeat would be answered within its deadline
+    # The other run's calls are as quick as ever in the main, and none waits past its next heartbeat.
+    assert p50 < LEASE_CALL_TIMEOUT / 10, latencies
+    assert worst < settings.runner.heartbeat_interval, latencies
