@@ -25,6 +25,7 @@ from api.grpc.server import public_server
 from api.pickup_publisher import PickupPublisher
 from api.rest.app import create_app
 from api.rest.server import RestServer, bind_rest
+from api.runner.call_limits import CallLimitInterceptor
 from api.runner.run_token import RunTokenInterceptor
 from api.runner.service import RunnerService
 from api.store import Store
@@ -145,7 +146,10 @@ async def _open(
         bound = server.add_insecure_port(address)
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
-        runner_server = grpc.aio.server(interceptors=[RunTokenInterceptor()], options=RUNNER_SERVER)
+        runner_server = grpc.aio.server(
+            interceptors=[CallLimitInterceptor(settings.api.runner_limits), RunTokenInterceptor()],
+            options=RUNNER_SERVER,
+        )
         runner_service = RunnerService(store, pickups, settings.runner, box)
         await runner_service.warm_up()
         runner_pb2_grpc.add_RunnerServiceServicer_to_server(runner_service, runner_server)

@@ -182,6 +182,7 @@ class Runner:
             interrupt_grace=self._settings.runner.interrupt_grace,
             confinement=self._fence.confinement,
             oom_kills=self._fence.cgroup.oom_kills if self._fence.cgroup is not None else None,
+            output_room=logs.room,  # every step's, dbt deps' of the prep too
         )
         if self._fence.refusal:
             return await self._not_prepared(logs, self._fence.refusal)
