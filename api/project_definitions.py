@@ -11,7 +11,7 @@ keeps the stored one. A project's repository must be one the repository rule all
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from api.lookup import existing_environment, existing_project
 from api.projects_validation import environment_spec, project_spec, reachable_repository, repository_url
@@ -23,6 +23,7 @@ from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import projects_pb2
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,12 @@ async def update_project(
 async def create_environment(
     store: Store,
     box: BoxOf,
+    versions: InstalledDbtVersions,
     account_id: AccountId,
     request: projects_pb2.CreateEnvironmentRequest,
-    *,
-    installed_dbt_versions: Collection[str] = (),
 ) -> Environment:
-    """The new environment; with ``installed_dbt_versions`` its dbt version must be one of them."""
-    spec = environment_spec(request, installed_dbt_versions=installed_dbt_versions)
+    """The new environment, its dbt version one of the installed ``versions``."""
+    spec = environment_spec(request, versions=versions)
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
         if await store.get_project(conn, account_id, spec.project_id) is None:
@@ -96,19 +96,16 @@ async def create_environment(
 async def update_environment(
     store: Store,
     box: BoxOf,
+    versions: InstalledDbtVersions,
     account_id: AccountId,
     request: projects_pb2.UpdateEnvironmentRequest,
-    *,
-    installed_dbt_versions: Collection[str] = (),
 ) -> Environment:
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
         current = await store.get_environment(conn, account_id, environment_id, for_update=True)
         if current is None:
             raise NotFound(f"environment {environment_id} not found")
-        spec = environment_spec(
-            request, project_id=int(current.project_id), installed_dbt_versions=installed_dbt_versions
-        )
+        spec = environment_spec(request, versions=versions, project_id=int(current.project_id))
         stored: dict[str, str] = dict(current.connection_secrets)
         for name in request.clear_secret_fields:
             if name not in stored:

@@ -6,7 +6,6 @@ with its secrets still in clear text, which only the service encrypts before the
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import PurePosixPath
@@ -16,6 +15,7 @@ from runplane.basics.errors import InvalidArgument, Problems
 from runplane.basics.repository_urls import MAX_URL, RepositoryRule, RepositoryUrlRefused
 from runplane.dbt import fields
 from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, profile_field_problems
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import projects_pb2
 
 MAX_CREDENTIAL = 16 * 1024
@@ -127,12 +127,12 @@ def _credential(value: str, kind: str, url: str, stored_kind: str | None) -> Non
 def environment_spec(
     request: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
     *,
+    versions: InstalledDbtVersions,
     project_id: int = 0,
-    installed_dbt_versions: Collection[str] = (),
 ) -> EnvironmentSpec:
-    """The environment a create asks for, or an update of one in ``project_id``. Every refused field is
-    named in one ``InvalidArgument`` (``InvalidArguments`` for several). With ``installed_dbt_versions``
-    (what this installation runs, when it knows) the dbt version must be one of them."""
+    """The environment a create asks for, or an update of one in ``project_id``, whose dbt version is
+    one of the installed ``versions`` (any when they name none). Every refused field is named in one
+    ``InvalidArgument`` (``InvalidArguments`` for several)."""
     problems = Problems()
     if isinstance(request, projects_pb2.CreateEnvironmentRequest):
         project_id = problems.check(lambda: positive_id(request.project_id, "project_id"), 0)
@@ -142,11 +142,11 @@ def environment_spec(
         problems.found.append(InvalidArgument("environment_type", "must be deployment or development"))
     dbt_version = problems.check(
         lambda: fields.dbt_version(
-            text(request.dbt_version.strip(), "dbt_version", max_length=fields.MAX_DBT_VERSION, required=True),
-            installed=installed_dbt_versions,
+            text(request.dbt_version.strip(), "dbt_version", max_length=fields.MAX_DBT_VERSION, required=True)
         ),
         "",
     )
+    problems.check(lambda: versions.check(dbt_version, "dbt_version"), None)  # a malformed one is refused above
     connection = request.connection
     if not request.HasField("connection"):
         problems.found.append(InvalidArgument("connection", "is required"))

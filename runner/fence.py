@@ -99,7 +99,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     if cgroups.unavailable() is None:
         memory = spec.memory_mb * 1024 * 1024 + run_cgroup.RUNNER_ALLOWANCE
         cgroup = run_cgroup.create(user.uid, memory_bytes=memory, pids_max=settings.runner.local_pids_max)
-        keeper = run_cgroup.join(cgroup)
+        keeper = run_cgroup.join(cgroup, user.lease_fd)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Collection
 from datetime import timedelta
 
 from fastapi import FastAPI, Request
@@ -35,6 +34,7 @@ from runplane.basics.errors import RunplaneError
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import RepositorySettings
+from runplane.dbt.versions import InstalledDbtVersions
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,15 @@ def create_app(
     draining: asyncio.Event | None = None,
     max_body_bytes: int = 1024 * 1024,
     web_session_lifetime: timedelta = timedelta(hours=12),
-    dbt_versions: Collection[str] = (),
+    dbt_versions: InstalledDbtVersions | None = None,
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
     default), ``repositories`` which repositories projects may name (the strict rule by default).
     Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
     request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
-    ``web_session_lifetime`` at most. An environment form takes only the ``dbt_versions`` given (any when none).
+    ``web_session_lifetime`` at most. ``dbt_versions`` are the ones environments, jobs and runs may name
+    (any, by default).
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -66,10 +67,10 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.store = store
+    app.state.dbt_versions = dbt_versions or InstalledDbtVersions()
     app.state.pickups = pickups
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())
-    app.state.dbt_versions = frozenset(dbt_versions)  # an environment form's dbt version is one of them
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())

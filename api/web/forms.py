@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Collection
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,7 +35,7 @@ from api.web.form_fields import (
     variables,
     without_secret_lines,
 )
-from api.web.layout import page, see_other, store_of
+from api.web.layout import dbt_versions_of, page, see_other, store_of
 from api.web.session import CSRF_FIELD, Changing, Looking, Viewer
 from runplane.basics.errors import (
     FailedPrecondition,
@@ -50,6 +49,7 @@ from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
 from runplane.dbt.connections import adapter_fields
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -558,18 +558,12 @@ def _all_refused(
     problems: Problems,
     message: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
     project_id: int,
-    installed: Collection[str],
+    versions: InstalledDbtVersions,
 ) -> None:
     """A form it could not read whole is refused with the API's own refusals of the rest beside them."""
     if problems.found:
-        problems.check(lambda: environment_spec(message, project_id=project_id, installed_dbt_versions=installed), None)
+        problems.check(lambda: environment_spec(message, versions=versions, project_id=project_id), None)
         problems.raise_any()
-
-
-def _installed(request: Request) -> frozenset[str]:
-    """The dbt versions this installation runs (empty: it does not say)."""
-    installed: frozenset[str] = request.app.state.dbt_versions
-    return installed
 
 
 async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Environment:
@@ -590,7 +584,7 @@ async def _environment_context(
         "project": project,
         "environment": environment,
         # offered as suggestions: what this installation runs, else what the account's environments use
-        "dbt_versions": sorted(_installed(request) or {str(e.dbt_version) for e in environments}),
+        "dbt_versions": sorted(dbt_versions_of(request).versions or {str(e.dbt_version) for e in environments}),
         "sslmode_options": [("", "default")] + [(m, m) for m in sorted(adapter_fields(ADAPTER).choices["sslmode"])],
     }
 
@@ -611,10 +605,8 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
     try:
         problems = Problems()
         message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form, problems))
-        _all_refused(problems, message, project_id, _installed(request))
-        await create_environment(
-            store, lambda: _box(request), who.account_id, message, installed_dbt_versions=_installed(request)
-        )
+        _all_refused(problems, message, project_id, dbt_versions_of(request))
+        await create_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, None)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
@@ -645,10 +637,8 @@ async def update_environment_form(request: Request, who: Changing, environment_i
             expected_version=_version(form),
             **_environment_request(form, problems),
         )
-        _all_refused(problems, message, project.id, _installed(request))
-        await update_environment(
-            store, lambda: _box(request), who.account_id, message, installed_dbt_versions=_installed(request)
-        )
+        _all_refused(problems, message, project.id, dbt_versions_of(request))
+        await update_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)

@@ -36,7 +36,7 @@ from api.validation import (
 )
 from api.web import views
 from api.web.form_fields import FormErrors, lines, number
-from api.web.layout import page, see_other, store_of
+from api.web.layout import dbt_versions_of, page, see_other, store_of
 from api.web.session import (
     COOKIE,
     CSRF_FIELD,
@@ -507,6 +507,8 @@ async def run_now(
             dbt_version=dbt_version.strip() or None,
         )
         overrides = problems.check(lambda: checked_overrides(raw, lambda name: name), raw)
+        if all(found.field != "dbt_version" for found in problems.found):  # a malformed one is refused once
+            problems.check(lambda: dbt_versions_of(request).check(raw.dbt_version, "dbt_version"), None)
         cause = problems.check(lambda: text(cause, "cause", max_length=MAX_CAUSE), cause)
         at = problems.check(lambda: later_time(later, "run_at") if later is not None else None, None)
         key = problems.check(lambda: checked_idempotency_key(run_key, "run_key"), None)

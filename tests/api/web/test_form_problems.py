@@ -45,7 +45,7 @@ async def test_every_invalid_field_is_flagged_at_once_and_typed_secrets_are_aske
     errors = _errors(refused.text)
     assert set(errors) == {"name", "dbt_version", "conn_port", "schema", "threads"}, errors
     assert "between 1 and 65535" in errors["conn_port"]
-    assert "&#39;9.99&#39; is not installed here: choose one of 1.10, 1.11" in errors["dbt_version"]
+    assert "dbt &#39;9.99&#39; is not installed on the runners (installed: 1.10, 1.11)" in errors["dbt_version"]
     assert PASSWORD not in refused.text
     assert "Nothing was kept of the password you typed: type it again." in refused.text
     assert await scalar(adb, "SELECT count(*) FROM environments") == 0
