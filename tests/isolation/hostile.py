@@ -223,12 +223,26 @@ def find(marker: str, directories: list[str]) -> dict[str, str]:
     return outcome
 
 
-def spin(seconds: str) -> dict[str, float]:
-    """Keep a CPU busy for ``seconds`` of wall time; the CPU time it got."""
+def spin(seconds: str, loops: str = "1") -> dict[str, float]:
+    """Keep ``loops`` CPUs busy (processes of their own) for ``seconds`` of wall time; the CPU time
+    they got, in all and per loop."""
     deadline = time.monotonic() + float(seconds)
+    children = []
+    for _ in range(int(loops) - 1):
+        pid = os.fork()
+        if pid == 0:
+            while time.monotonic() < deadline:
+                pass
+            os._exit(0)
+        children.append(pid)
     while time.monotonic() < deadline:
         pass
-    return {"wall": float(seconds), "cpu": time.process_time()}
+    for pid in children:
+        os.waitpid(pid, 0)
+    own = time.process_time()
+    waited = os.times()
+    total = own + waited.children_user + waited.children_system
+    return {"wall": float(seconds), "cpu": total, "per_loop": total / int(loops)}
 
 
 def main() -> None:
@@ -257,7 +271,7 @@ def main() -> None:
         case "find":
             report(find(arguments[0], arguments[1:]))
         case "spin":
-            report(spin(arguments[0]))
+            report(spin(*arguments))
         case _:
             raise SystemExit(f"unknown attack {attack}")
 

@@ -9,6 +9,7 @@ from the kernel (the run's cgroup files, statvfs) and from what the step reporte
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 from collections.abc import Iterator
@@ -47,8 +48,6 @@ def test_a_file_and_a_socket_left_in_run_lock_are_not_there_for_the_next_run_of_
     system.start("scheduler")
     system.start("dispatcher")
     assert wait_until_ended(db, first)["status"] == RunStatus.SUCCESS, run_log(db, first)
-    # Every shared place is writable by the run: it is the run's own.
-    assert reported(db, first) == dict.fromkeys(PLACES, "left")
 
     second = queue_run(db, create_job(db, create_account(db, name="b"), steps=[hostile("find", marker, *PLACES)]))
     assert wait_until_ended(db, second)["status"] == RunStatus.SUCCESS, run_log(db, second)
@@ -58,6 +57,8 @@ def test_a_file_and_a_socket_left_in_run_lock_are_not_there_for_the_next_run_of_
         assert str(found[f"{place} socket"]).startswith("refused"), found
         # Nothing was written to the machine's own places either.
         assert not (Path(place) / marker).exists() and not (Path(place) / f"{marker}.sock").exists()
+    # Every shared place was writable by the first run: it was the run's own.
+    assert reported(db, first) == dict.fromkeys(PLACES, "left")
 
 
 def test_a_run_writing_past_its_scratch_quota_ends_with_disk_quota_exceeded(
@@ -162,3 +163,45 @@ def test_a_step_starting_more_processes_than_its_share_is_refused_and_the_run_sa
     log = run_log(db, run_id)
     assert run["status"] == RunStatus.ERROR, log
     assert "refused at the run's limit (pids.max)" in log, log
+
+
+def _cpu_seconds(cgroup: Path) -> float:
+    """CPU time so far of the processes in a run's cgroup (``/proc/<pid>/stat`` utime + stime)."""
+    ticks = 0
+    for pid in (cgroup / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_run_of_four_busy_loops_beside_a_run_of_one_leaves_it_its_share(db: Conn, system: Services) -> None:
+    # No cap: only the weight. Each run's cgroup weighs the same however many processes it has. On
+    # two CPUs the four loops take one CPU whole and half of the lone loop's (a group's weight is
+    # spread over the CPUs its load is on): 1/2 of the hog's CPU time for the lone loop, against 1/4
+    # (one loop of five) without a cgroup per run. Both runs' CPU time is read over one window,
+    # which a busy machine shortens for both alike.
+    system.env["RUNPLANE_RUNNER__LOCAL_CPU_WEIGHT"] = "100"
+    hog = queue_run(db, create_job(db, create_account(db, name="hog"), steps=[hostile("spin", "60", "4")]))
+    other = queue_run(db, create_job(db, create_account(db, name="other"), steps=[hostile("spin", "60")]))
+    cpu = {run_id: _run_cgroup(cgroups.CPU, UID_BASE + run_id % 2) for run_id in (hog, other)}
+    system.start("scheduler")
+    system.start("dispatcher")
+    weight = wait_for(
+        lambda: [name for name in ("cpu.weight", "cpu.shares") if all((d / name).exists() for d in cpu.values())],
+        timeout=60,
+        what="both runs' cgroups",
+    )[0]
+    assert (cpu[hog] / weight).read_text() == (cpu[other] / weight).read_text()
+    # The lone loop is spinning once it has had some CPU beyond its start.
+    wait_for(lambda: _cpu_seconds(cpu[other]), timeout=60, until=lambda used: used > 1.0, what="the lone loop")
+    start = {run_id: _cpu_seconds(directory) for run_id, directory in cpu.items()}
+    used = wait_for(
+        lambda: {run_id: _cpu_seconds(directory) - start[run_id] for run_id, directory in cpu.items()},
+        timeout=40,
+        until=lambda used: sum(used.values()) >= 3.0,
+        what="3 s of CPU between both runs",
+    )
+    # The runs spin on; the system fixture kills what is left of them.
+    print(f"CPU seconds over one window: the four loops' run {used[hog]:.2f}, the lone loop's run {used[other]:.2f}")
+    assert used[other] >= 0.35 * used[hog], used
