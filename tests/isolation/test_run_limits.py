@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.run_user import SCRATCH
 from runplane.adapters import cgroups
+from runplane.basics.settings import RunnerSettings
 from runplane.basics.types import RunStatus
 from tests.isolation.conftest import UID_BASE, hostile, reported, run_log, wait_until_ended
 from tests.support.polling import wait_for
@@ -72,8 +74,10 @@ def test_a_run_writing_past_its_scratch_quota_ends_with_disk_quota_exceeded(
         f"ls -l /dev/shm/{marker}.fill /tmp/{marker}.fill; exit $status"
     )
     run_id = queue_run(db, create_job(db, create_account(db), steps=[fill, "echo never"]))
+    scratch = Path(RunnerSettings().local_run_root) / str(UID_BASE + run_id % 2) / SCRATCH
     system.start("scheduler")
     system.start("dispatcher")
+    wait_for(scratch.is_mount, timeout=60, what="the run's scratch space")
     run = wait_until_ended(db, run_id)
     log = run_log(db, run_id)
     assert run["status"] == RunStatus.ERROR, log
@@ -82,6 +86,8 @@ def test_a_run_writing_past_its_scratch_quota_ends_with_disk_quota_exceeded(
     written = [int(n) for n in re.findall(r"^(\d+) bytes", log, re.MULTILINE)]
     assert written and written[0] <= 24 * 1024 * 1024, log  # what was left of 64 MiB after 40
     print(f"dd wrote {written[0]} bytes to /tmp after 40 MiB to /dev/shm, against a 64 MiB quota")
+    # Its pages are memory: given back when the runner ends, not held until the uid's next lease.
+    wait_for(lambda: not scratch.is_mount(), timeout=30, what="the scratch space to be unmounted")
 
 
 def _run_cgroup(controller: str, uid: int) -> Path:
