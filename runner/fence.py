@@ -116,8 +116,8 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             user.uid,
             memory_bytes=memory,
             pids_max=settings.runner.local_pids_max,  # the dispatcher's share of the machine for a run
-            cpu_weight=settings.runner.local_cpu_weight,
-            cpu_max=settings.runner.local_cpu_max,
+            cpu_weight=spec.cpu_weight or settings.runner.local_cpu_weight,  # the account's, else the operator's
+            cpu_max=spec.cpu_max or settings.runner.local_cpu_max,
         )
         keeper = run_cgroup.join(cgroup, user.scratch)
     confinement: tuple[str, ...] = ()

@@ -357,13 +357,15 @@ class RunnerSettings(BaseModel):
         100,
         ge=1,
         le=10_000,
-        description="local launcher, as root: a run's share of the CPUs against other runs when they are busy "
+        description="local launcher, as root: a run's share of the CPUs against other runs when they are busy, "
+        "for accounts without their own (accounts.cpu_weight) "
         "(cgroup v2 cpu.weight; v1 cpu.shares of weight × 1024 / 100); 100 is an equal share.",
     )
     local_cpu_max: float = Field(
         0.0,
         ge=0,
-        description="local launcher, as root: most CPUs a run may use at once, even on an idle machine (cgroup "
+        description="local launcher, as root: most CPUs a run may use at once, even on an idle machine, for "
+        "accounts without their own (accounts.cpu_max) (cgroup "
         "cpu.max, or v1 cpu.cfs_quota_us, over a 100 ms period); 0: no cap, only the weight.",
     )
     local_open_files: int = Field(

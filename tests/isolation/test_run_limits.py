@@ -111,13 +111,14 @@ def test_a_cpu_hog_is_throttled_at_its_cap_weighted_and_its_pids_scaled_to_the_m
 ) -> None:
     capacity = 64
     system.env.update(
-        RUNPLANE_RUNNER__LOCAL_CPU_MAX="0.2",
-        RUNPLANE_RUNNER__LOCAL_CPU_WEIGHT="50",
+        RUNPLANE_RUNNER__LOCAL_CPU_MAX="1.5",  # the operator's, which the account's settings override
         RUNPLANE_RUNNER__LOCAL_PIDS_MAX="4096",
         RUNPLANE_DISPATCHER__LOCAL_CAPACITY=str(capacity),
     )
     spin = 4.0
-    run_id = queue_run(db, create_job(db, create_account(db), steps=[hostile("spin", str(spin))]))
+    account = create_account(db)
+    db.execute("UPDATE accounts SET cpu_weight = 50, cpu_max = 0.2 WHERE id = %s", (account,))
+    run_id = queue_run(db, create_job(db, account, steps=[hostile("spin", str(spin))]))
     uid = UID_BASE + run_id % 2
     cpu = _run_cgroup(cgroups.CPU, uid)
     pids = _run_cgroup("pids", uid)
