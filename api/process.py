@@ -25,6 +25,7 @@ from api.grpc.server import public_server
 from api.pickup_publisher import PickupPublisher
 from api.rest.app import create_app
 from api.rest.server import RestServer, bind_rest
+from api.runner.call_limits import CallLimitInterceptor
 from api.runner.run_token import RunTokenInterceptor
 from api.runner.service import RunnerService
 from api.store import Store
@@ -37,6 +38,7 @@ from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.secrets import SecretBox, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import spawn
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import runner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -144,7 +146,10 @@ async def _open(
         bound = server.add_insecure_port(address)
         if bound == 0:
             raise ServiceUnavailable(f"cannot listen on {address}")
-        runner_server = grpc.aio.server(interceptors=[RunTokenInterceptor()], options=RUNNER_SERVER)
+        runner_server = grpc.aio.server(
+            interceptors=[CallLimitInterceptor(settings.api.runner_limits), RunTokenInterceptor()],
+            options=RUNNER_SERVER,
+        )
         runner_service = RunnerService(store, pickups, settings.runner, box)
         await runner_service.warm_up()
         runner_pb2_grpc.add_RunnerServiceServicer_to_server(runner_service, runner_server)
@@ -167,6 +172,7 @@ async def _open(
                     draining=draining,
                     max_body_bytes=settings.api.max_body_bytes,
                     web_session_lifetime=timedelta(hours=settings.api.web_session_hours),
+                    dbt_versions=InstalledDbtVersions.of(settings),
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

@@ -23,6 +23,7 @@ from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import projects_pb2
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,14 @@ async def update_project(
 
 
 async def create_environment(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.CreateEnvironmentRequest
+    store: Store,
+    box: BoxOf,
+    versions: InstalledDbtVersions,
+    account_id: AccountId,
+    request: projects_pb2.CreateEnvironmentRequest,
 ) -> Environment:
     spec = environment_spec(request)
+    versions.check(spec.dbt_version, "dbt_version")
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
         if await store.get_project(conn, account_id, spec.project_id) is None:
@@ -82,7 +88,11 @@ async def create_environment(
 
 
 async def update_environment(
-    store: Store, box: BoxOf, account_id: AccountId, request: projects_pb2.UpdateEnvironmentRequest
+    store: Store,
+    box: BoxOf,
+    versions: InstalledDbtVersions,
+    account_id: AccountId,
+    request: projects_pb2.UpdateEnvironmentRequest,
 ) -> Environment:
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
@@ -90,6 +100,7 @@ async def update_environment(
         if current is None:
             raise NotFound(f"environment {environment_id} not found")
         spec = environment_spec(request, project_id=int(current.project_id))
+        versions.check(spec.dbt_version, "dbt_version")
         stored: dict[str, str] = dict(current.connection_secrets)
         for name in request.clear_secret_fields:
             if name not in stored:

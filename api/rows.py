@@ -190,6 +190,11 @@ class RunStep:
     optional: bool
     setup: bool
 
+    def skipped_in(self, run_terminal: bool) -> bool:
+        """Whether the step was skipped: marked so, or never started in a run that has ended (dbt Cloud
+        shows such a step as "Skipped", and clients retrying from a failure read that name)."""
+        return self.skipped or (run_terminal and self.started_at is None)
+
 
 @dataclass(frozen=True, slots=True)
 class RunListing:

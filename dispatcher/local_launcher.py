@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import stat
 import sys
 from collections.abc import Mapping
@@ -37,10 +38,10 @@ import psycopg
 
 from dispatcher.launcher import LaunchRequest, LaunchResult
 from dispatcher.pool_sizing import record_launch
-from runplane.adapters import local_fence, network_fence
+from runplane.adapters import cgroups, local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
-from runplane.basics.held_processes import open_pidfd
+from runplane.basics.held_processes import exited, open_pidfd
 from runplane.basics.local_capacity import local_capacity, pids_per_run
 from runplane.basics.repository_urls import repository_environment
 from runplane.basics.settings import Settings
@@ -255,11 +256,39 @@ class LocalLauncher:
         self._children: set[int] = set()
         self.capacity = local_capacity(settings)
         _allow_descriptors(self.capacity + SPARE_DESCRIPTORS)
-        self._alive: set[int] = set()  # a pidfd for each runner given a run that has not exited
+        # A pidfd for each runner given a run that has not exited: its run and pid.
+        self._alive: dict[int, tuple[int, int]] = {}
 
     def alive(self) -> int:
         """Runners this launcher gave a run that have not exited yet."""
         return len(self._alive)
+
+    def runs_alive(self) -> list[int]:
+        """The runs of those runners."""
+        return [run_id for run_id, _ in self._alive.values()]
+
+    def end_runner(self, run_id: int) -> list[tuple[Path, int]] | None:
+        """On the event loop (which alone closes pidfds): end the runner of ``run_id`` and everything
+        of its run. With a run cgroup, its directories and descriptors opened while the runner was
+        alive, for the caller to empty (:func:`runplane.adapters.cgroups.kill`, which may take a
+        while) and close; without one the runner is killed here and the list is empty. None when the
+        run has no live runner here."""
+        for pidfd, (held_run, pid) in self._alive.items():
+            if held_run != run_id:
+                continue
+            opened: list[tuple[Path, int]] = []
+            with contextlib.suppress(OSError):
+                for directory in cgroups.run_cgroups_of(pid):
+                    opened.append((directory, cgroups.open_cgroup(directory)))
+            if exited(pidfd):  # checked after: what was read and opened was this runner's, alive
+                for _, fd in opened:
+                    os.close(fd)
+                return None
+            if not opened:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return opened
+        return None
 
     async def start(self) -> None:
         """Load the fork server ahead of the first run."""
@@ -280,12 +309,12 @@ class LocalLauncher:
             pid, warm = await self._fork_server.fork(request.run_id, request.token)
         else:
             pid, warm = self._spawn(request.run_id, request.token), False
-        self._watch(pid)
+        self._watch(request.run_id, pid)
         record_launch(pool=POOL_NAME, cluster=self._cluster, warm=warm)
         log.info("runner started", extra={"run_id": request.run_id, "pid": pid, "warm": warm})
         return LaunchResult(cluster=self._cluster, pod_name=f"pid:{pid}", warm=warm)
 
-    def _watch(self, pid: int) -> None:
+    def _watch(self, run_id: int, pid: int) -> None:
         """Count the runner as alive until the kernel says it exited (its pidfd turns readable)."""
         try:
             pidfd = open_pidfd(pid)
@@ -295,12 +324,12 @@ class LocalLauncher:
         if pidfd is None:
             return  # it has already exited, and its parent reaped it
         asyncio.get_running_loop().add_reader(pidfd, self._exited, pidfd)
-        self._alive.add(pidfd)
+        self._alive[pidfd] = (run_id, pid)
 
     def _exited(self, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
-        self._alive.discard(pidfd)
+        self._alive.pop(pidfd, None)
 
     def _spawn(self, run_id: int, token: str) -> int:
         self._reap()

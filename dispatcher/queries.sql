@@ -62,3 +62,10 @@ SELECT (SELECT count(*) FROM runs
        (SELECT count(*) FROM dispatchers
          WHERE launcher = 'local' AND cluster = %(cluster)s AND dispatcher_id <> %(dispatcher_id)s
            AND last_seen_at > now() - make_interval(secs => %(dead_after)s))::bigint AS others
+
+-- name: ended_runs
+-- Of the runs this dispatcher's runners were given, those that ended a while ago (by their runner,
+-- the reaper or a cancel): a runner still alive then is killed with everything its run started.
+SELECT id FROM runs
+ WHERE id = ANY(%(run_ids)s) AND status IN (10, 20, 30)
+   AND finished_at < clock_timestamp() - make_interval(secs => %(grace)s)

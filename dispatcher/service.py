@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.ended_runs import end_runners_of_ended_runs
 from dispatcher.intake import Intake
 from dispatcher.launcher import Launcher, LaunchRequest, LaunchResult
 from dispatcher.launcher_choice import companion, intake, intake_gate, make_launcher
@@ -504,6 +505,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             )
             if watcher is not None:
                 spawn(group, f"dispatcher:{launcher.name}:watch", watcher.run(stop), eternal=True, stop=stop)
+            if isinstance(launcher, LocalLauncher):
+                ended = end_runners_of_ended_runs(pool, launcher, stop)
+                spawn(group, "dispatcher:local:ended-runs", ended, eternal=True, stop=stop)
             if isinstance(launcher, LocalLauncher) and settings.dispatcher.local_fork_server:
                 spares = LocalSpares(settings, pool, launcher, name)
                 spawn(group, "dispatcher:local:spares", spares.run(stop), eternal=True, stop=stop)

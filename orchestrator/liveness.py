@@ -12,6 +12,7 @@ from orchestrator import metrics
 from orchestrator.balance import balanced, plan_moves, spread
 from orchestrator.decisions import WorkerInfo, drifted, silent_workers
 from orchestrator.outbox import Outbox
+from runplane.basics.errors import ServiceUnavailable
 from runplane.basics.ownership import job_digest
 from runplane.basics.stamps import Stamp
 from runplane.basics.supervise import sleep_or_stop
@@ -27,9 +28,32 @@ class Liveness(Outbox):
         self._last_tick = self.monotonic.now()
         while not await sleep_or_stop(stop, interval / 10):
             tick += 1
+            if tick % 10 == 1:
+                await self._count_orchestrator_consumers()
             await self._declare_dead()
             if tick % 10 == 0:
                 await self._rebalance()
+
+    async def _count_orchestrator_consumers(self) -> None:
+        """Whether this leader's consumer is the only one on the orchestrator queue. Another one is
+        a previous leader's that stood still with its connection open (frozen; its lease long
+        gone): it holds up to a prefetch of messages, heartbeats among them, and round robin keeps
+        handing it more until that process runs again and steps down, or the broker drops its
+        connection. Meanwhile this leader does not hear every beat, so it declares nobody dead
+        (``decisions.silent_workers``: the silence is the leader's): judged by beats another
+        process held, a healthy worker was declared dead. Nothing is dropped to end it: what that
+        consumer holds comes back to this leader when it goes (at-least-once on the bus)."""
+        try:
+            consumers = await self.bus.consumers(self.topology.orchestrator)
+        except ServiceUnavailable:
+            return  # the broker is away: ``bus.connected`` says so already
+        sole = consumers <= 1
+        if sole != self._sole_consumer:
+            log.warning(
+                "hearing every heartbeat again" if sole else "another consumer holds heartbeats: declaring nobody dead",
+                extra={"consumers": consumers},
+            )
+        self._sole_consumer = sole
 
     async def _declare_dead(self) -> None:
         """Bury the workers silent for ``dead_after`` while this leader could hear them
@@ -41,7 +65,7 @@ class Liveness(Outbox):
             self.workers,
             now=now,
             late_tick=late_tick,
-            hearing=self.bus.connected,
+            hearing=self.bus.connected and self._sole_consumer,
             interval=interval,
             dead_after=self._dead_after,
         )

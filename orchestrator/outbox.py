@@ -72,6 +72,7 @@ class Outbox:
         cfg = settings.orchestrator
         self._dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals
         self._last_tick = self.monotonic.now()  # the liveness loop's last look at the workers
+        self._sole_consumer = True  # no other consumer on the orchestrator queue (a frozen predecessor's)
         metrics.observe(
             lambda: self.clock.term,
             lambda: {w: self.monotonic.now() - i.last_seen for w, i in self.workers.items() if i.alive},

@@ -1,5 +1,20 @@
--- name: bump_term
-UPDATE orchestrator_term SET term = term + 1, leader = %(leader)s, elected_at = now() RETURNING term;
+-- name: take_lease
+-- A standby's election: the lease is taken with the next term only when it has expired (or was
+-- never held, or is this very process's own from before it stepped down).
+UPDATE orchestrator_term
+   SET term = term + 1, leader = %(leader)s, elected_at = now(),
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE lease_expires_at IS NULL OR lease_expires_at < now() OR leader = %(leader)s
+RETURNING term;
+
+-- name: renew_lease
+UPDATE orchestrator_term SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE term = %(term)s
+RETURNING term;
+
+-- name: release_lease
+-- A leader that stops lets a standby take over at once.
+UPDATE orchestrator_term SET lease_expires_at = now() WHERE term = %(term)s;
 
 -- name: fence
 -- In each write of a leader: its term is still the newest (FOR SHARE: an election waits for it).

@@ -1,6 +1,6 @@
-"""``runplane orchestrator``: stand by until the leader lock is ours, then lead until stopped.
+"""``runplane orchestrator``: stand by until the leader lease is ours, then lead until stopped.
 
-A leader that loses its lock's connection (``LeadershipLost``), or finds Postgres or RabbitMQ down,
+A leader whose lease may have expired (``LeadershipLost``), or that finds Postgres or RabbitMQ down,
 stops leading at once (it must not keep sending messages another leader may contradict) and goes
 back to standing by, after a bounded backoff: the process itself rides out a server restart.
 """
@@ -50,11 +50,11 @@ def _lost(exc: BaseException) -> bool:
 
 async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event, wall_clock: WallClock) -> None:
     """Stand by, then lead until stopped or until leading fails."""
-    conn = await leadership.acquire(settings.database_url, stop)
-    if conn is None:
+    acquired = await leadership.acquire(settings.database_url, leader_id, stop)
+    if acquired is None:
         return
+    conn, term = acquired
     try:
-        term = await leadership.start_term(conn, leader_id)
         log.info("elected leader", extra={"term": term, "leader": leader_id})
         pool = await open_pool(settings.database_url, min_size=1, max_size=4, name="orchestrator")
         try:
@@ -63,11 +63,13 @@ async def _lead_once(settings: Settings, leader_id: str, stop: asyncio.Event, wa
                 store = PostgresOwnershipStore(pool, settings.database_url, term)
                 leader = Leader(settings, store, bus, term, leader_id, wall_clock=wall_clock)
                 async with asyncio.TaskGroup() as group:
-                    spawn(group, "orchestrator:leadership", leadership.watch(conn, stop), eternal=True, stop=stop)
+                    spawn(group, "orchestrator:leadership", leadership.keep(conn, term, stop), eternal=True, stop=stop)
                     spawn(group, "orchestrator:leader", leader.run(stop), eternal=True, stop=stop)
             finally:
                 await bus.close()
         finally:
             await close_pool(pool)
     finally:
+        if stop.is_set():
+            await leadership.release(conn, term)
         await conn.close()

@@ -304,11 +304,12 @@ def local_trust(url: str) -> str:
     path = path.rstrip("/")
     if not path or "\n" in path:
         return ""
-    quoted = [_config_value(d) for d in (path, f"{path}/.git")]
+    quoted = [git_config_value(d) for d in (path, f"{path}/.git")]
     return "[safe]\n" + "".join(f"\tdirectory = {value}\n" for value in quoted)
 
 
-def _config_value(value: str) -> str:
+def git_config_value(value: str) -> str:
+    """``value`` quoted for a git configuration file."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

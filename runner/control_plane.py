@@ -4,6 +4,10 @@ Everything the runner learns about its run comes from :meth:`RunnerApi.claim` (a
 everything it records goes through the other calls, each carrying the run's token. The runner holds
 no database, Redis or RabbitMQ address.
 
+The lease is renewed (and a cancel read) over a connection of its own with a deadline of its own
+(``LEASE_CALL_TIMEOUT``): a run's log and artifact calls, however large and many, never queue in
+front of its heartbeat, on the wire or in the channel.
+
 Writes are retried through a short outage (UNAVAILABLE, DEADLINE_EXCEEDED) for as long as the
 lease would still be ours: until ``lease_seconds`` after the last renewal the server accepted.
 Every call is idempotent on the server, so a retry of a call that took effect changes nothing. An
@@ -36,6 +40,7 @@ RunSpec = runner_pb2.RunSpec
 T = TypeVar("T")
 
 CALL_TIMEOUT = 10.0
+LEASE_CALL_TIMEOUT = 3.0  # a renewal that takes longer is sent again while the lease lasts
 RETRY_FIRST = 0.1
 RETRY_CAP = 2.0
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -50,10 +55,13 @@ class LeaseLost(RunplaneError):
     """The run is no longer ours to write: its lease moved on, it ended, or the token is not for it."""
 
 
-def runner_channel(address: str, *, connect: bool = False) -> grpc.aio.Channel:
+def runner_channel(address: str, *, connect: bool = False, own_connection: bool = False) -> grpc.aio.Channel:
     """A channel to the runner API; with ``connect``, its connection is started now (without waiting),
-    so a runner made ahead of its run finds it open when the run comes."""
-    channel = grpc.aio.insecure_channel(address, options=RUNNER_CHANNEL)
+    so a runner made ahead of its run finds it open when the run comes. With ``own_connection``, its
+    TCP connection is shared with no other channel of this process (gRPC shares one between channels
+    of the same target and options otherwise)."""
+    options = [*RUNNER_CHANNEL, ("grpc.use_local_subchannel_pool", 1)] if own_connection else RUNNER_CHANNEL
+    channel = grpc.aio.insecure_channel(address, options=options)
     if connect:
         channel.get_state(try_to_connect=True)
     return channel
@@ -76,6 +84,8 @@ class RunnerApi:
     ) -> None:
         self._channel = channel if channel is not None else runner_channel(address)
         self._stub = runner_pb2_grpc.RunnerServiceStub(self._channel)
+        self._lease_channel = runner_channel(address, own_connection=True)
+        self._lease_stub = runner_pb2_grpc.RunnerServiceStub(self._lease_channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.run_id = run_id
         self.lease_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -84,6 +94,7 @@ class RunnerApi:
         self.lost = False
 
     async def close(self) -> None:
+        await self._lease_channel.close(None)
         await self._channel.close(None)
 
     @property
@@ -110,8 +121,8 @@ class RunnerApi:
         requested_at = time.monotonic()
         response = await self._call(
             "RenewLease",
-            lambda: self._stub.RenewLease(
-                self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            lambda: self._lease_stub.RenewLease(
+                self._lease(), metadata=self._metadata, timeout=LEASE_CALL_TIMEOUT, wait_for_ready=True
             ),
         )
         # Counted from when the call was sent: the server renewed no earlier than that.
@@ -122,8 +133,8 @@ class RunnerApi:
         """Whether a cancel was requested (the lease must still be ours)."""
         response = await self._call(
             "ReadCancel",
-            lambda: self._stub.ReadCancel(
-                self._lease(), metadata=self._metadata, timeout=CALL_TIMEOUT, wait_for_ready=True
+            lambda: self._lease_stub.ReadCancel(
+                self._lease(), metadata=self._metadata, timeout=LEASE_CALL_TIMEOUT, wait_for_ready=True
             ),
         )
         return bool(response.cancel_requested)

@@ -119,7 +119,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             cpu_weight=spec.cpu_weight or settings.runner.local_cpu_weight,  # the account's, else the operator's
             cpu_max=spec.cpu_max or settings.runner.local_cpu_max,
         )
-        keeper = run_cgroup.join(cgroup, user.scratch)
+        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]

@@ -94,6 +94,66 @@ def package_key(project: Path, *, account_id: int, dbt_version: str, install_dir
     return digest.hexdigest()
 
 
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
+_EXACT_VERSION = re.compile(r"=?\s*v?\d+(\.\d+)*([-+][0-9A-Za-z.-]+)?")
+
+
+def unpinned_package(project: Path) -> str | None:
+    """Why the project's packages cannot be cached by their files, or None when they can.
+
+    An entry is keyed by the package files' bytes. Without a ``package-lock.yml`` those bytes do not
+    say what ``dbt deps`` installs when a package names a branch, a tag or a version range: the
+    branch moves, and a cached entry would go on serving what it pointed to before. Such a project
+    installs its packages every run (``dbt deps`` writes the lock: committing it brings the cache
+    back); a commit or an exact version needs no lock.
+    """
+    if (project / LOCK_FILE).is_file():
+        return None
+    for name in PACKAGE_FILES:
+        try:
+            document = yaml.safe_load((project / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return f"{name} cannot be read before dbt renders it"
+        packages = document.get("packages") if isinstance(document, dict) else None
+        for package in packages if isinstance(packages, list) else []:
+            if isinstance(package, dict) and (reason := _unpinned(package)) is not None:
+                return reason
+    return None
+
+
+def git_package_urls(project: Path) -> list[str]:
+    """The ``git:`` URLs the project's package files name as written (unrendered; unreadable files name none)."""
+    urls: list[str] = []
+    for name in PACKAGE_FILES:
+        try:
+            document = yaml.safe_load((project / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        packages = document.get("packages") if isinstance(document, dict) else None
+        for package in packages if isinstance(packages, list) else []:
+            if isinstance(package, dict) and isinstance(package.get("git"), str):
+                urls.append(package["git"])
+    return urls
+
+
+def _unpinned(package: dict[object, object]) -> str | None:
+    for source in ("git", "private"):
+        if source in package:
+            revision = package.get("revision")
+            if isinstance(revision, str) and _COMMIT.fullmatch(revision.strip()):
+                return None
+            where = f"{revision!r}" if isinstance(revision, str) else "its default branch"
+            return f"{source} package {str(package[source])[:200]!r} follows {where}, not a commit"
+    if "package" in package:
+        version = package.get("version")
+        if isinstance(version, str) and _EXACT_VERSION.fullmatch(version.strip()):
+            return None
+        return f"package {str(package['package'])[:200]!r} names a version range ({str(version)[:80]!r})"
+    return None
+
+
 class PackageCache:
     """The host's entries under ``root``; ``owner`` is the uid of the run a call serves (None: the
     run is this process's own uid)."""

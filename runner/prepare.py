@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -28,10 +29,17 @@ from typing import TypeVar
 
 from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.cache_keeper import CacheError, PrepCache
-from runner.checkout import CheckoutError, Repository, check_out
+from runner.checkout import CheckoutError, Repository, check_out, git_config_value, local_trust
 from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, step_environment
 from runner.macros import add_drop_schema_macro
-from runner.package_cache import has_packages, install_path, package_key
+from runner.package_cache import (
+    LOCK_FILE,
+    git_package_urls,
+    has_packages,
+    install_path,
+    package_key,
+    unpinned_package,
+)
 from runner.profile import ProjectError, project_directory, write_profile
 from runner.steps import Limits, StepControl, StepEnd, run_step
 from runplane.basics.errors import RunplaneError
@@ -187,6 +195,28 @@ async def prepared_run(
         )
 
 
+@contextlib.contextmanager
+def _trusting_local_packages(project: Path, env: Mapping[str, str]) -> Iterator[Mapping[str, str]]:
+    """``env`` for ``dbt deps``, with git trusting the local repositories the project's ``git:`` packages
+    name. A run's uid owns none of them, and git refuses to clone a repository another user owns
+    ("dubious ownership") unless a configuration it trusts (the global one) names it; the run's own
+    configuration, for this one command, includes any the run's variables set."""
+    trust = "".join(local_trust(url) for url in git_package_urls(project))
+    if not trust:
+        yield env
+        return
+    own = env.get("GIT_CONFIG_GLOBAL")
+    if own and "\n" not in own:
+        trust += f"[include]\n\tpath = {git_config_value(own)}\n"
+    fd, config_path = tempfile.mkstemp(prefix="runplane-packages-gitconfig-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(trust)
+        yield {**env, "GIT_CONFIG_GLOBAL": config_path}
+    finally:
+        os.unlink(config_path)
+
+
 async def _packages(
     context: DbtContext,
     project: Path,
@@ -202,8 +232,12 @@ async def _packages(
     installed by ``dbt deps`` and then kept by the host for the next run."""
     secrets = context.secrets()
     install_dir = install_path(project)
+    unpinned = unpinned_package(project)
     key = None
-    if install_dir is not None:
+    if install_dir is not None and unpinned is not None:
+        say(f"dbt packages not cached by this host: no {LOCK_FILE} and {mask(unpinned, secrets)} "
+            f"(commit the {LOCK_FILE} dbt deps writes, or pin a commit, for the cache to serve them)")  # fmt: skip
+    elif install_dir is not None:
         key = package_key(project, account_id=context.account_id, dbt_version=context.dbt_version,
                           install_dir=install_dir)  # fmt: skip
         with _part("dbt packages", secrets):
@@ -211,7 +245,10 @@ async def _packages(
                 say(f"dbt packages from this host's cache ({install_dir}, entry {key[:12]}): dbt deps skipped")
                 return
     say("dbt deps")
-    result = await run_step("dbt deps", cwd=str(project), env=env, on_output=on_output, control=control, limits=limits)
+    with _trusting_local_packages(project, env) as deps_env:
+        result = await run_step(
+            "dbt deps", cwd=str(project), env=deps_env, on_output=on_output, control=control, limits=limits
+        )
     match result.end:
         case StepEnd.EXITED if result.exit_code == 0:
             pass
@@ -229,6 +266,8 @@ async def _packages(
                                end=StepEnd.TIMED_OUT)  # fmt: skip
         case StepEnd.ABANDONED:
             raise PrepareError("lease lost during dbt deps", part="dbt deps", end=StepEnd.ABANDONED)
+    if unpinned is not None:
+        return
     if key is None or install_dir is None:
         say("dbt packages not kept by this host: packages-install-path is not one plain directory of the project")
         return

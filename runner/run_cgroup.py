@@ -16,7 +16,9 @@ read from ``/proc/self/cgroup`` and the mounts:
 The runner joins the cgroup before it switches to the run's uid, so every process of the run is
 in it, daemons included. A *keeper* started just before (root, outside the cgroup, its stdin the
 read end of a pipe only the runner holds) kills and removes the cgroup when the runner ends, however
-it ends; the next lease of the uid does the same for a keeper that did not get to.
+it ends; the next lease of the uid does the same for a keeper that did not get to. The keeper also
+holds the uid's lease (a duplicate of the runner's locked descriptor): the uid is free for another
+run only once the keeper has emptied the cgroup and exited, never while a process of the run lives.
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.adapters.cgroups import CONTROL, CPU, Hierarchy, controllers_of, hierarchies
+from runplane.adapters.cgroups import CONTROL, CPU, Hierarchy, controllers_of, hierarchies, kill
 
 RUNNER_ALLOWANCE = 256 * 1024 * 1024  # the runner's own memory, on top of the run's memory limit
 KILL_TIMEOUT = 10.0
@@ -37,8 +38,9 @@ CPU_PERIOD_US = 100_000  # the period a run's CPU cap is counted over
 
 # Waits for EOF on stdin (the runner is gone), then kills every process of the cgroups named in
 # its arguments and removes them, and takes away the run's scratch space ($SCRATCH, when set: its
-# pages are memory, not to be held until the uid's next lease). It ignores the signals a terminal or
-# a shutdown would send.
+# pages are memory, not to be held until the uid's next lease); the uid's lease (its descriptor 4,
+# when given) is released as it exits, after that. It ignores the signals a terminal or a shutdown
+# would send.
 _KEEPER = """trap '' INT TERM HUP
 read -r _
 for d in "$@"; do [ -e "$d/cgroup.kill" ] && echo 1 > "$d/cgroup.kill"; done
@@ -140,29 +142,6 @@ def _prepare_v2_parent(hierarchy: Hierarchy) -> None:
             _write(directory / "cgroup.subtree_control", enable)
 
 
-def kill(directory: Path, deadline: float) -> None:
-    """Kill every process of the cgroup at ``directory`` and remove it (it may already be gone)."""
-    if not directory.is_dir():
-        return
-    with contextlib.suppress(OSError):
-        if (directory / "cgroup.kill").exists():
-            _write(directory / "cgroup.kill", "1")
-    while time.monotonic() < deadline:
-        try:
-            pids = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            with contextlib.suppress(FileNotFoundError):
-                directory.rmdir()
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)  # the kernel ends the killed processes asynchronously
-    raise OSError(errno.EBUSY, f"processes of {directory} did not end in {KILL_TIMEOUT} s")
-
-
 def clear(uid: int) -> None:
     """As root: kill and remove what is left of the uid's last run's cgroup (its keeper did not get to it)."""
     deadline = time.monotonic() + KILL_TIMEOUT
@@ -220,9 +199,13 @@ def create(uid: int, *, memory_bytes: int, pids_max: int, cpu_weight: int = 100,
     return RunCgroup(tuple(directories))
 
 
-def join(cgroup: RunCgroup, scratch: Path | None = None) -> int:
-    """Start the keeper, then move this process into the run's cgroups; the pipe end to hold until exit.
-    ``scratch``: the run's scratch space, unmounted by the keeper once the run's processes are gone."""
+LEASE_FD = 4  # where the keeper holds the uid's lease
+
+
+def join(cgroup: RunCgroup, lease_fd: int | None = None, scratch: Path | None = None) -> int:
+    """Start the keeper (holding ``lease_fd``, the uid's lease, until the cgroup is empty), then move
+    this process into the run's cgroups; the pipe end to hold until exit. ``scratch``: the run's
+    scratch space, unmounted by the keeper once the run's processes are gone."""
     read_end, write_end = os.pipe()  # not inherited: no step holds the write end
     try:
         # Started in the background of a shell that exits at once: the keeper is nobody's child,
@@ -235,6 +218,7 @@ def join(cgroup: RunCgroup, scratch: Path | None = None) -> int:
                 (os.POSIX_SPAWN_DUP2, read_end, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                *([(os.POSIX_SPAWN_DUP2, lease_fd, LEASE_FD)] if lease_fd is not None else []),
             ],
             setsid=True,
         )

@@ -3,8 +3,10 @@
 A root launcher gives every run one of ``runner.local_uid_count`` uids from ``runner.local_uid``.
 Uids are fewer than runs, so a uid is *leased*: an exclusive ``flock`` on
 ``/run/runplane-uids/<uid>`` (machine-wide, shared by every runplane install on the host), taken
-by the runner before it switches and held until it exits. The search starts at run id modulo the
-count and takes the first free uid, so two runs never hold one uid at once.
+by the runner before it switches and held until it exits, and by its run cgroup's keeper until
+the cgroup is empty (``runner.run_cgroup``): never free while a process of the run lives. The
+search starts at run id modulo the count and takes the first free uid, so two runs never hold one
+uid at once.
 
 Taking a lease clears the uid of what an earlier holder left behind, because that holder was
 another account's run: every process still running as that uid is killed (a step that

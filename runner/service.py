@@ -182,6 +182,7 @@ class Runner:
             interrupt_grace=self._settings.runner.interrupt_grace,
             confinement=self._fence.confinement,
             oom_kills=self._fence.cgroup.oom_kills if self._fence.cgroup is not None else None,
+            output_room=logs.room,  # every step's, dbt deps' of the prep too
             scratch_full=self._fence.scratch_full if self._fence.scratch is not None else None,
         )
         if self._fence.refusal:
@@ -318,7 +319,9 @@ class Runner:
         if result.end is StepEnd.CANCELLED:
             step_status = RunStatus.CANCELLED
         await self._api.step_finished(index, int(step_status), result.exit_code, result.end_reason)
-        outcome = self._step_outcome(result.end, result.exit_code, index, command, spec.timeout_seconds)
+        outcome = self._step_outcome(
+            result.end, result.exit_code, index, command, spec.timeout_seconds, error=logs.error_of(index)
+        )
         if outcome is not None and optional_failure:
             return None, False
         if outcome is not None:
@@ -328,12 +331,16 @@ class Runner:
         return None, False
 
     @staticmethod
-    def _step_outcome(end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int) -> Outcome | None:
+    def _step_outcome(
+        end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int, *, error: str | None
+    ) -> Outcome | None:
         match end:
             case StepEnd.EXITED:
                 if exit_code == 0:
                     return None
-                return Outcome.error(f"step {index + 1} failed with exit code {exit_code}: {command}", FailureKind.STEP)
+                failed = f"step {index + 1} failed with exit code {exit_code}: {command}"
+                # dbt's own reason (the adapter's error) says what the exit code does not.
+                return Outcome.error(f"{failed} — {error}" if error else failed, FailureKind.STEP)
             case StepEnd.CANCELLED:
                 return Outcome.cancelled("cancelled by request")
             case StepEnd.TIMED_OUT:

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -60,6 +60,9 @@ class Limits:
     confinement: tuple[str, ...] = ()
     # How many of the run's processes the kernel killed for the run cgroup's memory limit so far.
     oom_kills: Callable[[], int] | None = None
+    # Awaited before each read of a step's output: the step blocks on its pipe while what it wrote
+    # waits to be shipped (``runner.run_logs``).
+    output_room: Callable[[], Awaitable[None]] | None = None
     # Whether the run's scratch space (its /tmp and the other shared places) is out of room.
     scratch_full: Callable[[], bool] | None = None
 
@@ -155,7 +158,12 @@ async def run_step(
     stdout = process.stdout
 
     async def pump() -> None:
-        while chunk := await stdout.read(65536):
+        while True:
+            if limits.output_room is not None:
+                await limits.output_room()
+            chunk = await stdout.read(65536)
+            if not chunk:
+                return
             on_output(chunk)
 
     reader = asyncio.create_task(pump(), name=f"step:{pgid}:output")

@@ -217,7 +217,9 @@ def settings(database_url: str, prefix: str, tmp_path_factory: pytest.TempPathFa
             "api": base.api.model_copy(
                 update={"port": free_port(), "runner_port": runner_port, "rest_port": free_port()}
             ),
-            "runner": base.runner.model_copy(update={"api_address": f"127.0.0.1:{runner_port}"}),
+            # No installed dbt unless a test gives one (tests/dbt's dbt_settings): an API told of none
+            # accepts any dbt version, whatever RUNPLANE_RUNNER__DBT_VERSIONS the shell exports.
+            "runner": base.runner.model_copy(update={"api_address": f"127.0.0.1:{runner_port}", "dbt_versions": {}}),
         }
     )
 

@@ -9,7 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.projects_validation import CREDENTIAL_KINDS, ENVIRONMENT_TYPES
 from api.rows import Artifact, CompletionTrigger, Environment, Job, LogChunk, Project, Run, RunStep
-from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, Trigger
+from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, RunStatus, Trigger
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2, runs_pb2
 
 
@@ -125,7 +125,7 @@ def run(row: Run, steps: list[RunStep]) -> runs_pb2.Run:
                 exit_code=s.exit_code or 0,
                 started_at=timestamp(s.started_at),
                 finished_at=timestamp(s.finished_at),
-                skipped=s.skipped,
+                skipped=s.skipped_in(RunStatus(row.status).is_terminal),
                 end_reason=s.end_reason,
                 optional=s.optional,
                 setup=s.setup,

@@ -28,6 +28,7 @@ from runplane.basics.errors import FailedPrecondition, InvalidArgument
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox, SecretKeyError, box_from_settings
 from runplane.basics.settings import Settings
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import projects_pb2, projects_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         self._store = store
         self._settings = settings
         self._repositories = RepositoryRule(settings.repositories)
+        self._dbt_versions = InstalledDbtVersions.of(settings)
 
     def _box(self) -> SecretBox:
         """The keys, read when a secret is first stored: an API without keys serves everything else."""
@@ -69,7 +71,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def CreateEnvironment(
         self, request: projects_pb2.CreateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
-        return convert.environment(await create_environment(self._store, self._box, current_account(), request))
+        return convert.environment(
+            await create_environment(self._store, self._box, self._dbt_versions, current_account(), request)
+        )
 
     async def GetEnvironment(
         self, request: projects_pb2.GetEnvironmentRequest, context: Context
@@ -102,7 +106,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
     async def UpdateEnvironment(
         self, request: projects_pb2.UpdateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
-        return convert.environment(await update_environment(self._store, self._box, current_account(), request))
+        return convert.environment(
+            await update_environment(self._store, self._box, self._dbt_versions, current_account(), request)
+        )
 
     async def DeleteEnvironment(
         self, request: projects_pb2.DeleteEnvironmentRequest, context: Context

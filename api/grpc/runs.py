@@ -22,6 +22,7 @@ from api.validation import run_statuses, trigger_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.supervise import sleep_or_stop
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import runs_pb2, runs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,19 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
         max_page_size: int,
         log_poll_interval: float,
         draining: asyncio.Event,
+        dbt_versions: InstalledDbtVersions,
     ) -> None:
         self._store = store
+        self._dbt_versions = dbt_versions
         self._pickups = pickups
         self._max_page_size = max_page_size
         self._log_poll_interval = log_poll_interval
         self._draining = draining
 
     async def TriggerRun(self, request: runs_pb2.TriggerRunRequest, context: Context) -> runs_pb2.Run:
-        row, steps = await trigger_run(self._store, self._pickups, current_account(), trigger_spec(request))
+        spec = trigger_spec(request)
+        self._dbt_versions.check(spec.overrides.dbt_version, "overrides.dbt_version")
+        row, steps = await trigger_run(self._store, self._pickups, current_account(), spec)
         return convert.run(row, steps)
 
     async def ClosePullRequest(

@@ -19,6 +19,7 @@ from api.pickup_publisher import PickupPublisher
 from api.store import Store
 from runplane.adapters.grpc_options import MAX_MESSAGE_BYTES
 from runplane.basics.settings import Settings
+from runplane.dbt.versions import InstalledDbtVersions
 from runplane.v1 import jobs_pb2, jobs_pb2_grpc, projects_pb2, projects_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 SERVICE_NAMES = (
@@ -60,6 +61,7 @@ def public_server(settings: Settings, store: Store, pickups: PickupPublisher, dr
             max_page_size=settings.api.max_page_size,
             log_poll_interval=settings.api.log_poll_interval,
             draining=draining,
+            dbt_versions=InstalledDbtVersions.of(settings),
         ),
         server,
     )

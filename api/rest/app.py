@@ -34,6 +34,7 @@ from runplane.basics.errors import RunplaneError
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.settings import RepositorySettings
+from runplane.dbt.versions import InstalledDbtVersions
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,14 @@ def create_app(
     draining: asyncio.Event | None = None,
     max_body_bytes: int = 1024 * 1024,
     web_session_lifetime: timedelta = timedelta(hours=12),
+    dbt_versions: InstalledDbtVersions | None = None,
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
     default), ``repositories`` which repositories projects may name (the strict rule by default).
     Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
     request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
-    ``web_session_lifetime`` at most.
+    ``web_session_lifetime`` at most. ``dbt_versions`` are the ones runs may name (any, by default).
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -64,6 +66,7 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.store = store
+    app.state.dbt_versions = dbt_versions or InstalledDbtVersions()
     app.state.pickups = pickups
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())

@@ -402,6 +402,7 @@ async def create_job_(
 ) -> Envelope[shapes.Job]:
     store = _store(request)
     key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
+    params.dbt_versions(request).check(body.dbt_version, "dbt_version")
     spec = await _checked_spec(store, account_id, body)
     with params.named_as(JOB_NAMES):
         created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")
@@ -439,6 +440,7 @@ async def update_job_(
     (time zone, retries, priority, ...); saving a job reactivates it."""
     store = _store(request)
     version = expected_version(if_match)
+    params.dbt_versions(request).check(body.dbt_version, "dbt_version")
     spec = await _checked_spec(store, account_id, body, job_id)
     with params.named_as(JOB_NAMES):
         await update_job(store, account_id, JobId(job_id), spec, expected_version=version)

@@ -6,8 +6,11 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping
 
+from fastapi import Request
+
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.types import RunStatus
+from runplane.dbt.versions import InstalledDbtVersions
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
 # What dbt Cloud's include_related accepts for a run.
@@ -108,3 +111,9 @@ def named_as(names: Mapping[str, str]) -> Iterator[None]:
                 reason = str(exc).removeprefix(f"{exc.field}: ")
                 raise InvalidArgument(theirs + exc.field[len(ours) :], reason) from exc
         raise
+
+
+def dbt_versions(request: Request) -> InstalledDbtVersions:
+    """The dbt versions runs may name (``runplane.dbt.versions``), as the app was made with."""
+    versions: InstalledDbtVersions = request.app.state.dbt_versions
+    return versions

@@ -411,7 +411,7 @@ async def create_environment(
     async with store.connection() as conn:
         await existing_project(store, conn, account_id, project_id)
     with params.named_as(ENVIRONMENT_NAMES):
-        row = await use.create_environment(store, _keys(request), account_id, request_pb)
+        row = await use.create_environment(store, _keys(request), params.dbt_versions(request), account_id, request_pb)
     return Envelope[shapes.Environment](status=success(201), data=shapes.environment(row))
 
 
@@ -453,7 +453,9 @@ async def update_environment(
         environment_id=environment_id, clear_secret_fields=body.clear_secrets, **fields
     )
     with params.named_as(ENVIRONMENT_NAMES):
-        row = await use.update_environment(_store(request), _keys(request), account_id, request_pb)
+        row = await use.update_environment(
+            _store(request), _keys(request), params.dbt_versions(request), account_id, request_pb
+        )
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
 
 

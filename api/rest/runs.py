@@ -230,6 +230,7 @@ async def trigger(
     ] = None,
 ) -> Envelope[shapes.Run]:
     spec = trigger_of(job_id, body or TriggerRunBody(), idempotency_key)
+    params.dbt_versions(request).check(spec.overrides.dbt_version, "dbt_version_override")
     row, _ = await trigger_run(_store(request), request.app.state.pickups, account_id, spec)
     return await _one_run(request, row, {"trigger", "job"})
 

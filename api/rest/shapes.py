@@ -21,6 +21,7 @@ from runplane.basics.types import JobType, RunStatus
 JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merge", JobType.ADHOC: "other"}
 # Colours of dbt Cloud's run and step statuses, as its API returns them.
 STATUS_COLORS = {1: "#C0C0C0", 2: "#C0C0C0", 3: "#008000", 10: "#008000", 20: "#FF0000", 30: "#FFA500"}
+SKIPPED_COLOR = "#C0C0C0"
 ACTIVE, DELETED = 1, 2
 # How dbt Cloud names the way a repository is cloned, by runplane's kind of git credential.
 CLONE_STRATEGIES = {"ssh_key": "deploy_key", "token": "deploy_token"}
@@ -510,6 +511,7 @@ def trigger(row: rows.Run) -> Trigger:
 
 def step(run: rows.Run, row: rows.RunStep, logs: str, *, debug_logs: bool) -> RunStep:
     seconds = _between(row.started_at, row.finished_at)
+    skipped = row.skipped_in(RunStatus(run.status).is_terminal)
     return RunStep(
         # runplane keys steps by (run, index); this id is derived from them, stable and unique.
         id=run.id * 1000 + row.step_index + 1,
@@ -517,8 +519,10 @@ def step(run: rows.Run, row: rows.RunStep, logs: str, *, debug_logs: bool) -> Ru
         account_id=run.account_id,
         index=row.step_index + 1,
         status=row.status,
-        status_color=STATUS_COLORS.get(row.status, "#C0C0C0"),
-        status_humanized=humanized(row.status),
+        # dbt Cloud names a step that never ran "Skipped" (its code stays the step's own: the API has no
+        # code of its own for it); retrying from a failure reruns such a step instead of reading its artifacts.
+        status_color=SKIPPED_COLOR if skipped else STATUS_COLORS.get(row.status, SKIPPED_COLOR),
+        status_humanized="Skipped" if skipped else humanized(row.status),
         # A setup step's command is its name ("Clone git repository", …); a command is invoked.
         name=row.command if row.setup else f"Invoke `{row.command}`",
         logs=logs,

@@ -25,7 +25,7 @@ from api.rows import CompletionTrigger, Environment, Job, Project
 from api.store import Store
 from api.validation import MAX_COMPLETION_TRIGGERS, checked_idempotency_key, job_spec
 from api.web.form_fields import FormErrors, lines, number, variables, without_secret_lines
-from api.web.layout import page, see_other, store_of
+from api.web.layout import dbt_versions_of, page, see_other, store_of
 from api.web.session import Changing, Looking, Viewer
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.repository_urls import RepositoryRule
@@ -484,7 +484,7 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
     project = await _project(store, who.account_id, project_id)
     try:
         message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form))
-        await create_environment(store, lambda: _box(request), who.account_id, message)
+        await create_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
     except InvalidArgument as exc:
         context = await _environment_context(store, who, project, None)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
@@ -513,7 +513,7 @@ async def update_environment_form(request: Request, who: Changing, environment_i
             clear_secret_fields=["password"] if _checked(form, "clear_password") else [],
             **_environment_request(form),
         )
-        await update_environment(store, lambda: _box(request), who.account_id, message)
+        await update_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
     except InvalidArgument as exc:
         context = await _environment_context(store, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)

@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 from api.store import Store
 from api.web import views
 from api.web.session import CSRF_FIELD, Viewer
+from runplane.dbt.versions import InstalledDbtVersions
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals.update(
@@ -23,6 +24,12 @@ templates.env.globals.update(
 def store_of(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
+
+
+def dbt_versions_of(request: Request) -> InstalledDbtVersions:
+    """The dbt versions runs may name (``runplane.dbt.versions``), as the app was made with."""
+    versions: InstalledDbtVersions = request.app.state.dbt_versions
+    return versions
 
 
 async def page(request: Request, name: str, who: Viewer | None, **context: Any) -> HTMLResponse:

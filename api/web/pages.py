@@ -36,7 +36,7 @@ from api.validation import (
 )
 from api.web import views
 from api.web.form_fields import FormErrors, lines, number
-from api.web.layout import page, see_other, store_of
+from api.web.layout import dbt_versions_of, page, see_other, store_of
 from api.web.session import (
     COOKIE,
     CSRF_FIELD,
@@ -504,6 +504,7 @@ async def run_now(
         cause = text(cause, "cause", max_length=MAX_CAUSE)
         at = later_time(later, "run_at") if later is not None else None
         key = checked_idempotency_key(run_key, "run_key")
+        dbt_versions_of(request).check(overrides.dbt_version, "dbt_version")
         spec = TriggerSpec(JobId(job_id), Trigger.MANUAL, cause, key and f"web:{key}", overrides, run_at=at)
         row, _ = await trigger_run(store_of(request), request.app.state.pickups, who.account_id, spec)
     except InvalidArgument as exc:

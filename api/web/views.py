@@ -93,7 +93,7 @@ def when(context: Context, value: datetime | None) -> Markup:
 
 def step_status(step: RunStep, run_terminal: bool) -> str:
     """A step's status by name; one that never started in a finished run was skipped."""
-    if step.skipped or (run_terminal and step.started_at is None):
+    if step.skipped_in(run_terminal):
         return "skipped"
     return status_name(step.status)
 

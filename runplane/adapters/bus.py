@@ -132,6 +132,10 @@ class Bus(Protocol):
 
     async def delete(self, queue: str) -> None: ...
 
+    async def consumers(self, queue: str) -> int:
+        """How many consumers are attached to ``queue`` now (0 when it does not exist)."""
+        ...
+
     async def consume(self, queue: str, handler: Handler, *, prefetch: int, stop: asyncio.Event) -> None:
         """Hand every message of ``queue`` to ``handler``, one at a time, acked after it returns,
         until ``stop`` is set."""
@@ -201,6 +205,24 @@ class AmqpBus:
         with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
             await self._channel.queue_delete(queue)
         self._declared.discard(queue)
+
+    async def consumers(self, queue: str) -> int:
+        # A passive declare that fails closes its channel: ask on a channel of its own.
+        try:
+            channel = await asyncio.wait_for(self._connection.channel(), _BROKER_TIMEOUT)
+        except RuntimeError as exc:  # "Connection was not opened": the robust connection is reconnecting
+            raise ServiceUnavailable(f"no channel to count the consumers of {queue}: {exc}") from exc
+        try:
+            declared = await asyncio.wait_for(channel.declare_queue(queue, passive=True), _BROKER_TIMEOUT)
+            return int(declared.declaration_result.consumer_count or 0)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return 0
+        except (aiormq.exceptions.AMQPConnectionError, TimeoutError) as exc:
+            raise ServiceUnavailable(f"counting the consumers of {queue} failed: {exc}") from exc
+        finally:
+            if not channel.is_closed:
+                with contextlib.suppress(aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError):
+                    await channel.close()
 
     async def publish(self, queue: str, message: Message, headers: dict[str, object] | None = None) -> None:
         """Publish persistently to ``queue`` and wait for the broker's confirm."""

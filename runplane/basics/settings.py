@@ -8,12 +8,26 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+class RunnerApiLimits(BaseModel):
+    """What one token may ask of the runner API (``api/runner/call_limits.py``); over it: RESOURCE_EXHAUSTED."""
+
+    calls_in_flight: int = Field(8, ge=1, description="A token's calls (logs, steps, artifacts...) served at once.")
+    calls_per_second: float = Field(100.0, gt=0, description="A token's calls a second, on average.")
+    calls_burst: int = Field(200, ge=1, description="A token's calls at once above that average.")
+    lease_calls_in_flight: int = Field(
+        4, ge=1, description="A token's lease calls (RenewLease, ReadCancel, WaitForRun) served at once."
+    )
+    lease_calls_per_second: float = Field(10.0, gt=0, description="A token's lease calls a second, on average.")
+    lease_calls_burst: int = Field(20, ge=1, description="A token's lease calls at once above that average.")
+
+
 class ApiSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Address the gRPC API listens on.")
     port: int = Field(50051, description="Port of the gRPC API.")
     runner_port: int = Field(
         50052, description="Port of the runner API (RunnerService, run tokens), the only one runners may reach."
     )
+    runner_limits: RunnerApiLimits = RunnerApiLimits()
     max_page_size: int = Field(500, description="Largest page a List call returns.")
     log_poll_interval: float = Field(0.5, description="How often StreamRunLogs polls a live run.")
     rest_port: int = Field(8000, description="Port of the REST API (dbt Cloud v2 compatible); -1 turns it off.")

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runplane.basics.errors import RunplaneError
+from runplane.dbt.warehouse_files import unkept_reason
 
 
 class ConnectionFieldError(RunplaneError):
@@ -42,6 +43,9 @@ class AdapterFields:
     # A secret JSON object given to dbt as a file (0600, beside the run's profile): secret field ->
     # the profile field that names the file.
     file_secrets: Mapping[str, str] = field(default_factory=dict)
+    # Fields naming a database file on the runner host, which every run of the environment must find
+    # (``runplane.dbt.warehouse_files``).
+    file_paths: frozenset[str] = frozenset()
 
 
 _SSL_MODES = frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
@@ -116,6 +120,7 @@ ADAPTERS: Mapping[str, AdapterFields] = {
         secrets=frozenset({"motherduck_token"}),
         required_secrets=frozenset(),
         choices={},
+        file_paths=frozenset({"path"}),
     ),
 }
 
@@ -155,6 +160,8 @@ def typed_profile_fields(adapter_type: str, fields: Mapping[str, str]) -> dict[s
             allowed = schema.choices.get(name)
             if allowed is not None and value not in allowed:
                 raise ConnectionFieldError(field, f"must be one of {', '.join(sorted(allowed))}")
+            if name in schema.file_paths and (reason := unkept_reason(value)) is not None:
+                raise ConnectionFieldError(field, reason)
             out[name] = value
         else:
             known = ", ".join(sorted(schema.strings | schema.integers | schema.booleans))

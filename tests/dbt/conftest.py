@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,19 @@ def dbt_settings(settings: Settings, dbt_bin: Path, tmp_path: Path) -> Settings:
         }
     )
     return settings.model_copy(update={"runner": runner, "secret_keys": SecretStr(generate_key())})
+
+
+@pytest.fixture
+def kept_directory() -> Iterator[Path]:
+    """A directory of the test's own outside the temporary ones, where a run may keep a warehouse file
+    (one under /tmp is refused: a run does not keep it)."""
+    parent = ROOT / ".test-warehouses"
+    parent.mkdir(exist_ok=True)
+    made = Path(tempfile.mkdtemp(prefix="warehouse-", dir=parent))
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @dataclass

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
 import psycopg
 import pytest
 
+from api.admin import create_token
+from api.rest.server import RestServer
 from runner.profile import write_profile
 from runplane.basics.types import JobType, Trigger
 from runplane.dbt.connections import ADAPTERS, ConnectionFieldError, check_secret_fields, typed_profile_fields
@@ -195,11 +199,10 @@ def test_a_secret_json_key_file_must_be_json() -> None:
 
 
 async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_environment(
-    client: Client, dbt_settings: Any, db: Db, database_url: str, tmp_path: Path
+    client: Client, dbt_settings: Any, db: Db, database_url: str, tmp_path: Path, *, kept_directory: Path
 ) -> None:
     repo = make_repository(tmp_path / "jaffle")
-    warehouse = tmp_path / "warehouses" / "production.duckdb"
-    warehouse.parent.mkdir()
+    warehouse = kept_directory / "production.duckdb"
     connection = projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(warehouse)})
     env = await environment(client, database_url, str(repo), connection=connection)
     job = await dbt_job(client, env.id, ["dbt seed", "dbt build", "dbt test", "dbt docs generate"])
@@ -230,6 +233,61 @@ async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_e
     ]
     assert manifest["metadata"]["adapter_type"] == "duckdb"
     assert "model.jaffle_shop.customers" in catalog["nodes"]  # docs read the warehouse file
+
+
+async def test_a_duckdb_file_a_run_cannot_keep_is_refused_with_the_reason_at_every_door(
+    client: Client, *, rest_server: RestServer, dbt_settings: Any, tmp_path: Path, kept_directory: Path
+) -> None:
+    project = await client.projects.CreateProject(
+        projects_pb2.CreateProjectRequest(name="jaffle", repository_url=str(make_repository(tmp_path / "jaffle")))
+    )
+    token = await create_token(dbt_settings, account_id=client.account_id)
+    refused = {
+        str(tmp_path / "warehouse.duckdb"): "is under /tmp, which a run does not keep",
+        "/var/tmp/warehouse.duckdb": "is under /var/tmp",
+        "/dev/shm/warehouse.duckdb": "is under /dev/shm",
+        "/run/warehouse.duckdb": "is under /run",
+        f"{kept_directory}/../../../../tmp/warehouse.duckdb": "is under /tmp",
+        "warehouse.duckdb": "must be an absolute path: a relative one is inside the run's checkout",
+    }
+
+    def request(path: str) -> projects_pb2.CreateEnvironmentRequest:
+        return projects_pb2.CreateEnvironmentRequest(
+            project_id=project.id,
+            name="production",
+            environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+            dbt_version="1.10",
+            connection=projects_pb2.Connection(adapter_type="duckdb", fields={"path": path}),
+            schema="analytics",
+        )
+
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {token}"}
+    ) as http:
+        for path, reason in refused.items():
+            with pytest.raises(grpc.aio.AioRpcError) as by_grpc:
+                await client.projects.CreateEnvironment(request(path))
+            assert by_grpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "fields[path]" in str(by_grpc.value.details()) and reason in str(by_grpc.value.details())
+            by_rest = await http.post(
+                f"/api/v3/accounts/{client.account_id}/projects/{project.id}/environments/",
+                json={
+                    "name": "production",
+                    "type": "deployment",
+                    "dbt_version": "1.10",
+                    "connection": {"type": "duckdb", "details": {"path": path}},
+                    "credentials": {"schema": "analytics"},
+                },
+            )
+            assert by_rest.status_code == 400 and reason in by_rest.text, (path, by_rest.text)
+        kept = await client.projects.CreateEnvironment(request(str(kept_directory / "production.duckdb")))
+        moved = await http.post(
+            f"/api/v3/accounts/{client.account_id}/projects/{project.id}/environments/{kept.id}/",
+            json={"connection": {"type": "duckdb", "details": {"path": "/tmp/production.duckdb"}}},
+        )
+        assert moved.status_code == 400 and "is under /tmp" in moved.text, moved.text
+    listed = await client.projects.ListEnvironments(projects_pb2.ListEnvironmentsRequest(project_id=project.id))
+    assert [e.connection_fields["path"] for e in listed.environments] == [str(kept_directory / "production.duckdb")]
 
 
 async def test_key_pair_and_key_file_secrets_are_stored_encrypted_and_never_returned(

@@ -1,4 +1,5 @@
-"""dbt stopped and failing: cancel during a long model, and a warehouse that refuses the connection."""
+"""dbt stopped and failing: cancel during a long model, a warehouse that refuses the connection, and the
+steps a failure left unrun."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
+from api.admin import create_token
+from api.rest.server import RestServer
 from runner.service import run as run_runner
 from runplane.basics.settings import Settings
-from runplane.v1 import common_pb2, runs_pb2
+from runplane.v1 import common_pb2, projects_pb2, runs_pb2
 from tests.dbt.conftest import (
     Client,
     Db,
@@ -89,7 +93,9 @@ async def test_a_warehouse_that_refuses_the_connection_fails_the_run_with_secret
     run = await run_job(client, dbt_settings, db, job.id)
     log = await run_log(client, run.id)
     assert run.status == common_pb2.RUN_STATUS_ERROR
-    assert run.status_message == "step 4 failed with exit code 2: dbt run --select stg_customers"
+    # The step, and the warehouse's own reason: no need to open the log to see why.
+    assert run.status_message.startswith("step 4 failed with exit code 2: dbt run --select stg_customers — ")
+    assert 'role "no_such_role" does not exist' in run.status_message, run.status_message
     assert 'role "no_such_role" does not exist' in log
     listed = await client.runs.ListArtifacts(runs_pb2.ListArtifactsRequest(run_id=run.id))
     contents = [
@@ -101,3 +107,50 @@ async def test_a_warehouse_that_refuses_the_connection_fails_the_run_with_secret
         for a in listed.artifacts
     ]
     assert "pw-s3cret-xyz" not in log and not any(b"pw-s3cret-xyz" in c for c in contents)
+    assert "pw-s3cret-xyz" not in run.status_message
+
+
+async def test_steps_a_failure_left_unrun_are_skipped_over_rest_and_grpc(
+    client: Client, *, rest_server: RestServer, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    env = await environment(client, database_url, str(repo), connection=warehouse(database_url, user="no_such_role"))
+    job = await dbt_job(client, env.id, ["dbt run --select stg_customers", "dbt build"])
+    run = await run_job(client, dbt_settings, db, job.id)
+    assert run.status == common_pb2.RUN_STATUS_ERROR
+    failed, unrun = commands_of(run)
+    assert failed.status == common_pb2.RUN_STATUS_ERROR and not failed.skipped
+    assert unrun.skipped and not unrun.started_at.seconds
+
+    token = await create_token(dbt_settings, account_id=client.account_id)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {token}"}
+    ) as http:
+        got = await http.get(
+            f"/api/v2/accounts/{client.account_id}/runs/{run.id}/", params={"include_related": '["run_steps"]'}
+        )
+        assert got.status_code == 200, got.text
+        steps = {s["index"]: s for s in got.json()["data"]["run_steps"]}
+        # What a client retrying from the failure reads: the failed step's name, and the one after it skipped
+        # (so it is run again rather than its never-written artifacts fetched).
+        assert steps[failed.index + 1]["status_humanized"] == "Error"
+        assert steps[unrun.index + 1]["status_humanized"] == "Skipped", steps[unrun.index + 1]
+        assert steps[unrun.index + 1]["started_at"] is None
+
+
+async def test_a_duckdb_file_that_cannot_be_opened_fails_the_run_with_the_adapters_reason(
+    client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path, *, kept_directory: Path
+) -> None:
+    repo = make_repository(tmp_path / "jaffle")
+    missing = kept_directory / "no-such-directory" / "warehouse.duckdb"
+    connection = projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(missing)})
+    env = await environment(client, database_url, str(repo), connection=connection)
+    job = await dbt_job(client, env.id, ["dbt build"])
+    run = await run_job(client, dbt_settings, db, job.id)
+    assert run.status == common_pb2.RUN_STATUS_ERROR
+    assert run.status_message.startswith("step 4 failed with exit code 2: dbt build — "), run.status_message
+    # dbt's header and the adapter's line after it, as the log has them (without their times).
+    reason = run.status_message.removeprefix("step 4 failed with exit code 2: dbt build — ")
+    assert reason.startswith(("Runtime Error", "Database Error", "Encountered an error")), reason
+    assert str(missing) in reason, reason
+    assert str(missing) in await run_log(client, run.id)

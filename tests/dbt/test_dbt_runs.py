@@ -124,7 +124,10 @@ async def test_a_runs_dbt_version_override_picks_the_dbt_it_runs_with(
     client: Client, dbt_settings: Settings, db: Db, database_url: str, tmp_path: Path
 ) -> None:
     repo = make_repository(tmp_path / "jaffle")
-    env = await environment(client, database_url, str(repo), dbt_version="0.9")  # not installed here
+    env = await environment(client, database_url, str(repo))
+    # A version the runners had when the environment was saved and have no more (the API refuses one
+    # that is not installed).
+    db.execute("UPDATE environments SET dbt_version = '0.9' WHERE id = %s", (env.id,))
     job = await dbt_job(client, env.id, ["dbt --version"])
 
     as_configured = await run_job(client, dbt_settings, db, job.id)

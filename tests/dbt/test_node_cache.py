@@ -65,10 +65,10 @@ async def other(api: RunningApi, dbt_settings: Settings) -> AsyncIterator[Client
 async def test_an_accounts_next_run_gets_its_packages_from_the_node_and_another_account_does_not(
     client: Client, other: Client, node_settings: Settings, db: Db, tmp_path: Path
 ) -> None:
-    macro_package(tmp_path / "git")
+    pinned = macro_package(tmp_path / "git")  # a commit: without a lock, a branch is never cached
     package = tmp_path / "git" / "bench_macros"
     repo = make_repository(tmp_path / "jaffle")
-    (repo / "packages.yml").write_text(f"packages:\n  - git: file://{package}\n    revision: main\n")
+    (repo / "packages.yml").write_text(f"packages:\n  - git: file://{package}\n    revision: {pinned}\n")
     # dbt renders a model's Jinja when it parses the project: a missing package fails the parse.
     (repo / "models" / "uses_package.sql").write_text("select {{ bench_macros.bench_macros_3(39) }} as answer\n")
     commit(repo, "a package")

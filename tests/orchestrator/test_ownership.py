@@ -8,7 +8,7 @@ from functools import reduce
 
 import pytest
 
-from orchestrator.leadership import LEADER_LOCK_KEY
+from orchestrator.leadership import LEASE_SECONDS
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.basics.ownership import job_digest
 from runplane.basics.stamps import Stamp
@@ -140,30 +140,73 @@ async def test_workers_all_silent_at_once_are_not_declared_dead(queuers: Cluster
     assert scalar(db, "SELECT count(*) FROM queuer_workers WHERE state = 'alive'") == 2
 
 
-async def test_a_leader_that_loses_its_lock_connection_steps_down(queuers: Cluster, db: Db) -> None:
+def leader_of_term(db: Db) -> str:
+    return str(scalar(db, "SELECT leader FROM orchestrator_term"))
+
+
+def terminate_lease_connection(db: Db) -> int:
+    """End the connection a leader renews its lease on (its last statement was a renewal); only this
+    test's database is looked at."""
+    return len(
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND query LIKE '%%lease_expires_at = now() + make_interval%%' AND query NOT LIKE '%%term + 1%%'"
+        ).fetchall()
+    )
+
+
+async def test_a_leader_that_loses_its_lease_connection_steps_down(queuers: Cluster, db: Db) -> None:
     leader = queuers.orchestrator()
     await eventually(lambda: term(db) == 1, 20, what="term 1")
     standby = queuers.orchestrator()
-    # Only the connection of this test's leader: advisory locks are server-wide, and another install
-    # on the same server holds a lock with the same key in its own database.
-    terminated = db.execute(
-        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l"
-        " JOIN pg_database d ON d.oid = l.database AND d.datname = current_database()"
-        " JOIN pg_stat_activity a ON a.pid = l.pid AND a.datname = current_database()"
-        " WHERE l.locktype = 'advisory' AND l.objid = %s AND l.granted",
-        (LEADER_LOCK_KEY & 0xFFFFFFFF,),
-    ).fetchall()
-    assert len(terminated) == 1
-    await eventually(lambda: term(db) == 2, 15, what="term 2")
+    await eventually(lambda: terminate_lease_connection(db) == 1, 10, what="the lease's connection ended")
+    await eventually(lambda: term(db) == 2, 15 + LEASE_SECONDS, what="term 2")
     # The old leader stopped leading and stood by again: the process lives on. Whichever of the two
     # took term 2, the other takes over when it dies.
     assert leader.poll() is None and standby.poll() is None
-    term_2 = str(scalar(db, "SELECT leader FROM orchestrator_term"))
-    first, second = (leader, standby) if term_2.endswith(f"-{leader.pid}") else (standby, leader)
-    assert term_2.endswith(f"-{first.pid}")
+    first, second = (leader, standby) if leader_of_term(db).endswith(f"-{leader.pid}") else (standby, leader)
+    assert leader_of_term(db).endswith(f"-{first.pid}")
     queuers.kill9(first)
-    await eventually(lambda: term(db) == 3, 20, what="term 3")
-    assert str(scalar(db, "SELECT leader FROM orchestrator_term")).endswith(f"-{second.pid}")
+    await eventually(lambda: term(db) == 3, 20 + LEASE_SECONDS, what="term 3")
+    assert leader_of_term(db).endswith(f"-{second.pid}")
+
+
+async def test_a_frozen_leader_loses_its_lease_and_no_healthy_worker_is_buried(queuers: Cluster, db: Db) -> None:
+    """A leader frozen with its connections open: the standby takes over once the lease runs out,
+    not when the frozen process ends; and the heartbeats the frozen leader's consumer holds do not
+    make the new leader declare a healthy worker dead."""
+    insert_jobs(db, 100, cron=NEVER_SOON)
+    leader = queuers.orchestrator()
+    await eventually(lambda: term(db) == 1, 20, what="term 1")
+    standby = queuers.orchestrator()
+    workers = [queuers.worker() for _ in range(3)]
+    await eventually(lambda: all_claimed(db, 100) and workers_agree(db), 40, what="jobs claimed")
+    leader.send_signal(signal.SIGSTOP)
+    try:
+        await eventually(lambda: term(db) == 2, 15 + LEASE_SECONDS, what="the standby to take the lease")
+        assert leader_of_term(db).endswith(f"-{standby.pid}")
+        # The frozen leader's consumer is still attached, holding a prefetch of messages and handed
+        # more by round robin: the new leader hears that and declares nobody dead meanwhile.
+        bus = await AmqpBus.connect(queuers.settings.amqp_url)
+        try:
+            queue = Topology(queuers.settings.bus_prefix).orchestrator
+            await eventually(lambda: bus.consumers(queue), 15, until=lambda n: n == 2, what="two consumers")
+        finally:
+            await bus.close()
+        await eventually(
+            lambda: "another consumer holds heartbeats" in queuers.logs(), 10, what="the new leader to notice"
+        )
+        # Heartbeats every second: a worker starved of them would be declared dead after three.
+        await asyncio.sleep(10)
+        assert scalar(db, "SELECT count(*) FROM queuer_workers WHERE state = 'dead'") == 0
+    finally:
+        leader.send_signal(signal.SIGCONT)
+    await eventually(lambda: "stepped down" in queuers.logs(), 20, what="the thawed leader to step down")
+    await eventually(lambda: workers_agree(db), 30, what="every worker holding what it owns")
+    assert scalar(db, "SELECT count(*) FROM queuer_workers WHERE state = 'dead'") == 0
+    assert term(db) == 2 and all(w.poll() is None for w in workers) and leader.poll() is None
+    assert "queuer worker dead" not in queuers.logs()
 
 
 async def test_a_worker_that_stops_holding_jobs_it_owns_is_sent_them_again(queuers: Cluster, db: Db) -> None:

@@ -100,6 +100,6 @@ def test_a_runs_cgroup_on_a_pure_v2_layout_is_limited_when_it_can_be_and_killed_
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(seen["daemon"]).kill()
-        run_cgroup.kill(leaf, time.monotonic() + run_cgroup.KILL_TIMEOUT)
+        cgroups.kill(leaf, time.monotonic() + run_cgroup.KILL_TIMEOUT)
         with contextlib.suppress(OSError):
             leaf.parent.rmdir()  # runplane-runs, unless another run's cgroup is in it

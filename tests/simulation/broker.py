@@ -45,6 +45,7 @@ class SimQueue:
     ready: deque[Envelope] = field(default_factory=deque)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     generation: int = 0  # a new queue of the same name after a delete is another queue
+    consumers: int = 0  # consumers attached (a frozen process's stays attached)
 
 
 @dataclass
@@ -175,6 +176,13 @@ class SimBus:
         self.broker.delete(queue)
         self._declared.discard(queue)
 
+    async def consumers(self, queue: str) -> int:
+        await self.process.running()
+        self._check(f"count the consumers of {queue}")
+        await asyncio.sleep(self.latency())
+        found = self.broker.queues.get(queue)
+        return found.consumers if found is not None else 0
+
     async def publish(self, queue: str, message: Message, headers: dict[str, object] | None = None) -> None:
         fault = self.process.before_send
         if fault is not None and isinstance(message, bus_pb2.Assign | bus_pb2.Update | bus_pb2.Revoke):
@@ -210,6 +218,13 @@ class SimBus:
 
     async def _consume_once(self, queue: SimQueue, handler: Handler, stop: asyncio.Event) -> bool:
         """Consume until stopped (False) or the connection or the queue is lost (True)."""
+        queue.consumers += 1
+        try:
+            return await self._consume_attached(queue, handler, stop)
+        finally:
+            queue.consumers -= 1
+
+    async def _consume_attached(self, queue: SimQueue, handler: Handler, stop: asyncio.Event) -> bool:
         while not stop.is_set():
             if self.broker.queues.get(queue.name) is not queue or not self.connected:
                 await self.process.running()  # a frozen process notices nothing until it runs again

@@ -187,3 +187,24 @@ def test_a_worker_frozen_while_its_jobs_change_fires_nothing_the_schedule_in_for
             assert schedule_idempotency_key(job_id, EPOCH + 60) not in world.db.runs, world.report()
     finally:
         world.close()
+
+
+@pytest.mark.parametrize("seed", [2, 11, 0, 1])
+def test_a_dead_workers_jobs_are_taken_by_a_live_worker_while_it_is_still_frozen(seed: int) -> None:
+    """A worker frozen past being declared dead still has its consumer on the shared Assign queue,
+    holding what it was handed: the Assign of its own jobs must not wait there until it thaws.
+    (Seeds 2 and 11 are histories in which it did, when a dead worker's jobs went to that queue.)"""
+    world = World(seed, workers_at_start=3, jobs_at_start=9, crons=("* * * * *",), graces=(300,))
+    try:
+        world.start()
+        world.run_for(40.0 - world.now)
+        index, slot = next((i, s) for i, s in enumerate(world.workers) if len(slot_jobs := s.worker.heap.job_ids()))
+        taken = sorted(slot_jobs)
+        world.freeze_worker(index, 40.0)  # 40 s to 80 s: declared dead at about 46 s
+        world.run_for(20.0)  # its jobs given away and claimed by 60 s, the fire it misses
+        frozen = slot.process.name
+        owners = {job_id: world.db.ownership[job_id] for job_id in taken}
+        assert all(o.state == "claimed" and o.worker_id != frozen for o in owners.values()), world.report()
+        world.check()
+    finally:
+        world.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from orchestrator.leader import Leader
-from orchestrator.leadership import LeadershipLost
+from orchestrator.leadership import LEASE_SECONDS, STANDBY_POLL_SECONDS, WATCH_SECONDS, LeadershipLost
 from orchestrator.ownership_store import OwnershipStore
 from queuer_worker.runs_store import RunsStore
 from queuer_worker.worker import QueuerWorker
@@ -34,8 +34,8 @@ from tests.simulation.process import EPOCH, Process, ProcessMonotonic, ProcessWa
 from tests.simulation.twins import MemoryDatabase, MemoryOwnershipStore, MemoryRunsStore
 from tests.simulation.virtual_time import VirtualTimeLoop, ordered_task_groups
 
-STANDBY_POLL = 1.0  # orchestrator.leadership.STANDBY_POLL_SECONDS
-WATCH = 1.0  # orchestrator.leadership.WATCH_SECONDS
+STANDBY_POLL = STANDBY_POLL_SECONDS
+WATCH = WATCH_SECONDS  # how often a leader renews its lease
 RESTART_DELAY = 3.0  # a supervisor starts a crashed process again after this
 ARMED_AT_MOST = 30.0  # a fault armed for a process's next send comes after this at the latest
 CRONS = ("* * * * *", "* * * * *", "*/2 * * * *", "*/3 * * * *")
@@ -49,13 +49,14 @@ def settle_bound(settings: Settings) -> float:
     Assigns of its jobs go out at once, and one lost on the way is sent again by the reconcile
     after ``claim_timeout`` (noticed at a reconcile tick, so up to one ``reconcile_interval``
     later); a consumer that lost its queue or connection is back within its backoff cap (10 s);
-    a standby takes a lost lock within a watch period, a stand-by poll and the step-down backoff.
+    a standby takes a lost lease once it runs out, within a stand-by poll, plus the step-down
+    backoff.
     """
     cfg = settings.orchestrator
     dead_after = cfg.heartbeat_interval * cfg.dead_after_intervals + cfg.heartbeat_interval / 10
     resend = cfg.claim_timeout + cfg.reconcile_interval
     consumer_back = 10.0
-    failover = WATCH + STANDBY_POLL + 10.0
+    failover = LEASE_SECONDS + WATCH + STANDBY_POLL + 10.0
     return dead_after + resend + consumer_back + failover
 
 
@@ -368,9 +369,23 @@ class World:
             self._fault(seconds, slot.process.freeze, slot.process.thaw, f"{slot.process.name} frozen")
 
     def freeze_leader(self, seconds: float) -> None:
+        """The leader stands still with its connections open: its lease runs out after
+        ``LEASE_SECONDS`` (it renews nothing while frozen), and a standby takes the next term."""
         orch = self._leading()
-        if orch is not None:
-            self._fault(seconds, orch.process.freeze, orch.process.thaw, f"{orch.process.name} (leader) frozen")
+        if orch is None:
+            return
+        name = orch.process.name
+
+        def expire() -> None:
+            if orch.process.frozen and self.lock_holder == name:
+                self.trace(name, "lease expired while frozen")
+                self.lock_holder = None
+
+        def begin() -> None:
+            orch.process.freeze()
+            self._later(LEASE_SECONDS, expire)
+
+        self._fault(seconds, begin, orch.process.thaw, f"{name} (leader) frozen")
 
     def stall_leader(self, seconds: float, *, at_send: bool = False) -> None:
         """The leader stands still (a paused VM, a stop-the-world stall) long enough for the server to

@@ -83,11 +83,11 @@ def test_runs_of_different_uids_share_the_hosts_caches_and_cannot_write_them(
         RUNPLANE_REPOSITORIES__LOCAL_ROOTS=json.dumps([str(shared_dir)]),  # the project's repository is there
     )
     (shared_dir / "git").mkdir()
-    macro_package(shared_dir / "git")
+    pinned = macro_package(shared_dir / "git")  # a commit: without a lock, a branch is never cached
     package = shared_dir / "git" / "bench_macros"
     project = shared_dir / "jaffle"
     shutil.copytree(EXAMPLE, project)
-    (project / "packages.yml").write_text(f"packages:\n  - git: file://{package}\n    revision: main\n")
+    (project / "packages.yml").write_text(f"packages:\n  - git: file://{package}\n    revision: {pinned}\n")
     # dbt renders a model's Jinja when it parses the project: a missing package fails the parse.
     (project / "models" / "uses_package.sql").write_text("select {{ bench_macros.bench_macros_0(41) }} as answer\n")
     commit_all(project, "jaffle with a package")
