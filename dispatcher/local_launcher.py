@@ -42,6 +42,7 @@ from runplane.adapters import cgroups, local_fence, network_fence
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.errors import LaunchError
 from runplane.basics.held_processes import exited, open_pidfd
+from runplane.basics.local_capacity import local_capacity, pids_per_run
 from runplane.basics.repository_urls import repository_environment
 from runplane.basics.settings import Settings
 
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 FORK_SERVER_MODULE = "runner.fork_server"
 POOL_NAME = "local"  # the fork server's spares, as a pool in the metrics
 FORK_SERVER_ANSWER_TIMEOUT = 30.0  # covers the server's own start (imports) on a busy machine
-RUNNERS_PER_CPU = 16  # the default capacity: a run's runner mostly waits (on the API, its step, its logs)
 SPARE_DESCRIPTORS = 256  # file descriptors kept for everything but the runners' pidfds
 
 
@@ -77,6 +77,8 @@ def runner_environment(settings: Settings, environ: Mapping[str, str] | None = N
     env.update(repository_environment(settings.repositories))  # the cache keeper checks each clone with them
     hidden = [*settings.runner.local_hidden_paths, *_socket_directories(settings.database_url)]
     env["RUNPLANE_RUNNER__LOCAL_HIDDEN_PATHS"] = json.dumps(list(dict.fromkeys(hidden)))
+    # The dispatcher knows how many runs this machine holds at once; each runner applies its share.
+    env["RUNPLANE_RUNNER__LOCAL_PIDS_MAX"] = str(pids_per_run(settings))
     return env
 
 
@@ -116,11 +118,6 @@ def closed_to_others(path: Path) -> Path | None:
         if not mode & needed:
             return part
     return None
-
-
-def local_capacity(settings: Settings) -> int:
-    """Runners given a run that one local dispatcher keeps alive at once (``dispatcher.local_capacity``)."""
-    return settings.dispatcher.local_capacity or RUNNERS_PER_CPU * len(os.sched_getaffinity(0))
 
 
 def _allow_descriptors(count: int) -> None:
@@ -240,6 +237,7 @@ class LocalLauncher:
         for problem in local_fence.problems(settings):
             log.warning("runs are not fenced like Pods: %s", problem, extra={"uid": os.geteuid()})
         if settings.runner.local_uid >= 0 and os.geteuid() == 0:
+            log.info("runs are limited: %s", local_fence.limits(settings))
             if settings.runner.local_fence and network_fence.unavailable() is None:
                 network_fence.install(
                     settings.runner.local_uid, settings.runner.local_uid_count, control_plane_endpoints(settings)

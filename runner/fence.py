@@ -4,13 +4,17 @@
    warehouses its environment names on this machine, nothing else here; a warehouse that is one of
    the control plane's own servers is refused, loudly (on one machine its Postgres trusts local
    clients: reaching the port is a superuser login).
-2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own) and pids limits,
-   joined by the runner so everything the run starts is counted and killed at its end.
+2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own), its pids (the
+   dispatcher's share of the machine for one run: ``runplane.local_capacity``) and its CPU weight
+   and cap, joined by the runner so everything the run starts is counted and killed at its end.
 3. A Landlock domain of the run's own (``runplane.landlock``), entered by the thread that starts
    every process of the run: abstract Unix sockets, which nftables does not see, are reachable only
    when the run made them.
 4. The switch to the uid (``runner.run_user``), and the namespaces every step of the run gets
-   (``runner.sandbox``).
+   (``runner.sandbox``), whose shared writable places are directories of the run's size-capped
+   scratch space (``runplane.run_scratch``), mounted when the uid was leased.
+5. The open-files limit of the run (``runner.local_open_files``), soft and hard, for the runner and
+   every step, instead of the dispatcher's.
 
 What this machine cannot offer (``runplane.local_fence``: not root, no nftables, no bubblewrap, no
 memory or pids controller, no Landlock scopes) is said at start by the dispatcher and ``runplane up``; a run then goes
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,7 +33,7 @@ from urllib.parse import urlsplit
 from runner import run_cgroup, sandbox
 from runner.control_plane import RunSpec
 from runner.run_user import RunUser, switch_to
-from runplane.adapters import cgroups, landlock, local_fence, network_fence
+from runplane.adapters import cgroups, landlock, local_fence, network_fence, run_scratch
 from runplane.adapters.network_fence import Endpoint
 from runplane.basics.settings import Settings
 
@@ -46,6 +51,12 @@ class Fence:
     cgroup: run_cgroup.RunCgroup | None = None
     refusal: str = ""  # why the run may not start (said in its log and outcome)
     keeper: int = field(default=-1, repr=False)  # held until the runner exits
+    work_root: Path | None = None  # where the run's checkout is made (None: the temporary directory)
+    scratch: Path | None = None  # the run's size-capped scratch space (``runplane.run_scratch``), if mounted
+
+    def scratch_full(self) -> bool:
+        """Whether the run's scratch space is out of room: a write of the run's failed for its quota."""
+        return self.scratch is not None and run_scratch.full(self.scratch)
 
 
 def warehouse_endpoints(spec: RunSpec) -> list[Endpoint]:
@@ -74,9 +85,12 @@ def _traces(settings: Settings) -> list[Endpoint]:
 
 def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     """As root: fence the run, then switch to its uid for good."""
+    # Set for the run, not inherited from the dispatcher (whose limit grows with its capacity).
+    open_files = settings.runner.local_open_files
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
     if not settings.runner.local_fence:
         switch_to(user)
-        return Fence()
+        return Fence(work_root=user.work, scratch=user.scratch)
     refusal = ""
     if network_fence.unavailable() is None:
         warehouse = [e for e in warehouse_endpoints(spec) if network_fence.is_local(e)]
@@ -98,13 +112,19 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     keeper = -1
     if cgroups.unavailable() is None:
         memory = spec.memory_mb * 1024 * 1024 + run_cgroup.RUNNER_ALLOWANCE
-        cgroup = run_cgroup.create(user.uid, memory_bytes=memory, pids_max=settings.runner.local_pids_max)
-        keeper = run_cgroup.join(cgroup, user.lease_fd)
+        cgroup = run_cgroup.create(
+            user.uid,
+            memory_bytes=memory,
+            pids_max=settings.runner.local_pids_max,  # the dispatcher's share of the machine for a run
+            cpu_weight=spec.cpu_weight or settings.runner.local_cpu_weight,  # the account's, else the operator's
+            cpu_max=spec.cpu_max or settings.runner.local_cpu_max,
+        )
+        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]
-        confinement = sandbox.confinement(user.tmp, settings.runner.local_hidden_paths, dbt_installs)
+        confinement = sandbox.confinement(user.tmp.parent, settings.runner.local_hidden_paths, dbt_installs)
     if landlock.unavailable() is None:
         landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
     switch_to(user)
-    return Fence(confinement, cgroup, refusal, keeper)
+    return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch)

@@ -47,6 +47,7 @@ from runner.cache_keeper import KeeperClient, keeper_socket_pair, serve
 from runner.control_plane import runner_channel
 from runner.run_user import lease_for_run, runs_have_own_uids
 from runner.service import run
+from runplane.adapters import run_scratch
 from runplane.basics import logs
 from runplane.basics.settings import Settings
 
@@ -76,6 +77,7 @@ def _fork_spare(settings: Settings) -> Spare:
     keeper_end, runner_end = keeper_socket_pair() if runs_have_own_uids(settings.runner) else (None, None)
     if keeper_end is not None and runner_end is not None:
         _fork_keeper(settings, keeper_end, runner_end)
+        run_scratch.places()  # found once, before the fork: every runner inherits the answer
     ours, theirs = (end.detach() for end in socket.socketpair())
     sys.stderr.flush()
     pid = os.fork()

@@ -257,6 +257,8 @@ async def _packages(
                                part="dbt deps")  # fmt: skip
         case StepEnd.MEMORY_LIMIT:
             raise PrepareError("dbt deps went over the run's memory limit", part="dbt deps", end=StepEnd.MEMORY_LIMIT)
+        case StepEnd.DISK_QUOTA:
+            raise PrepareError("dbt deps filled the run's scratch space", part="dbt deps", end=StepEnd.DISK_QUOTA)
         case StepEnd.CANCELLED:
             raise PrepareError("cancelled by request during dbt deps", part="dbt deps", end=StepEnd.CANCELLED)
         case StepEnd.TIMED_OUT:

@@ -12,9 +12,12 @@ Taking a lease clears the uid of what an earlier holder left behind, because tha
 another account's run: every process still running as that uid is killed (a step that
 daemonised itself would otherwise watch the next run), what is left of its run cgroup is killed
 and removed, files it owns at the top of the shared temporary directories (``/tmp``, ``/var/tmp``,
-``/dev/shm``) are removed, and its private directory is made again, empty. That directory,
-``/var/lib/runplane/runs/<uid>`` (``runner.local_run_root``), holds the run's HOME and temporary
-directory; its parent is root's and closed to listing, so no other uid can create, plant in or
+``/dev/shm``) are removed, its scratch space is unmounted, and its private directory is made again,
+empty. That directory,
+``/var/lib/runplane/runs/<uid>`` (``runner.local_run_root``), holds the run's HOME, the directory its
+checkout is made in, and its scratch space: a tmpfs of ``runner.local_scratch_mb`` holding its
+temporary directory and its own copy of every world-writable place of the machine
+(``runplane.run_scratch``); its parent is root's and closed to listing, so no other uid can create, plant in or
 block it. A run therefore shares nothing with any other run through its uid.
 """
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import run_cgroup
+from runplane.adapters import run_scratch
 from runplane.basics.settings import RunnerSettings
 
 LEASES = Path("/run/runplane-uids")
@@ -40,6 +44,7 @@ class NoFreeUid(RuntimeError):
 
 
 SHARED_TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+SCRATCH = "scratch"  # the run's scratch space in its private directory (``runplane.run_scratch``)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,9 @@ class RunUser:
     uid: int
     home: Path
     lease_fd: int  # held open (close-on-exec) for the runner's lifetime: the lease
-    tmp: Path  # the run's own temporary directory, beside HOME
+    tmp: Path  # the run's own temporary directory (TMPDIR, and /tmp and /var/tmp of its steps)
+    work: Path  # where the run's checkout is made, beside HOME (the file system of the host's caches)
+    scratch: Path | None = None  # the run's size-capped scratch tmpfs, holding ``tmp`` (None: not mounted here)
 
 
 def lease_for_run(runner: RunnerSettings, run_id: int) -> RunUser | None:
@@ -92,10 +99,18 @@ def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES, r
         kill_processes_of(uid)
         run_cgroup.clear(uid)
         remove_files_of(uid)
+        run_scratch.unmount(runs / str(uid) / SCRATCH)
         private = fresh_private_directory(runs, uid)
         home = _private_directory(private / "home", uid)
-        tmp = _private_directory(private / "tmp", uid)
-        return RunUser(uid, home, fd, tmp)
+        work = _private_directory(private / "work", uid)
+        scratch = private / SCRATCH
+        capped = run_scratch.unavailable() is None
+        if capped:
+            _private_directory(scratch)
+            run_scratch.mount(scratch, uid, runner.local_scratch_mb * 1024 * 1024)
+        else:
+            run_scratch.make_directories(_private_directory(scratch, uid), uid)
+        return RunUser(uid, home, fd, scratch / run_scratch.TEMPORARY_NAME, work, scratch if capped else None)
     raise NoFreeUid(f"all {count} run uids from {runner.local_uid} are in use; raise runner.local_uid_count")
 
 

@@ -6,9 +6,11 @@ A step of a run with a uid of its own starts as ``bwrap … -- /bin/sh -c <comma
   read other tenants' command lines nor name its runner to signal or trace it; when the step's
   shell ends, the kernel kills whatever it left in the namespace (a daemon that double-forked and
   called setsid included);
-- a mount namespace where ``/tmp`` and ``/var/tmp`` are the run's own temporary directory (made by
-  root for the run, removed before its uid is leased again), ``/dev/shm`` and an IPC namespace of
-  its own, and the control plane's Unix sockets (``runner.local_hidden_paths``: Postgres's
+- a mount namespace where ``/tmp`` and ``/var/tmp`` are the run's own temporary directory, and
+  ``/dev/shm``, ``/run/lock``, ``/run/user`` and every other world-writable place of the machine a
+  directory of the run's own, all in its size-capped scratch space (``runplane.run_scratch``: made by
+  root for the run, taken away before its uid is leased again), an IPC namespace of its own, and the
+  control plane's Unix sockets (``runner.local_hidden_paths``: Postgres's
   ``/run/postgresql`` and the like) covered by empty directories;
 - no new privileges, no capabilities.
 
@@ -27,12 +29,16 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from runplane.adapters import run_scratch
 
-def confinement(run_tmp: Path, hidden: Sequence[str], shown: Sequence[str] = ()) -> tuple[str, ...]:
-    """The argv that runs a command (appended to it) in the run's namespaces; ``shown``: directories
-    the steps need (the dbt installs), seen read-only even when they live under the host's
-    ``/tmp`` or ``/var/tmp``, which the run's own temporary directory covers."""
+
+def confinement(scratch: Path, hidden: Sequence[str], shown: Sequence[str] = ()) -> tuple[str, ...]:
+    """The argv that runs a command (appended to it) in the run's namespaces. ``scratch``: the run's
+    scratch space (``runplane.run_scratch``), whose directories cover every shared place a step could
+    write; ``shown``: directories the steps need (the dbt installs), seen read-only even when they live
+    under one of those places."""
     bwrap = shutil.which("bwrap") or "bwrap"
+    places = run_scratch.places()
     argv = [
         "env", "--ignore-signal=INT,TERM", bwrap,
         "--bind", "/", "/",
@@ -40,13 +46,14 @@ def confinement(run_tmp: Path, hidden: Sequence[str], shown: Sequence[str] = ())
         "--proc", "/proc",
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent",
-        "--bind", str(run_tmp), "/tmp",
-        "--bind", str(run_tmp), "/var/tmp",
-        "--tmpfs", "/dev/shm",
     ]  # fmt: skip
+    for place in places:
+        argv += ["--bind", str(scratch / run_scratch.directory_name(place)), place]
+    if "/dev/shm" not in places:
+        argv += ["--tmpfs", "/dev/shm"]
     for path in shown:
         real = os.path.realpath(path)
-        if os.path.isdir(real) and any(Path(real).is_relative_to(covered) for covered in ("/tmp", "/var/tmp")):
+        if os.path.isdir(real) and any(Path(real).is_relative_to(covered) for covered in places):
             argv += ["--ro-bind", real, real]
     seen: set[str] = set()
     for path in hidden:

@@ -59,7 +59,7 @@ from runplane.adapters import tracing
 from runplane.basics.secrets import MASK
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import wait_any
-from runplane.basics.types import MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
+from runplane.basics.types import DISK_QUOTA_ERROR, MEMORY_LIMIT_ERROR, FailureKind, Outcome, RunStatus
 from runplane.dbt.context import DbtContext, from_proto
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class Runner:
             path = Path(self._settings.runner.work_dir) / f"run-{run_id}"
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
             return path, False
-        return Path(tempfile.mkdtemp(prefix=f"runplane-run-{run_id}-")), True
+        return Path(tempfile.mkdtemp(prefix=f"runplane-run-{run_id}-", dir=self._fence.work_root)), True
 
     async def _steps(self, spec: RunSpec, logs: RunLogs, work_dir: Path, context: DbtContext | None) -> Outcome | None:
         deadline = time.monotonic() + spec.timeout_seconds if spec.timeout_seconds > 0 else None
@@ -183,6 +183,7 @@ class Runner:
             confinement=self._fence.confinement,
             oom_kills=self._fence.cgroup.oom_kills if self._fence.cgroup is not None else None,
             output_room=logs.room,  # every step's, dbt deps' of the prep too
+            scratch_full=self._fence.scratch_full if self._fence.scratch is not None else None,
         )
         if self._fence.refusal:
             return await self._not_prepared(logs, self._fence.refusal)
@@ -254,6 +255,8 @@ class Runner:
                 message = f"timed out after {spec.timeout_seconds} s: {exc}"
             case StepEnd.MEMORY_LIMIT:
                 message = f"{MEMORY_LIMIT_ERROR}: {exc}"
+            case StepEnd.DISK_QUOTA:
+                message = f"{DISK_QUOTA_ERROR}: {exc}"
             case StepEnd.EXITED:
                 message = str(exc)
         await setup.failed(message)
@@ -289,6 +292,8 @@ class Runner:
     ) -> tuple[Outcome | None, bool]:
         """Run one step; (outcome, True) when the run ends with it (outcome None: the lease was lost)."""
         await self._api.step_started(index)
+        cgroup = self._fence.cgroup
+        reached = cgroup.limits_reached() if cgroup is not None else None
         with _tracer.start_as_current_span(f"step {index + 1}", attributes={"command": command}):
             result = await run_step(
                 command,
@@ -302,6 +307,9 @@ class Runner:
             return None, True
         if result.end_reason:
             logs.write(index, f"\nrunplane: step {index + 1} ended: {result.end_reason}\n".encode())
+        if cgroup is not None and reached is not None:
+            for said in cgroup.limits_reached().since(reached):
+                logs.write(index, f"runplane: step {index + 1}: {said}\n".encode())
         # "generate docs" and "source freshness": reported, not fatal (a cancel or timeout still is).
         optional_failure = result.end is StepEnd.EXITED and result.exit_code != 0 and index in spec.optional_steps
         if optional_failure:
@@ -339,6 +347,12 @@ class Runner:
                 return Outcome.error(f"timed out after {timeout} s", FailureKind.STEP)
             case StepEnd.MEMORY_LIMIT:
                 return Outcome.error(MEMORY_LIMIT_ERROR, FailureKind.STEP)
+            case StepEnd.DISK_QUOTA:
+                return Outcome.error(
+                    f"{DISK_QUOTA_ERROR}: step {index + 1} filled the run's scratch space (/tmp and the other "
+                    "shared places, runner.local_scratch_mb)",
+                    FailureKind.STEP,
+                )
             case StepEnd.ABANDONED:
                 return None
 

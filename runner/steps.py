@@ -30,6 +30,7 @@ class StepEnd(enum.Enum):
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
     MEMORY_LIMIT = "memory_limit"
+    DISK_QUOTA = "disk_quota"  # the run's scratch space was full when the step failed
     ABANDONED = "abandoned"  # the runner lost its lease: stop without an outcome
 
 
@@ -62,6 +63,8 @@ class Limits:
     # Awaited before each read of a step's output: the step blocks on its pipe while what it wrote
     # waits to be shipped (``runner.run_logs``).
     output_room: Callable[[], Awaitable[None]] | None = None
+    # Whether the run's scratch space (its /tmp and the other shared places) is out of room.
+    scratch_full: Callable[[], bool] | None = None
 
 
 def tree_rss(pid: int) -> int:
@@ -171,6 +174,8 @@ async def run_step(
         exit_code = await process.wait()
         if end is StepEnd.EXITED and exit_code != 0 and limits.oom_kills and limits.oom_kills() > oom_kills_before:
             end = StepEnd.MEMORY_LIMIT  # the kernel killed a process of the step for the run's memory limit
+        elif end is StepEnd.EXITED and exit_code != 0 and limits.scratch_full and limits.scratch_full():
+            end = StepEnd.DISK_QUOTA  # a write of the step got ENOSPC from the run's scratch space
     finally:
         _signal_group(pgid, signal.SIGKILL)  # anything the step left in the background, and the guard
         os.close(lifeline)

@@ -5,7 +5,7 @@
 SELECT r.id, r.account_id, r.job_id, r.job_type, r.trigger, r.cause, r.trace_parent, r.overrides, r.schema_name,
        r.pull_request_number, r.cancel_requested_at, j.steps, j.environment, j.secret_environment, j.threads,
        j.timeout_seconds, j.target_name, j.git_branch, j.generate_docs, j.run_source_freshness, j.run_only_modified,
-       a.memory_mb
+       a.memory_mb, a.cpu_weight, a.cpu_max
   FROM runs r JOIN jobs j ON j.id = r.job_id JOIN accounts a ON a.id = r.account_id
  WHERE r.id = %(run_id)s AND r.status = 3 AND r.lease_owner = %(lease_id)s AND r.runner_token_hash = %(token_hash)s
 

@@ -65,6 +65,8 @@ class ClaimedRun:
     run_source_freshness: bool
     run_only_modified: bool
     memory_mb: int
+    cpu_weight: int | None
+    cpu_max: float | None
 
 
 async def claimed_run(conn: Connection, params: dict[str, Any]) -> ClaimedRun | None:
@@ -112,6 +114,8 @@ def build_run_spec(
         cause=row.cause,
         timeout_seconds=int(override(overrides, "timeout_seconds") or row.timeout_seconds or 0),
         memory_mb=row.memory_mb,
+        cpu_weight=row.cpu_weight or 0,
+        cpu_max=row.cpu_max or 0.0,
         cancel_requested=row.cancel_requested_at is not None,
         trace_parent=row.trace_parent,
         lease_id=lease_id,

@@ -20,7 +20,9 @@ from pathlib import Path
 
 PARENT = "runplane-runs"  # the runs' cgroups, under the cgroup the runner started in
 CONTROL = "runplane-control"  # v2: where the processes of that cgroup move, so it can hand controllers down
-LIMITED = frozenset({"memory", "pids"})
+LIMITED = frozenset({"memory", "pids"})  # needed for a run's cgroup at all
+CPU = "cpu"  # a run's share of the CPUs and its cap, when the machine offers it
+CONTROLLED = LIMITED | {CPU}
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Hierarchy:
         """The limiting controllers a cgroup made under ours can have."""
         if not self.v2:
             return self.controllers
-        return LIMITED & controllers_of(self.own_directory)
+        return CONTROLLED & controllers_of(self.own_directory)
 
 
 def controllers_of(directory: Path) -> frozenset[str]:
@@ -56,7 +58,7 @@ def controllers_of(directory: Path) -> frozenset[str]:
 
 
 def hierarchies(pid: int | None = None) -> list[Hierarchy]:
-    """The hierarchies that count for a run: v1 memory and pids, and the cgroup2 one; where this
+    """The hierarchies that count for a run: v1 memory, pids and cpu, and the cgroup2 one; where this
     process sits in them, or process ``pid``."""
     cgroup2: Path | None = None
     v1: dict[frozenset[str], Path] = {}
@@ -66,7 +68,7 @@ def hierarchies(pid: int | None = None) -> list[Hierarchy]:
             continue
         if fields[2] == "cgroup2" and cgroup2 is None:
             cgroup2 = Path(fields[1])
-        elif fields[2] == "cgroup" and (held := LIMITED & frozenset(fields[3].split(","))):
+        elif fields[2] == "cgroup" and (held := CONTROLLED & frozenset(fields[3].split(","))):
             v1[held] = Path(fields[1])
     found: list[Hierarchy] = []
     for line in Path(f"/proc/{pid or 'self'}/cgroup").read_text().splitlines():
@@ -76,7 +78,7 @@ def hierarchies(pid: int | None = None) -> list[Hierarchy]:
                 # Processes moved out of the way for the runs' controllers count from where they were.
                 found.append(Hierarchy(cgroup2, path.removesuffix(f"/{CONTROL}"), frozenset(), True))
             continue
-        held = LIMITED & frozenset(names.split(","))
+        held = CONTROLLED & frozenset(names.split(","))
         if held and held in v1:
             found.append(Hierarchy(v1[held], path, held, False))
     return found
@@ -149,3 +151,10 @@ def unavailable() -> str | None:
         return "not root"
     missing = LIMITED - {c for h in hierarchies() for c in h.offered()}
     return f"no {' or '.join(sorted(missing))} cgroup controller" if missing else None
+
+
+def cpu_unavailable() -> str | None:
+    """Why a local run's cgroup gets no CPU weight or cap here, or None when it does."""
+    if (why := unavailable()) is not None:
+        return why
+    return None if any(CPU in h.offered() for h in hierarchies()) else "no cpu cgroup controller"

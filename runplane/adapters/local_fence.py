@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from runplane.adapters import cgroups, landlock, network_fence
+from runplane.adapters import cgroups, landlock, network_fence, run_scratch
+from runplane.basics.local_capacity import local_capacity, pids_per_run
 from runplane.basics.settings import Settings
 
 
@@ -46,6 +47,13 @@ def problems(settings: Settings) -> list[str]:
             f"runs get no cgroup ({why}): no kernel memory or pids limit over a run, and what a step leaves "
             "outside its namespaces may outlive the run until its uid is leased again"
         )
+    if (why := cgroups.cpu_unavailable()) is not None and cgroups.unavailable() is None:
+        found.append(f"runs get no CPU weight or cap ({why}): one run's busy loops slow every other run")
+    if (why := run_scratch.unavailable()) is not None:
+        found.append(
+            f"runs get no scratch space of their own ({why}): /tmp, /run/lock and the other shared places of a run "
+            "are directories on this machine's disk, with no quota"
+        )
     if (why := sandbox_unavailable()) is not None:
         found.append(
             f"steps get no namespaces ({why}): a step shares /tmp and /proc with the machine, sees other "
@@ -57,3 +65,15 @@ def problems(settings: Settings) -> list[str]:
             "control plane's processes' and other runs' included"
         )
     return found
+
+
+def limits(settings: Settings) -> str:
+    """What every run is given and limited to on this machine, said at start beside the problems."""
+    runner = settings.runner
+    cpu = f"at most {runner.local_cpu_max:g} CPUs, " if runner.local_cpu_max > 0 else ""
+    return (
+        f"each run gets a scratch space of {runner.local_scratch_mb} MiB of its own for "
+        f"{', '.join(run_scratch.places())}; {pids_per_run(settings)} processes (of kernel.pid_max for "
+        f"{local_capacity(settings)} runs at once), CPU weight {runner.local_cpu_weight}, {cpu}"
+        f"{runner.local_open_files} open files"
+    )

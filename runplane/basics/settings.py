@@ -355,7 +355,38 @@ class RunnerSettings(BaseModel):
         "directory) is made; root's own, closed to listing.",
     )
     local_pids_max: int = Field(
-        4096, ge=16, description="local launcher, as root: most processes and threads a run may have at once."
+        4096,
+        ge=16,
+        description="local launcher, as root: most processes and threads a run may have at once; lowered so that "
+        "a full machine's runs (dispatcher.local_capacity of them) hold at most half of kernel.pid_max.",
+    )
+    local_scratch_mb: int = Field(
+        1024,
+        ge=1,
+        description="local launcher, as root: the room of a run's scratch space, in MiB (one tmpfs for its /tmp, "
+        "/var/tmp, /dev/shm, /run/lock and every other world-writable place of the machine; its memory counts "
+        'in the run\'s): a step writing past it gets ENOSPC and the run ends with "disk quota exceeded".',
+    )
+    local_cpu_weight: int = Field(
+        100,
+        ge=1,
+        le=10_000,
+        description="local launcher, as root: a run's share of the CPUs against other runs when they are busy, "
+        "for accounts without their own (accounts.cpu_weight) "
+        "(cgroup v2 cpu.weight; v1 cpu.shares of weight × 1024 / 100); 100 is an equal share.",
+    )
+    local_cpu_max: float = Field(
+        0.0,
+        ge=0,
+        description="local launcher, as root: most CPUs a run may use at once, even on an idle machine, for "
+        "accounts without their own (accounts.cpu_max) (cgroup "
+        "cpu.max, or v1 cpu.cfs_quota_us, over a 100 ms period); 0: no cap, only the weight.",
+    )
+    local_open_files: int = Field(
+        4096,
+        ge=64,
+        description="local launcher, as root: the open-files limit (RLIMIT_NOFILE, soft and hard) of a run's "
+        "runner and steps, set for the run rather than inherited from the dispatcher.",
     )
     local_hidden_paths: list[str] = Field(
         default_factory=lambda: ["/run/postgresql", "/run/redis", "/run/rabbitmq", "/run/mysqld"],

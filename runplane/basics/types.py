@@ -110,6 +110,7 @@ def ci_schema(job_id: int, pull_request_number: int | None, run_id: int | None =
 # How a run ends. The rules that follow from an outcome live in ``runplane.runs``; these types
 # are here so the runner can name an outcome without importing anything that reaches Postgres.
 MEMORY_LIMIT_ERROR = "memory limit error"
+DISK_QUOTA_ERROR = "disk quota exceeded"
 RUNNER_LOST = "runner lost"
 
 

@@ -254,6 +254,8 @@ def _print_banner(settings: Settings, children: list[Child], banner: list[str], 
     for line in banner:
         print(line, flush=True)
     if (launcher or settings.dispatcher.launcher) == "local":
+        if settings.runner.local_uid >= 0 and os.geteuid() == 0:
+            print(f"  runs: {local_fence.limits(settings)}", flush=True)
         for problem in local_fence.problems(settings):  # last, so it is what the terminal shows
             print(f"runplane: WARNING: {problem}", file=sys.stderr, flush=True)
 

@@ -137,6 +137,8 @@ class RunSpec(_message.Message):
     OPTIONAL_STEPS_FIELD_NUMBER: _builtins.int
     STATE_FILES_FIELD_NUMBER: _builtins.int
     SETUP_STEPS_FIELD_NUMBER: _builtins.int
+    CPU_WEIGHT_FIELD_NUMBER: _builtins.int
+    CPU_MAX_FIELD_NUMBER: _builtins.int
     run_id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -163,6 +165,9 @@ class RunSpec(_message.Message):
     "Create profile from connection …", "Invoke dbt deps"): the runner's checkout, profile and dbt
     packages, each with its own status, duration and log; the job's commands come after them.
     """
+    cpu_weight: _builtins.int
+    """The account's CPU for a local run (cgroup cpu.weight, and a cap in CPUs); 0: the runner's settings."""
+    cpu_max: _builtins.float
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -219,10 +224,12 @@ class RunSpec(_message.Message):
         optional_steps: _abc.Iterable[_builtins.int] | None = ...,
         state_files: _abc.Iterable[Global___StateFile] | None = ...,
         setup_steps: _builtins.int = ...,
+        cpu_weight: _builtins.int = ...,
+        cpu_max: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dbt", b"dbt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "optional_steps", b"optional_steps", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "setup_steps", b"setup_steps", "state_files", b"state_files", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "cancel_requested", b"cancel_requested", "cause", b"cause", "cpu_max", b"cpu_max", "cpu_weight", b"cpu_weight", "dbt", b"dbt", "environment", b"environment", "git_branch", b"git_branch", "heartbeat_interval", b"heartbeat_interval", "job_id", b"job_id", "job_type", b"job_type", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "masked_values", b"masked_values", "memory_mb", b"memory_mb", "optional_steps", b"optional_steps", "pull_request_number", b"pull_request_number", "run_id", b"run_id", "schema", b"schema", "setup_steps", b"setup_steps", "state_files", b"state_files", "steps", b"steps", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds", "trace_parent", b"trace_parent", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from runner import run_cgroup
-from runner.run_user import remove_files_of
+from runner.run_user import SCRATCH, remove_files_of
+from runplane.adapters import run_scratch
 from runplane.basics.settings import RunnerSettings, Settings
 from runplane.basics.types import RunStatus
 from tests.support.files import readable_by_all
@@ -55,10 +56,17 @@ def system(service_env: dict[str, str], tmp_path: Path, database_url: str, _clea
             kill_processes_of_uid(uid)
             run_cgroup.clear(uid)
             remove_files_of(uid)
-            shutil.rmtree(Path(RunnerSettings().local_run_root) / str(uid), ignore_errors=True)
+            private = Path(RunnerSettings().local_run_root) / str(uid)
+            run_scratch.unmount(private / SCRATCH)
+            shutil.rmtree(private, ignore_errors=True)
         for name, _ in running.processes:
             lines = running.log_text(name).splitlines()[-LOG_TAIL_LINES:]
             print(f"---- {name}.log (last {len(lines)} lines) ----", *lines, sep="\n")
+
+
+def run_temporary_directory(uid: int) -> Path:
+    """The temporary directory of the run on ``uid`` (its steps' /tmp), seen from the host."""
+    return Path(RunnerSettings().local_run_root) / str(uid) / SCRATCH / run_scratch.TEMPORARY_NAME
 
 
 def kill_processes_of_uid(uid: int) -> None:

@@ -192,6 +192,59 @@ def cmdlines(reversed_needle: str) -> dict[str, object]:
     return {"seen": seen, "found": found}
 
 
+def leave(marker: str, directories: list[str]) -> dict[str, str]:
+    """In each directory, a file closed to others and a listening socket open to all, left behind."""
+    outcome = {}
+    for directory in directories:
+        path = Path(directory) / marker
+        try:
+            path.write_text(f"left by an earlier run: {marker}\n")
+            path.chmod(0o600)
+            sock = socket.socket(socket.AF_UNIX)
+            sock.bind(f"{path}.sock")
+            sock.listen()
+            os.chmod(f"{path}.sock", 0o777)
+            outcome[directory] = "left"
+        except OSError as exc:
+            outcome[directory] = f"failed: {exc.strerror}"
+    return outcome
+
+
+def find(marker: str, directories: list[str]) -> dict[str, str]:
+    """What of ``leave``'s file and socket this step reads or reaches."""
+    outcome = {}
+    for directory in directories:
+        path = Path(directory) / marker
+        try:
+            outcome[f"{directory} file"] = path.read_text().strip()
+        except OSError as exc:
+            outcome[f"{directory} file"] = f"gone: {exc.strerror}"
+        outcome[f"{directory} socket"] = connect([f"{path}.sock"])[f"{path}.sock"]
+    return outcome
+
+
+def spin(seconds: str, loops: str = "1") -> dict[str, float]:
+    """Keep ``loops`` CPUs busy (processes of their own) for ``seconds`` of wall time; the CPU time
+    they got, in all and per loop."""
+    deadline = time.monotonic() + float(seconds)
+    children = []
+    for _ in range(int(loops) - 1):
+        pid = os.fork()
+        if pid == 0:
+            while time.monotonic() < deadline:
+                pass
+            os._exit(0)
+        children.append(pid)
+    while time.monotonic() < deadline:
+        pass
+    for pid in children:
+        os.waitpid(pid, 0)
+    own = time.process_time()
+    waited = os.times()
+    total = own + waited.children_user + waited.children_system
+    return {"wall": float(seconds), "cpu": total, "per_loop": total / int(loops)}
+
+
 def main() -> None:
     attack, *arguments = sys.argv[1:]
     match attack:
@@ -213,6 +266,12 @@ def main() -> None:
             print("the runner survived", flush=True)
         case "cmdlines":
             report(cmdlines(arguments[0]))
+        case "leave":
+            report(leave(arguments[0], arguments[1:]))
+        case "find":
+            report(find(arguments[0], arguments[1:]))
+        case "spin":
+            report(spin(*arguments))
         case _:
             raise SystemExit(f"unknown attack {attack}")
 

@@ -16,9 +16,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runplane.basics.settings import RunnerSettings, Settings
+from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
-from tests.isolation.conftest import UID_BASE, connect_from_a_step, hostile, reported, run_log, wait_until_ended
+from tests.isolation.conftest import (
+    UID_BASE,
+    connect_from_a_step,
+    hostile,
+    reported,
+    run_log,
+    run_temporary_directory,
+    wait_until_ended,
+)
 from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import Conn, create_account, create_job, queue_run, run_row
@@ -84,7 +92,7 @@ def test_a_daemon_a_step_starts_does_not_outlive_its_run_and_counts_in_the_runs_
         )
         memory = [line for line in Path(f"/proc/{lurker.pid}/cgroup").read_text().splitlines() if ":memory:" in line]
         cgroups = [line for line in Path(f"/proc/{lurker.pid}/cgroup").read_text().splitlines()]
-        seen = Path(RunnerSettings().local_run_root) / str(uid) / "tmp" / f"{marker}.seen"
+        seen = run_temporary_directory(uid) / f"{marker}.seen"
         if seen.parent.is_dir():
             seen.touch()
         assert wait_until_ended(db, run_id)["status"] == RunStatus.SUCCESS, run_log(db, run_id)

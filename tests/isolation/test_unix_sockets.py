@@ -11,14 +11,21 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-from pathlib import Path
 
 import pytest
 
 from runplane.adapters import landlock
-from runplane.basics.settings import RunnerSettings, Settings
+from runplane.basics.settings import Settings
 from runplane.basics.types import RunStatus
-from tests.isolation.conftest import UID_BASE, connect_from_a_step, hostile, reported, run_log, wait_until_ended
+from tests.isolation.conftest import (
+    UID_BASE,
+    connect_from_a_step,
+    hostile,
+    reported,
+    run_log,
+    run_temporary_directory,
+    wait_until_ended,
+)
 from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import Conn, create_account, create_job, queue_run
@@ -54,7 +61,7 @@ def test_a_step_cannot_connect_to_an_abstract_socket_of_a_process_outside_its_ru
 def test_a_step_cannot_connect_to_the_unix_sockets_of_another_run(db: Conn, system: Services) -> None:
     marker = f"rp-listener-{secrets.token_hex(4)}"
     listener = queue_run(db, create_job(db, create_account(db, name="a"), steps=[hostile("listen", marker)]))
-    listener_tmp = Path(RunnerSettings().local_run_root) / str(UID_BASE + listener % 2) / "tmp"
+    listener_tmp = run_temporary_directory(UID_BASE + listener % 2)
     system.start("scheduler")
     system.start("dispatcher")
     own = wait_for(lambda: first_report(db, listener), timeout=60, what="the listening step to start")

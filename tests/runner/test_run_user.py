@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.run_user import RunUser, lease_run_user
+from runner.run_user import SCRATCH, RunUser, lease_run_user
+from runplane.adapters import run_scratch
 from runplane.basics.settings import RunnerSettings
 from tests.support.polling import wait_for
 
@@ -24,8 +25,11 @@ BASE = 300_000 + (os.getpid() % 1000) * 4
 
 
 @pytest.fixture
-def runner() -> RunnerSettings:
-    return RunnerSettings(local_uid=BASE, local_uid_count=2)
+def runner(tmp_path: Path) -> Iterator[RunnerSettings]:
+    settings = RunnerSettings(local_uid=BASE, local_uid_count=2, local_run_root=str(tmp_path / "runs"))
+    yield settings
+    for uid in (BASE, BASE + 1):
+        run_scratch.unmount(Path(settings.local_run_root) / str(uid) / SCRATCH)
 
 
 @pytest.fixture
@@ -93,3 +97,21 @@ def test_a_lease_directory_someone_else_made_is_replaced(runner: RunnerSettings,
     user = lease_run_user(runner, 0, leases)
     assert leases.stat().st_mode & 0o777 == 0o700
     release(user)
+
+
+def test_a_lease_gives_a_scratch_space_of_the_settings_size_emptied_for_the_next_holder(
+    runner: RunnerSettings, leases: Path
+) -> None:
+    sized = runner.model_copy(update={"local_scratch_mb": 8})
+    earlier = lease_run_user(sized, 0, leases)
+    assert earlier.scratch is not None and earlier.tmp.parent == earlier.scratch
+    room = os.statvfs(earlier.scratch)
+    assert room.f_blocks * room.f_frsize == 8 * 1024 * 1024
+    lock = earlier.scratch / run_scratch.directory_name("/run/lock")
+    assert (lock.stat().st_uid, lock.stat().st_mode & 0o777) == (earlier.uid, 0o700)
+    (lock / "left").write_text("an earlier run's\n")
+    release(earlier)
+    later = lease_run_user(sized, 2, leases)
+    assert later.uid == earlier.uid and later.scratch is not None
+    assert not (later.scratch / run_scratch.directory_name("/run/lock") / "left").exists()
+    release(later)

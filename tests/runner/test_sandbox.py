@@ -4,6 +4,7 @@ clone may be)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner import sandbox
+from runplane.adapters import run_scratch
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (make fence-packages)"
@@ -30,6 +32,13 @@ def install_under_tmp() -> Iterator[Path]:
         yield Path(root)
 
 
+def _scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run's scratch space as a plain directory (no mount), with a directory for every place."""
+    scratch = tmp_path_factory.mktemp("scratch")
+    run_scratch.make_directories(scratch, os.getuid())
+    return scratch
+
+
 def _run(argv: tuple[str, ...], command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*argv, "/bin/sh", "-c", command], capture_output=True, text=True, timeout=30, check=False)
 
@@ -37,7 +46,7 @@ def _run(argv: tuple[str, ...], command: str) -> subprocess.CompletedProcess[str
 def test_the_host_tmp_is_covered_but_the_dbt_install_under_it_is_seen_read_only(
     install_under_tmp: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    run_tmp = tmp_path_factory.mktemp("run-tmp")
+    run_tmp = _scratch(tmp_path_factory)
     tool = install_under_tmp / "bin" / "dbt"
 
     hidden = _run(sandbox.confinement(run_tmp, []), f"{tool}")
@@ -52,6 +61,6 @@ def test_the_host_tmp_is_covered_but_the_dbt_install_under_it_is_seen_read_only(
 def test_an_install_outside_the_covered_directories_is_not_bound_again(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    run_tmp = tmp_path_factory.mktemp("run-tmp")
+    run_tmp = _scratch(tmp_path_factory)
     argv = sandbox.confinement(run_tmp, [], ["/usr"])
     assert "--ro-bind" not in argv

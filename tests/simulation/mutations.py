@@ -91,14 +91,14 @@ def mutated(patches: list[Patch]) -> Iterator[None]:
 
 # The regression history that catches each mutation first (tests/simulation/test_mutations.py).
 CAUGHT_BY: dict[str, tuple[str, int]] = {
-    "drop the stamp floor": ("random", 6632),
-    "drop the stamp floor, the leader's too": ("random", 6632),
-    "accept an older term": ("sends", 12),
-    "accept an older term, and no term fence": ("stalls", 194),
+    "drop the stamp floor": ("creates", 38),
+    "drop the stamp floor, the leader's too": ("creates", 3),
+    "accept an older term": ("sends", 6),
+    "accept an older term, and no term fence": ("stalls", 13),
     "skip drop-everything": ("random", 36),
-    "let a dead worker's claim through": ("random", 69),
+    "let a dead worker's claim through": ("creates", 0),
 }
-KINDS = ("random", "freezes", "stalls", "sends")
+KINDS = ("random", "freezes", "stalls", "sends", "edits", "creates")
 
 
 def hunt(candidates: Iterable[tuple[str, int]], seconds: float) -> tuple[int, float, str, str] | None:

@@ -74,6 +74,19 @@ def freeze_edit_history(world: World, steps: int) -> None:
             world.change_job(rng.randrange(12), rng.choice(("cron", "cron", "pause")), rng.choice(world.crons))
 
 
+def freeze_create_history(world: World, steps: int) -> None:
+    """A worker frozen past being declared dead while new jobs are created: their Assigns go to the
+    shared queue, where the frozen worker's consumer is still attached and may take one, to claim
+    it when it thaws, dead or re-registered."""
+    rng = random.Random(world.seed)
+    for _ in range(rng.randrange(1, 4)):
+        world.run_for(rng.uniform(0, 40))
+        world.freeze_worker(rng.randrange(3), rng.uniform(6.5, 25))
+        for _ in range(rng.randrange(1, 5)):
+            world.run_for(rng.uniform(0.2, 5.0))
+            world.create_job(rng.choice(world.crons))
+
+
 def stall_history(world: World, steps: int) -> None:
     """A leader that stalls past losing its lock, one to three times, with jobs changing around it:
     the newer leader acts on the changes while the deposed one, thawed, may still act on its own."""
@@ -119,6 +132,10 @@ HISTORIES = {
             "slow_calls": 0.15,
             "slowest_call": 3.0,
         },
+    ),
+    "creates": History(
+        freeze_create_history,
+        {"workers_at_start": 3, "jobs_at_start": 6, "graces": (300,), "slow_calls": 0.1, "slowest_call": 2.0},
     ),
     "freezes": History(
         freeze_history,
