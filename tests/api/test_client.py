@@ -135,7 +135,7 @@ async def test_every_job_setting_from_the_command_line(
     api: RunningApi, client: Client, service_env: dict[str, str], adb: AsyncDb
 ) -> None:
     env = client_env(service_env, api, client.token)
-    project = await run_client(env, "create-project", "--name", "shop", "--url", "file:///srv/shop")
+    project = await run_client(env, "create-project", "--name", "shop", "--url", "https://git.example.com/shop.git")
     environment = await run_client(
         env, "create-environment", "--project", project["id"], "--name", "prod", "--dbt-version", "1.10",
         "--field", "host=db", "--field", "user=dbt", "--field", "dbname=shop", "--schema", "analytics",

@@ -31,6 +31,8 @@ from tests.support.api import serving_api, wants_rest
 from tests.support.records import make_starting
 
 ROOT = Path(__file__).resolve().parents[2]
+# Outside the checkout, which may itself be under /tmp (a clone made with mktemp -d).
+KEPT_WAREHOUSES = Path("/var/lib/runplane-test-warehouses")
 EXAMPLE = ROOT / "examples" / "jaffle_shop"
 DBT_BIN = ROOT / ".venv-dbt" / "bin"
 DBT_VERSION = "1.10"
@@ -90,13 +92,15 @@ def dbt_settings(settings: Settings, dbt_bin: Path, tmp_path: Path) -> Settings:
 def kept_directory() -> Iterator[Path]:
     """A directory of the test's own outside the temporary ones, where a run may keep a warehouse file
     (one under /tmp is refused: a run does not keep it)."""
-    parent = ROOT / ".test-warehouses"
+    parent = KEPT_WAREHOUSES
     parent.mkdir(exist_ok=True)
     made = Path(tempfile.mkdtemp(prefix="warehouse-", dir=parent))
     try:
         yield made
     finally:
         shutil.rmtree(made, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # the last test out takes it
 
 
 @dataclass
