@@ -23,7 +23,7 @@ from runplane.basics.ownership import job_digest
 class OwnedJob:
     """What a worker needs to schedule one job (everything else is re-read from Postgres at fire)."""
 
-    __slots__ = ("cron", "grace", "job_id", "next_fire", "timezone", "version")
+    __slots__ = ("cron", "grace", "job_id", "last_fire", "next_fire", "timezone", "version")
 
     def __init__(self, job_id: int, version: int, cron: str, timezone: str, grace: int, next_fire: int) -> None:  # noqa: PLR0917
         self.job_id = job_id
@@ -32,6 +32,7 @@ class OwnedJob:
         self.timezone = timezone
         self.grace = grace
         self.next_fire = next_fire
+        self.last_fire: int | None = None  # the newest fire taken off the heap for this job
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,14 @@ class CronHeap:
             fire = current.next_fire
         else:
             fire = next_fire(defn.cron, defn.timezone, now - 1)
+            if current is not None and current.last_fire is not None:
+                # A fire taken under the old schedule that came late (the worker stood still, the
+                # Update waited behind it) was refused by Postgres if the new one was in force by
+                # then: the new schedule's own occurrence at or after it, within grace, is taken
+                # again (Postgres decides; a run queued already is one run by its key).
+                missed = missed_fire(defn, last_fire_ts=current.last_fire - 1, now=now)
+                if missed is not None and missed < fire:
+                    fire = missed
         self._put(defn, fire)
         return fire
 
@@ -172,6 +181,7 @@ class CronHeap:
             job = self._jobs.get(job_id)
             if job is None or job.next_fire != fire or job.cron != cron or job.timezone != timezone:
                 continue  # revoked or updated meanwhile
+            job.last_fire = fire
             try:
                 job.next_fire = next_fire(job.cron, job.timezone, fire)
             except NeverFires as exc:
@@ -186,7 +196,7 @@ class CronHeap:
         old = self._jobs.get(defn.job_id)
         if old is not None:
             self.digest ^= job_digest(defn.job_id, old.version)
-        self._jobs[defn.job_id] = OwnedJob(
+        job = self._jobs[defn.job_id] = OwnedJob(
             defn.job_id,
             defn.version,
             sys.intern(defn.cron),
@@ -194,6 +204,8 @@ class CronHeap:
             defn.missed_run_grace_seconds,
             fire,
         )
+        if old is not None:
+            job.last_fire = old.last_fire
         self.digest ^= job_digest(defn.job_id, defn.version)
         heapq.heappush(self._heap, (fire, defn.job_id))
         self._compact()

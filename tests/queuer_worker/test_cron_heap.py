@@ -183,3 +183,24 @@ def test_a_fire_whose_schedule_changed_after_it_was_taken_is_taken_again_under_t
     assert heap.still_due(taken) == []
     assert heap.reschedule(taken) == []
     assert heap.pop_due(utc(2026, 5, 1, 12, 2)) == [Due(1, utc(2026, 5, 1, 12, 2), "*/2 * * * *", "UTC")]
+
+
+def test_an_update_after_a_late_fire_takes_the_new_schedules_occurrence_at_it_again() -> None:
+    """The worker stood still across 12:02 holding "* * * * *", and fired it late, after the cron had
+    become "*/2 * * * *" (Postgres refused that fire: its schedule was no longer in force); the Update
+    applied after it brings 12:02 back, under the new cron, not 12:04."""
+    heap = CronHeap()
+    heap.assign(
+        Definition(1, 1, "* * * * *", "UTC", 300), last_fire_ts=utc(2026, 5, 1, 12, 1), now=utc(2026, 5, 1, 12, 1) + 10
+    )
+    late = heap.pop_due(utc(2026, 5, 1, 12, 2) + 8)
+    assert late == [Due(1, utc(2026, 5, 1, 12, 2), "* * * * *", "UTC")]
+    heap.reschedule(late)
+    assert heap.update(Definition(1, 2, "*/2 * * * *", "UTC", 300), now=utc(2026, 5, 1, 12, 2) + 9) == utc(
+        2026, 5, 1, 12, 2
+    )
+    # Without a grace there is no looking back.
+    heap.reschedule(heap.pop_due(utc(2026, 5, 1, 12, 2) + 9))
+    assert heap.update(Definition(1, 3, "* * * * *", "UTC", 0), now=utc(2026, 5, 1, 12, 2) + 10) == utc(
+        2026, 5, 1, 12, 3
+    )
