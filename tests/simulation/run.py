@@ -3,12 +3,18 @@ prints histories per second, and for a failure its seed and trace.
 
     python -m tests.simulation.run [--seconds 60] [--first-seed 0] [--steps 12] [--history all] [--jobs N]
     python -m tests.simulation.run --seed 229 --history freezes      # one history, its whole trace
+    python -m tests.simulation.run --digest 20 [--first-seed 0] [--history all]  # traces' digests
+
+``--digest N`` runs seeds ``first-seed`` … ``first-seed + N - 1`` of each kind and prints the SHA-256
+of each history's trace and one of them all: a change that must not change behaviour leaves every
+digest as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import itertools
 import os
 import random
@@ -154,18 +160,22 @@ HISTORIES = {
 def run_seed(history: str, seed: int, steps: int = 12) -> World:
     """One history; raises ``PropertyViolated`` (or what the code under test raised) on failure, with
     the seed and the end of the trace in its notes."""
-    kind = HISTORIES[history]
-    world = World(seed, **kind.world)
+    world = World(seed, **HISTORIES[history].world)
     try:
-        world.start()
-        kind.apply(world, steps)
-        world.check()
+        _play(world, history, steps)
     except Exception as exc:
         exc.add_note(world.report())
         raise
+    return world
+
+
+def _play(world: World, history: str, steps: int) -> None:
+    try:
+        world.start()
+        HISTORIES[history].apply(world, steps)
+        world.check()
     finally:
         world.close()
-    return world
 
 
 def main() -> int:
@@ -178,8 +188,11 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, help="run this one seed and print its whole trace")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes running histories")
+    parser.add_argument("--digest", type=int, metavar="N", help="print the digests of N seeds' traces per kind")
     args = parser.parse_args()
     kinds = sorted(HISTORIES) if args.history == "all" else [args.history]
+    if args.digest is not None:
+        return _digests(kinds, args.first_seed, args.digest, args.steps, args.jobs)
     if args.seed is not None:
         if len(kinds) > 1:
             parser.error("--seed needs --history: one of " + ", ".join(kinds))
@@ -200,6 +213,32 @@ def _try(kind: str, seed: int, steps: int) -> str | None:
     except Exception as exc:
         return "\n".join([*getattr(exc, "__notes__", [])[-1:], f"{kind} seed {seed} FAILED: {exc!r}\n"])
     return None
+
+
+def trace_digest(kind: str, seed: int, steps: int = 12) -> str:
+    """The SHA-256 of one history's whole trace, whether or not the history held its properties
+    (a failing one is marked so)."""
+    world = World(seed, **HISTORIES[kind].world)
+    outcome = "ok"
+    try:
+        _play(world, kind, steps)
+    except Exception as exc:
+        outcome = f"FAILED {exc!r}"
+    digest = hashlib.sha256("\n".join(world.trace_lines).encode()).hexdigest()
+    return digest if outcome == "ok" else f"{digest} {outcome}"
+
+
+def _digests(kinds: list[str], first_seed: int, count: int, steps: int, jobs: int) -> int:
+    """Each history's trace digest, in a fixed order, and the digest of them all."""
+    work = [(kind, seed) for kind in kinds for seed in range(first_seed, first_seed + count)]
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        digests = list(pool.map(trace_digest, *zip(*work, strict=True), itertools.repeat(steps)))
+    whole = hashlib.sha256()
+    for (kind, seed), digest in zip(work, digests, strict=True):
+        print(f"{kind:>8} {seed:5d} {digest}")
+        whole.update(f"{kind} {seed} {digest}\n".encode())
+    print(f"all {len(work)} histories: {whole.hexdigest()}")
+    return 0
 
 
 def _explore(kinds: list[str], first_seed: int, steps: int, seconds: float, jobs: int) -> int:
