@@ -49,7 +49,7 @@ def _keep_everything(self: Holdings, stamp: Stamp) -> None:
 async def _accept_dead_claim(
     self: Inbox, claimer: str, job_ids: list[int], _rows: list[Ownership], stamp: Stamp
 ) -> None:
-    await self.store.claim(claimer, job_ids, stamp)
+    await self.state.store.claim(claimer, job_ids, stamp)
 
 
 def _write_in_any_term(self: MemoryOwnershipStore) -> None:
