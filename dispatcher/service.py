@@ -44,6 +44,7 @@ from runplane.adapters.bus import AmqpBus, Bus, Topology
 from runplane.adapters.db import Connection, fetch_all, open_pool
 from runplane.adapters.locks import AccountLocks, RedisAccountLocks
 from runplane.basics.errors import Contention, LaunchError, ServiceUnavailable
+from runplane.basics.run_overrides import run_timeout
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import sleep_or_stop, spawn
 from runplane.basics.tokens import new_run_token, token_hash
@@ -125,14 +126,6 @@ def _plan(account: AccountRow, rows: list[AccountRunRow]) -> DispatchPlan:
         for r in sorted((r for r in rows if not r.active), key=lambda r: (-r.priority, r.queued_at, r.id))
     ]
     return plan_dispatch(account.run_slots, active, queued)
-
-
-def _timeout(overrides: object, job_timeout: int) -> int:
-    if isinstance(overrides, dict):
-        value = overrides.get("timeout_seconds", overrides.get("timeoutSeconds"))
-        if isinstance(value, int) and value > 0:
-            return value
-    return job_timeout
 
 
 class Dispatcher:
@@ -348,7 +341,7 @@ class Dispatcher:
                 account_id=AccountId(account_of[RunId(r.id)].id),
                 launch_attempts=r.launch_attempts,
                 memory_mb=account_of[RunId(r.id)].memory_mb,
-                timeout_seconds=_timeout(r.overrides, r.timeout_seconds or 0),
+                timeout_seconds=run_timeout(r.overrides, r.timeout_seconds),
                 trace_parent=r.trace_parent or "",
                 token=tokens[RunId(r.id)],
                 dbt_version=r.dbt_version or "",

@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from runplane.adapters.db import Connection, fetch_one
+from runplane.basics.run_overrides import run_override as override
+from runplane.basics.run_overrides import run_timeout
 from runplane.basics.secrets import SecretBox, SecretKeyError
 from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, AccountId, JobId, JobType, RunId, Trigger
 from runplane.dbt.context import ContextRow, DbtContext, context_from_row, to_proto
-from runplane.dbt.context import run_override as override
 from runplane.sql import load_queries
 from runplane.v1 import runner_pb2
 
@@ -112,7 +113,7 @@ def build_run_spec(
         git_branch=str(override(overrides, "git_branch") or row.git_branch or ""),
         pull_request_number=int(row.pull_request_number or 0),
         cause=row.cause,
-        timeout_seconds=int(override(overrides, "timeout_seconds") or row.timeout_seconds or 0),
+        timeout_seconds=run_timeout(overrides, row.timeout_seconds),
         memory_mb=row.memory_mb,
         cpu_weight=row.cpu_weight or 0,
         cpu_max=row.cpu_max or 0.0,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runplane.basics.run_overrides import run_override
 from runplane.basics.types import (
     JOB_TYPE_FROM_PROTO,
     JOB_TYPE_TO_PROTO,
@@ -145,13 +146,6 @@ def effective_run_reason(trigger: Trigger, cause: str) -> str:
         Trigger.COMPLETION: "Another job finished",
         Trigger.RETRY: "Retry",
     }[trigger]
-
-
-def run_override(overrides: Mapping[str, Any], name: str) -> Any:
-    """A run override by its proto field name (stored snake_case or camelCase)."""
-    head, *rest = name.split("_")
-    camel = head + "".join(part.title() for part in rest)
-    return overrides.get(name) or overrides.get(camel)
 
 
 def context_from_row(row: ContextRow, decrypt: Callable[[str], str]) -> DbtContext:
