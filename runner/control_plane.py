@@ -30,6 +30,7 @@ from typing import TypeVar
 import grpc
 
 from runplane.adapters.grpc_options import RUNNER_CHANNEL
+from runplane.basics import backoff
 from runplane.basics.errors import RunplaneError
 from runplane.basics.types import FailureKind, Outcome
 from runplane.v1 import common_pb2, runner_pb2, runner_pb2_grpc
@@ -229,25 +230,47 @@ class RunnerApi:
         """``call``, retried through transient failures while the lease lasts."""
         if self.lost:
             raise LeaseLost(f"{name}: run {self.run_id} is no longer ours to write")
-        delay = RETRY_FIRST
-        while True:
-            try:
-                return await call()
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                if code in _LOST:
-                    self.lost = True
-                    raise LeaseLost(f"{name}: {exc.details()}") from exc
-                if code not in _RETRYABLE:
-                    raise RunnerApiError(f"{name}: {code.name}: {exc.details()}") from exc
-                if self.lease_remaining <= delay:
-                    self.lost = True
-                    raise LeaseLost(f"{name}: the runner API did not answer within the lease ({code.name})") from exc
-                log.warning(
-                    "%s failed; retrying", name, extra={"run_id": self.run_id, "code": code.name, "delay": delay}
-                )
-            await asyncio.sleep(delay)
-            delay = min(RETRY_CAP, delay * 2)
+        try:
+            return await _retried(
+                name,
+                call,
+                until=lambda exc, delay: exc.code() not in _RETRYABLE or self.lease_remaining <= delay,
+                run_id=self.run_id,
+            )
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code in _LOST:
+                self.lost = True
+                raise LeaseLost(f"{name}: {exc.details()}") from exc
+            if code not in _RETRYABLE:
+                raise RunnerApiError(f"{name}: {code.name}: {exc.details()}") from exc
+            self.lost = True
+            raise LeaseLost(f"{name}: the runner API did not answer within the lease ({code.name})") from exc
+
+
+async def _retried(
+    name: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    until: Callable[[grpc.aio.AioRpcError, float], bool],
+    run_id: int | None = None,
+) -> T:
+    """``call``, tried again after each failure, waiting longer each time (``backoff.ceiling``), until
+    it answers or ``until(error, next wait)`` says to stop: then that error is raised."""
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            attempt += 1
+            delay = backoff.ceiling(RETRY_FIRST, attempt, cap=RETRY_CAP)
+            if until(exc, delay):
+                raise
+            extra: dict[str, object] = {"code": exc.code().name, "delay": delay}
+            if run_id is not None:
+                extra["run_id"] = run_id
+            log.warning("%s failed; retrying", name, extra=extra)
+        await asyncio.sleep(delay)
 
 
 async def wait_for_run(address: str, pool_token: str, *, wait_seconds: float) -> tuple[int, str] | None:
@@ -259,25 +282,22 @@ async def wait_for_run(address: str, pool_token: str, *, wait_seconds: float) ->
     channel = grpc.aio.insecure_channel(address, options=RUNNER_CHANNEL)
     stub = runner_pb2_grpc.RunnerServiceStub(channel)
     metadata = (("authorization", f"Bearer {pool_token}"),)
-    delay = RETRY_FIRST
     try:
         while True:
             try:
-                answer = await stub.WaitForRun(
-                    runner_pb2.WaitForRunRequest(wait_seconds=wait_seconds),
-                    metadata=metadata,
-                    timeout=wait_seconds + CALL_TIMEOUT,
-                    wait_for_ready=True,
+                answer = await _retried(
+                    "WaitForRun",
+                    lambda: stub.WaitForRun(
+                        runner_pb2.WaitForRunRequest(wait_seconds=wait_seconds),
+                        metadata=metadata,
+                        timeout=wait_seconds + CALL_TIMEOUT,
+                        wait_for_ready=True,
+                    ),
+                    until=lambda exc, _delay: exc.code() in _LOST,
                 )
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in _LOST:
-                    log.info("no run for this pool pod: %s", exc.details())
-                    return None
-                log.warning("WaitForRun failed; retrying", extra={"code": exc.code().name, "delay": delay})
-                await asyncio.sleep(delay)
-                delay = min(RETRY_CAP, delay * 2)
-                continue
-            delay = RETRY_FIRST
+                log.info("no run for this pool pod: %s", exc.details())
+                return None
             if answer.run_id:
                 return answer.run_id, answer.token
     finally:
