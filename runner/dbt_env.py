@@ -1,7 +1,7 @@
 """What a run with a dbt environment adds to a step's environment, and finding the dbt to use.
 
-On top of what every step gets (``runner.service.step_environment``: the host's allow-list, the
-run's identity, the job's variables): the environment's variables (secret ones decrypted), dbt
+``dbt_step_environment``: on top of what every step gets (``runner.service.step_environment``: the
+host's allow-list, the run's identity, the job's variables): the environment's variables (secret ones decrypted), dbt
 Cloud's run variables (none of them empty), the profile's secret variables, and a PATH that starts
 with the environment's dbt.
 ``dbt …`` steps and plain commands of such a run get the same environment and run in the project's
@@ -44,26 +44,45 @@ def is_dbt_step(command: str) -> bool:
     return bool(words) and words[0] == "dbt"
 
 
+def dbt_cloud_identity(
+    *, run_id: int, job_id: int, account_id: int, cause: str, pull_request_number: int | None
+) -> dict[str, str]:
+    """The dbt Cloud run variables every run's steps get, with or without a dbt environment: the run,
+    job and account, the run's reason, and its pull request when it has one."""
+    identity = {
+        "DBT_CLOUD_RUN_ID": str(run_id),
+        "DBT_CLOUD_JOB_ID": str(job_id),
+        "DBT_CLOUD_ACCOUNT_ID": str(account_id),
+        "DBT_CLOUD_RUN_REASON": cause,
+    }
+    if pull_request_number:
+        identity["DBT_CLOUD_PR_ID"] = str(pull_request_number)
+    return identity
+
+
 def dbt_cloud_variables(context: DbtContext, *, sha: str, branch: str) -> dict[str, str]:
-    """dbt Cloud's run variables, as dbt Cloud names them; a variable without a value is left out."""
+    """dbt Cloud's run variables, as dbt Cloud names them, for a run with a dbt environment: its
+    identity (``dbt_cloud_identity``) and the rest; a variable without a value is left out."""
     values = {
-        "DBT_CLOUD_RUN_ID": str(context.run_id),
-        "DBT_CLOUD_JOB_ID": str(context.job_id),
-        "DBT_CLOUD_ACCOUNT_ID": str(context.account_id),
+        **dbt_cloud_identity(
+            run_id=context.run_id,
+            job_id=context.job_id,
+            account_id=context.account_id,
+            cause=context.cause,
+            pull_request_number=context.pull_request_number,
+        ),
         "DBT_CLOUD_PROJECT_ID": str(context.project_id),
         "DBT_CLOUD_ENVIRONMENT_ID": str(context.environment_id),
         "DBT_CLOUD_ENVIRONMENT_TYPE": context.environment_type,
-        "DBT_CLOUD_RUN_REASON": context.cause,
         "DBT_CLOUD_RUN_REASON_CATEGORY": context.run_reason_category(),
         "DBT_CLOUD_GIT_SHA": sha,
         "DBT_CLOUD_GIT_BRANCH": branch,
-        "DBT_CLOUD_PR_ID": str(context.pull_request_number or ""),
         "DBT_CLOUD_INVOCATION_CONTEXT": context.invocation_context(),
     }
     return {name: value for name, value in values.items() if value}
 
 
-def step_environment(
+def dbt_step_environment(
     base: Mapping[str, str],
     context: DbtContext,
     *,

@@ -30,7 +30,7 @@ from typing import TypeVar
 from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.cache_keeper import CacheError, PrepCache
 from runner.checkout import CheckoutError, Repository, check_out, git_config_value, local_trust
-from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, step_environment
+from runner.dbt_env import DbtNotInstalled, dbt_bin_directory, dbt_step_environment
 from runner.macros import add_drop_schema_macro
 from runner.package_cache import (
     LOCK_FILE,
@@ -161,7 +161,7 @@ async def prepared_run(
             profile = write_profile(context, project, profile_dir)
             if context.drop_schema:
                 add_drop_schema_macro(project)
-        env = step_environment(
+        env = dbt_step_environment(
             base_env,
             context,
             dbt_bin=dbt_bin,

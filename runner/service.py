@@ -46,7 +46,7 @@ from opentelemetry import trace
 from runner.artifacts import ArtifactCollector, dbt_output_directories
 from runner.cache_keeper import InProcessCache, PrepCache
 from runner.control_plane import LeaseLost, RunnerApi, RunnerApiError, RunSpec, wait_for_run
-from runner.dbt_env import is_dbt_step
+from runner.dbt_env import dbt_cloud_identity, is_dbt_step
 from runner.fence import Fence, enter
 from runner.node_cache import NodeCacheClient
 from runner.prepare import PreparedRun, PrepareError, prepared_run
@@ -76,7 +76,7 @@ RUN_IDENTITY = "RUNPLANE_"  # set by the runner from the claim; no variable of t
 def step_environment(spec: RunSpec) -> dict[str, str]:
     """What every step sees, from an allow-list: PATH, HOME, TMPDIR, locale and certificates of this
     machine, the run's identity, and the job's variables (secret ones decrypted). Nothing else of
-    the runner's. A run with a dbt environment adds its own on top (``runner.dbt_env``)."""
+    the runner's. A run with a dbt environment adds its own on top (``runner.dbt_env.dbt_step_environment``)."""
     env = {k: v for k, v in os.environ.items() if k in INHERITED_VARIABLES or k.startswith(INHERITED_PREFIXES)}
     env.setdefault("PATH", DEFAULT_PATH)
     env.update(spec.environment)
@@ -88,13 +88,16 @@ def step_environment(spec: RunSpec) -> dict[str, str]:
         RUNPLANE_SCHEMA=spec.schema,
         RUNPLANE_TARGET_NAME=spec.target_name,
         RUNPLANE_GIT_BRANCH=spec.git_branch,
-        DBT_CLOUD_RUN_ID=str(spec.run_id),
-        DBT_CLOUD_JOB_ID=str(spec.job_id),
-        DBT_CLOUD_ACCOUNT_ID=str(spec.account_id),
-        DBT_CLOUD_RUN_REASON=spec.cause,
     )
-    if spec.pull_request_number:
-        env["DBT_CLOUD_PR_ID"] = str(spec.pull_request_number)
+    env.update(
+        dbt_cloud_identity(
+            run_id=spec.run_id,
+            job_id=spec.job_id,
+            account_id=spec.account_id,
+            cause=spec.cause,
+            pull_request_number=spec.pull_request_number,
+        )
+    )
     return env
 
 
