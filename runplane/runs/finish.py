@@ -25,8 +25,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from psycopg_pool import AsyncConnectionPool
+from typing_extensions import Unpack
 
 from runplane.adapters import instruments
 from runplane.adapters.bus import Bus, Topology
@@ -58,15 +60,16 @@ class Finished:
     pickup_accounts: frozenset[AccountId] = field(default_factory=frozenset)
 
 
+class FinishGuards(TypedDict, total=False):
+    """Which run a finish may end, passed through by :func:`end_run` to :func:`finish_run`."""
+
+    from_statuses: Iterable[RunStatus]  # the statuses it may end from (default: any not terminal)
+    lease_owner: str | None  # only while this runner holds its lease
+    require_lease_expired: bool  # only once its lease has run out (the reaper)
+
+
 async def finish_run(
-    conn: Connection,
-    run_id: int,
-    outcome: Outcome,
-    *,
-    policy: RetryPolicy,
-    from_statuses: Iterable[RunStatus] = NON_TERMINAL,
-    lease_owner: str | None = None,
-    require_lease_expired: bool = False,
+    conn: Connection, run_id: int, outcome: Outcome, *, policy: RetryPolicy, **guards: Unpack[FinishGuards]
 ) -> Finished | None:
     """Move the run to ``outcome`` and apply its consequences; None when the compare-and-set lost.
 
@@ -83,9 +86,9 @@ async def finish_run(
                 "run_id": run_id,
                 "status": int(outcome.status),
                 "message": outcome.message,
-                "from_statuses": [int(s) for s in from_statuses],
-                "lease_owner": lease_owner,
-                "require_lease_expired": require_lease_expired,
+                "from_statuses": [int(s) for s in guards.get("from_statuses", NON_TERMINAL)],
+                "lease_owner": guards.get("lease_owner"),
+                "require_lease_expired": guards.get("require_lease_expired", False),
             },
             EndedRun,
         )
@@ -160,21 +163,11 @@ async def end_run(
     outcome: Outcome,
     *,
     policy: RetryPolicy,
-    from_statuses: Iterable[RunStatus] = NON_TERMINAL,
-    lease_owner: str | None = None,
-    require_lease_expired: bool = False,
+    **guards: Unpack[FinishGuards],
 ) -> Finished | None:
     """:func:`finish_run` in its own transaction, then pickups for the accounts concerned."""
     async with pool.connection() as conn:
-        finished = await finish_run(
-            conn,
-            run_id,
-            outcome,
-            policy=policy,
-            from_statuses=from_statuses,
-            lease_owner=lease_owner,
-            require_lease_expired=require_lease_expired,
-        )
+        finished = await finish_run(conn, run_id, outcome, policy=policy, **guards)
     if finished is not None:
         await hint_pickups(bus, Topology(prefix), finished.pickup_accounts, source="outcome")
     return finished
