@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 from runplane.basics.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +111,9 @@ def stale_dotted(dotted: str) -> str | None:
     return f"no module {'.'.join(parts[:2])}"
 
 
+# It parses every module of the project: a few seconds of CPU alone, several times that on a machine
+# busy with other test processes (the default timeout is for tests that wait, not ones that compute).
+@pytest.mark.timeout(120)
 def test_every_module_path_in_the_documentation_exists() -> None:
     stale: list[str] = []
     for where, folder, text in _documents():
