@@ -83,6 +83,7 @@ def dbt_settings(settings: Settings, dbt_bin: Path, tmp_path: Path) -> Settings:
             "interrupt_grace": 20.0,
             "cancel_grace": 5.0,
             "heartbeat_interval": 1.0,
+            "local_warehouse_root": str(KEPT_WAREHOUSES),
         }
     )
     return settings.model_copy(update={"runner": runner, "secret_keys": SecretStr(generate_key())})
