@@ -570,6 +570,23 @@ def _all_refused(
         problems.raise_any()
 
 
+async def _save_environment(
+    request: Request,
+    account_id: AccountId,
+    problems: Problems,
+    message: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
+    project_id: int,
+) -> None:
+    """The form's environment created or updated, as every door saves one."""
+    versions, warehouses = dbt_versions_of(request), warehouses_of(request)
+    _all_refused(problems, message, project_id, versions, warehouses)
+    store = store_of(request)
+    if isinstance(message, projects_pb2.CreateEnvironmentRequest):
+        await create_environment(store, lambda: _box(request), versions, account_id, message, warehouses=warehouses)
+    else:
+        await update_environment(store, lambda: _box(request), versions, account_id, message, warehouses=warehouses)
+
+
 async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Environment:
     async with store.connection() as conn:
         row = await store.get_environment(conn, account_id, environment_id)
@@ -609,15 +626,7 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
     try:
         problems = Problems()
         message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form, problems))
-        _all_refused(problems, message, project_id, dbt_versions_of(request), warehouses_of(request))
-        await create_environment(
-            store,
-            lambda: _box(request),
-            dbt_versions_of(request),
-            who.account_id,
-            message,
-            warehouses=warehouses_of(request),
-        )
+        await _save_environment(request, who.account_id, problems, message, project_id)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, None)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
@@ -648,15 +657,7 @@ async def update_environment_form(request: Request, who: Changing, environment_i
             expected_version=_version(form),
             **_environment_request(form, problems),
         )
-        _all_refused(problems, message, project.id, dbt_versions_of(request), warehouses_of(request))
-        await update_environment(
-            store,
-            lambda: _box(request),
-            dbt_versions_of(request),
-            who.account_id,
-            message,
-            warehouses=warehouses_of(request),
-        )
+        await _save_environment(request, who.account_id, problems, message, project.id)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
