@@ -18,7 +18,7 @@ import pytest
 
 from runner.control_plane import RunSpec
 from runner.warehouse_directory import prepare_own, prepare_shared
-from runplane.basics.settings import RunnerSettings
+from runplane.basics.settings import DispatcherSettings, RunnerSettings, Settings
 from runplane.dbt.warehouse_files import WarehouseFiles, WarehousePathRefused
 from runplane.v1 import projects_pb2
 from tests.dbt.conftest import KEPT_WAREHOUSES
@@ -126,6 +126,12 @@ def test_a_path_runs_cannot_keep_is_refused_before_the_run_starts(root: Path) ->
 
 
 def test_a_pod_keeps_no_warehouse_file() -> None:
+    cluster = Settings(dispatcher=DispatcherSettings(launcher="kubernetes"))
+    assert WarehouseFiles.of(cluster) == WarehouseFiles("")  # what the API checks a save with
+    local = Settings(
+        dispatcher=DispatcherSettings(launcher="local"), runner=RunnerSettings(local_warehouse_root="/srv/w/")
+    )
+    assert WarehouseFiles.of(local) == WarehouseFiles("/srv/w")
     pod = WarehouseFiles.of_root("")
     with pytest.raises(WarehousePathRefused, match="runs here execute in Kubernetes Pods, which keep no file"):
         pod.directory("/var/lib/runplane/warehouses/shop/warehouse.duckdb")
