@@ -224,6 +224,18 @@ async def run_log(client: Client, run_id: int, step: int | None = None) -> str:
     return "".join([chunk.text async for chunk in chunks if step is None or chunk.step_index == step])
 
 
+def duckdb_tables(path: Path, schema: str = "analytics") -> set[str]:
+    """The tables of ``schema`` in the DuckDB file at ``path``, read with the dbt install's duckdb."""
+    read = (
+        "import duckdb, sys; print('\\n'.join(r[0] for r in duckdb.connect(sys.argv[1], read_only=True).execute("
+        "'select table_name from information_schema.tables where table_schema = ?', [sys.argv[2]]).fetchall()))"
+    )
+    done = subprocess.run(
+        [str(DBT_BIN / "python"), "-c", read, str(path), schema], check=True, capture_output=True, text=True
+    )
+    return set(done.stdout.split())
+
+
 def tables(db: psycopg.Connection[Any], schema: str) -> set[str]:
     rows = db.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)).fetchall()
     return {str(r[0]) for r in rows}

@@ -34,6 +34,7 @@ from tests.dbt.conftest import (
     Client,
     account_client,
     dbt_job,
+    duckdb_tables,
     environment,
     make_repository,
     run_job,
@@ -225,14 +226,8 @@ async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_e
     log = await run_log(client, run.id)
     assert run.status == common_pb2.RUN_STATUS_SUCCESS, f"{run.status_message}\n{log[-4000:]}"
     assert "Registered adapter: duckdb=" in log
-    tables = await asyncio.to_thread(
-        subprocess.run,
-        [str(DBT_BIN / "python"), "-c", "import duckdb, sys; print(sorted(r[0] for r in duckdb.connect(sys.argv[1], "
-         "read_only=True).execute(\"select table_name from information_schema.tables where table_schema = "
-         "'analytics'\").fetchall()))", str(warehouse)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    assert "customers" in tables.stdout and "orders" in tables.stdout, tables.stdout
+    tables = await asyncio.to_thread(duckdb_tables, warehouse)
+    assert {"customers", "orders"} <= tables, tables
     docs_step = SETUP + 3  # the job's fourth command, after the setup steps
     manifest, catalog = [
         json.loads(
