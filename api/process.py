@@ -39,6 +39,7 @@ from runplane.basics.secrets import SecretBox, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import spawn
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import runner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ async def _open(
                     max_body_bytes=settings.api.max_body_bytes,
                     web_session_lifetime=timedelta(hours=settings.api.web_session_hours),
                     dbt_versions=InstalledDbtVersions.of(settings),
+                    warehouses=WarehouseFiles.of(settings),
                 )
                 rest = bind_rest(app, settings.api, rest_port)
             except BaseException:

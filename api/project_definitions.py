@@ -14,7 +14,13 @@ import logging
 from collections.abc import Callable
 
 from api.lookup import existing_environment, existing_project
-from api.projects_validation import environment_spec, project_spec, reachable_repository, repository_url
+from api.projects_validation import (
+    EnvironmentSpec,
+    environment_spec,
+    project_spec,
+    reachable_repository,
+    repository_url,
+)
 from api.rows import Environment, Project
 from api.store import Store
 from api.validation import positive_id
@@ -24,6 +30,7 @@ from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import projects_pb2
 
 log = logging.getLogger(__name__)
@@ -78,14 +85,18 @@ async def create_environment(
     versions: InstalledDbtVersions,
     account_id: AccountId,
     request: projects_pb2.CreateEnvironmentRequest,
+    *,
+    warehouses: WarehouseFiles,
 ) -> Environment:
-    """The new environment, its dbt version one of the installed ``versions``."""
-    spec = environment_spec(request, versions=versions)
+    """The new environment, its dbt version one of the installed ``versions``, its warehouse file
+    (if any) where ``warehouses`` lets runs keep it, in a directory no other environment holds."""
+    spec = environment_spec(request, versions=versions, warehouses=warehouses)
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
         if await store.get_project(conn, account_id, spec.project_id) is None:
             raise InvalidArgument("project_id", f"project {spec.project_id} not found")
         row = await store.insert_environment(conn, account_id, spec, secrets)
+        await _claim_warehouse_directory(store, conn, account_id, int(row.id), spec)
     log.info(
         "environment created",
         extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row.id},
@@ -99,13 +110,16 @@ async def update_environment(
     versions: InstalledDbtVersions,
     account_id: AccountId,
     request: projects_pb2.UpdateEnvironmentRequest,
+    *,
+    warehouses: WarehouseFiles,
 ) -> Environment:
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
         current = await store.get_environment(conn, account_id, environment_id, for_update=True)
         if current is None:
             raise NotFound(f"environment {environment_id} not found")
-        spec = environment_spec(request, versions=versions, project_id=int(current.project_id))
+        spec = environment_spec(request, versions=versions, warehouses=warehouses, project_id=int(current.project_id))
+        await _claim_warehouse_directory(store, conn, account_id, environment_id, spec)
         stored: dict[str, str] = dict(current.connection_secrets)
         for name in request.clear_secret_fields:
             if name not in stored:
@@ -118,6 +132,21 @@ async def update_environment(
             raise VersionConflict(f"environment {environment_id}", current.version, expected)
     log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
     return row
+
+
+async def _claim_warehouse_directory(
+    store: Store, conn: Connection, account_id: AccountId, environment_id: int, spec: EnvironmentSpec
+) -> None:
+    """Hold the directory of the environment's warehouse file for it; refused when another holds it."""
+    if not spec.warehouse_directory:
+        return
+    holder = await store.claim_warehouse_directory(conn, account_id, environment_id, spec.warehouse_directory)
+    if holder != environment_id:
+        raise InvalidArgument(
+            "connection.fields[path]",
+            f"is in {spec.warehouse_directory}, the warehouse directory of another environment: "
+            "give this environment a directory of its own",
+        )
 
 
 def _expected_version(value: int) -> int:

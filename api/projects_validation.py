@@ -14,8 +14,14 @@ from api.validation import MAX_NAME, Variables, git_branch, positive_id, split_v
 from runplane.basics.errors import InvalidArgument, Problems
 from runplane.basics.repository_urls import MAX_URL, RepositoryRule, RepositoryUrlRefused
 from runplane.dbt import fields
-from runplane.dbt.connections import ConnectionFieldError, check_secret_fields, profile_field_problems
+from runplane.dbt.connections import (
+    ConnectionFieldError,
+    adapter_fields,
+    check_secret_fields,
+    profile_field_problems,
+)
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles, WarehousePathRefused, is_file
 from runplane.v1 import projects_pb2
 
 MAX_CREDENTIAL = 16 * 1024
@@ -56,6 +62,7 @@ class EnvironmentSpec:
     schema: str
     threads: int
     variables: Variables  # plain ones stored in clear, secret ones set and unset apart
+    warehouse_directory: str = ""  # the environment's own directory holding its warehouse file, if any
 
 
 def repository_url(value: str, name: str, rule: RepositoryRule) -> str:
@@ -128,12 +135,15 @@ def environment_spec(
     request: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
     *,
     versions: InstalledDbtVersions,
+    warehouses: WarehouseFiles,
     project_id: int = 0,
 ) -> EnvironmentSpec:
     """The environment a create asks for, or an update of one in ``project_id``, whose dbt version is
-    one of the installed ``versions`` (any when they name none). Every refused field is named in one
+    one of the installed ``versions`` (any when they name none) and whose warehouse file, if it names
+    one, is where ``warehouses`` lets runs keep it. Every refused field is named in one
     ``InvalidArgument`` (``InvalidArguments`` for several)."""
     problems = Problems()
+    directory = ""
     if isinstance(request, projects_pb2.CreateEnvironmentRequest):
         project_id = problems.check(lambda: positive_id(request.project_id, "project_id"), 0)
     name = problems.check(lambda: text(request.name.strip(), "name", max_length=MAX_NAME, required=True), "")
@@ -168,6 +178,8 @@ def environment_spec(
         except ConnectionFieldError as exc:
             refused = [exc]
         problems.found.extend(InvalidArgument(f"connection.{exc.field}", exc.reason) for exc in refused)
+        if not refused:
+            directory = problems.check(lambda: _warehouse_directory(adapter_type, profile_fields, warehouses), "")
     schema = problems.check(
         lambda: fields.schema(text(request.schema.strip(), "schema", max_length=63, required=True)), ""
     )
@@ -192,4 +204,18 @@ def environment_spec(
         schema=schema,
         threads=threads,
         variables=variables,
+        warehouse_directory=directory,
     )
+
+
+def _warehouse_directory(adapter_type: str, profile_fields: dict[str, str], warehouses: WarehouseFiles) -> str:
+    """The directory of the environment's warehouse file ("" when it names none), where runs keep it."""
+    for name in sorted(adapter_fields(adapter_type).file_paths):
+        path = profile_fields.get(name, "")
+        if not is_file(path):
+            continue
+        try:
+            return warehouses.directory(path)
+        except WarehousePathRefused as exc:
+            raise InvalidArgument(f"connection.fields[{name}]", str(exc)) from exc
+    return ""

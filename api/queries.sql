@@ -502,3 +502,19 @@ SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attem
    AND (r.id = %(id)s OR j.name ILIKE %(pattern)s::text OR r.cause ILIKE %(pattern)s::text)
  ORDER BY r.id DESC
  LIMIT %(limit)s;
+
+-- name: claim_warehouse_directory
+-- The environment holding the directory: this one when it is new or already its own.
+WITH claimed AS (
+    INSERT INTO warehouse_directories (directory, account_id, environment_id)
+    VALUES (%(directory)s, %(account_id)s, %(environment_id)s)
+    ON CONFLICT (directory) DO NOTHING
+    RETURNING environment_id
+)
+SELECT environment_id FROM claimed
+UNION ALL
+SELECT environment_id FROM warehouse_directories WHERE directory = %(directory)s
+LIMIT 1;
+
+-- name: warehouse_directory_holder
+SELECT environment_id FROM warehouse_directories WHERE directory = %(directory)s;

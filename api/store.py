@@ -465,6 +465,17 @@ class Store:
     ) -> list[Environment]:
         return await _all(conn, "list_environments", Environment, account_id=account_id, project_id=project_id)
 
+    async def claim_warehouse_directory(
+        self, conn: Connection, account_id: AccountId, environment_id: int, directory: str
+    ) -> int:
+        """The environment that holds ``directory``: this one, unless another named it first."""
+        holder = await _value(
+            conn, "claim_warehouse_directory", directory=directory, account_id=account_id, environment_id=environment_id
+        )
+        if holder is None:  # claimed by a transaction that committed while this statement waited on it
+            holder = await _value(conn, "warehouse_directory_holder", directory=directory)
+        return int(holder)
+
     # the REST API's offset pages (dbt Cloud's v2 shape)
 
     async def update_account_settings(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runner import run_cgroup, sandbox
+from runner import run_cgroup, sandbox, warehouse_directory
 from runner.control_plane import RunSpec
 from runner.run_user import RunUser, switch_to
 from runplane.adapters import cgroups, landlock, local_fence, network_fence, run_scratch
@@ -88,15 +88,15 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     # Set for the run, not inherited from the dispatcher (whose limit grows with its capacity).
     open_files = settings.runner.local_open_files
     resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    groups, refusal = warehouse_directory.prepare_shared(settings.runner, spec)
     if not settings.runner.local_fence:
-        switch_to(user)
-        return Fence(work_root=user.work, scratch=user.scratch)
-    refusal = ""
+        switch_to(user, groups)
+        return Fence(refusal=refusal, work_root=user.work, scratch=user.scratch)
     if network_fence.unavailable() is None:
         warehouse = [e for e in warehouse_endpoints(spec) if network_fence.is_local(e)]
         owned = [e for e in warehouse if network_fence.is_control_plane(e)]
         if owned:
-            refusal = (
+            refusal = refusal or (
                 f"the warehouse {', '.join(map(str, owned))} is a server of runplane's own control plane; a run "
                 "may not reach it (its clients on this machine need no password): give the environment a "
                 "warehouse of its own"
@@ -126,5 +126,5 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
         confinement = sandbox.confinement(user.tmp.parent, settings.runner.local_hidden_paths, dbt_installs)
     if landlock.unavailable() is None:
         landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
-    switch_to(user)
+    switch_to(user, groups)
     return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch)

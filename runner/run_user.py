@@ -64,12 +64,15 @@ def lease_for_run(runner: RunnerSettings, run_id: int) -> RunUser | None:
     return lease_run_user(runner, run_id, runs=Path(runner.local_run_root))
 
 
-def switch_to(user: RunUser) -> None:
+def switch_to(user: RunUser, groups: tuple[int, ...] = ()) -> None:
     """Become the run's uid, for good. After the switch the kernel marks this process non-dumpable,
     so even its own steps cannot read its memory, environment or open files; the control plane's
     processes (root) and other runs (other uids) are out of reach. HOME and the temporary directory
-    become the run's own."""
-    os.setgroups([])
+    become the run's own. ``groups``: the run's supplementary groups (its environment's warehouse
+    directory, ``runner.warehouse_directory``), for this run alone; the umask keeps what the run
+    writes open to them (its primary group is its uid's own, which no other uid has)."""
+    os.setgroups(list(groups))
+    os.umask(0o007)
     os.setgid(user.uid)
     os.setuid(user.uid)
     os.environ["HOME"] = str(user.home)

@@ -55,6 +55,7 @@ from runner.run_user import RunUser
 from runner.setup_steps import SetupSteps
 from runner.state_files import StateFileError, place_state_file
 from runner.steps import Limits, StepControl, StepEnd, run_step
+from runner.warehouse_directory import prepare_own
 from runplane.adapters import tracing
 from runplane.basics.secrets import MASK
 from runplane.basics.settings import Settings
@@ -431,7 +432,10 @@ async def run(
             return 0
         log.info("run claimed", extra={"run_id": run_id, "job_id": spec.job_id, "account_id": spec.account_id})
         # Before the run's tasks start: nothing else waits on this loop yet.
-        fence = enter(settings, run_user, spec) if run_user is not None else None
+        if run_user is not None:
+            fence = enter(settings, run_user, spec)
+        else:  # one user for every run: the warehouse directory is that user's
+            fence = Fence(refusal=prepare_own(settings.runner, spec))
         if cache is None and settings.runner.node_cache_socket:
             cache = NodeCacheClient(
                 Path(settings.runner.node_cache_socket),

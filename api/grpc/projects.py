@@ -29,6 +29,7 @@ from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox, SecretKeyError, box_from_settings
 from runplane.basics.settings import Settings
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import projects_pb2, projects_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         self._settings = settings
         self._repositories = RepositoryRule(settings.repositories)
         self._dbt_versions = InstalledDbtVersions.of(settings)
+        self._warehouses = WarehouseFiles.of(settings)
 
     def _box(self) -> SecretBox:
         """The keys, read when a secret is first stored: an API without keys serves everything else."""
@@ -72,7 +74,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         self, request: projects_pb2.CreateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
         return convert.environment(
-            await create_environment(self._store, self._box, self._dbt_versions, current_account(), request)
+            await create_environment(
+                self._store, self._box, self._dbt_versions, current_account(), request, warehouses=self._warehouses
+            )
         )
 
     async def GetEnvironment(
@@ -107,7 +111,9 @@ class ProjectService(projects_pb2_grpc.ProjectServiceServicer):
         self, request: projects_pb2.UpdateEnvironmentRequest, context: Context
     ) -> projects_pb2.Environment:
         return convert.environment(
-            await update_environment(self._store, self._box, self._dbt_versions, current_account(), request)
+            await update_environment(
+                self._store, self._box, self._dbt_versions, current_account(), request, warehouses=self._warehouses
+            )
         )
 
     async def DeleteEnvironment(

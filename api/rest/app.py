@@ -33,8 +33,9 @@ from api.webhooks.targets import TargetPolicy
 from runplane.basics.errors import RunplaneError
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
-from runplane.basics.settings import RepositorySettings
+from runplane.basics.settings import RepositorySettings, Settings
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def create_app(
     max_body_bytes: int = 1024 * 1024,
     web_session_lifetime: timedelta = timedelta(hours=12),
     dbt_versions: InstalledDbtVersions | None = None,
+    warehouses: WarehouseFiles | None = None,
 ) -> FastAPI:
     """The REST app over ``store``, with the web pages under ``/ui/``; ``box`` encrypts webhook secrets
     (no webhooks without one), ``targets`` says where webhooks may go (public addresses only by
@@ -58,7 +60,7 @@ def create_app(
     Followed logs poll every ``log_poll_interval`` and end when ``draining`` is set. No
     request body may pass ``max_body_bytes`` (``api.rest.body_limit``). A login to the web pages lasts
     ``web_session_lifetime`` at most. ``dbt_versions`` are the ones environments, jobs and runs may name
-    (any, by default).
+    (any, by default); ``warehouses`` where their warehouse files may be (the default root by default).
     """
     app = FastAPI(
         title="runplane REST API (dbt Cloud v2 compatible)",
@@ -68,6 +70,7 @@ def create_app(
     )
     app.state.store = store
     app.state.dbt_versions = dbt_versions or InstalledDbtVersions()
+    app.state.warehouses = warehouses or WarehouseFiles.of(Settings())
     app.state.pickups = pickups
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())

@@ -11,6 +11,7 @@ from fastapi import Request
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.types import RunStatus
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 
 _LIST_NOISE = re.compile(r"[\[\]\"' ]")
 # What dbt Cloud's include_related accepts for a run.
@@ -111,6 +112,12 @@ def named_as(names: Mapping[str, str]) -> Iterator[None]:
                 reason = str(exc).removeprefix(f"{exc.field}: ")
                 raise InvalidArgument(theirs + exc.field[len(ours) :], reason) from exc
         raise
+
+
+def warehouses(request: Request) -> WarehouseFiles:
+    """Where runs keep warehouse files (``runplane.dbt.warehouse_files``), as the app was made with."""
+    rule: WarehouseFiles = request.app.state.warehouses
+    return rule
 
 
 def dbt_versions(request: Request) -> InstalledDbtVersions:

@@ -411,7 +411,14 @@ async def create_environment(
     async with store.connection() as conn:
         await existing_project(store, conn, account_id, project_id)
     with params.named_as(ENVIRONMENT_NAMES):
-        row = await use.create_environment(store, _keys(request), params.dbt_versions(request), account_id, request_pb)
+        row = await use.create_environment(
+            store,
+            _keys(request),
+            params.dbt_versions(request),
+            account_id,
+            request_pb,
+            warehouses=params.warehouses(request),
+        )
     return Envelope[shapes.Environment](status=success(201), data=shapes.environment(row))
 
 
@@ -454,7 +461,12 @@ async def update_environment(
     )
     with params.named_as(ENVIRONMENT_NAMES):
         row = await use.update_environment(
-            _store(request), _keys(request), params.dbt_versions(request), account_id, request_pb
+            _store(request),
+            _keys(request),
+            params.dbt_versions(request),
+            account_id,
+            request_pb,
+            warehouses=params.warehouses(request),
         )
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
 

@@ -35,7 +35,7 @@ from api.web.form_fields import (
     variables,
     without_secret_lines,
 )
-from api.web.layout import dbt_versions_of, page, see_other, store_of
+from api.web.layout import dbt_versions_of, page, see_other, store_of, warehouses_of
 from api.web.session import CSRF_FIELD, Changing, Looking, Viewer
 from runplane.basics.errors import (
     FailedPrecondition,
@@ -50,6 +50,7 @@ from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
 from runplane.dbt.connections import adapter_fields
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -559,11 +560,31 @@ def _all_refused(
     message: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
     project_id: int,
     versions: InstalledDbtVersions,
+    warehouses: WarehouseFiles,
 ) -> None:
     """A form it could not read whole is refused with the API's own refusals of the rest beside them."""
     if problems.found:
-        problems.check(lambda: environment_spec(message, versions=versions, project_id=project_id), None)
+        problems.check(
+            lambda: environment_spec(message, versions=versions, warehouses=warehouses, project_id=project_id), None
+        )
         problems.raise_any()
+
+
+async def _save_environment(
+    request: Request,
+    account_id: AccountId,
+    problems: Problems,
+    message: projects_pb2.CreateEnvironmentRequest | projects_pb2.UpdateEnvironmentRequest,
+    project_id: int,
+) -> None:
+    """The form's environment created or updated, as every door saves one."""
+    versions, warehouses = dbt_versions_of(request), warehouses_of(request)
+    _all_refused(problems, message, project_id, versions, warehouses)
+    store = store_of(request)
+    if isinstance(message, projects_pb2.CreateEnvironmentRequest):
+        await create_environment(store, lambda: _box(request), versions, account_id, message, warehouses=warehouses)
+    else:
+        await update_environment(store, lambda: _box(request), versions, account_id, message, warehouses=warehouses)
 
 
 async def _environment(store: Store, account_id: AccountId, environment_id: int) -> Environment:
@@ -605,8 +626,7 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
     try:
         problems = Problems()
         message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form, problems))
-        _all_refused(problems, message, project_id, dbt_versions_of(request))
-        await create_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
+        await _save_environment(request, who.account_id, problems, message, project_id)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, None)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
@@ -637,8 +657,7 @@ async def update_environment_form(request: Request, who: Changing, environment_i
             expected_version=_version(form),
             **_environment_request(form, problems),
         )
-        _all_refused(problems, message, project.id, dbt_versions_of(request))
-        await update_environment(store, lambda: _box(request), dbt_versions_of(request), who.account_id, message)
+        await _save_environment(request, who.account_id, problems, message, project.id)
     except InvalidArgument as exc:
         context = await _environment_context(request, who, project, environment)
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)

@@ -14,6 +14,7 @@ from api.store import Store
 from api.web import views
 from api.web.session import CSRF_FIELD, Viewer
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals.update(
@@ -24,6 +25,12 @@ templates.env.globals.update(
 def store_of(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
+
+
+def warehouses_of(request: Request) -> WarehouseFiles:
+    """Where runs keep warehouse files (``runplane.dbt.warehouse_files``), as the app was made with."""
+    rule: WarehouseFiles = request.app.state.warehouses
+    return rule
 
 
 def dbt_versions_of(request: Request) -> InstalledDbtVersions:

@@ -122,6 +122,8 @@ def runner_pod(
             {"name": "RUNPLANE_RUNNER__WORK_DIR", "value": WORK_DIR},
             {"name": "RUNPLANE_LOG_FORMAT", "value": "json"},
             {"name": "RUNPLANE_RUNNER__API_ADDRESS", "value": runner_api_address},
+            # A Pod keeps no file for the next run: a DuckDB file is refused, with the reason.
+            {"name": "RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT", "value": ""},
         ],
         "envFrom": [{"secretRef": {"name": secret}} for secret in settings.env_from_secrets],
         "resources": {

@@ -354,6 +354,18 @@ class RunnerSettings(BaseModel):
         description="local launcher, as root: where each run uid's private directory (HOME and temporary "
         "directory) is made; root's own, closed to listing.",
     )
+    local_warehouse_root: str = Field(
+        "/var/lib/runplane/warehouses",
+        description="local launcher: where environments keep warehouse files (DuckDB's path), each in a "
+        "directory of its own (<root>/<directory>/<file>) that only its runs may enter; a path elsewhere is "
+        "refused when the environment is saved.",
+    )
+    local_warehouse_gid: int = Field(
+        1_000_000_000,
+        ge=1,
+        description="local launcher, as root: the group of an environment's warehouse directory is this plus the "
+        "environment's id; its runs, and no other, join it for the run (far above local_uid's range).",
+    )
     local_pids_max: int = Field(
         4096,
         ge=16,

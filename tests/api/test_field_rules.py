@@ -16,6 +16,7 @@ from api.projects_validation import EnvironmentSpec, environment_spec
 from api.validation import RunOverridesSpec, checked_overrides, job_spec
 from runplane.basics.errors import InvalidArgument
 from runplane.dbt.versions import InstalledDbtVersions
+from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2
 
 values = st.text(alphabet=string.ascii_letters + string.digits + "_.:@/+-", min_size=1, max_size=140)
@@ -36,7 +37,7 @@ def environment(**fields: str) -> EnvironmentSpec | None:
     for name, value in fields.items():
         setattr(request, name, value)
     try:
-        return environment_spec(request, versions=InstalledDbtVersions())  # any well-formed version
+        return environment_spec(request, versions=InstalledDbtVersions(), warehouses=WarehouseFiles("/srv/warehouses"))
     except InvalidArgument:
         return None
 

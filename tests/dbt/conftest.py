@@ -83,6 +83,7 @@ def dbt_settings(settings: Settings, dbt_bin: Path, tmp_path: Path) -> Settings:
             "interrupt_grace": 20.0,
             "cancel_grace": 5.0,
             "heartbeat_interval": 1.0,
+            "local_warehouse_root": str(KEPT_WAREHOUSES),
         }
     )
     return settings.model_copy(update={"runner": runner, "secret_keys": SecretStr(generate_key())})
@@ -221,6 +222,18 @@ async def run_log(client: Client, run_id: int, step: int | None = None) -> str:
     """The run's log, or one step's."""
     chunks = client.runs.StreamRunLogs(runs_pb2.StreamRunLogsRequest(run_id=run_id))
     return "".join([chunk.text async for chunk in chunks if step is None or chunk.step_index == step])
+
+
+def duckdb_tables(path: Path, schema: str = "analytics") -> set[str]:
+    """The tables of ``schema`` in the DuckDB file at ``path``, read with the dbt install's duckdb."""
+    read = (
+        "import duckdb, sys; print('\\n'.join(r[0] for r in duckdb.connect(sys.argv[1], read_only=True).execute("
+        "'select table_name from information_schema.tables where table_schema = ?', [sys.argv[2]]).fetchall()))"
+    )
+    done = subprocess.run(
+        [str(DBT_BIN / "python"), "-c", read, str(path), schema], check=True, capture_output=True, text=True
+    )
+    return set(done.stdout.split())
 
 
 def tables(db: psycopg.Connection[Any], schema: str) -> set[str]:

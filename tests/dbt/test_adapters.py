@@ -19,13 +19,27 @@ import psycopg
 import pytest
 
 from api.admin import create_token
+from api.process import RunningApi
 from api.rest.server import RestServer
 from runner.profile import write_profile
 from runplane.basics.types import JobType, Trigger
 from runplane.dbt.connections import ADAPTERS, ConnectionFieldError, check_secret_fields, typed_profile_fields
 from runplane.dbt.context import DbtContext
 from runplane.v1 import common_pb2, projects_pb2, runs_pb2
-from tests.dbt.conftest import DBT_BIN, EXAMPLE, SETUP, Client, dbt_job, environment, make_repository, run_job, run_log
+from tests.dbt.conftest import (
+    DBT_BIN,
+    EXAMPLE,
+    KEPT_WAREHOUSES,
+    SETUP,
+    Client,
+    account_client,
+    dbt_job,
+    duckdb_tables,
+    environment,
+    make_repository,
+    run_job,
+    run_log,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.dbt, pytest.mark.timeout(600)]
 
@@ -212,14 +226,8 @@ async def test_duckdb_runs_seed_build_test_and_docs_in_a_warehouse_file_of_the_e
     log = await run_log(client, run.id)
     assert run.status == common_pb2.RUN_STATUS_SUCCESS, f"{run.status_message}\n{log[-4000:]}"
     assert "Registered adapter: duckdb=" in log
-    tables = await asyncio.to_thread(
-        subprocess.run,
-        [str(DBT_BIN / "python"), "-c", "import duckdb, sys; print(sorted(r[0] for r in duckdb.connect(sys.argv[1], "
-         "read_only=True).execute(\"select table_name from information_schema.tables where table_schema = "
-         "'analytics'\").fetchall()))", str(warehouse)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    assert "customers" in tables.stdout and "orders" in tables.stdout, tables.stdout
+    tables = await asyncio.to_thread(duckdb_tables, warehouse)
+    assert {"customers", "orders"} <= tables, tables
     docs_step = SETUP + 3  # the job's fourth command, after the setup steps
     manifest, catalog = [
         json.loads(
@@ -249,6 +257,8 @@ async def test_a_duckdb_file_a_run_cannot_keep_is_refused_with_the_reason_at_eve
         "/run/warehouse.duckdb": "is under /run",
         f"{kept_directory}/../../../../tmp/warehouse.duckdb": "is under /tmp",
         "warehouse.duckdb": "must be an absolute path: a relative one is inside the run's checkout",
+        "/var/lib/elsewhere/shop/warehouse.duckdb": f"is outside the warehouse root {KEPT_WAREHOUSES}",
+        f"{KEPT_WAREHOUSES}/warehouse.duckdb": f"is directly in the warehouse root {KEPT_WAREHOUSES}",
     }
 
     def request(path: str) -> projects_pb2.CreateEnvironmentRequest:
@@ -288,6 +298,66 @@ async def test_a_duckdb_file_a_run_cannot_keep_is_refused_with_the_reason_at_eve
         assert moved.status_code == 400 and "is under /tmp" in moved.text, moved.text
     listed = await client.projects.ListEnvironments(projects_pb2.ListEnvironmentsRequest(project_id=project.id))
     assert [e.connection_fields["path"] for e in listed.environments] == [str(kept_directory / "production.duckdb")]
+
+
+async def test_a_duckdb_file_in_another_environments_directory_is_refused_at_every_door(
+    api: RunningApi, client: Client, *, rest_server: RestServer, dbt_settings: Any, tmp_path: Path, kept_directory: Path
+) -> None:
+    repository = str(make_repository(tmp_path / "jaffle"))
+    connection = projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(kept_directory / "shop.duckdb")})
+    owner = await environment(client, "", repository, connection=connection)
+    taken = f"is in {kept_directory}, the warehouse directory of another environment"
+    elsewhere = kept_directory.with_name(f"{kept_directory.name}-other") / "own.duckdb"  # a directory of its own
+    async with account_client(api, dbt_settings, "other") as other:
+        token = await create_token(dbt_settings, account_id=other.account_id)
+        project = await other.projects.CreateProject(
+            projects_pb2.CreateProjectRequest(name="jaffle", repository_url=repository)
+        )
+        for path in (kept_directory / "shop.duckdb", kept_directory / "another.duckdb", kept_directory / "a" / "b"):
+            with pytest.raises(grpc.aio.AioRpcError) as by_grpc:
+                await other.projects.CreateEnvironment(
+                    projects_pb2.CreateEnvironmentRequest(
+                        project_id=project.id, name="stolen", environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+                        dbt_version="1.10", schema="analytics",
+                        connection=projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(path)}),
+                    )
+                )  # fmt: skip
+            assert by_grpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert taken in str(by_grpc.value.details()), by_grpc.value.details()
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{rest_server.port}", headers={"Authorization": f"Token {token}"}
+        ) as http:
+            by_rest = await http.post(
+                f"/api/v3/accounts/{other.account_id}/projects/{project.id}/environments/",
+                json={
+                    "name": "stolen", "type": "deployment", "dbt_version": "1.10",
+                    "connection": {"type": "duckdb", "details": {"path": str(kept_directory / "shop.duckdb")}},
+                    "credentials": {"schema": "analytics"},
+                },
+            )  # fmt: skip
+            assert by_rest.status_code == 400 and taken in by_rest.text, by_rest.text
+            own = await other.projects.CreateEnvironment(
+                projects_pb2.CreateEnvironmentRequest(
+                    project_id=project.id, name="own", environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+                    dbt_version="1.10", schema="analytics",
+                    connection=projects_pb2.Connection(adapter_type="duckdb", fields={"path": str(elsewhere)}),
+                )
+            )  # fmt: skip
+            moved = await http.post(
+                f"/api/v3/accounts/{other.account_id}/projects/{project.id}/environments/{own.id}/",
+                json={"connection": {"type": "duckdb", "details": {"path": str(kept_directory / "shop.duckdb")}}},
+            )
+            assert moved.status_code == 400 and taken in moved.text, moved.text
+    # A second environment of the same account is another environment too; the owner keeps its own.
+    with pytest.raises(grpc.aio.AioRpcError, match="the warehouse directory of another environment"):
+        await environment(client, "", repository, connection=connection)
+    renamed = await client.projects.UpdateEnvironment(
+        projects_pb2.UpdateEnvironmentRequest(
+            environment_id=owner.id, name="renamed", environment_type=projects_pb2.ENVIRONMENT_TYPE_DEPLOYMENT,
+            dbt_version="1.10", schema="analytics", connection=connection,
+        )
+    )  # fmt: skip
+    assert renamed.name == "renamed"
 
 
 async def test_key_pair_and_key_file_secrets_are_stored_encrypted_and_never_returned(

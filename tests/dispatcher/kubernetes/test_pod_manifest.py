@@ -112,6 +112,7 @@ def test_the_pod_holds_no_credential_and_reads_its_token_from_a_mounted_secret(v
         assert credential not in text
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["RUNPLANE_RUNNER__API_ADDRESS"] == RUNNER_API
+    assert env["RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT"] == ""  # a Pod keeps no DuckDB file: refused at run
     assert {"name": "run-token", "mountPath": "/var/run/runplane", "readOnly": True} in container["volumeMounts"]
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "run-token"]
     assert volume["secret"]["secretName"] == pod["metadata"]["name"]
