@@ -1,7 +1,8 @@
 """A local run fenced like a Pod: what the runner does as root between its claim and the switch to the run's uid.
 
-1. The network (``runplane.network_fence``): the run's uid may reach the runner API and the
-   warehouses its environment names on this machine, nothing else here; a warehouse that is one of
+1. The network (``runplane.network_fence``): the run's uid may reach the runner API, the
+   warehouses its environment names on this machine and, when the operator allows it, the DNS
+   resolver of this machine, nothing else here, and only so many connections at once; a warehouse that is one of
    the control plane's own servers is refused, loudly (on one machine its Postgres trusts local
    clients: reaching the port is a superuser login).
 2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own), its pids (the
@@ -103,7 +104,10 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             )
             warehouse = []
         earlier = network_fence.load(os.pread(user.lease_fd, 65536, 0))
-        reach = sorted({*network_fence.address_endpoints(settings.runner.api_address), *warehouse, *_traces(settings)})
+        resolvers = network_fence.local_resolvers(settings.runner.local_resolver)
+        reach = sorted(
+            {*network_fence.address_endpoints(settings.runner.api_address), *warehouse, *_traces(settings), *resolvers}
+        )
         network_fence.allow_run(user.uid, reach, earlier)
         record = network_fence.dump(reach)  # for the next holder of the uid to take away
         os.ftruncate(user.lease_fd, 0)

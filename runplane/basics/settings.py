@@ -312,12 +312,14 @@ class RunnerSettings(BaseModel):
     repository_cache: str = Field(
         "",
         description="Where this host keeps mirrors of projects' repositories (the host's own: runs get clones of "
-        "them); empty: ~/.cache/runplane/repositories of the runner, or of root when runs have uids of their own.",
+        "them); empty: ~/.cache/runplane/repositories of the runner, or /var/lib/runplane/cache/repositories "
+        "(beside local_run_root) when runs have uids of their own; git then runs as the uid just below local_uid, "
+        "never root, and needs to reach it.",
     )
     package_cache: str = Field(
         "",
         description="Where this host keeps installed dbt packages by account, dbt version and lock file (linked "
-        "into runs, so dbt deps runs once per lock); empty: ~/.cache/runplane/dbt-packages, as above.",
+        "into runs, so dbt deps runs once per lock); empty: dbt-packages beside the repositories' default.",
     )
     node_cache_socket: str = Field(
         "",
@@ -387,6 +389,12 @@ class RunnerSettings(BaseModel):
         ge=64,
         description="local launcher, as root: the open-files limit (RLIMIT_NOFILE, soft and hard) of a run's "
         "runner and steps, set for the run rather than inherited from the dispatcher.",
+    )
+    local_resolver: bool = Field(
+        False,
+        description="local launcher, as root: let runs reach the DNS resolver /etc/resolv.conf names when it is on "
+        "this machine (systemd-resolved's 127.0.0.53, a dnsmasq); off, nothing on this machine answers a run on "
+        "port 53 and such a machine's runs resolve no names. A resolver elsewhere is always reached.",
     )
     local_hidden_paths: list[str] = Field(
         default_factory=lambda: ["/run/postgresql", "/run/redis", "/run/rabbitmq", "/run/mysqld"],
