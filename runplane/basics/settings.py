@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr
@@ -85,6 +86,13 @@ class RepositorySettings(BaseModel):
         description="Directories under which a project may name a local repository (an absolute path or "
         "file:// URL), JSON list; empty: none may. `runplane up --demo` adds its demo repository's.",
     )
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the ``RUNPLANE_REPOSITORIES__*`` variables that give them to another
+        process: a run Pod, which applies the rule again before it clones."""
+        return {
+            f"RUNPLANE_REPOSITORIES__{name.upper()}": json.dumps(value) for name, value in self.model_dump().items()
+        }
 
 
 class OrchestratorSettings(BaseModel):
