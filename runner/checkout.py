@@ -19,7 +19,8 @@ and hands each run's clone over to its uid (``owner``); otherwise the runner kee
 root keeper never runs git as root: every git command of the cache runs as the cache's own
 unprivileged uid (``git_uid``), which owns the cache and nothing else, so a local repository only
 root may read is not cloned whatever the URL rule allows. A run's clone is made in the cache (by
-that uid) and moved to the run's directory by root.
+that uid) and moved to the run's directory by root: copied, objects included, when that is the run's
+size-capped disk (``runner.run_user``), so what the clone takes counts in the run's room.
 
 The commit is the run's SHA if given, else the head of its branch, else the head of the
 repository's default branch. Whatever git says on failure comes back in :class:`CheckoutError`
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -148,10 +150,21 @@ class RepositoryCache:
             await _git(repo, ["-C", str(target), "remote", "set-url", "origin", without_credentials(repo.url)], {}, uid)
             shutil.rmtree(target / ".git" / "logs", ignore_errors=True)  # "clone: from <the mirror>" in every entry
             if target != dest:
-                os.rename(target, dest)  # same file system as the cache: the objects stay hard links
+                _move(target, dest)
         if owner is not None:
             hand_over(dest, owner)
         return Checkout(dest, resolved, branch_name, cloned)
+
+
+def _move(clone: Path, dest: Path) -> None:
+    """The clone made in the cache to ``dest``: renamed on the cache's file system (the objects stay
+    hard links to the mirror's), copied to another (a run's size-capped disk: they count in its room)."""
+    try:
+        os.rename(clone, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copytree(clone, dest, symlinks=True)
 
 
 def hand_over(clone: Path, owner: int) -> None:

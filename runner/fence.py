@@ -54,10 +54,19 @@ class Fence:
     keeper: int = field(default=-1, repr=False)  # held until the runner exits
     work_root: Path | None = None  # where the run's checkout is made (None: the temporary directory)
     scratch: Path | None = None  # the run's size-capped scratch space (``runplane.run_scratch``), if mounted
+    disk: Path | None = None  # the run's size-capped HOME and checkout (``runner.run_user``), if mounted
 
     def scratch_full(self) -> bool:
-        """Whether the run's scratch space is out of room: a write of the run's failed for its quota."""
-        return self.scratch is not None and run_scratch.full(self.scratch)
+        """Whether the run's scratch space or disk is out of room: a write of the run's failed for its quota."""
+        return bool(self.filled())
+
+    def filled(self) -> str:
+        """Which of the run's size-capped places is out of room, said for its outcome; "" when none is."""
+        if self.scratch is not None and run_scratch.full(self.scratch):
+            return "the run's scratch space (/tmp and the other shared places, runner.local_scratch_mb)"
+        if self.disk is not None and run_scratch.full(self.disk):
+            return "the run's HOME and checkout (runner.local_disk_mb)"
+        return ""
 
 
 def warehouse_endpoints(spec: RunSpec) -> list[Endpoint]:
@@ -91,7 +100,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
     if not settings.runner.local_fence:
         switch_to(user)
-        return Fence(work_root=user.work, scratch=user.scratch)
+        return Fence(work_root=user.work, scratch=user.scratch, disk=user.disk)
     refusal = ""
     if network_fence.unavailable() is None:
         warehouse = [e for e in warehouse_endpoints(spec) if network_fence.is_local(e)]
@@ -123,7 +132,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             cpu_weight=spec.cpu_weight or settings.runner.local_cpu_weight,  # the account's, else the operator's
             cpu_max=spec.cpu_max or settings.runner.local_cpu_max,
         )
-        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch)
+        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch, user.disk)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]
@@ -131,4 +140,4 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     if landlock.unavailable() is None:
         landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
     switch_to(user)
-    return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch)
+    return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch, user.disk)

@@ -377,6 +377,13 @@ class RunnerSettings(BaseModel):
         "/var/tmp, /dev/shm, /run/lock and every other world-writable place of the machine; its memory counts "
         'in the run\'s): a step writing past it gets ENOSPC and the run ends with "disk quota exceeded".',
     )
+    local_disk_mb: int = Field(
+        2048,
+        ge=1,
+        description="local launcher, as root: the room of a run's HOME and checkout together, in MiB (a tmpfs of "
+        "the run's own; its memory counts in the run's, the clone's objects included): a step writing past it gets "
+        'ENOSPC and the run ends with "disk quota exceeded".',
+    )
     local_cpu_weight: int = Field(
         100,
         ge=1,
