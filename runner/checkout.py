@@ -105,9 +105,16 @@ class RepositoryCache:
         """This cache's secret (made once, readable by its owner alone)."""
         path = self._root / MIRROR_KEY_FILE
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self._git_uid is not None and self._root.stat().st_uid != self._git_uid:
-            os.chown(self._root, self._git_uid, self._git_uid)  # git (as its uid) makes the mirrors in it
-            self._root.chmod(0o700)
+        if self._git_uid is not None:
+            closed = [str(p) for p in self._root.parents if not p.stat().st_mode & stat.S_IXOTH]
+            if closed:
+                raise CheckoutError(
+                    f"the repository cache {self._root} is out of reach of uid {self._git_uid}, which runs git for "
+                    f"it: {', '.join(closed)} may not be entered by other users (runner.repository_cache)"
+                )
+            if self._root.stat().st_uid != self._git_uid:
+                os.chown(self._root, self._git_uid, self._git_uid)  # git (as its uid) makes the mirrors in it
+                self._root.chmod(0o700)
         try:
             return path.read_bytes()
         except FileNotFoundError:
