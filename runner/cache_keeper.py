@@ -10,7 +10,9 @@ A run's prep asks a :class:`PrepCache` for its checkout and its packages. Two ki
   its requests there during prep and closes its end before the first step. The keeper serves
   only that runner: it learns the runner's uid from the kernel (``SCM_CREDENTIALS``), refuses any
   uid outside the run range, and hands the run what it made (:func:`serve`). It ends when the
-  runner's end closes.
+  runner's end closes. It runs git as the cache's own unprivileged uid, never as root
+  (``runner.checkout``): the caches are then in ``/var/lib/runplane/cache`` (beside
+  ``runner.local_run_root``) unless the settings name them, never under root's HOME.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import struct
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.checkout import Checkout, Repository, RepositoryCache
+from runner.checkout import Checkout, Repository, RepositoryCache, git_uid_for
 from runner.package_cache import PackageCache
 from runplane.basics.errors import RunplaneError
 from runplane.basics.repository_urls import RepositoryRule
@@ -55,9 +57,12 @@ class PrepCache(Protocol):
     async def close(self) -> None: ...
 
 
-def cache_roots(runner: RunnerSettings) -> tuple[Path, Path]:
-    """(repositories, dbt packages) of this host."""
-    base = Path.home() / ".cache" / "runplane"
+def cache_roots(runner: RunnerSettings, *, keeper: bool = False) -> tuple[Path, Path]:
+    """(repositories, dbt packages) of this host: by default in the runner's HOME, or for a root
+    ``keeper`` beside the runs' directories, where the cache's own uid can reach them."""
+    base = Path(runner.local_run_root).parent / "cache" if keeper else Path.home() / ".cache" / "runplane"
+    if keeper:
+        base.mkdir(mode=0o711, parents=True, exist_ok=True)
     return (
         Path(runner.repository_cache or base / "repositories"),
         Path(runner.package_cache or base / "dbt-packages"),
@@ -140,9 +145,10 @@ def keeper_socket_pair() -> tuple[socket.socket, socket.socket]:
 
 def serve(sock: socket.socket, settings: Settings) -> None:
     """The keeper's loop: answer the runner's requests until its end closes."""
-    repositories, packages = cache_roots(settings.runner)
+    repositories, packages = cache_roots(settings.runner, keeper=True)
     rule = RepositoryRule(settings.repositories)
-    keeper = _Keeper(RepositoryCache(repositories, rule), PackageCache(packages), settings.runner)
+    git_uid = git_uid_for(settings.runner.local_uid)
+    keeper = _Keeper(RepositoryCache(repositories, rule, git_uid), PackageCache(packages), settings.runner)
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(_UCRED.size))

@@ -15,7 +15,12 @@ project's URL, its host's addresses now), so a project saved before the rule, or
 database by other means, fails its run with the rule's reason.
 
 When runs have uids of their own, a root process keeps the cache for them (``runner.cache_keeper``)
-and hands each run's clone over to its uid (``owner``); otherwise the runner keeps it itself.
+and hands each run's clone over to its uid (``owner``); otherwise the runner keeps it itself. The
+root keeper never runs git as root: every git command of the cache runs as the cache's own
+unprivileged uid (``git_uid``), which owns the cache and nothing else, so a local repository only
+root may read is not cloned whatever the URL rule allows. A run's clone is made in the cache (by
+that uid) and moved to the run's directory by root: copied, objects included, when that is the run's
+size-capped disk (``runner.run_user``), so what the clone takes counts in the run's room.
 
 The commit is the run's SHA if given, else the head of its branch, else the head of the
 repository's default branch. Whatever git says on failure comes back in :class:`CheckoutError`
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -84,9 +90,10 @@ class RepositoryCache:
     """Bare mirrors of the repositories this host has run, under ``root``; only repositories ``rule``
     allows, checked again (and their host resolved again) just before each clone or fetch."""
 
-    def __init__(self, root: Path, rule: RepositoryRule) -> None:
+    def __init__(self, root: Path, rule: RepositoryRule, git_uid: int | None = None) -> None:
         self._root = root
         self._rule = rule
+        self._git_uid = git_uid  # None: git runs as this process's own uid (not root's: see git_uid_for)
 
     def mirror_path(self, account_id: int, url: str) -> Path:
         """The mirror of ``url`` for ``account_id``: named by a keyed hash whose key is this host's
@@ -98,6 +105,16 @@ class RepositoryCache:
         """This cache's secret (made once, readable by its owner alone)."""
         path = self._root / MIRROR_KEY_FILE
         self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._git_uid is not None:
+            closed = [str(p) for p in self._root.parents if not p.stat().st_mode & stat.S_IXOTH]
+            if closed:
+                raise CheckoutError(
+                    f"the repository cache {self._root} is out of reach of uid {self._git_uid}, which runs git for "
+                    f"it: {', '.join(closed)} may not be entered by other users (runner.repository_cache)"
+                )
+            if self._root.stat().st_uid != self._git_uid:
+                os.chown(self._root, self._git_uid, self._git_uid)  # git (as its uid) makes the mirrors in it
+                self._root.chmod(0o700)
         try:
             return path.read_bytes()
         except FileNotFoundError:
@@ -122,21 +139,39 @@ class RepositoryCache:
         except RepositoryUrlRefused as exc:
             raise CheckoutError(f"repository {_shown(repo)} refused: {exc}") from exc
         mirror = self.mirror_path(account_id, repo.url)
-        with _git_auth(repo, _transport_config(reachable)) as env:
-            async with _locked(mirror.with_suffix(".lock")):
-                cloned = not mirror.exists()
-                if cloned:
-                    await _clone(repo, mirror, env)
-                elif not (sha and await _has_commit(mirror, sha, env)):
-                    await _git(repo, ["--git-dir", str(mirror), "fetch", "--prune", "--quiet", "origin"], env)
-                resolved, branch_name = await _resolve(repo, mirror, branch=branch, sha=sha, env=env)
-                # Under the lock: a fetch's repack must not remove objects while they are linked.
-                await _git(repo, ["clone", "--local", "--no-checkout", "--quiet", "--", str(mirror), str(dest)], {})
-        await _git(repo, ["-C", str(dest), "remote", "set-url", "origin", without_credentials(repo.url)], {})
-        shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)  # "clone: from <the mirror>" in every entry
+        uid = self._git_uid
+        with contextlib.ExitStack() as made:
+            # The clone is made where the cache's uid may write, then moved to ``dest``.
+            target = dest if uid is None else made.enter_context(_staging(self._root, uid)) / "clone"
+            with _git_auth(repo, _transport_config(reachable), uid) as env:
+                async with _locked(mirror.with_suffix(".lock")):
+                    cloned = not mirror.exists()
+                    if cloned:
+                        await _clone(repo, mirror, env, uid)
+                    elif not (sha and await _has_commit(mirror, sha, env, uid)):
+                        await _git(repo, ["--git-dir", str(mirror), "fetch", "--prune", "--quiet", "origin"], env, uid)
+                    resolved, branch_name = await _resolve(repo, mirror, branch=branch, sha=sha, env=env, uid=uid)
+                    # Under the lock: a fetch's repack must not remove objects while they are linked.
+                    clone = ["clone", "--local", "--no-checkout", "--quiet", "--", str(mirror), str(target)]
+                    await _git(repo, clone, {}, uid)
+            await _git(repo, ["-C", str(target), "remote", "set-url", "origin", without_credentials(repo.url)], {}, uid)
+            shutil.rmtree(target / ".git" / "logs", ignore_errors=True)  # "clone: from <the mirror>" in every entry
+            if target != dest:
+                _move(target, dest)
         if owner is not None:
             hand_over(dest, owner)
         return Checkout(dest, resolved, branch_name, cloned)
+
+
+def _move(clone: Path, dest: Path) -> None:
+    """The clone made in the cache to ``dest``: renamed on the cache's file system (the objects stay
+    hard links to the mirror's), copied to another (a run's size-capped disk: they count in its room)."""
+    try:
+        os.rename(clone, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copytree(clone, dest, symlinks=True)
 
 
 def hand_over(clone: Path, owner: int) -> None:
@@ -159,35 +194,61 @@ async def check_out(checkout: Checkout) -> None:
         raise CheckoutError(f"git checkout of {checkout.sha} failed: {out.strip() or f'exit code {code}'}")
 
 
-async def _clone(repo: Repository, mirror: Path, env: Mapping[str, str]) -> None:
+def git_uid_for(local_uid: int) -> int:
+    """The uid a root cache keeper runs git as: the one just below the runs' (``runner.local_uid``),
+    root's never (a clone as root reads whatever root may)."""
+    uid = local_uid - 1
+    if uid <= 0:
+        raise CheckoutError(f"runner.local_uid {local_uid} leaves no uid for the repository cache below it")
+    return uid
+
+
+@contextlib.contextmanager
+def _staging(root: Path, uid: int) -> Iterator[Path]:
+    """A new directory in the cache that ``uid`` owns, removed with what is left in it."""
+    path = Path(tempfile.mkdtemp(prefix="run-clone.", dir=root))
+    try:
+        os.chown(path, uid, uid)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _clone(repo: Repository, mirror: Path, env: Mapping[str, str], uid: int | None) -> None:
     """Clone into a temporary name and rename, so a failed clone leaves no half repository."""
     partial = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
     try:
-        await _git(repo, ["clone", "--mirror", "--quiet", "--", repo.url, str(partial)], env, action="clone")
+        if uid is not None:
+            os.chown(partial, uid, uid)
+        await _git(repo, ["clone", "--mirror", "--quiet", "--", repo.url, str(partial)], env, uid, action="clone")
         os.rename(partial, mirror)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone already after the rename
 
 
-async def _has_commit(mirror: Path, sha: str, env: Mapping[str, str]) -> bool:
-    code, _ = await _run_git(["--git-dir", str(mirror), "cat-file", "-e", f"{sha}^{{commit}}"], env)
+async def _has_commit(mirror: Path, sha: str, env: Mapping[str, str], uid: int | None) -> bool:
+    code, _ = await _run_git(["--git-dir", str(mirror), "cat-file", "-e", f"{sha}^{{commit}}"], env, uid)
     return code == 0
 
 
-async def _resolve(repo: Repository, mirror: Path, *, branch: str, sha: str, env: Mapping[str, str]) -> tuple[str, str]:
+async def _resolve(
+    repo: Repository, mirror: Path, *, branch: str, sha: str, env: Mapping[str, str], uid: int | None
+) -> tuple[str, str]:
     """(commit, branch name) for the run."""
     git_dir = ["--git-dir", str(mirror)]
     if not branch:
-        code, out = await _run_git([*git_dir, "symbolic-ref", "--short", "HEAD"], env)
+        code, out = await _run_git([*git_dir, "symbolic-ref", "--short", "HEAD"], env, uid)
         branch = out.strip() if code == 0 else ""
     if sha:
-        code, out = await _run_git([*git_dir, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"], env)
+        code, out = await _run_git([*git_dir, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"], env, uid)
         if code != 0:
             raise CheckoutError(f"commit {sha} not found in {_shown(repo)}")
         return out.strip(), branch
     if not branch:
         raise CheckoutError(f"{_shown(repo)} has no default branch: set the environment's branch")
-    code, out = await _run_git([*git_dir, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"], env)
+    code, out = await _run_git(
+        [*git_dir, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"], env, uid
+    )
     if code != 0:
         raise CheckoutError(f"branch {branch!r} not found in {_shown(repo)}")
     return out.strip(), branch
@@ -197,8 +258,10 @@ def _shown(repo: Repository) -> str:
     return mask(repo.url, repo.secrets())
 
 
-async def _git(repo: Repository, args: Sequence[str], env: Mapping[str, str], *, action: str = "") -> str:
-    code, out = await _run_git(args, env)
+async def _git(
+    repo: Repository, args: Sequence[str], env: Mapping[str, str], uid: int | None = None, *, action: str = ""
+) -> str:
+    code, out = await _run_git(args, env, uid)
     if code != 0:
         what = action or (args[2] if args[0] == "--git-dir" else args[0])
         message = mask(out.strip(), repo.secrets()) or f"exit code {code}"
@@ -206,15 +269,22 @@ async def _git(repo: Repository, args: Sequence[str], env: Mapping[str, str], *,
     return out
 
 
-async def _run_git(args: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+async def _run_git(args: Sequence[str], env: Mapping[str, str], uid: int | None = None) -> tuple[int, str]:
+    """git with ``args``, as ``uid`` (with no groups and the cache's uid's HOME: none) when given."""
+    as_uid: dict[str, object] = {}
+    base = _base_env()
+    if uid is not None:
+        as_uid = {"user": uid, "group": uid, "extra_groups": []}
+        base["HOME"] = "/nonexistent"  # not root's: git reads no configuration of root's
     process = await asyncio.create_subprocess_exec(
         "git",
         *args,
-        env={**_base_env(), **env},
+        env={**base, **env},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
+        **as_uid,  # type: ignore[arg-type]
     )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), timeout=GIT_TIMEOUT_SECONDS)
@@ -259,9 +329,11 @@ def _config_env(config: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _git_auth(repo: Repository, transport: tuple[dict[str, str], list[tuple[str, str]]]) -> Iterator[dict[str, str]]:
+def _git_auth(
+    repo: Repository, transport: tuple[dict[str, str], list[tuple[str, str]]], uid: int | None = None
+) -> Iterator[dict[str, str]]:
     """Environment that makes git authenticate (never on its command line, never in the cache's
-    config) and keeps it to ``transport``."""
+    config) and keeps it to ``transport``; the files it names are ``uid``'s (git's) when given."""
     env, config = transport
     if repo.credential_kind == "token" and repo.credential:
         basic = base64.b64encode(f"x-access-token:{repo.credential}".encode()).decode()
@@ -271,6 +343,8 @@ def _git_auth(repo: Repository, transport: tuple[dict[str, str], list[tuple[str,
         try:
             with os.fdopen(fd, "w") as handle:  # mkstemp makes it 0600
                 handle.write(repo.credential.rstrip("\n") + "\n")
+                if uid is not None:
+                    os.fchown(handle.fileno(), uid, uid)
             yield {
                 **env,
                 **_config_env(config),
@@ -285,6 +359,8 @@ def _git_auth(repo: Repository, transport: tuple[dict[str, str], list[tuple[str,
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(trust)
+                if uid is not None:
+                    os.fchown(handle.fileno(), uid, uid)
             yield {**env, **_config_env(config), "GIT_CONFIG_GLOBAL": config_path}
         finally:
             os.unlink(config_path)

@@ -1,7 +1,8 @@
 """A local run fenced like a Pod: what the runner does as root between its claim and the switch to the run's uid.
 
-1. The network (``runplane.network_fence``): the run's uid may reach the runner API and the
-   warehouses its environment names on this machine, nothing else here; a warehouse that is one of
+1. The network (``runplane.network_fence``): the run's uid may reach the runner API, the
+   warehouses its environment names on this machine and, when the operator allows it, the DNS
+   resolver of this machine, nothing else here, and only so many connections at once; a warehouse that is one of
    the control plane's own servers is refused, loudly (on one machine its Postgres trusts local
    clients: reaching the port is a superuser login).
 2. A cgroup (``runner.run_cgroup``) with the run's memory (plus the runner's own), its pids (the
@@ -53,10 +54,19 @@ class Fence:
     keeper: int = field(default=-1, repr=False)  # held until the runner exits
     work_root: Path | None = None  # where the run's checkout is made (None: the temporary directory)
     scratch: Path | None = None  # the run's size-capped scratch space (``runplane.run_scratch``), if mounted
+    disk: Path | None = None  # the run's size-capped HOME and checkout (``runner.run_user``), if mounted
 
     def scratch_full(self) -> bool:
-        """Whether the run's scratch space is out of room: a write of the run's failed for its quota."""
-        return self.scratch is not None and run_scratch.full(self.scratch)
+        """Whether the run's scratch space or disk is out of room: a write of the run's failed for its quota."""
+        return bool(self.filled())
+
+    def filled(self) -> str:
+        """Which of the run's size-capped places is out of room, said for its outcome; "" when none is."""
+        if self.scratch is not None and run_scratch.full(self.scratch):
+            return "the run's scratch space (/tmp and the other shared places, runner.local_scratch_mb)"
+        if self.disk is not None and run_scratch.full(self.disk):
+            return "the run's HOME and checkout (runner.local_disk_mb)"
+        return ""
 
 
 def warehouse_endpoints(spec: RunSpec) -> list[Endpoint]:
@@ -91,7 +101,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     groups, refusal = warehouse_directory.prepare_shared(settings.runner, spec)
     if not settings.runner.local_fence:
         switch_to(user, groups)
-        return Fence(refusal=refusal, work_root=user.work, scratch=user.scratch)
+        return Fence(refusal=refusal, work_root=user.work, scratch=user.scratch, disk=user.disk)
     if network_fence.unavailable() is None:
         warehouse = [e for e in warehouse_endpoints(spec) if network_fence.is_local(e)]
         owned = [e for e in warehouse if network_fence.is_control_plane(e)]
@@ -103,7 +113,10 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             )
             warehouse = []
         earlier = network_fence.load(os.pread(user.lease_fd, 65536, 0))
-        reach = sorted({*network_fence.address_endpoints(settings.runner.api_address), *warehouse, *_traces(settings)})
+        resolvers = network_fence.local_resolvers(settings.runner.local_resolver)
+        reach = sorted(
+            {*network_fence.address_endpoints(settings.runner.api_address), *warehouse, *_traces(settings), *resolvers}
+        )
         network_fence.allow_run(user.uid, reach, earlier)
         record = network_fence.dump(reach)  # for the next holder of the uid to take away
         os.ftruncate(user.lease_fd, 0)
@@ -119,7 +132,7 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
             cpu_weight=spec.cpu_weight or settings.runner.local_cpu_weight,  # the account's, else the operator's
             cpu_max=spec.cpu_max or settings.runner.local_cpu_max,
         )
-        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch)
+        keeper = run_cgroup.join(cgroup, user.lease_fd, user.scratch, user.disk)
     confinement: tuple[str, ...] = ()
     if local_fence.sandbox_unavailable() is None:
         dbt_installs = [str(Path(bin_dir).parent) for bin_dir in settings.runner.dbt_versions.values()]
@@ -127,4 +140,4 @@ def enter(settings: Settings, user: RunUser, spec: RunSpec) -> Fence:
     if landlock.unavailable() is None:
         landlock.scope_abstract_unix_sockets()  # as root: no need for no_new_privs
     switch_to(user, groups)
-    return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch)
+    return Fence(confinement, cgroup, refusal, keeper, user.work, user.scratch, user.disk)

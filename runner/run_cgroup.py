@@ -37,7 +37,7 @@ KILL_TIMEOUT = 10.0
 CPU_PERIOD_US = 100_000  # the period a run's CPU cap is counted over
 
 # Waits for EOF on stdin (the runner is gone), then kills every process of the cgroups named in
-# its arguments and removes them, and takes away the run's scratch space ($SCRATCH, when set: its
+# its arguments and removes them, and takes away the run's scratch space and disk ($SCRATCH, $DISK, when set: their
 # pages are memory, not to be held until the uid's next lease); the uid's lease (its descriptor 4,
 # when given) is released as it exits, after that. It ignores the signals a terminal or a shutdown
 # would send.
@@ -52,6 +52,7 @@ for d in "$@"; do
   rmdir "$d" "${d%/*}" 2>/dev/null
 done
 [ -n "$SCRATCH" ] && umount -l "$SCRATCH" 2>/dev/null
+[ -n "$DISK" ] && umount -l "$DISK" 2>/dev/null
 """
 # Runs the keeper ($0) in the background with this shell's stdin (an asynchronous list would get
 # /dev/null), under its own name.
@@ -202,10 +203,10 @@ def create(uid: int, *, memory_bytes: int, pids_max: int, cpu_weight: int = 100,
 LEASE_FD = 4  # where the keeper holds the uid's lease
 
 
-def join(cgroup: RunCgroup, lease_fd: int | None = None, scratch: Path | None = None) -> int:
+def join(cgroup: RunCgroup, lease_fd: int | None = None, scratch: Path | None = None, disk: Path | None = None) -> int:
     """Start the keeper (holding ``lease_fd``, the uid's lease, until the cgroup is empty), then move
-    this process into the run's cgroups; the pipe end to hold until exit. ``scratch``: the run's
-    scratch space, unmounted by the keeper once the run's processes are gone."""
+    this process into the run's cgroups; the pipe end to hold until exit. ``scratch`` and ``disk``: the
+    run's scratch space and its HOME and checkout, unmounted by the keeper once the run's processes are gone."""
     read_end, write_end = os.pipe()  # not inherited: no step holds the write end
     try:
         # Started in the background of a shell that exits at once: the keeper is nobody's child,
@@ -213,7 +214,7 @@ def join(cgroup: RunCgroup, lease_fd: int | None = None, scratch: Path | None = 
         launcher = os.posix_spawn(
             "/bin/sh",
             ["/bin/sh", "-c", _DETACH, _KEEPER, *map(str, cgroup.directories)],
-            {"PATH": "/usr/bin:/bin", "SCRATCH": str(scratch or "")},
+            {"PATH": "/usr/bin:/bin", "SCRATCH": str(scratch or ""), "DISK": str(disk or "")},
             file_actions=[
                 (os.POSIX_SPAWN_DUP2, read_end, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),

@@ -14,10 +14,12 @@ daemonised itself would otherwise watch the next run), what is left of its run c
 and removed, files it owns at the top of the shared temporary directories (``/tmp``, ``/var/tmp``,
 ``/dev/shm``) are removed, its scratch space is unmounted, and its private directory is made again,
 empty. That directory,
-``/var/lib/runplane/runs/<uid>`` (``runner.local_run_root``), holds the run's HOME, the directory its
-checkout is made in, and its scratch space: a tmpfs of ``runner.local_scratch_mb`` holding its
+``/var/lib/runplane/runs/<uid>`` (``runner.local_run_root``), holds the run's disk: a tmpfs of
+``runner.local_disk_mb`` holding its HOME and the directory its checkout is made in, and its scratch
+space: a tmpfs of ``runner.local_scratch_mb`` holding its
 temporary directory and its own copy of every world-writable place of the machine
-(``runplane.run_scratch``); its parent is root's and closed to listing, so no other uid can create, plant in or
+(``runplane.run_scratch``); both bound what a run may write on the machine. Its parent is
+root's and closed to listing, so no other uid can create, plant in or
 block it. A run therefore shares nothing with any other run through its uid.
 """
 
@@ -45,6 +47,7 @@ class NoFreeUid(RuntimeError):
 
 SHARED_TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 SCRATCH = "scratch"  # the run's scratch space in its private directory (``runplane.run_scratch``)
+DISK = "disk"  # the run's HOME and checkout, size-capped, in its private directory
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,9 @@ class RunUser:
     home: Path
     lease_fd: int  # held open (close-on-exec) for the runner's lifetime: the lease
     tmp: Path  # the run's own temporary directory (TMPDIR, and /tmp and /var/tmp of its steps)
-    work: Path  # where the run's checkout is made, beside HOME (the file system of the host's caches)
+    work: Path  # where the run's checkout is made, beside HOME
     scratch: Path | None = None  # the run's size-capped scratch tmpfs, holding ``tmp`` (None: not mounted here)
+    disk: Path | None = None  # the run's size-capped tmpfs holding ``home`` and ``work`` (None: not mounted here)
 
 
 def lease_for_run(runner: RunnerSettings, run_id: int) -> RunUser | None:
@@ -102,18 +106,31 @@ def lease_run_user(runner: RunnerSettings, run_id: int, leases: Path = LEASES, r
         kill_processes_of(uid)
         run_cgroup.clear(uid)
         remove_files_of(uid)
-        run_scratch.unmount(runs / str(uid) / SCRATCH)
+        for mounted in (SCRATCH, DISK):
+            run_scratch.unmount(runs / str(uid) / mounted)
         private = fresh_private_directory(runs, uid)
-        home = _private_directory(private / "home", uid)
-        work = _private_directory(private / "work", uid)
         scratch = private / SCRATCH
+        disk = private / DISK
         capped = run_scratch.unavailable() is None
         if capped:
             _private_directory(scratch)
             run_scratch.mount(scratch, uid, runner.local_scratch_mb * 1024 * 1024)
+            _private_directory(disk)
+            run_scratch.mount_tmpfs(disk, uid, runner.local_disk_mb * 1024 * 1024, "HOME and checkout")
         else:
             run_scratch.make_directories(_private_directory(scratch, uid), uid)
-        return RunUser(uid, home, fd, scratch / run_scratch.TEMPORARY_NAME, work, scratch if capped else None)
+            _private_directory(disk, uid)
+        home = _private_directory(disk / "home", uid)
+        work = _private_directory(disk / "work", uid)
+        return RunUser(
+            uid,
+            home,
+            fd,
+            scratch / run_scratch.TEMPORARY_NAME,
+            work,
+            scratch if capped else None,
+            disk if capped else None,
+        )
     raise NoFreeUid(f"all {count} run uids from {runner.local_uid} are in use; raise runner.local_uid_count")
 
 

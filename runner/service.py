@@ -324,7 +324,13 @@ class Runner:
             step_status = RunStatus.CANCELLED
         await self._api.step_finished(index, int(step_status), result.exit_code, result.end_reason)
         outcome = self._step_outcome(
-            result.end, result.exit_code, index, command, spec.timeout_seconds, error=logs.error_of(index)
+            result.end,
+            result.exit_code,
+            index,
+            command,
+            spec.timeout_seconds,
+            error=logs.error_of(index),
+            filled=self._fence.filled(),
         )
         if outcome is not None and optional_failure:
             return None, False
@@ -336,7 +342,7 @@ class Runner:
 
     @staticmethod
     def _step_outcome(
-        end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int, *, error: str | None
+        end: StepEnd, exit_code: int | None, index: int, command: str, timeout: int, *, error: str | None, filled: str
     ) -> Outcome | None:
         match end:
             case StepEnd.EXITED:
@@ -353,8 +359,7 @@ class Runner:
                 return Outcome.error(MEMORY_LIMIT_ERROR, FailureKind.STEP)
             case StepEnd.DISK_QUOTA:
                 return Outcome.error(
-                    f"{DISK_QUOTA_ERROR}: step {index + 1} filled the run's scratch space (/tmp and the other "
-                    "shared places, runner.local_scratch_mb)",
+                    f"{DISK_QUOTA_ERROR}: step {index + 1} filled {filled or 'the room the run may write in'}",
                     FailureKind.STEP,
                 )
             case StepEnd.ABANDONED:

@@ -71,6 +71,7 @@ class KubernetesLauncher:
             # The Pod's grace covers the runner's own stop of a step: SIGINT, then SIGTERM, then SIGKILL.
             cancel_grace=self._settings.runner.interrupt_grace + self._settings.runner.cancel_grace,
             runner_api_address=self._settings.runner.api_address,
+            repositories=self._settings.repositories,
         )
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.launcher import LaunchRequest
-from runplane.basics.settings import KubernetesSettings
+from runplane.basics.settings import KubernetesSettings, RepositorySettings
 from runplane.basics.types import RunId
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -75,7 +75,13 @@ def run_labels(request: LaunchRequest, cluster: str) -> dict[str, str]:
 
 
 def build_pod(
-    request: LaunchRequest, settings: KubernetesSettings, *, cluster: str, cancel_grace: float, runner_api_address: str
+    request: LaunchRequest,
+    settings: KubernetesSettings,
+    *,
+    cluster: str,
+    cancel_grace: float,
+    runner_api_address: str,
+    repositories: RepositorySettings,
 ) -> dict[str, Any]:
     """The Pod manifest that runs ``runplane runner --run-id N`` for one launch of a run.
 
@@ -91,6 +97,7 @@ def build_pod(
         memory_mb=request.memory_mb,
         cancel_grace=cancel_grace,
         runner_api_address=runner_api_address,
+        repositories=repositories,
     )
     if request.timeout_seconds > 0:
         pod["spec"]["activeDeadlineSeconds"] = request.timeout_seconds + settings.deadline_slack_seconds
@@ -107,8 +114,10 @@ def runner_pod(
     memory_mb: int,
     cancel_grace: float,
     runner_api_address: str,
+    repositories: RepositorySettings,
 ) -> dict[str, Any]:
-    """A Pod running ``runplane runner <runner_args>`` with the token of the Secret named like it."""
+    """A Pod running ``runplane runner <runner_args>`` with the token of the Secret named like it, and
+    the dispatcher's repository rule (``repositories``), which its runner applies again before it clones."""
     memory = f"{memory_mb}Mi"
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -124,6 +133,7 @@ def runner_pod(
             {"name": "RUNPLANE_RUNNER__API_ADDRESS", "value": runner_api_address},
             # A Pod keeps no file for the next run: a DuckDB file is refused, with the reason.
             {"name": "RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT", "value": ""},
+            *({"name": name, "value": value} for name, value in repositories.environment().items()),
         ],
         "envFrom": [{"secretRef": {"name": secret}} for secret in settings.env_from_secrets],
         "resources": {

@@ -195,6 +195,7 @@ class WarmPools:
             memory_mb=pool.memory_mb,
             cancel_grace=runner.interrupt_grace + runner.cancel_grace,
             runner_api_address=runner.api_address,
+            repositories=self._settings.repositories,
         )
         async with self._db.connection() as conn:
             await conn.execute(

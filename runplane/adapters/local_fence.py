@@ -42,6 +42,12 @@ def problems(settings: Settings) -> list[str]:
             f"runs are not fenced from the network ({why}): a step can connect to the control plane's Postgres, "
             "Redis and RabbitMQ on this machine"
         )
+    elif not settings.runner.local_resolver and (here := network_fence.local_resolvers(allowed=True)):
+        found.append(
+            f"the DNS resolver /etc/resolv.conf names is on this machine ({', '.join(map(str, here))}) and runs may "
+            "not reach it: they resolve no names (a warehouse must be named by address); set runner.local_resolver "
+            "to let them"
+        )
     if (why := cgroups.unavailable()) is not None:
         found.append(
             f"runs get no cgroup ({why}): no kernel memory or pids limit over a run, and what a step leaves "

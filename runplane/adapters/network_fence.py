@@ -11,8 +11,15 @@ packets from the control plane's by the uid that owns the socket (``meta skuid``
   warehouses its environment names, added for the run's uid when it starts (as root) and taken
   away when the uid is leased again;
 - anything else on this machine (whatever leaves through ``lo``: loopback and the host's own
-  addresses) is refused to a run uid; DNS and the rest of the network stay open, as a Kubernetes
-  NetworkPolicy leaves a Pod DNS and its warehouses.
+  addresses) is refused to a run uid, port 53 included; the rest of the network stays open, as a
+  Kubernetes NetworkPolicy leaves a Pod its warehouses. DNS is the resolver ``/etc/resolv.conf``
+  names (``resolvers``): one elsewhere is reached like the rest of the network; one on this
+  machine (systemd-resolved's 127.0.0.53, a dnsmasq) only when the operator lets runs reach it
+  (``runner.local_resolver``), then in ``reach`` for each run's uid like the runner API;
+- ``local_connections``: how many connections each run uid has open to this machine, counted by
+  conntrack (``ct count``); a new one past ``LOCAL_CONNECTIONS`` is reset, so one run cannot hold
+  thousands of connections to the runner API (which shares its process with the public APIs) or a
+  warehouse here while other runs wait.
 
 Packets without a full socket (the kernel's own resets, time-wait acks) carry no owner and are
 never matched, so the rules cannot touch anything but the runs' own connections.
@@ -35,6 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TABLE = "runplane_fence"
+# Connections a run may have open at once to this machine (the runner API, a warehouse or trace
+# collector here): its runner's few, and a warehouse's pool of dbt's largest thread counts.
+LOCAL_CONNECTIONS = 128
+# The sets are declared (kept when they exist), then both chains are emptied and written again in
+# the same transaction: every install on the machine gets the rules of the newest one started.
 RULES = f"""
 table inet {TABLE} {{
   set fenced_uids {{ type uid; flags interval; auto-merge; }}
@@ -42,15 +54,22 @@ table inet {TABLE} {{
   set control_plane6 {{ type ipv6_addr . inet_service; }}
   set reach4 {{ type uid . ipv4_addr . inet_service; }}
   set reach6 {{ type uid . ipv6_addr . inet_service; }}
+  set local_connections {{ type uid; flags dynamic; size 65535; }}
+  chain output {{ type filter hook output priority filter; policy accept; }}
+  chain fence {{ }}
+}}
+flush chain inet {TABLE} output
+flush chain inet {TABLE} fence
+table inet {TABLE} {{
   chain output {{
-    type filter hook output priority filter; policy accept;
     meta skuid @fenced_uids jump fence
   }}
   chain fence {{
     meta l4proto {{ tcp, udp }} ip daddr . th dport @control_plane4 reject with icmpx port-unreachable
     meta l4proto {{ tcp, udp }} ip6 daddr . th dport @control_plane6 reject with icmpx port-unreachable
     oifname != "lo" accept
-    meta l4proto {{ tcp, udp }} th dport 53 accept
+    meta l4proto tcp ct state new add @local_connections {{ meta skuid ct count over {LOCAL_CONNECTIONS} }} \
+      reject with tcp reset
     meta l4proto {{ tcp, udp }} meta skuid . ip daddr . th dport @reach4 accept
     meta l4proto {{ tcp, udp }} meta skuid . ip6 daddr . th dport @reach6 accept
     meta l4proto tcp reject with tcp reset
@@ -58,6 +77,8 @@ table inet {TABLE} {{
   }}
 }}
 """
+RESOLV_CONF = Path("/etc/resolv.conf")
+DNS_PORT = 53
 # Held while the table is made, so two dispatchers starting together make it once.
 INSTALL_LOCK = Path("/run/runplane-fence.lock")
 
@@ -164,11 +185,11 @@ def _nft(script: str, *, check: bool = True) -> bool:
 
 
 def install(uid_first: int, uid_count: int, control_plane: Iterable[Endpoint]) -> None:
-    """Make the table (once per machine) and add this install's run uids and control-plane servers."""
+    """Make the table (once per machine; its rules written again) and add this install's run uids and
+    control-plane servers."""
     with INSTALL_LOCK.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _nft(f"list chain inet {TABLE} fence", check=False):
-            _nft(RULES)
+        _nft(RULES)
     lines = [f"add element inet {TABLE} fenced_uids {{ {uid_first}-{uid_first + uid_count - 1} }}"]
     lines += _element_lines("add", "control_plane", control_plane)
     _nft("\n".join(lines) + "\n")
@@ -195,6 +216,29 @@ def allow_run(uid: int, endpoints: Iterable[Endpoint], earlier: Iterable[Endpoin
 def is_control_plane(endpoint: Endpoint) -> bool:
     """Whether ``endpoint`` is one of the control plane's servers in the table."""
     return _nft(f"get element inet {TABLE} control_plane{endpoint.family} {{ {endpoint.element()} }}", check=False)
+
+
+def resolvers(resolv_conf: Path = RESOLV_CONF) -> list[Endpoint]:
+    """The DNS resolvers ``resolv_conf`` names (its ``nameserver`` lines), on port 53."""
+    try:
+        text = resolv_conf.read_text()
+    except OSError:
+        return []
+    found = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            try:
+                found.add(Endpoint(str(ipaddress.ip_address(fields[1].split("%", 1)[0])), DNS_PORT))
+            except ValueError:
+                continue
+    return sorted(found)
+
+
+def local_resolvers(allowed: bool, resolv_conf: Path = RESOLV_CONF) -> list[Endpoint]:
+    """The resolvers on this machine a run may reach: those ``resolv_conf`` names, when the operator
+    allows it (``allowed``); none otherwise. A resolver elsewhere needs no rule."""
+    return [e for e in resolvers(resolv_conf) if is_local(e)] if allowed else []
 
 
 def is_local(endpoint: Endpoint) -> bool:

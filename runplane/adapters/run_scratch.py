@@ -113,11 +113,17 @@ def _libc() -> ctypes.CDLL:
 def mount(target: Path, uid: int, size_bytes: int) -> None:
     """As root: a tmpfs of ``size_bytes`` at ``target`` (an empty directory), the uid's own and
     closed to others, with a directory of the uid's for every place (``places``)."""
+    mount_tmpfs(target, uid, size_bytes)
+    make_directories(target, uid)
+
+
+def mount_tmpfs(target: Path, uid: int, size_bytes: int, what: str = "scratch space") -> None:
+    """As root: an empty tmpfs of ``size_bytes`` at ``target`` (an empty directory), the uid's own
+    and closed to others; also a run's HOME and checkout (``runner.run_user``)."""
     options = f"size={size_bytes},mode=0700,uid={uid},gid={uid}".encode()
     if _libc().mount(b"runplane-scratch", str(target).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
         code = ctypes.get_errno()
-        raise OSError(code, f"mounting the run's scratch space: {os.strerror(code)}", str(target))
-    make_directories(target, uid)
+        raise OSError(code, f"mounting the run's {what}: {os.strerror(code)}", str(target))
 
 
 def make_directories(target: Path, uid: int) -> None:

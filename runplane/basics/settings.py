@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr
@@ -85,6 +86,13 @@ class RepositorySettings(BaseModel):
         description="Directories under which a project may name a local repository (an absolute path or "
         "file:// URL), JSON list; empty: none may. `runplane up --demo` adds its demo repository's.",
     )
+
+    def environment(self) -> dict[str, str]:
+        """These settings as the ``RUNPLANE_REPOSITORIES__*`` variables that give them to another
+        process: a run Pod, which applies the rule again before it clones."""
+        return {
+            f"RUNPLANE_REPOSITORIES__{name.upper()}": json.dumps(value) for name, value in self.model_dump().items()
+        }
 
 
 class OrchestratorSettings(BaseModel):
@@ -312,12 +320,14 @@ class RunnerSettings(BaseModel):
     repository_cache: str = Field(
         "",
         description="Where this host keeps mirrors of projects' repositories (the host's own: runs get clones of "
-        "them); empty: ~/.cache/runplane/repositories of the runner, or of root when runs have uids of their own.",
+        "them); empty: ~/.cache/runplane/repositories of the runner, or /var/lib/runplane/cache/repositories "
+        "(beside local_run_root) when runs have uids of their own; git then runs as the uid just below local_uid, "
+        "never root, and needs to reach it.",
     )
     package_cache: str = Field(
         "",
         description="Where this host keeps installed dbt packages by account, dbt version and lock file (linked "
-        "into runs, so dbt deps runs once per lock); empty: ~/.cache/runplane/dbt-packages, as above.",
+        "into runs, so dbt deps runs once per lock); empty: dbt-packages beside the repositories' default.",
     )
     node_cache_socket: str = Field(
         "",
@@ -379,6 +389,13 @@ class RunnerSettings(BaseModel):
         "/var/tmp, /dev/shm, /run/lock and every other world-writable place of the machine; its memory counts "
         'in the run\'s): a step writing past it gets ENOSPC and the run ends with "disk quota exceeded".',
     )
+    local_disk_mb: int = Field(
+        2048,
+        ge=1,
+        description="local launcher, as root: the room of a run's HOME and checkout together, in MiB (a tmpfs of "
+        "the run's own; its memory counts in the run's, the clone's objects included): a step writing past it gets "
+        'ENOSPC and the run ends with "disk quota exceeded".',
+    )
     local_cpu_weight: int = Field(
         100,
         ge=1,
@@ -399,6 +416,12 @@ class RunnerSettings(BaseModel):
         ge=64,
         description="local launcher, as root: the open-files limit (RLIMIT_NOFILE, soft and hard) of a run's "
         "runner and steps, set for the run rather than inherited from the dispatcher.",
+    )
+    local_resolver: bool = Field(
+        False,
+        description="local launcher, as root: let runs reach the DNS resolver /etc/resolv.conf names when it is on "
+        "this machine (systemd-resolved's 127.0.0.53, a dnsmasq); off, nothing on this machine answers a run on "
+        "port 53 and such a machine's runs resolve no names. A resolver elsewhere is always reached.",
     )
     local_hidden_paths: list[str] = Field(
         default_factory=lambda: ["/run/postgresql", "/run/redis", "/run/rabbitmq", "/run/mysqld"],

@@ -18,7 +18,7 @@ import yaml
 
 from dispatcher.kubernetes.pods import build_pod
 from dispatcher.launcher import LaunchRequest
-from runplane.basics.settings import Settings, WarmPoolSettings
+from runplane.basics.settings import RepositorySettings, Settings, WarmPoolSettings
 from runplane.basics.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION, REAL_KUBE_VERSION
 from tests.support.helm import HELM, helm
@@ -185,9 +185,17 @@ def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> No
 
 
 def dispatcher_settings(docs: list[dict[str, Any]], cluster: str) -> Settings:
-    """The settings the dispatcher of ``cluster`` reads from the environment the chart gives it."""
+    """The settings the dispatcher of ``cluster`` reads from the environment the chart gives it (its
+    own variables over the release's ConfigMap, which every service reads)."""
     (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(f"-{cluster}")]
-    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")]
+    env = dict(config["data"])
+    env.update({e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]})
+    return settings_from(env)
+
+
+def settings_from(env: dict[str, str]) -> Settings:
+    """The settings a process with ``env`` reads."""
     saved = dict(os.environ)
     try:
         os.environ.update(env)
@@ -307,6 +315,7 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
         cluster="local",
         cancel_grace=10.0,
         runner_api_address=settings.runner.api_address,
+        repositories=settings.repositories,
     )
     (run_volume,) = [v for v in run_pod["spec"]["volumes"] if "hostPath" in v]
     assert run_volume["hostPath"]["path"] == volumes["socket"]
@@ -328,3 +337,30 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPath is outside baseline
     assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+def test_the_repository_rule_reaches_every_service_and_the_runner_of_every_run_pod() -> None:
+    values = [
+        "--set", "repositories.plainSchemes=true",
+        "--set-json", 'repositories.allowedNetworks=["10.20.0.0/16"]',
+        "--set-json", 'repositories.localRoots=["/srv/git"]',
+    ]  # fmt: skip
+    out = helm("template", "rp", ".", "--namespace", "runplane", "--kube-version", KUBE_VERSION, *values)
+    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    settings = dispatcher_settings(docs, "local")
+    wanted = RepositorySettings(plain_schemes=True, allowed_networks=["10.20.0.0/16"], local_roots=["/srv/git"])
+    assert settings.repositories == wanted
+    pod = build_pod(
+        LaunchRequest(RunId(1), JobId(1), AccountId(1), 1, 1024, 0, "rpr_x"),
+        settings.kubernetes,
+        cluster="local",
+        cancel_grace=10.0,
+        runner_api_address=settings.runner.api_address,
+        repositories=settings.repositories,
+    )
+    (runner,) = pod["spec"]["containers"]
+    # The runner in the Pod reads only its container's variables (envFrom names warehouse Secrets alone).
+    assert settings_from({e["name"]: e["value"] for e in runner["env"]}).repositories == wanted
+    # Unset, the defaults go to the Pod too: the rule is the image's never by accident.
+    default = dispatcher_settings(render("default"), "local")
+    assert default.repositories == RepositorySettings()

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from runner import run_cgroup
-from runner.run_user import SCRATCH, remove_files_of
+from runner.run_user import DISK, SCRATCH, remove_files_of
 from runplane.adapters import run_scratch
 from runplane.basics.settings import RunnerSettings, Settings
 from runplane.basics.types import RunStatus
@@ -57,7 +57,8 @@ def system(service_env: dict[str, str], tmp_path: Path, database_url: str, _clea
             run_cgroup.clear(uid)
             remove_files_of(uid)
             private = Path(RunnerSettings().local_run_root) / str(uid)
-            run_scratch.unmount(private / SCRATCH)
+            for mounted in (SCRATCH, DISK):
+                run_scratch.unmount(private / mounted)
             shutil.rmtree(private, ignore_errors=True)
         for name, _ in running.processes:
             lines = running.log_text(name).splitlines()[-LOG_TAIL_LINES:]

@@ -223,6 +223,38 @@ def find(marker: str, directories: list[str]) -> dict[str, str]:
     return outcome
 
 
+def send_datagram(target: str) -> dict[str, str]:
+    """One UDP datagram (a DNS query's transport) to ``host:port``."""
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"runplane-hostile", (host, int(port)))
+        return {target: "sent"}
+    except OSError as exc:
+        return {target: f"refused: {exc.strerror or exc}"}
+
+
+def flood(target: str, attempts: str, marker: str) -> dict[str, int]:
+    """Open up to ``attempts`` TCP connections to ``host:port`` and hold them; say so in
+    ``/tmp/<marker>.flooding``, then keep them (a minute at most) until ``/tmp/<marker>.seen`` exists."""
+    host, port = target.rsplit(":", 1)
+    held = []
+    refused = 0
+    for _ in range(int(attempts)):
+        try:
+            held.append(socket.create_connection((host, int(port)), timeout=3))
+        except OSError:
+            refused += 1
+    Path("/tmp", f"{marker}.flooding").write_text(f"{len(held)}\n")
+    seen = Path("/tmp") / f"{marker}.seen"
+    deadline = time.monotonic() + 60
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sock in held:
+        sock.close()
+    return {"connected": len(held), "refused": refused}
+
+
 def spin(seconds: str, loops: str = "1") -> dict[str, float]:
     """Keep ``loops`` CPUs busy (processes of their own) for ``seconds`` of wall time; the CPU time
     they got, in all and per loop."""
@@ -270,6 +302,10 @@ def main() -> None:
             report(leave(arguments[0], arguments[1:]))
         case "find":
             report(find(arguments[0], arguments[1:]))
+        case "datagram":
+            report(send_datagram(arguments[0]))
+        case "flood":
+            report(flood(*arguments))
         case "spin":
             report(spin(*arguments))
         case _:

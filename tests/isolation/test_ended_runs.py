@@ -1,4 +1,5 @@
-"""A run the reaper ends is killed whole on its machine, and its uid is free only once nothing of it lives.
+"""A run the reaper ends, or a cancel, is killed whole on its machine, and its uid is free only once nothing of
+it lives.
 
 The runner is frozen (SIGSTOP), as one starved of CPU or stuck is: it never learns from the runner
 API that its run ended, so only the machine's side can end what the run started.
@@ -121,4 +122,34 @@ def test_a_run_the_reaper_ends_is_killed_whole_and_its_uid_freed_only_after(db: 
     assert freed.left_in_cgroup == [], freed
     assert sleeping(STEP_SLEEP) is None and sleeping(BACKGROUND_SLEEP) is None
     assert not runner.is_running()
+    assert not any(directory.exists() for directory in directories)
+
+
+def test_a_cancelled_run_is_killed_whole_and_its_uid_freed_only_after(db: Conn, system: Services) -> None:
+    # The background process leaves the step's session: only the run's cgroup holds it to the run.
+    step = f"setsid sleep {BACKGROUND_SLEEP} & sleep {STEP_SLEEP}"
+    run_id = queue_run(db, create_job(db, create_account(db), steps=[step]))
+    system.start("scheduler")
+    system.start("dispatcher")
+    background = wait_for(lambda: sleeping(BACKGROUND_SLEEP), 60, what="the step's background process")
+    assert background is not None
+    uid = background.uids().real
+    directories = run_cgroup_directories(background.pid)
+    assert directories, "the run has no cgroup on this machine"
+    assert lease_taken_when_free(uid, directories) is None  # held while the run runs
+
+    db.execute("UPDATE runs SET cancel_requested_at = now() WHERE id = %s", (run_id,))  # what every door does
+    ended = wait_for(lambda: run_row(db, run_id), 60, until=lambda r: r["status"] >= 10, what="the cancel")
+    assert ended["status"] == RunStatus.CANCELLED, ended
+
+    left = wait_for(
+        lambda: lease_taken_when_free(uid, directories),
+        30,
+        until=lambda found: found is not None,
+        interval=0.01,
+        what=f"uid {uid}'s lease to be released",
+    )
+    assert left == [], left  # the cgroup was empty when the lease came free
+    assert sleeping(STEP_SLEEP) is None and sleeping(BACKGROUND_SLEEP) is None
+    assert not background.is_running()
     assert not any(directory.exists() for directory in directories)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import json
 import re
 import shutil
 import socket
@@ -245,6 +246,7 @@ def test_a_mirror_is_not_found_from_an_account_id_and_url_and_a_clone_does_not_n
     assert shown.stdout == "", shown.stdout  # not in the config, the reflog or anywhere else in the clone
 
 
+@pytest.mark.slow  # real services and a run: more than 20 s on a busy machine
 def test_a_project_written_around_the_doors_fails_its_run_at_clone_time(
     db: Conn, system: Services, foreign_repository: Path, loopback_listener: socket.socket
 ) -> None:
@@ -290,3 +292,23 @@ def test_migrate_reports_stored_projects_the_rule_refuses(
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"runplane: project {project_id} of account {account}: repository_url refused: ")
     assert "1 projects name a repository their runs will refuse to clone" in done.stderr
+
+
+@pytest.mark.slow  # real services and a run: more than 20 s on a busy machine
+def test_a_local_repository_only_root_may_read_is_not_cloned_even_under_an_allowed_root(
+    db: Conn, system: Services, foreign_repository: Path
+) -> None:
+    # The operator allows the directory: the rule passes it, and the cache's git, not root, reads it.
+    system.env["RUNPLANE_REPOSITORIES__LOCAL_ROOTS"] = json.dumps([str(foreign_repository.parent)])
+    account = create_account(db, name="a")
+    environment = create_dbt_environment(db, account, str(foreign_repository), "warehouse", "1.10", port=15432)
+    job = create_job(db, account, steps=["cat secret.txt"])
+    db.execute("UPDATE jobs SET environment_id = %s WHERE id = %s", (environment, job))
+    run_id = queue_run(db, job)
+    system.start("scheduler")
+    system.start("dispatcher")
+    run = wait_until_ended(db, run_id)
+    assert SECRET_LINE not in run_log(db, run_id)
+    assert run["status"] == RunStatus.ERROR, run
+    message = str(run["status_message"])
+    assert "git clone" in message and str(foreign_repository) in message, message

@@ -9,6 +9,7 @@ from the kernel (the run's cgroup files, statvfs) and from what the step reporte
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from runner.run_user import SCRATCH
+from runner.run_user import DISK, SCRATCH
 from runplane.adapters import cgroups
 from runplane.basics.settings import RunnerSettings
 from runplane.basics.types import RunStatus
-from tests.isolation.conftest import UID_BASE, hostile, reported, run_log, wait_until_ended
+from tests.isolation.conftest import UID_BASE, UID_COUNT, hostile, reported, run_log, wait_until_ended
 from tests.support.polling import wait_for
 from tests.support.processes import Services
 from tests.support.records import Conn, create_account, create_job, queue_run, run_row
@@ -88,6 +89,41 @@ def test_a_run_writing_past_its_scratch_quota_ends_with_disk_quota_exceeded(
     print(f"dd wrote {written[0]} bytes to /tmp after 40 MiB to /dev/shm, against a 64 MiB quota")
     # Its pages are memory: given back when the runner ends, not held until the uid's next lease.
     wait_for(lambda: not scratch.is_mount(), timeout=30, what="the scratch space to be unmounted")
+
+
+def test_a_run_writing_past_its_home_and_checkout_quota_ends_with_disk_quota_exceeded(
+    db: Conn, system: Services, marker: str
+) -> None:
+    system.env["RUNPLANE_RUNNER__LOCAL_DISK_MB"] = "64"
+    # Up to 2 GiB in HOME, and in the step's own directory (the run's, where its checkout is made).
+    fills = {
+        "home": f'dd if=/dev/zero of="$HOME/{marker}.fill" bs=1M count=2048 2>&1',
+        "checkout": f"dd if=/dev/zero of=./{marker}.fill bs=1M count=2048 2>&1",
+    }
+    runs = {
+        place: queue_run(db, create_job(db, create_account(db, name=place), steps=[fill, "echo never"]))
+        for place, fill in fills.items()
+    }
+    system.start("scheduler")
+    system.start("dispatcher")
+    for place, run_id in runs.items():
+        run = wait_until_ended(db, run_id)
+        log = run_log(db, run_id)
+        assert run["status"] == RunStatus.ERROR, (place, log)
+        message = str(run["status_message"])
+        assert message.startswith("disk quota exceeded") and "HOME and checkout" in message, (place, message, log)
+        assert "No space left on device" in log and "never" not in log.replace("echo never", ""), (place, log)
+        written = [int(n) for n in re.findall(r"^(\d+) bytes", log, re.MULTILINE)]
+        assert written and written[0] <= 64 * 1024 * 1024, (place, log)
+        print(f"dd wrote {written[0]} bytes to the run's {place} against a 64 MiB quota")
+    # Its pages are memory: given back when the runner ends, not held until the uid's next lease.
+    for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+        disk = Path(RunnerSettings().local_run_root) / str(uid) / DISK
+        wait_for(functools.partial(unmounted, disk), timeout=30, what=f"{disk} to be unmounted")
+
+
+def unmounted(path: Path) -> bool:
+    return not path.is_mount()
 
 
 def _run_cgroup(controller: str, uid: int) -> Path:

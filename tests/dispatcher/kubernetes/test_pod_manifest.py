@@ -11,7 +11,7 @@ import pytest
 from dispatcher.kubernetes.launcher import _pod_create_limiter
 from dispatcher.kubernetes.pods import PodState, build_pod, build_token_secret, pod_name, view_pod
 from dispatcher.launcher import LaunchRequest
-from runplane.basics.settings import KubernetesSettings
+from runplane.basics.settings import KubernetesSettings, RepositorySettings
 from runplane.basics.types import AccountId, JobId, RunId
 from tests.dispatcher.kubernetes.conftest import KUBE_VERSION
 
@@ -45,7 +45,14 @@ SETTINGS_VARIANTS = {
 
 
 def _build(settings: KubernetesSettings, request: LaunchRequest = REQUEST, cluster: str = "eu-west") -> dict[str, Any]:
-    return build_pod(request, settings, cluster=cluster, cancel_grace=10.0, runner_api_address=RUNNER_API)
+    return build_pod(
+        request,
+        settings,
+        cluster=cluster,
+        cancel_grace=10.0,
+        runner_api_address=RUNNER_API,
+        repositories=RepositorySettings(),
+    )
 
 
 @pytest.mark.parametrize("variant", sorted(SETTINGS_VARIANTS))
