@@ -80,8 +80,8 @@ def drained(heap: CronHeap, kind_of: dict[int, RunnerKind], *, now: float, minut
     counts: Counts = Counter()
     while (head := heap.next_due()) is not None and head < end:
         due = heap.pop_due(head)
-        for job_id, fire, _, _ in due:
-            counts[kind_of[job_id], max(start, minute_of(fire))] += 1
+        for job_id, fire, _, _, offset in due:
+            counts[kind_of[job_id], max(start, minute_of(fire + offset))] += 1
         heap.reschedule(due)
     return counts
 
