@@ -292,10 +292,11 @@ def _job_definition(
         s.priority = checked_number(_text(form, "priority"), "priority", problems)
         if "completion_mode" in form:
             t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES, problems)
-    # Likewise a page from before the overlap policy and jitter fields.
-    if stored is not None and "overlap_policy" not in form:
-        s.overlap_policy = OVERLAP_TO_PROTO[OverlapPolicy(stored.overlap_policy)]
-        s.jitter_seconds = stored.jitter_seconds
+    # Likewise a page from before the overlap policy and jitter fields (a new job: the defaults).
+    if "overlap_policy" not in form:
+        if stored is not None:
+            s.overlap_policy = OVERLAP_TO_PROTO[OverlapPolicy(stored.overlap_policy)]
+            s.jitter_seconds = stored.jitter_seconds
     else:
         s.overlap_policy = _choice(form, "overlap_policy", OVERLAP_POLICIES, problems)
         s.jitter_seconds = checked_number(_text(form, "jitter_seconds"), "jitter_seconds", problems)
