@@ -40,7 +40,6 @@ WATCH = WATCH_SECONDS  # how often a leader renews its lease
 RESTART_DELAY = 3.0  # a supervisor starts a crashed process again after this
 ARMED_AT_MOST = 30.0  # a fault armed for a process's next send comes after this at the latest
 CRONS = ("* * * * *", "* * * * *", "*/2 * * * *", "*/3 * * * *")
-JITTER_SECONDS = 20  # of every third job
 
 
 def settle_bound(settings: Settings) -> float:
@@ -118,6 +117,7 @@ class World:
     graces: tuple[int, ...] = (0, 300)
     slow_calls: float = 0.02  # the share of calls that take long
     slowest_call: float = 1.0
+    jitter_seconds: int = 0  # of every third job (0: no job is jittered)
     settings: Settings = field(default_factory=lambda: Settings(bus_prefix="sim"))
     trace_lines: list[str] = field(default_factory=list)
 
@@ -304,8 +304,9 @@ class World:
     def _create_job(self, cron: str) -> int:
         grace = self.rng.choice(self.graces)
         job = self.db.add_job(1 + len(self.db.jobs) % 3, cron, missed_run_grace_seconds=grace)
-        # Every third job is jittered: its fires are due its fixed offset after each instant.
-        job.jitter_seconds = JITTER_SECONDS if job.id % 3 == 0 else 0
+        # Every third job is jittered (in the histories that ask): its fires are due its fixed offset
+        # after each instant.
+        job.jitter_seconds = self.jitter_seconds if job.id % 3 == 0 else 0
         self.history[job.id] = JobHistory(self.now, self.now, self.now, cron)
         self.trace("api", f"job {job.id} created {cron!r} grace={grace} jitter={job.jitter_seconds}")
         return job.id
