@@ -3,7 +3,10 @@
 
 -- name: account_for_token
 -- Read on every call (no cache): a revoked or expired token fails at once.
-SELECT account_id, scopes FROM live_api_tokens WHERE token_hash = %(token_hash)s;
+SELECT l.account_id, l.scopes,
+       'token #' || l.id || CASE WHEN t.name <> '' THEN ' (' || t.name || ')' ELSE '' END AS who
+  FROM live_api_tokens l JOIN api_tokens t ON t.id = l.id
+ WHERE l.token_hash = %(token_hash)s;
 
 -- name: insert_account
 INSERT INTO accounts (name, run_slots, memory_mb)
@@ -36,13 +39,14 @@ INSERT INTO jobs (
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
     missed_run_grace_seconds, priority, secret_environment, create_key, create_fingerprint, environment_id,
     schema_name, generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
-    completion_mode
+    completion_mode, overlap_policy, jitter_seconds
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
     %(create_key)s, %(create_fingerprint)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
-    %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s
+    %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s,
+    %(overlap_policy)s, %(jitter_seconds)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -120,6 +124,7 @@ UPDATE jobs SET
     generate_docs = %(generate_docs)s, run_source_freshness = %(run_source_freshness)s,
     defer_to_job_id = %(defer_to_job_id)s, defer_to_environment_id = %(defer_to_environment_id)s,
     run_only_modified = %(run_only_modified)s, completion_mode = %(completion_mode)s,
+    overlap_policy = %(overlap_policy)s, jitter_seconds = %(jitter_seconds)s,
     -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
     secret_environment = (secret_environment - %(unset_secrets)b::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,
@@ -142,8 +147,11 @@ WHERE id IN (SELECT job_id FROM dropped) AND deleted_at IS NULL;
 
 -- name: set_job_paused
 -- Only a change of state writes: the version bump tells the orchestrator to stop (or resume) the
--- schedule, as a deactivation does. No row: the job is missing or already in that state.
-UPDATE jobs SET paused_at = CASE WHEN %(paused)s THEN now() END, version = version + 1, updated_at = now()
+-- schedule, as a deactivation does. No row: the job is missing or already in that state. A pause
+-- keeps who paused it and why; an unpause clears both.
+UPDATE jobs SET paused_at = CASE WHEN %(paused)s THEN now() END, version = version + 1, updated_at = now(),
+    paused_by = CASE WHEN %(paused)s THEN %(who)s ELSE '' END,
+    pause_note = CASE WHEN %(paused)s THEN %(note)s ELSE '' END
 WHERE id = %(job_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
   AND (paused_at IS NOT NULL) <> %(paused)s
 RETURNING id;
@@ -518,3 +526,19 @@ LIMIT 1;
 
 -- name: warehouse_directory_holder
 SELECT environment_id FROM warehouse_directories WHERE directory = %(directory)s;
+
+-- name: skipped_occurrences
+-- A job's cron occurrences that got no run (runplane/basics/overlap.py), newest first.
+SELECT job_id, scheduled_at, reason, detail, blocking_run_id, recorded_at
+  FROM skipped_occurrences
+ WHERE account_id = %(account_id)s AND job_id = %(job_id)s
+ ORDER BY scheduled_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: run_in_progress_like
+-- What a reattaching trigger answers: the job's newest run in progress with the same overrides
+-- (jsonb equality: the same keys and values, whatever their order), of any trigger.
+SELECT * FROM runs
+ WHERE job_id = %(job_id)s AND status IN (1, 2, 3) AND overrides = %(overrides)s
+ ORDER BY id DESC
+ LIMIT 1;

@@ -78,6 +78,10 @@ class Job:
     run_only_modified: bool
     completion_mode: str
     create_fingerprint: str | None
+    overlap_policy: str
+    jitter_seconds: int
+    paused_by: str
+    pause_note: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,18 @@ class JobWithEnvironment(Job):
 
     project_id: int | None
     dbt_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedOccurrence:
+    """A cron occurrence of a job that got no run (``skipped_occurrences``)."""
+
+    job_id: JobId
+    scheduled_at: datetime
+    reason: str
+    detail: str
+    blocking_run_id: RunId | None
+    recorded_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ _READS = ("Get", "List", "Stream")
 class TokenGrant:
     account_id: AccountId
     scopes: frozenset[str]
+    who: str = ""  # the token, in words a note of who did something keeps ("token #7 (deploy bot)")
 
 
 def parse_scopes(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:

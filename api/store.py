@@ -36,6 +36,7 @@ from api.rows import (
     RunListing,
     RunStep,
     RunWithEnvironment,
+    SkippedOccurrence,
     Waiting,
 )
 from api.scopes import TokenGrant
@@ -97,7 +98,7 @@ class Store:
     async def account_for_token(self, token_hash: bytes) -> TokenGrant | None:
         async with self.connection() as conn:
             row = await _one(conn, "account_for_token", _TokenScopes, token_hash=token_hash)
-        return None if row is None else TokenGrant(row.account_id, frozenset(row.scopes))
+        return None if row is None else TokenGrant(row.account_id, frozenset(row.scopes), row.who)
 
     async def insert_account(self, conn: Connection, *, name: str, run_slots: int, memory_mb: int) -> AccountId:
         account_id = await _value(conn, "insert_account", name=name, run_slots=run_slots, memory_mb=memory_mb)
@@ -166,6 +167,8 @@ class Store:
             "defer_to_environment_id": spec.defer_to_environment_id,
             "run_only_modified": spec.run_only_modified,
             "completion_mode": spec.completion_mode,
+            "overlap_policy": spec.overlap_policy.value,
+            "jitter_seconds": spec.jitter_seconds,
             **self._secret_variables(spec.secrets, spec.unset_secrets),
         }
 
@@ -278,14 +281,32 @@ class Store:
     async def cancel_queued_runs_of_job(self, conn: Connection, job_id: int, message: str) -> int:
         return await _execute(conn, "cancel_queued_runs_of_job", job_id=job_id, message=message)
 
-    async def set_job_paused(self, conn: Connection, account_id: AccountId, job_id: JobId, paused: bool) -> bool:
-        """True when this call paused (or unpaused) the job; False when missing or already so."""
-        return await _value(conn, "set_job_paused", account_id=account_id, job_id=job_id, paused=paused) is not None
+    async def set_job_paused(
+        self, conn: Connection, account_id: AccountId, job_id: JobId, paused: bool, *, who: str = "", note: str = ""
+    ) -> bool:
+        """True when this call paused (or unpaused) the job; False when missing or already so. A pause
+        keeps ``who`` paused it and their ``note``."""
+        found = await _value(
+            conn, "set_job_paused", account_id=account_id, job_id=job_id, paused=paused, who=who[:200], note=note
+        )
+        return found is not None
+
+    async def skipped_occurrences(
+        self, conn: Connection, account_id: AccountId, job_id: JobId, *, limit: int
+    ) -> list[SkippedOccurrence]:
+        """The job's occurrences that got no run, newest first."""
+        return await _all(
+            conn, "skipped_occurrences", SkippedOccurrence, account_id=account_id, job_id=job_id, limit=limit
+        )
 
     async def reactivate_job(self, conn: Connection, job_id: JobId) -> Job | None:
         return await _one(conn, "reactivate_job", Job, job_id=job_id)
 
     # runs
+
+    async def run_in_progress_like(self, conn: Connection, job_id: int, overrides: dict[str, object]) -> Run | None:
+        """The newest run of the job still queued, starting or running with exactly these overrides."""
+        return await _one(conn, "run_in_progress_like", Run, job_id=job_id, overrides=Jsonb(overrides))
 
     async def run_by_idempotency_key(self, conn: Connection, key: str) -> Run | None:
         return await _one(conn, "run_by_idempotency_key", Run, idempotency_key=key)
@@ -636,6 +657,7 @@ async def _database_errors() -> AsyncIterator[None]:
 class _TokenScopes:
     account_id: AccountId
     scopes: list[str]
+    who: str
 
 
 @dataclass(frozen=True, slots=True)

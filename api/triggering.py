@@ -2,12 +2,18 @@
 
 gRPC's ``TriggerRun``, the REST ``.../jobs/{id}/run/`` and ``.../rerun/``, and Git webhooks all queue
 runs through :func:`trigger_run`; each turns its own request into a :class:`TriggerSpec` first.
+
+A trigger may ask to reattach (``TriggerSpec.reattach``): when a run of the job with the same overrides
+is queued, starting or running, the answer is that run (:class:`Triggered` says it reattached) and
+nothing is queued. The job's row lock orders it against other triggers of the job, so two reattaching
+triggers at once make one run.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 
 from api.idempotency import check_same_request, fingerprint
 from api.pickup_publisher import PickupPublisher
@@ -32,6 +38,16 @@ def generated_idempotency_key() -> str:
     return f"api-once:{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True)
+class Triggered:
+    """What a trigger answers: the run with its steps, and whether it is a run already in progress
+    that a reattaching trigger was given instead of a new one."""
+
+    run: Run
+    steps: list[RunStep]
+    reattached: bool = False
+
+
 async def trigger_run(
     store: Store,
     pickups: PickupPublisher,
@@ -45,6 +61,19 @@ async def trigger_run(
     A job of another account is NotFound, exactly like a missing one. A client's key replays its
     first run only for the same request (``api.idempotency``).
     """
+    triggered = await trigger_or_reattach(store, pickups, account_id, spec, parent_run_id=parent_run_id)
+    return triggered.run, triggered.steps
+
+
+async def trigger_or_reattach(
+    store: Store,
+    pickups: PickupPublisher,
+    account_id: AccountId,
+    spec: TriggerSpec,
+    *,
+    parent_run_id: int | None = None,
+) -> Triggered:
+    """:func:`trigger_run`, saying whether the answer reattached to a run in progress."""
     key = client_idempotency_key(account_id, spec.client_key) if spec.client_key else generated_idempotency_key()
     async with store.transaction() as conn:
         # The row lock orders triggers of one job against each other and against DeleteJob.
@@ -52,15 +81,21 @@ async def trigger_run(
         if job is None:
             raise NotFound(f"job {spec.job_id} not found")
         if spec.client_key and (existing := await store.run_by_idempotency_key(conn, key)):
-            return await _replayed(store, conn, existing, spec)
+            return Triggered(*await _replayed(store, conn, existing, spec))
         await _check_trigger(store, conn, job, spec)
+        if spec.reattach and (running := await store.run_in_progress_like(conn, job.id, spec.overrides.as_json())):
+            log.info(
+                "trigger reattached",
+                extra={"account_id": account_id, "job_id": job.id, "run_id": running.id},
+            )
+            return Triggered(running, (await store.run_steps(conn, [running.id]))[running.id], reattached=True)
         row = await store.insert_run(
             conn, **_run_params(job, spec, key, parent_run_id), trigger_fingerprint=trigger_fingerprint(spec)
         )
         if row is None:  # a concurrent trigger with the same key won
             existing = await store.run_by_idempotency_key(conn, key)
             assert existing is not None
-            return await _replayed(store, conn, existing, spec)
+            return Triggered(*await _replayed(store, conn, existing, spec))
         if row.job_type == JobType.CI.value and row.pull_request_number:
             await _take_over_pull_request(conn, job, row, row.pull_request_number)
         steps = (await store.run_steps(conn, [row.id]))[row.id]
@@ -69,7 +104,7 @@ async def trigger_run(
         extra={"account_id": account_id, "job_id": spec.job_id, "run_id": row.id, "trigger": spec.trigger.value},
     )
     await pickups.publish(account_id)  # counted where it is sent
-    return row, steps
+    return Triggered(row, steps)
 
 
 def rerun_spec(job_id: int, source: Run | None, trigger: Trigger) -> TriggerSpec:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from runplane.basics.cron import validate_cron, validate_fires, validate_timezone
 from runplane.basics.errors import InvalidArgument, Problems
+from runplane.basics.overlap import OVERLAP_FROM_PROTO, OverlapPolicy
 from runplane.basics.secrets import is_secret_name
 from runplane.basics.types import (
     JOB_TYPE_FROM_PROTO,
@@ -39,6 +40,8 @@ MAX_RETRY_ATTEMPTS = 10
 MAX_PRIORITY = 1000
 DEFAULT_GRACE_SECONDS = 300
 MAX_GRACE_SECONDS = 86_400
+MAX_JITTER_SECONDS = 3600
+MAX_PAUSE_NOTE = 1000
 MAX_COMPLETION_TRIGGERS = 20
 MAX_CAUSE = 1000
 MAX_IDEMPOTENCY_KEY = 200
@@ -123,6 +126,8 @@ class JobSpec:
     defer_to_job_id: int | None = None
     defer_to_environment_id: int | None = None
     run_only_modified: bool = False
+    overlap_policy: OverlapPolicy = OverlapPolicy.SERIAL
+    jitter_seconds: int = 0
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
@@ -248,9 +253,21 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         generate_docs=settings.generate_docs,
         run_source_freshness=settings.run_source_freshness,
         **problems.check(partial(_deferral, settings), dict[str, Any]()),
+        overlap_policy=problems.check(partial(_overlap_policy, settings.overlap_policy), OverlapPolicy.SERIAL),
+        jitter_seconds=problems.check(
+            partial(bounded, settings.jitter_seconds, "settings.jitter_seconds", 0, MAX_JITTER_SECONDS), 0
+        ),
     )
     problems.raise_any()
     return replace(spec, **changed)
+
+
+def _overlap_policy(value: int) -> OverlapPolicy:
+    policy = OVERLAP_FROM_PROTO.get(jobs_pb2.OverlapPolicy.ValueType(value))
+    if policy is None:
+        names = ", ".join(p.value for p in OverlapPolicy)
+        raise InvalidArgument("settings.overlap_policy", f"must be one of {names}")
+    return policy
 
 
 def _variables(env: dict[str, str], name: str) -> dict[str, Any]:
@@ -358,6 +375,8 @@ class TriggerSpec:
     # A client's key is a retry's: it must come with the same request (api/idempotency.py). False for
     # a key named after an event, whose redelivery may word its cause differently.
     same_request_on_retry: bool = True
+    # When a run of the job with the same overrides is queued, starting or running: answer that run.
+    reattach: bool = False
 
 
 def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
@@ -370,7 +389,7 @@ def trigger_spec(request: runs_pb2.TriggerRunRequest) -> TriggerSpec:
     key = checked_idempotency_key(request.idempotency_key, "idempotency_key")
     overrides = run_overrides(request.overrides) if request.HasField("overrides") else RunOverridesSpec()
     run_at = later_time(request.run_at.ToDatetime(UTC), "run_at") if request.HasField("run_at") else None
-    return TriggerSpec(job_id, trigger, cause, key, overrides, run_at)
+    return TriggerSpec(job_id, trigger, cause, key, overrides, run_at, reattach=request.reattach)
 
 
 def later_time(value: datetime, name: str) -> datetime | None:

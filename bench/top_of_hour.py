@@ -16,7 +16,13 @@ ceiling measured in the same run (``bench.ceiling``). Beside it, pgqueuer's own 
 (``tools/benchmark.py`` of its repository, drain mode, its defaults) on the same Postgres, when a
 copy of that file is given (``--pgqueuer-benchmark``; it is not part of pgqueuer's wheel).
 
-    python -m bench.top_of_hour --n 100000 --accounts 100000 [--pgqueuer-benchmark PATH]
+With ``--jitter`` each case runs twice: as above, and with half of the jobs (every other one) given
+``jitter_seconds`` 60, so that their runs are due their job's fixed offset after the second
+(``runplane.basics.jitter``), queued as a worker's heap would: each due second's fires in ticks of
+their own. Beside the run delay (from each run's due time) it then reports the delay from the
+cron's instant and the peak: the most runs started in one second.
+
+    python -m bench.top_of_hour --n 100000 --accounts 100000 [--pgqueuer-benchmark PATH] [--jitter]
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from queuer_worker.firing import prepare_chunks, queue_runs
 from queuer_worker.heap import Due
 from runplane.adapters.bus import AmqpBus, Topology
 from runplane.adapters.db import open_pool
+from runplane.basics.jitter import jitter_offset
 from runplane.basics.settings import Settings
 from runplane.runs.pickups import send_pickups
 
@@ -57,42 +64,56 @@ RUN_SLOTS = 10
 TARGET_P99_SECONDS = 10.0
 DISPATCHERS = 2
 CEILING_SECONDS = 10
+JITTER_SECONDS = 60  # of the jittered half of the jobs, with --jitter
 
 
 # The seeded jobs' schedule; the bench queues their runs at a second of its own choosing.
 CRON = "0 * * * *"
 
 
-def _seed(conn: psycopg.Connection[Any], n: int, accounts: int) -> list[int]:
-    """``accounts`` accounts with run slots 10 and ``n`` scheduled deploy jobs spread evenly over them."""
+def _seed(conn: psycopg.Connection[Any], n: int, accounts: int, jitter: int = 0) -> list[int]:
+    """``accounts`` accounts with run slots 10 and ``n`` scheduled deploy jobs spread evenly over them;
+    every other job with ``jitter`` seconds of jitter."""
     conn.execute(
         "INSERT INTO accounts (name, run_slots) SELECT 'bench ' || i, %s FROM generate_series(1, %s) AS i",
         (RUN_SLOTS, accounts),
     )
     conn.execute(
-        """INSERT INTO jobs (account_id, name, job_type, steps, cron, timezone)
-           SELECT (SELECT min(id) FROM accounts) + (j %% %s), 'job ' || j, 'deploy', ARRAY['true'], %s, 'UTC'
+        """INSERT INTO jobs (account_id, name, job_type, steps, cron, timezone, jitter_seconds)
+           SELECT (SELECT min(id) FROM accounts) + (j %% %s), 'job ' || j, 'deploy', ARRAY['true'], %s, 'UTC',
+                  CASE WHEN j %% 2 = 1 THEN %s ELSE 0 END
              FROM generate_series(0, %s - 1) AS j""",
-        (accounts, CRON, n),
+        (accounts, CRON, jitter, n),
     )
     conn.execute("ANALYZE")
     return [int(row[0]) for row in conn.execute("SELECT id FROM jobs ORDER BY id").fetchall()]
 
 
-async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire: int) -> dict[str, float]:
-    """At the due second: the queuer's INSERTs of the tick, each chunk's Pickups sent as it commits."""
+def _due(conn: psycopg.Connection[Any], fire: int) -> dict[int, list[Due]]:
+    """The fires at ``fire`` by the second each is due (its job's jitter offset after it), as the heap
+    orders them."""
+    by_second: dict[int, list[Due]] = {}
+    for job_id, jitter in conn.execute("SELECT id, jitter_seconds FROM jobs ORDER BY id").fetchall():
+        offset = jitter_offset(int(job_id), int(jitter))
+        by_second.setdefault(fire + offset, []).append(Due(int(job_id), fire, CRON, "UTC", offset))
+    return dict(sorted(by_second.items()))
+
+
+async def _fire(base: Settings, url: str, prefix: str, due: dict[int, list[Due]], fire: int) -> dict[str, float]:
+    """At each due second: the queuer's INSERTs of its tick, each chunk's Pickups sent as it commits."""
     # Built before the second, as a worker does.
-    ticks = prepare_chunks([Due(job_id, fire, CRON, "UTC") for job_id in job_ids], base.queuer.insert_chunk)
+    seconds = [(second, prepare_chunks(fires, base.queuer.insert_chunk)) for second, fires in due.items()]
     # Named "queuer" in a profile, as the services are by their PGAPPNAME.
     pool = await open_pool(make_conninfo(url, application_name="queuer"), min_size=1, max_size=2, name="bench-queuer")
     bus = await AmqpBus.connect(base.amqp_url)
     first_pickups = 0.0
     try:
-        await asyncio.sleep(max(0.0, fire - time.time()))
-        for tick in ticks:
-            result = await queue_runs(pool, tick)
-            await send_pickups(bus, Topology(prefix), result.accounts, source="queuer")
-            first_pickups = first_pickups or time.time()
+        for second, ticks in seconds:
+            await asyncio.sleep(max(0.0, second - time.time()))
+            for tick in ticks:
+                result = await queue_runs(pool, tick)
+                await send_pickups(bus, Topology(prefix), result.accounts, source="queuer")
+                first_pickups = first_pickups or time.time()
         return {
             "first_pickups_sent_s": round(first_pickups - fire, 3),
             "pickups_sent_s": round(time.time() - fire, 3),
@@ -102,12 +123,12 @@ async def _fire(base: Settings, url: str, prefix: str, job_ids: list[int], fire:
         await pool.close()
 
 
-def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False) -> dict[str, Any]:
+def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False, jitter: int = 0) -> dict[str, Any]:
     base = Settings()
     prefix = f"btoh{uuid.uuid4().hex[:10]}"
     with temporary_database() as url, tempfile.TemporaryDirectory() as logs:
         with psycopg.connect(url, autocommit=True) as conn:
-            job_ids = _seed(conn, n, accounts)
+            _seed(conn, n, accounts, jitter)
         processes = Processes(_env(base, url, prefix, "noop"), Path(logs))
         try:
             for i in range(DISPATCHERS):
@@ -119,7 +140,9 @@ def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False) 
             sampler = CpuProfile(url, {**processes.pids, "queuer (this process)": os.getpid()}) if profile else None
             if sampler is not None:
                 sampler.start()
-            fired = asyncio.run(_fire(base, url, prefix, job_ids, fire))
+            with psycopg.connect(url, autocommit=True) as conn:
+                due = _due(conn, fire)
+            fired = asyncio.run(_fire(base, url, prefix, due, fire))
             with psycopg.connect(url, autocommit=True) as conn:
                 wait_until_started(conn, timeout)
                 cpu = sampler.stop() if sampler is not None else None
@@ -129,18 +152,27 @@ def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False) 
                               percentile_cont(0.99) WITHIN GROUP (ORDER BY delay),
                               max(delay),
                               extract(epoch FROM max(started_at) - min(dispatched_at)),
-                              count(*) FILTER (WHERE launch_attempts > 1)
-                         FROM (SELECT *, extract(epoch FROM started_at - scheduled_at) AS delay FROM runs) AS r"""
+                              count(*) FILTER (WHERE launch_attempts > 1),
+                              percentile_cont(0.99) WITHIN GROUP (ORDER BY from_instant)
+                         FROM (SELECT *, extract(epoch FROM started_at - scheduled_at) AS delay,
+                                      extract(epoch FROM started_at) - split_part(idempotency_key, ':', 3)::bigint
+                                        AS from_instant
+                                 FROM runs) AS r"""
+                ).fetchone()
+                peak = conn.execute(
+                    "SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM runs WHERE started_at IS NOT NULL"
+                    " GROUP BY date_trunc('second', started_at)) AS s"
                 ).fetchone()
         finally:
             processes.stop()
             _cleanup_prefix(base, prefix)
-    assert row is not None
+    assert row is not None and peak is not None
     queued, started = int(row[0]), int(row[1])
     last = float(row[4] or 0)
     return {
         "n": n,
         "accounts": accounts,
+        "jittered": f"half of the jobs, up to {jitter} s" if jitter else "none",
         "runs_queued": queued,
         "runs_started": started,
         **fired,
@@ -150,6 +182,8 @@ def runplane_case(n: int, accounts: int, timeout: float, profile: bool = False) 
         "runs_per_s": round(started / last, 1) if last else None,
         "dispatch_runs_per_s": round(started / float(row[5]), 1) if row[5] else None,
         "relaunched": int(row[6]),
+        "delay_from_instant_p99_s": round(float(row[7] or 0), 3),
+        "peak_started_per_s": int(peak[0]),
         **({"cpu_profile": cpu} if cpu is not None else {}),
     }
 
@@ -190,18 +224,24 @@ def pgqueuer_drain(benchmark: Path) -> dict[str, Any]:
     return {"jobs": int(result["steps"]), "jobs_per_s": round(float(result["rate"]), 1), "driver": result["driver"]}
 
 
-def run(
-    n: int, accounts: list[int], pgqueuer_benchmark: Path | None, timeout: float, profile: bool = False
+def run(  # noqa: PLR0917
+    n: int,
+    accounts: list[int],
+    pgqueuer_benchmark: Path | None,
+    timeout: float,
+    profile: bool = False,
+    jitter: bool = False,
 ) -> dict[str, Any]:
     ceiling = measure_ceiling(CEILING_SECONDS)[0].value
     if not ceiling:
         raise RuntimeError("the pgbench ceiling could not be measured")
     cases = []
     for spread in accounts:
-        case = runplane_case(n, spread, timeout, profile)
-        case["ratio_to_ceiling"] = round(case["runs_per_s"] / ceiling, 2) if case["runs_per_s"] else None
-        case["load_average"] = [round(x, 2) for x in os.getloadavg()]
-        cases.append(case)
+        for seconds in (0, JITTER_SECONDS) if jitter else (0,):
+            case = runplane_case(n, spread, timeout, profile, seconds)
+            case["ratio_to_ceiling"] = round(case["runs_per_s"] / ceiling, 2) if case["runs_per_s"] else None
+            case["load_average"] = [round(x, 2) for x in os.getloadavg()]
+            cases.append(case)
     results: dict[str, Any] = {"ceiling_run_inserts_per_s": round(ceiling, 1), "runplane": cases}
     if pgqueuer_benchmark is not None:
         peer = pgqueuer_drain(pgqueuer_benchmark)
@@ -214,13 +254,15 @@ def run(
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        f"{'case':<28}{'runs/s':>10}{'vs ceiling':>12}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'started':>10}",
+        f"{'case':<34}{'runs/s':>10}{'vs ceiling':>12}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'started':>10}"
+        f"{'peak/s':>8}{'p99 inst':>9}",
     ]
     for case in results["runplane"]:
-        label = f"runplane {case['n']:,} / {case['accounts']:,} acc"
+        label = f"runplane {case['n']:,} / {case['accounts']:,} acc" + (" jit" if case["jittered"] != "none" else "")
         lines.append(
-            f"{label:<28}{case['runs_per_s']!s:>10}{case['ratio_to_ceiling']!s:>12}{case['run_delay_p50_s']:>8}"
+            f"{label:<34}{case['runs_per_s']!s:>10}{case['ratio_to_ceiling']!s:>12}{case['run_delay_p50_s']:>8}"
             f"{case['run_delay_p99_s']:>8}{case['run_delay_max_s']:>8}{case['runs_started']:>10}"
+            f"{case['peak_started_per_s']:>8}{case['delay_from_instant_p99_s']:>9}"
         )
     peer = results.get("pgqueuer_drain")
     if peer:
@@ -254,8 +296,13 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="sample the CPU of each service and Postgres backend from the due second to the last start",
     )
+    parser.add_argument(
+        "--jitter",
+        action="store_true",
+        help=f"run each case again with half of the jobs jittered up to {JITTER_SECONDS} s",
+    )
     args = parser.parse_args(argv)
-    results = run(args.n, args.accounts, args.pgqueuer_benchmark, args.timeout, args.profile)
+    results = run(args.n, args.accounts, args.pgqueuer_benchmark, args.timeout, args.profile, args.jitter)
     print(json.dumps(results, indent=2))
     print(table(results))
     return 0

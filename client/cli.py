@@ -95,6 +95,11 @@ JOB_TYPES = {
     "adhoc": common_pb2.JOB_TYPE_ADHOC,
 }
 COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+OVERLAP_POLICIES = {
+    name.removeprefix("OVERLAP_POLICY_").lower(): value
+    for name, value in jobs_pb2.OverlapPolicy.items()
+    if value != jobs_pb2.OVERLAP_POLICY_UNSPECIFIED
+}
 STATUSES = {
     "success": common_pb2.RUN_STATUS_SUCCESS,
     "error": common_pb2.RUN_STATUS_ERROR,
@@ -131,6 +136,13 @@ def _job_options(parser: argparse.ArgumentParser, *, create: bool) -> None:
     parser.add_argument("--retries", type=int, default=default(0), help="retries after a failure")
     parser.add_argument("--retry-on-step-failure", action=flag, default=default(False))
     parser.add_argument("--priority", type=int, default=default(0))
+    parser.add_argument(
+        "--overlap-policy",
+        choices=OVERLAP_POLICIES,
+        default=default("serial"),
+        help="what a fire does while a run of the job is in progress",
+    )
+    parser.add_argument("--jitter", type=int, default=default(0), help="seconds: fires come a fixed offset later")
     parser.add_argument("--environment", type=int, default=default(0), help="run dbt steps in this environment")
     parser.add_argument("--schema", default=default(""), help="default: the environment's schema")
     parser.add_argument(
@@ -212,7 +224,10 @@ def _parser() -> argparse.ArgumentParser:
         ("pause-job", "pause a job: nothing automatic queues it; run now still does"),
         ("unpause-job", "unpause a job"),
     ):
-        sub.add_parser(name, help=text).add_argument("job_id", type=int)
+        command = sub.add_parser(name, help=text)
+        command.add_argument("job_id", type=int)
+        if name == "pause-job":
+            command.add_argument("--note", default="", help="why: kept with who paused it, shown with the job")
     sub.add_parser("list-jobs", help="list jobs")
     project = sub.add_parser("create-project", help="add a dbt project (a git repository)")
     project.add_argument("--name", required=True)
@@ -254,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     docs.add_argument("--generate-docs", action="store_true", default=None, help="override the job's setting")
     docs.add_argument("--no-generate-docs", action="store_false", dest="generate_docs")
     trigger.add_argument("--run-at", type=_moment, help="a later time, ISO 8601 with its offset: queue it for then")
+    trigger.add_argument(
+        "--reattach", action="store_true", help="answer the job's run in progress with the same overrides, if any"
+    )
     get_run = sub.add_parser("get-run", help="show a run")
     get_run.add_argument("run_id", type=int)
     list_runs = sub.add_parser("list-runs", help="list runs, newest first")
@@ -320,10 +338,12 @@ def _job_request(args: argparse.Namespace, request: Any) -> Any:
         ("retry_on_step_failure", "retry_on_step_failure"), ("missed_run_grace", "missed_run_grace_seconds"),
         ("priority", "priority"), ("environment", "environment_id"), ("schema", "schema"),
         ("generate_docs", "generate_docs"), ("source_freshness", "run_source_freshness"),
-        ("run_only_modified", "run_only_modified"),
+        ("run_only_modified", "run_only_modified"), ("jitter", "jitter_seconds"),
     ):  # fmt: skip
         if option in given:
             setattr(settings, field, given[option])
+    if "overlap_policy" in given:
+        settings.overlap_policy = OVERLAP_POLICIES[args.overlap_policy]
     for option, field, other in (
         ("defer_to_job", "defer_to_job_id", "defer_to_environment_id"),
         ("defer_to_environment", "defer_to_environment_id", "defer_to_job_id"),
@@ -440,7 +460,7 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
             case "delete-job":
                 _show(args, await jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=args.job_id)), [])
             case "pause-job":
-                _show(args, await jobs.PauseJob(jobs_pb2.PauseJobRequest(job_id=args.job_id)))
+                _show(args, await jobs.PauseJob(jobs_pb2.PauseJobRequest(job_id=args.job_id, note=args.note)))
             case "unpause-job":
                 _show(args, await jobs.UnpauseJob(jobs_pb2.UnpauseJobRequest(job_id=args.job_id)))
             case "trigger":
@@ -451,7 +471,7 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 )  # fmt: skip
                 request = runs_pb2.TriggerRunRequest(
                     job_id=args.job_id, idempotency_key=args.idempotency_key, cause=args.cause,
-                    trigger=TRIGGERS[args.trigger], overrides=overrides,
+                    trigger=TRIGGERS[args.trigger], overrides=overrides, reattach=args.reattach,
                 )  # fmt: skip
                 if args.run_at is not None:
                     request.run_at.FromDatetime(args.run_at)

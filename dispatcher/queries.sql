@@ -12,16 +12,18 @@ SELECT id, run_slots, memory_mb FROM accounts WHERE id = ANY(%(account_ids)b::bi
 
 -- name: account_runs
 -- Everything one pass decides on, in one round trip: the accounts' starting/running runs (active)
--- and each account's first due queued runs in dispatch order (queued).
+-- and each account's first due queued runs in dispatch order (queued), each with whether its job's
+-- overlap policy lets it run beside another run of the job (allow_all).
 SELECT true AS active, account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number,
-       schema_name
+       schema_name, false AS concurrent
   FROM runs
  WHERE account_id = ANY(%(account_ids)b::bigint[]) AND status IN (2, 3)
 UNION ALL
 SELECT false, q.*
   FROM unnest(%(account_ids)b::bigint[]) AS a(id)
  CROSS JOIN LATERAL (
-       SELECT account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name
+       SELECT account_id, id, job_id, job_type, takes_slot, priority, queued_at, pull_request_number, schema_name,
+              (SELECT j.overlap_policy = 'allow_all' FROM jobs j WHERE j.id = runs.job_id) AS concurrent
          FROM runs
         WHERE account_id = a.id
           AND status = 1

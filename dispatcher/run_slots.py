@@ -29,6 +29,7 @@ class QueuedRun:
     queued_at: datetime
     pull_request_number: int | None = None
     schema_name: str = ""
+    concurrent: bool = False  # its job's overlap policy is allow_all: no serial execution
 
 
 @dataclass
@@ -46,7 +47,7 @@ def plan_dispatch(run_slots: int, active: list[ActiveRun], queued: list[QueuedRu
     - Merge runs take a slot, one in progress per job; of several queued, only the newest may start
       and the older ones are superseded.
     - Every other run (deploy, API, manual, adhoc) needs a free slot and no other starting or
-      running run of its job.
+      running run of its job, unless its job's overlap policy is allow_all (``concurrent``).
     """
     plan = DispatchPlan()
     occupied = sum(1 for run in active if run.takes_slot)
@@ -65,7 +66,7 @@ def plan_dispatch(run_slots: int, active: list[ActiveRun], queued: list[QueuedRu
         if run.job_type is JobType.MERGE and newest_merge[run.job_id] is not run:
             plan.superseded.append(run)
             continue
-        if run.job_id in busy_jobs:
+        if run.job_id in busy_jobs and not run.concurrent:
             reason = (
                 WaitingReason.MERGE_IN_PROGRESS if run.job_type is JobType.MERGE else WaitingReason.JOB_ALREADY_RUNNING
             )

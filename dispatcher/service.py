@@ -97,6 +97,7 @@ class AccountRunRow:
     queued_at: datetime
     pull_request_number: int | None
     schema_name: str
+    concurrent: bool
 
 
 @dataclass(slots=True)
@@ -122,6 +123,7 @@ def _plan(account: AccountRow, rows: list[AccountRunRow]) -> DispatchPlan:
             queued_at=r.queued_at,
             pull_request_number=r.pull_request_number,
             schema_name=r.schema_name,
+            concurrent=r.concurrent,
         )
         for r in sorted((r for r in rows if not r.active), key=lambda r: (-r.priority, r.queued_at, r.id))
     ]

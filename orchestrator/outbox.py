@@ -175,4 +175,5 @@ def _definition(row: Definition) -> bus_pb2.JobDefinition:
         missed_run_grace_seconds=row.missed_run_grace_seconds,
         job_type=JOB_TYPE_TO_PROTO[JobType(row.job_type)],
         priority=row.priority,
+        jitter_seconds=row.jitter_seconds,
     )

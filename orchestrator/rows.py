@@ -32,6 +32,7 @@ class Definition:
     missed_run_grace_seconds: int
     job_type: str
     priority: int
+    jitter_seconds: int  # the bound of the job's fixed offset (runplane.basics.jitter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class JobState:
     missed_run_grace_seconds: int | None
     job_type: str | None
     priority: int | None
+    jitter_seconds: int | None
     schedulable: bool
     owned: bool
     worker_id: str | None
@@ -74,7 +76,12 @@ class JobState:
     def definition(self) -> Definition:
         """The job's definition; only a job that exists has one."""
         account_id, version, timezone = self.account_id, self.version, self.timezone
-        grace, job_type, priority = self.missed_run_grace_seconds, self.job_type, self.priority
+        grace, job_type, priority, jitter = (
+            self.missed_run_grace_seconds,
+            self.job_type,
+            self.priority,
+            self.jitter_seconds,
+        )
         if (
             account_id is None
             or version is None
@@ -82,9 +89,10 @@ class JobState:
             or grace is None
             or job_type is None
             or priority is None
+            or jitter is None
         ):
             raise ValueError(f"job {self.job_id} was deleted: it has no definition")
-        return Definition(self.job_id, account_id, version, self.cron, timezone, grace, job_type, priority)
+        return Definition(self.job_id, account_id, version, self.cron, timezone, grace, job_type, priority, jitter)
 
 
 @dataclass(frozen=True, slots=True)

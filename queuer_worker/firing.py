@@ -19,6 +19,7 @@ from queuer_worker import metrics
 from queuer_worker.heap import Due
 from runplane.adapters import instruments
 from runplane.adapters.db import Connection, fetch_all, fetch_value, fetch_values
+from runplane.basics.overlap import OVERLAP_REPLACED, SKIPPED_DETAILS, SkipReason
 from runplane.basics.types import schedule_idempotency_key
 from runplane.runs.transitions import TRANSITIONS
 from runplane.sql import load_queries
@@ -52,16 +53,22 @@ class TickResult:
     superseded: int
     accounts: frozenset[int]
     superseded_by_reason: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0  # occurrences recorded as skipped by their job's overlap policy
+    replaced: int = 0  # runs in progress cancelled by a new run of a cancel_other job
 
 
 @dataclass(frozen=True, slots=True)
-class _Queued:
-    """A run ``queue_runs`` inserted (a fire queued before, or a job no longer schedulable, is not one)."""
+class _Decided:
+    """An occurrence ``queue_runs`` decided: a run it inserted, or a skipped occurrence it recorded (a
+    fire decided before, or a job no longer schedulable, is neither)."""
 
+    run_id: int | None
     account_id: int
     job_id: int
     fire_ts: int
     trigger_lag: float
+    overlap_policy: str
+    skipped: bool
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class PreparedTick:
     keys: str
     crons: str
     timezones: str
+    offsets: str = "{}"  # each fire's jitter offset: its run is due this many seconds after fire_ts
 
 
 def _text_array(values: Iterable[str]) -> str:
@@ -95,6 +103,7 @@ def prepare(due: list[Due]) -> PreparedTick:
         "{" + ",".join(schedule_idempotency_key(d.job_id, d.fire_ts) for d in due) + "}",
         _text_array(d.cron for d in due),
         _text_array(d.timezone for d in due),
+        "{" + ",".join(str(d.offset) for d in due) + "}",
     )
 
 
@@ -111,15 +120,20 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[Due] | Pre
     if not tick.due:
         return TickResult(0, 0, frozenset())
     by_reason: Counter[str] = Counter()
+    replaced = 0
     async with pool.connection() as conn, conn.transaction():
+        await conn.execute(TRANSITIONS["lock_overlap_jobs"], {"job_ids": tick.job_ids})
         params = {
             "job_ids": tick.job_ids,
             "fire_ts": tick.fire_ts,
             "keys": tick.keys,
             "crons": tick.crons,
             "timezones": tick.timezones,
+            "offsets": tick.offsets,
+            **SKIPPED_DETAILS,
         }
-        rows = await fetch_all(conn, TRANSITIONS["queue_runs"], params, _Queued)
+        decided = await fetch_all(conn, TRANSITIONS["queue_runs"], params, _Decided)
+        rows = [row for row in decided if not row.skipped]
         if rows:
             await conn.execute("SET LOCAL enable_nestloop = off")
             superseded = {
@@ -129,10 +143,34 @@ async def queue_runs(pool: AsyncConnectionPool[Connection], due: list[Due] | Pre
                 **SUPERSEDED_MESSAGES,
             }
             by_reason.update(await fetch_values(conn, TRANSITIONS["cancel_superseded"], superseded, str))
+            replaced = await _cancel_overlapped(conn, [row for row in rows if row.overlap_policy == "cancel_other"])
     for reason, count in by_reason.items():
         metrics.runs_superseded(reason, count)
+    skipped = [row for row in decided if row.skipped]
+    for row in skipped:
+        instruments.occurrences_skipped.add(1, {"reason": SkipReason.OVERLAP.value})
+        log.info(
+            "occurrence skipped", extra={"job_id": row.job_id, "account_id": row.account_id, "fire_ts": row.fire_ts}
+        )
+    if replaced:
+        instruments.cancellations.add(replaced, {"reason": "overlap_replaced"})
     accounts = frozenset(row.account_id for row in rows)
-    return TickResult(len(rows), by_reason.total(), accounts, dict(by_reason))
+    return TickResult(len(rows), by_reason.total(), accounts, dict(by_reason), len(skipped), replaced)
+
+
+async def _cancel_overlapped(conn: Connection, rows: list[_Decided]) -> int:
+    """The runs in progress of the cancel_other jobs just queued, cancelled (or asked to stop) by the
+    new run of each; how many."""
+    if not rows:
+        return 0
+    params = {
+        "job_ids": [row.job_id for row in rows],
+        "run_ids": [row.run_id for row in rows],
+        "message": OVERLAP_REPLACED,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(TRANSITIONS["cancel_overlapped"], params)
+        return cur.rowcount
 
 
 async def worker_state(pool: AsyncConnectionPool[Connection], worker_id: str) -> str | None:

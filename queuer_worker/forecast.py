@@ -42,17 +42,17 @@ def window(now: float, minutes: int) -> tuple[int, int]:
 
 def fires_by_minute(jobs: Iterable[OwnedJob], kind_of: Mapping[int, RunnerKind], *, now: float, minutes: int) -> Counts:
     """Fires per (kind, minute) the heap holding ``jobs`` will make in the window; a job of unknown
-    kind is left out."""
+    kind is left out. A fire counts in the minute it is due: its instant plus its job's jitter offset."""
     start, end = window(now, minutes)
-    groups: Counter[tuple[str, str, int, RunnerKind]] = Counter()
+    groups: Counter[tuple[str, str, int, int, RunnerKind]] = Counter()
     for job in jobs:
-        if job.next_fire < end and (kind := kind_of.get(job.job_id)) is not None:
-            groups[job.cron, job.timezone, job.next_fire, kind] += 1
+        if job.next_due < end and (kind := kind_of.get(job.job_id)) is not None:
+            groups[job.cron, job.timezone, job.next_fire, job.offset, kind] += 1
     counts: Counts = Counter()
-    for (cron, zone, first, kind), jobs_in_group in groups.items():
+    for (cron, zone, first, offset, kind), jobs_in_group in groups.items():
         fire = first
-        while fire < end:
-            counts[kind, max(start, minute_of(fire))] += jobs_in_group
+        while fire + offset < end:
+            counts[kind, max(start, minute_of(fire + offset))] += jobs_in_group
             try:
                 fire = next_fire(cron, zone, fire)
             except NeverFires:
@@ -83,7 +83,7 @@ class Forecaster:
             self._kinds.clear()
             self._kinds_read_at = time.monotonic()
         _, end = window(now, self._settings.minutes)
-        in_window = [job for job in jobs if job.next_fire < end]
+        in_window = [job for job in jobs if job.next_due < end]
         unknown = [job.job_id for job in in_window if job.job_id not in self._kinds]
         if unknown:
             async with self._pool.connection() as conn:

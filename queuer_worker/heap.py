@@ -4,8 +4,11 @@ Per-job state is kept small (a ``__slots__`` object, interned cron and zone stri
 tuple): a worker holds hundreds of thousands of jobs. Next fire times are computed on demand by
 ``runplane.basics.cron`` (cached per expression), never held as per-job iterators.
 
-Heap entries are ``(fire_ts, job_id)``; an entry whose job is gone or was rescheduled is skipped
-when it reaches the top (lazy deletion), so updates and revokes are O(1).
+Heap entries are ``(due_ts, job_id)``: a fire is due its job's jitter offset after the cron's instant
+(``runplane.basics.jitter``; 0 without jitter). The fire keeps the cron's instant (``fire_ts``: its
+idempotency key, the schedule in force at it); only when it is taken off the heap moves. An entry
+whose job is gone or was rescheduled is skipped when it reaches the top (lazy deletion), so updates
+and revokes are O(1).
 """
 
 from __future__ import annotations
@@ -17,22 +20,31 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from runplane.basics.cron import NeverFires, next_fire, previous_fire
+from runplane.basics.jitter import jitter_offset
 from runplane.basics.ownership import job_digest
 
 
 class OwnedJob:
     """What a worker needs to schedule one job (everything else is re-read from Postgres at fire)."""
 
-    __slots__ = ("cron", "grace", "job_id", "last_fire", "next_fire", "timezone", "version")
+    __slots__ = ("cron", "grace", "job_id", "last_fire", "next_fire", "offset", "timezone", "version")
 
-    def __init__(self, job_id: int, version: int, cron: str, timezone: str, grace: int, next_fire: int) -> None:  # noqa: PLR0917
+    def __init__(  # noqa: PLR0917
+        self, job_id: int, version: int, cron: str, timezone: str, grace: int, next_fire: int, offset: int = 0
+    ) -> None:
         self.job_id = job_id
         self.version = version
         self.cron = cron
         self.timezone = timezone
         self.grace = grace
         self.next_fire = next_fire
+        self.offset = offset  # its jitter: each fire is due this many seconds after the cron's instant
         self.last_fire: int | None = None  # the newest fire taken off the heap for this job
+
+    @property
+    def next_due(self) -> int:
+        """When the pending fire is due: its instant plus the job's jitter offset."""
+        return self.next_fire + self.offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +56,22 @@ class Definition:
     cron: str
     timezone: str
     missed_run_grace_seconds: int
+    jitter_seconds: int = 0
+
+    @property
+    def offset(self) -> int:
+        return jitter_offset(self.job_id, self.jitter_seconds)
 
 
 class Due(NamedTuple):
     """One fire taken off the heap, with the schedule it was computed from: Postgres queues its run
-    only when that schedule is the one in force at ``fire_ts``."""
+    only when that schedule is the one in force at ``fire_ts``; the run is due ``offset`` seconds later."""
 
     job_id: int
     fire_ts: int
     cron: str
     timezone: str
+    offset: int = 0
 
 
 def missed_fire(defn: Definition, *, last_fire_ts: int, now: float) -> int | None:
@@ -95,7 +113,8 @@ class CronHeap:
         """Take (or replace) a job; returns its next fire, which is the missed fire when one is due.
 
         A schedule that never fires raises ``NeverFires`` and leaves the heap as it was."""
-        upcoming = next_fire(defn.cron, defn.timezone, now - 1)  # a fire in this very second counts
+        # A fire in this very second counts, and so does an earlier one whose offset is still ahead.
+        upcoming = next_fire(defn.cron, defn.timezone, now - 1 - defn.offset)
         missed = missed_fire(defn, last_fire_ts=last_fire_ts, now=now)
         first = missed if missed is not None and missed < upcoming else upcoming
         self._put(defn, first)
@@ -107,9 +126,9 @@ class CronHeap:
         A schedule that never fires raises ``NeverFires`` and leaves the heap as it was."""
         current = self._jobs.get(defn.job_id)
         if current is not None and current.cron == defn.cron and current.timezone == defn.timezone:
-            fire = current.next_fire
+            fire = current.next_fire  # a changed jitter moves only when it is due (``_put``)
         else:
-            fire = next_fire(defn.cron, defn.timezone, now - 1)
+            fire = next_fire(defn.cron, defn.timezone, now - 1 - defn.offset)
             if current is not None and current.last_fire is not None:
                 # A fire taken under the old schedule that came late (the worker stood still, the
                 # Update waited behind it) was refused by Postgres if the new one was in force by
@@ -134,12 +153,12 @@ class CronHeap:
         self.digest = 0
 
     def next_due(self) -> int | None:
-        """The earliest pending fire, or None when nothing is owned."""
+        """When the earliest pending fire is due, or None when nothing is owned."""
         while self._heap:
-            fire, job_id = self._heap[0]
+            due_ts, job_id = self._heap[0]
             job = self._jobs.get(job_id)
-            if job is not None and job.next_fire == fire:
-                return fire
+            if job is not None and job.next_due == due_ts:
+                return due_ts
             heapq.heappop(self._heap)  # stale entry
         return None
 
@@ -150,11 +169,11 @@ class CronHeap:
         heap = self._heap
         jobs = self._jobs
         while heap and heap[0][0] <= now:
-            fire, job_id = heapq.heappop(heap)
+            due_ts, job_id = heapq.heappop(heap)
             job = jobs.get(job_id)
-            if job is None or job.next_fire != fire:
+            if job is None or job.next_due != due_ts:
                 continue
-            due.append(Due(job_id, fire, job.cron, job.timezone))
+            due.append(Due(job_id, job.next_fire, job.cron, job.timezone, job.offset))
         # Rescheduling after collecting keeps the insert of this tick from waiting on cron maths.
         return due
 
@@ -177,7 +196,7 @@ class CronHeap:
         A job with no fire after this one is taken off the heap and returned with the reason: it is
         that job's error, for the caller to record, and never stops the others."""
         never: list[tuple[OwnedJob, NeverFires]] = []
-        for job_id, fire, cron, timezone in due:
+        for job_id, fire, cron, timezone, _ in due:
             job = self._jobs.get(job_id)
             if job is None or job.next_fire != fire or job.cron != cron or job.timezone != timezone:
                 continue  # revoked or updated meanwhile
@@ -188,7 +207,7 @@ class CronHeap:
                 self.remove(job_id)
                 never.append((job, exc))
                 continue
-            heapq.heappush(self._heap, (job.next_fire, job_id))
+            heapq.heappush(self._heap, (job.next_due, job_id))
         self._compact()
         return never
 
@@ -203,15 +222,16 @@ class CronHeap:
             sys.intern(defn.timezone),
             defn.missed_run_grace_seconds,
             fire,
+            defn.offset,
         )
         if old is not None:
             job.last_fire = old.last_fire
         self.digest ^= job_digest(defn.job_id, defn.version)
-        heapq.heappush(self._heap, (fire, defn.job_id))
+        heapq.heappush(self._heap, (job.next_due, defn.job_id))
         self._compact()
 
     def _compact(self) -> None:
         # Updates leave stale entries behind; rebuild when they outnumber the live ones.
         if len(self._heap) > 2 * len(self._jobs) + 1024:
-            self._heap = [(job.next_fire, job.job_id) for job in self._jobs.values()]
+            self._heap = [(job.next_due, job.job_id) for job in self._jobs.values()]
             heapq.heapify(self._heap)

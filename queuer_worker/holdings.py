@@ -181,4 +181,6 @@ class Holdings:
 
 
 def definition(job: bus_pb2.JobDefinition) -> Definition:
-    return Definition(job.job_id, job.version, job.cron, job.timezone or "UTC", job.missed_run_grace_seconds)
+    return Definition(
+        job.job_id, job.version, job.cron, job.timezone or "UTC", job.missed_run_grace_seconds, job.jitter_seconds
+    )

@@ -284,10 +284,15 @@ class QueuerWorker:
                 log.warning("queuing runs failed; retrying", extra={"attempt": attempt, "error": repr(exc)})
                 if await sleep_or_stop(stop, backoff.next()):
                     return
-        if result.queued or result.superseded:
+        if result.queued or result.superseded or result.skipped:
             log.info(
                 "queued cron runs",
-                extra={"due": len(tick.due), "queued": result.queued, "superseded": result.superseded},
+                extra={
+                    "due": len(tick.due),
+                    "queued": result.queued,
+                    "superseded": result.superseded,
+                    "skipped": result.skipped,
+                },
             )
         try:
             await send_pickups(self.bus, self.topology, result.accounts, source="queuer")

@@ -55,4 +55,8 @@ async def delete_expired_runs(
                 log.info("expired runs deleted", extra={"account_id": account_id, "runs": count})
             if count < batch:
                 break
+        async with pool.connection() as conn:
+            # A skipped occurrence is kept as long as a run would have been.
+            params = {"account_id": account_id, "days": days, "batch": batch}
+            await conn.execute(Q["delete_expired_skipped_occurrences"], params)
     return deleted

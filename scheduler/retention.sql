@@ -17,3 +17,11 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed)
+
+-- name: delete_expired_skipped_occurrences
+-- The account's skipped occurrences past the same retention as its runs, one bounded batch.
+DELETE FROM skipped_occurrences
+ WHERE id IN (SELECT id FROM skipped_occurrences
+               WHERE account_id = %(account_id)s AND recorded_at < now() - make_interval(days => %(days)s)
+               ORDER BY recorded_at
+               LIMIT %(batch)s)

@@ -35,6 +35,7 @@ OPEN_SERVICES = (
 _tracer = trace.get_tracer(__name__)
 
 _account: contextvars.ContextVar[AccountId] = contextvars.ContextVar("runplane_account")
+_who: contextvars.ContextVar[str] = contextvars.ContextVar("runplane_who", default="")
 
 
 def current_account() -> AccountId:
@@ -43,6 +44,11 @@ def current_account() -> AccountId:
         return _account.get()
     except LookupError:
         raise Unauthenticated("no account for this call") from None
+
+
+def current_caller() -> str:
+    """Who makes the call being served, in words (the token), for the notes a change keeps."""
+    return _who.get()
 
 
 class TokenLookup(Protocol):
@@ -88,6 +94,7 @@ class AuthInterceptor(ServerInterceptor):
         if grant is None:
             raise Unauthenticated("unknown, expired or revoked token")
         check_scope(grant, method)
+        _who.set(grant.who)
         return grant.account_id
 
     def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:

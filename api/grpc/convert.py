@@ -8,7 +8,18 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from api.projects_validation import CREDENTIAL_KINDS, ENVIRONMENT_TYPES
-from api.rows import Artifact, CompletionTrigger, Environment, Job, LogChunk, Project, Run, RunStep
+from api.rows import (
+    Artifact,
+    CompletionTrigger,
+    Environment,
+    Job,
+    LogChunk,
+    Project,
+    Run,
+    RunStep,
+    SkippedOccurrence,
+)
+from runplane.basics.overlap import OVERLAP_TO_PROTO, OverlapPolicy
 from runplane.basics.types import JOB_TYPE_TO_PROTO, TRIGGER_TO_PROTO, JobType, RunStatus, Trigger
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2, runs_pb2
 
@@ -65,6 +76,8 @@ def job(row: Job, completion_triggers: list[CompletionTrigger]) -> jobs_pb2.Job:
             defer_to_job_id=row.defer_to_job_id or 0,
             defer_to_environment_id=row.defer_to_environment_id or 0,
             run_only_modified=row.run_only_modified,
+            overlap_policy=OVERLAP_TO_PROTO[OverlapPolicy(row.overlap_policy)],
+            jitter_seconds=row.jitter_seconds,
         ),
         active=row.deactivated_at is None,
         deactivation_reason=row.deactivation_reason,
@@ -74,6 +87,19 @@ def job(row: Job, completion_triggers: list[CompletionTrigger]) -> jobs_pb2.Job:
         updated_at=timestamp(row.updated_at),
         paused=row.paused_at is not None,
         paused_at=timestamp(row.paused_at),
+        paused_by=row.paused_by,
+        pause_note=row.pause_note,
+    )
+
+
+def skipped_occurrence(row: SkippedOccurrence) -> jobs_pb2.SkippedOccurrence:
+    return jobs_pb2.SkippedOccurrence(
+        job_id=row.job_id,
+        scheduled_at=timestamp(row.scheduled_at),
+        reason=row.reason,
+        detail=row.detail,
+        blocking_run_id=row.blocking_run_id or 0,
+        recorded_at=timestamp(row.recorded_at),
     )
 
 

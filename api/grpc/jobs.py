@@ -8,7 +8,7 @@ import logging
 import grpc
 
 from api.grpc import convert, paging
-from api.grpc.auth import current_account
+from api.grpc.auth import current_account, current_caller
 from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
@@ -65,13 +65,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.DeleteJobResponse()
 
     async def PauseJob(self, request: jobs_pb2.PauseJobRequest, context: Context) -> jobs_pb2.Job:
-        return await self._set_paused(request.job_id, paused=True)
+        return await self._set_paused(request.job_id, paused=True, note=request.note)
 
     async def UnpauseJob(self, request: jobs_pb2.UnpauseJobRequest, context: Context) -> jobs_pb2.Job:
         return await self._set_paused(request.job_id, paused=False)
 
-    async def _set_paused(self, job_id: int, *, paused: bool) -> jobs_pb2.Job:
-        row = await set_paused(self._store, current_account(), job_id, paused=paused)
+    async def ListSkippedOccurrences(
+        self, request: jobs_pb2.ListSkippedOccurrencesRequest, context: Context
+    ) -> jobs_pb2.ListSkippedOccurrencesResponse:
+        account_id = current_account()
+        limit = paging.page(request.page_size, "", self._max_page_size, "skipped", account_id).limit
+        async with self._store.connection() as conn:
+            job = await self._existing(conn, account_id, request.job_id)
+            rows = await self._store.skipped_occurrences(conn, account_id, JobId(job.id), limit=limit)
+        return jobs_pb2.ListSkippedOccurrencesResponse(occurrences=[convert.skipped_occurrence(r) for r in rows])
+
+    async def _set_paused(self, job_id: int, *, paused: bool, note: str = "") -> jobs_pb2.Job:
+        row = await set_paused(self._store, current_account(), job_id, paused=paused, who=current_caller(), note=note)
         async with self._store.connection() as conn:
             return await self._job(conn, row)
 

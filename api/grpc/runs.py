@@ -17,7 +17,7 @@ from api.pull_requests import close_pull_request
 from api.rerunning import rerun_from_failure
 from api.rows import Run
 from api.store import Store
-from api.triggering import trigger_run
+from api.triggering import trigger_or_reattach
 from api.validation import run_statuses, trigger_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument
@@ -52,8 +52,10 @@ class RunService(runs_pb2_grpc.RunServiceServicer):
     async def TriggerRun(self, request: runs_pb2.TriggerRunRequest, context: Context) -> runs_pb2.Run:
         spec = trigger_spec(request)
         self._dbt_versions.check(spec.overrides.dbt_version, "overrides.dbt_version")
-        row, steps = await trigger_run(self._store, self._pickups, current_account(), spec)
-        return convert.run(row, steps)
+        triggered = await trigger_or_reattach(self._store, self._pickups, current_account(), spec)
+        answer = convert.run(triggered.run, triggered.steps)
+        answer.reattached = triggered.reattached
+        return answer
 
     async def ClosePullRequest(
         self, request: runs_pb2.ClosePullRequestRequest, context: Context

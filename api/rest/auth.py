@@ -27,6 +27,7 @@ async def caller(request: Request, authorization: Annotated[str | None, Depends(
     if grant is None:
         raise Unauthenticated("unknown, revoked or expired token")
     check_scope(grant, f"{request.method} {request.url.path}", required_http_scope(request.method))
+    request.state.who = grant.who  # who makes the call, for the notes a change keeps (a pause)
     return grant.account_id
 
 

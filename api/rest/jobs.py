@@ -24,6 +24,7 @@ from api.store import JobFilters, Store
 from api.validation import JobSpec, checked_idempotency_key, job_spec
 from runplane.adapters.db import Connection
 from runplane.basics.errors import InvalidArgument, NotFound
+from runplane.basics.overlap import OVERLAP_TO_PROTO, OverlapPolicy
 from runplane.basics.types import AccountId, JobId
 from runplane.v1 import common_pb2, jobs_pb2
 
@@ -67,6 +68,8 @@ JOB_NAMES = {
     "settings.schema": "runplane.schema",
     "settings.run_only_modified": "runplane.run_only_modified",
     "settings.environment": "runplane.environment_variables",
+    "settings.overlap_policy": "runplane.overlap_policy",
+    "settings.jitter_seconds": "runplane.jitter_seconds",
 }
 
 
@@ -128,6 +131,10 @@ class RunplaneBody(BaseModel):
     schema_: str | None = Field(None, alias="schema", max_length=63)
     run_only_modified: bool | None = Field(None, description="Slim CI: needs a deferral.")
     completion_mode: str | None = Field(None, pattern="^(any|all)$", description="all: fan-in.")
+    overlap_policy: OverlapPolicy | None = Field(
+        None, description="What a cron fire does while a run of the job is in progress (serial)."
+    )
+    jitter_seconds: int | None = Field(None, ge=0, le=3600, description="Fires come up to this much later (0).")
     environment_variables: dict[str, str] | None = Field(
         None, max_length=100, description="DBT_ENV_SECRET_* values are write-only; an empty one removes it."
     )
@@ -205,6 +212,8 @@ def job_request(
         settings.retry_on_step_failure = stored.retry_on_step_failure
         settings.missed_run_grace_seconds = stored.missed_run_grace_seconds
         settings.priority = stored.priority
+        settings.overlap_policy = OVERLAP_TO_PROTO[OverlapPolicy(stored.overlap_policy)]
+        settings.jitter_seconds = stored.jitter_seconds
         settings.schema = stored.schema_name
         settings.run_only_modified = stored.run_only_modified and bool(
             settings.defer_to_job_id or settings.defer_to_environment_id
@@ -270,11 +279,14 @@ def _with_runplane_settings(
         triggers.schedule.timezone = extra.timezone
     if extra.completion_mode is not None:
         triggers.completion_mode = COMPLETION_MODES[extra.completion_mode]
+    if extra.overlap_policy is not None:
+        settings.overlap_policy = OVERLAP_TO_PROTO[extra.overlap_policy]
     for name, value in (
         ("retry_max_attempts", extra.retry_max_attempts),
         ("retry_on_step_failure", extra.retry_on_step_failure),
         ("missed_run_grace_seconds", extra.missed_run_grace_seconds),
         ("priority", extra.priority),
+        ("jitter_seconds", extra.jitter_seconds),
         ("git_branch", extra.git_branch),
         ("schema", extra.schema_),
         ("run_only_modified", extra.run_only_modified),
@@ -459,11 +471,19 @@ async def delete_job_(request: Request, account_id: Account, job_id: JobPath) ->
     return Envelope[shapes.Job](status=success(), data=job.model_copy(update={"state": shapes.DELETED}))
 
 
+class PauseBody(BaseModel):
+    note: str = Field("", max_length=1000, description="Why; kept with who paused the job, shown with it.")
+
+
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/pause/", summary="Pause a job")
-async def pause_job(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
-    """Nothing automatic queues a paused job (schedule, completion, Git events, retries); run now still does."""
+async def pause_job(
+    request: Request, account_id: Account, job_id: JobPath, body: Annotated[PauseBody | None, Body()] = None
+) -> Envelope[shapes.Job]:
+    """Nothing automatic queues a paused job (schedule, completion, Git events, retries); run now still does.
+    The optional note is kept with the caller's token as who paused it (``runplane.pause_note``, ``paused_by``)."""
     store = _store(request)
-    await set_paused(store, account_id, job_id, paused=True)
+    note = body.note if body is not None else ""
+    await set_paused(store, account_id, job_id, paused=True, who=getattr(request.state, "who", ""), note=note)
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, job_id)
     return Envelope[shapes.Job](status=success(), data=job)
@@ -492,3 +512,28 @@ async def get_account(request: Request, account_id: Account) -> Envelope[shapes.
     if row is None:
         raise NotFound(f"account {account_id} not found")
     return Envelope[shapes.Account](status=success(), data=shapes.account(row))
+
+
+@router.get(
+    "/api/v2/accounts/{account_id}/jobs/{job_id}/skipped-occurrences/", summary="List a job's skipped occurrences"
+)
+async def list_skipped_occurrences(
+    request: Request,
+    account_id: Account,
+    job_id: JobPath,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
+) -> ListEnvelope[shapes.SkippedOccurrence]:
+    """The job's cron occurrences that got no run (its overlap policy skipped them), newest first."""
+    store = _store(request)
+    async with store.connection() as conn:
+        job = await existing_job(store, conn, account_id, job_id)
+        rows = await store.skipped_occurrences(conn, account_id, JobId(job.id), limit=limit)
+    return ListEnvelope[shapes.SkippedOccurrence](
+        status=success(),
+        data=[shapes.skipped_occurrence(r) for r in rows],
+        extra=Extra(
+            filters={"limit": limit},
+            order_by="-scheduled_at",
+            pagination=Pagination(count=len(rows), total_count=len(rows)),
+        ),
+    )

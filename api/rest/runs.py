@@ -17,7 +17,7 @@ from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.rows import Run, RunWithEnvironment
 from api.store import RunFilters, Store
-from api.triggering import rerun_spec, trigger_run
+from api.triggering import rerun_spec, trigger_or_reattach, trigger_run
 from api.validation import (
     MAX_CAUSE,
     RunOverridesSpec,
@@ -56,6 +56,11 @@ class TriggerRunplaneBody(BaseModel):
 
     run_at: AwareDatetime | None = Field(
         None, description="A one-time run at this time (with its offset; up to a year ahead); null: now."
+    )
+    reattach: bool = Field(
+        False,
+        description="When a run of the job with the same overrides is queued or running, answer it "
+        "(runplane.reattached true) instead of queuing another.",
     )
 
 
@@ -124,7 +129,10 @@ def trigger_of(job_id: int, body: TriggerRunBody, idempotency_key: str | None = 
     key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
     requested = body.runplane.run_at if body.runplane else None
     run_at = later_time(requested, "runplane.run_at") if requested is not None else None
-    return TriggerSpec(JobId(positive_id(job_id, "job_id")), Trigger.API, cause, key, overrides, run_at)
+    reattach = body.runplane.reattach if body.runplane else False
+    return TriggerSpec(
+        JobId(positive_id(job_id, "job_id")), Trigger.API, cause, key, overrides, run_at, reattach=reattach
+    )
 
 
 async def views(
@@ -231,8 +239,10 @@ async def trigger(
 ) -> Envelope[shapes.Run]:
     spec = trigger_of(job_id, body or TriggerRunBody(), idempotency_key)
     params.dbt_versions(request).check(spec.overrides.dbt_version, "dbt_version_override")
-    row, _ = await trigger_run(_store(request), request.app.state.pickups, account_id, spec)
-    return await _one_run(request, row, {"trigger", "job"})
+    triggered = await trigger_or_reattach(_store(request), request.app.state.pickups, account_id, spec)
+    answer = await _one_run(request, triggered.run, {"trigger", "job"})
+    answer.data.reattached = triggered.reattached
+    return answer
 
 
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/", summary="Rerun the job's latest run")

@@ -185,10 +185,15 @@ class RunplaneJobSettings(BaseModel):
     schema_: str = Field(alias="schema")
     run_only_modified: bool
     completion_mode: str
+    overlap_policy: str
+    jitter_seconds: int
     environment_variables: dict[str, str]
     secret_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
     job_completion_trigger_conditions: list[CompletionCondition]  # job_completion_trigger_condition: the first
     version: int  # read only: each save bumps it; an update's If-Match names it
+    paused_by: str = ""  # read only: who paused the job (pause/ sets it)
+    pause_note: str = ""  # read only: why, as pause/ was given it
+    deactivation_reason: str = ""  # read only: why the job was deactivated (after failing, ...)
 
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
@@ -313,6 +318,7 @@ class Run(BaseModel):
     finished_at_humanized: str | None
     retrying_run_id: int | None
     waiting_reason: str
+    reattached: bool = False  # runplane's: a reattaching trigger was given this run, already in progress
     trigger: Trigger | None = None
     job: Job | None = None
     environment: Environment | None = None
@@ -475,10 +481,15 @@ def job(
                 "schema": row.schema_name,
                 "run_only_modified": row.run_only_modified,
                 "completion_mode": row.completion_mode,
+                "overlap_policy": row.overlap_policy,
+                "jitter_seconds": row.jitter_seconds,
                 "environment_variables": dict(row.environment),
                 "secret_names": sorted(row.secret_environment),
                 "job_completion_trigger_conditions": conditions,
                 "version": row.version,
+                "paused_by": row.paused_by,
+                "pause_note": row.pause_note,
+                "deactivation_reason": row.deactivation_reason,
             }
         ),
     )
@@ -618,4 +629,26 @@ def run(
         run_steps=steps or [],
         run_retries=retries or [],
         deferring_run=deferring,
+    )
+
+
+class SkippedOccurrence(BaseModel):
+    """A cron occurrence of a job that got no run, and why (runplane's own)."""
+
+    job_definition_id: int
+    scheduled_at: str
+    reason: str
+    detail: str
+    blocking_run_id: int | None
+    recorded_at: str
+
+
+def skipped_occurrence(row: rows.SkippedOccurrence) -> SkippedOccurrence:
+    return SkippedOccurrence(
+        job_definition_id=row.job_id,
+        scheduled_at=str(row.scheduled_at),
+        reason=row.reason,
+        detail=row.detail,
+        blocking_run_id=row.blocking_run_id,
+        recorded_at=str(row.recorded_at),
     )

@@ -45,6 +45,7 @@ from runplane.basics.errors import (
     Problems,
     VersionConflict,
 )
+from runplane.basics.overlap import OVERLAP_TO_PROTO, OVERLAP_WORDS, OverlapPolicy
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
@@ -60,7 +61,8 @@ JOB_FIELDS = {
     "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
     "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
     "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id", "priority", "missed_run_grace_seconds",
-    "completion_mode", *(f"upstream_job_id_{i}" for i in range(1, MAX_COMPLETION_TRIGGERS)),
+    "completion_mode", "overlap_policy", "jitter_seconds",
+    *(f"upstream_job_id_{i}" for i in range(1, MAX_COMPLETION_TRIGGERS)),
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
 ADAPTER = "postgres"
@@ -232,6 +234,8 @@ def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[st
             "priority": str(job.priority or ""),
             "missed_run_grace_seconds": str(job.missed_run_grace_seconds),
             "completion_mode": job.completion_mode,
+            "overlap_policy": job.overlap_policy,
+            "jitter_seconds": str(job.jitter_seconds or ""),
             "environment": "\n".join(f"{k}={v}" for k, v in sorted(job.environment.items())),
             "version": str(job.version),
             **{name: "on" for name, ticked in flags.items() if ticked},
@@ -241,6 +245,7 @@ def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[st
 
 JOB_TYPES = {t.value: JOB_TYPE_TO_PROTO[t] for t in JobType}
 COMPLETION_MODES = {"any": jobs_pb2.COMPLETION_MODE_ANY, "all": jobs_pb2.COMPLETION_MODE_ALL}
+OVERLAP_POLICIES = {policy.value: OVERLAP_TO_PROTO[policy] for policy in OverlapPolicy}
 UPSTREAM_STATUSES = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
 _ON_COMPLETION = re.compile(r"triggers\.on_completion\[(\d+)\]")
 
@@ -288,6 +293,14 @@ def _job_definition(
         s.priority = checked_number(_text(form, "priority"), "priority", problems)
         if "completion_mode" in form:
             t.completion_mode = _choice(form, "completion_mode", COMPLETION_MODES, problems)
+    # Likewise a page from before the overlap policy and jitter fields (a new job: the defaults).
+    if "overlap_policy" not in form:
+        if stored is not None:
+            s.overlap_policy = OVERLAP_TO_PROTO[OverlapPolicy(stored.overlap_policy)]
+            s.jitter_seconds = stored.jitter_seconds
+    else:
+        s.overlap_policy = _choice(form, "overlap_policy", OVERLAP_POLICIES, problems)
+        s.jitter_seconds = checked_number(_text(form, "jitter_seconds"), "jitter_seconds", problems)
     if stored is not None and "upstream_job_id" not in form:  # a page from before the rows: kept as stored
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(
@@ -361,6 +374,7 @@ async def _job_choices(store: Store, account_id: AccountId, job_id: int | None =
         "upstream_options": [("", "no job")] + [(str(j.id), j.name) for j in jobs if j.id != job_id],
         "upstream_statuses": [s.name.lower() for s in UPSTREAM_STATUSES],
         "upstream_rows": MAX_COMPLETION_TRIGGERS,
+        "overlap_options": [(p.value, f"{p.value}: {OVERLAP_WORDS[p]}") for p in OverlapPolicy],
     }
 
 

@@ -51,6 +51,7 @@ from api.web.session import (
     viewer,
 )
 from runplane.basics.errors import InvalidArgument, Problems, RunplaneError
+from runplane.basics.overlap import OVERLAP_WORDS
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import JobId, RunId, RunStatus, Trigger, WaitingReason
 
@@ -443,6 +444,7 @@ async def _job_page(
         completion = (await store.completion_triggers(conn, [job_id])).get(job_id, [])
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=CHART_RUNS)
         docs_run = await store.latest_docs_run(conn, who.account_id, job_id)
+        skipped = await store.skipped_occurrences(conn, who.account_id, JobId(job_id), limit=10)
     chart = views.duration_chart(recent)
     recent = recent[:10]
     now = datetime.now(UTC)
@@ -456,6 +458,8 @@ async def _job_page(
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,
         docs_run=docs_run,
+        overlap_words=OVERLAP_WORDS,
+        skipped=skipped,
         values=values,
         errors=errors,
     )
@@ -525,9 +529,9 @@ async def run_now(
 
 
 @router.post("/jobs/{job_id}/pause")
-async def pause(request: Request, who: Changing, job_id: int) -> RedirectResponse:
-    """Pause the job: neither its schedule nor a trigger queues it; run now still does."""
-    await set_paused(store_of(request), who.account_id, job_id, paused=True)
+async def pause(request: Request, who: Changing, job_id: int, note: Annotated[str, Form()] = "") -> RedirectResponse:
+    """Pause the job: neither its schedule nor a trigger queues it; run now still does. The note says why."""
+    await set_paused(store_of(request), who.account_id, job_id, paused=True, who=who.grant.who, note=note)
     return see_other(f"/ui/jobs/{job_id}")
 
 

@@ -36,7 +36,7 @@ class WebSession:
 
     @property
     def grant(self) -> TokenGrant:
-        return TokenGrant(self.account_id, frozenset(self.scopes))
+        return TokenGrant(self.account_id, frozenset(self.scopes), f"token #{self.token_id} (web pages)")
 
 
 class WebSessions:

@@ -95,10 +95,13 @@ cancellations = _counter(
     "runplane.runs.cancelled",
     description=(
         "Cancellations by reason: over_scheduled, superseded_no_slot, superseded_system_behind (alert: runplane "
-        "was behind), superseded_merge, user, job_deleted"
+        "was behind), superseded_merge, user, job_deleted, overlap_replaced"
     ),
 )
 retries = _counter("runplane.runs.retried", "Retry runs queued (reason)")
+occurrences_skipped = _counter(
+    "runplane.occurrences.skipped", "Cron occurrences that got no run, recorded as skipped (reason, policy)"
+)
 deactivations = _counter("runplane.jobs.deactivated", "Jobs deactivated after failing")
 pickups_published = _counter("runplane.pickups.published", "Accounts named by the Pickups sent (source)")
 pickups_dropped = _counter(

@@ -2,8 +2,9 @@
 
 The future is known: every cron fire of the next minutes is in the queuer workers' heaps. Each
 worker publishes what its heap will fire, aggregated per runner kind and minute
-(``queuer_worker/forecast.py``), into ``demand_forecast`` (one set of rows per worker, replaced whole
-each time). Readers sum the workers whose forecast is fresh and add API triggers' recent rate per
+(``queuer_worker/forecast.py``; a jittered fire counts in the minute it is due, its job's offset
+after the cron's instant, ``runplane.basics.jitter``), into ``demand_forecast`` (one set of rows per
+worker, replaced whole each time). Readers sum the workers whose forecast is fresh and add API triggers' recent rate per
 minute, then ask :meth:`Forecast.ahead`: the most runs due in one minute that starts within a lead
 time from now (or is under way). The warm pools grow to that before the minute, and shrink after.
 """

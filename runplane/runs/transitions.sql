@@ -25,22 +25,89 @@ RETURNING *
 -- very cron and time zone the worker computed the fire from, so a stale heap or a late catch-up
 -- queues nothing the schedule did not allow; and the job must still be schedulable now (deleted,
 -- deactivated or paused jobs queue nothing). A fire queued before (by this or another worker) is
--- skipped by its key.
-INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
-SELECT j.account_id, j.id, j.job_type, 'schedule', d.key, j.priority, j.job_type <> 'ci', to_timestamp(d.fire_ts)
-FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[], %(crons)b::text[], %(timezones)b::text[])
-     AS d (job_id, fire_ts, key, cron, timezone)
-JOIN jobs j ON j.id = d.job_id
-CROSS JOIN LATERAL (
-    SELECT s.fires, s.cron, s.timezone FROM job_schedules s
-     WHERE s.job_id = d.job_id AND s.valid_from <= to_timestamp(d.fire_ts)
-     ORDER BY s.valid_from DESC LIMIT 1
-) AS in_force
-WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
-  AND in_force.fires AND in_force.cron = d.cron AND in_force.timezone = d.timezone
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
-          extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag
+-- skipped by its key, and so is one recorded as skipped before. A jittered fire's run is due (scheduled_at)
+-- its job's offset after the occurrence's instant; the occurrence stays the instant (its key).
+-- The job's overlap policy decides an occurrence that meets a run of the job in progress (DESIGN.md,
+-- "Overlap policies"): skip makes no run while one is queued, starting or running; buffer_one none
+-- while one is queued; either way the occurrence is recorded in skipped_occurrences, under the same
+-- key, with the run that was in the way. Of two fires of one such job in one tick, the later one is
+-- skipped. (The caller locks those jobs' rows first: two workers firing one occurrence decide it
+-- one after the other, so it ends with a run or a skipped record, never both.)
+WITH due AS (
+    SELECT d.job_id, d.fire_ts, d.offset_s, d.key, j.account_id, j.job_type, j.priority, j.overlap_policy,
+           row_number() OVER (PARTITION BY d.job_id ORDER BY d.fire_ts) AS nth
+    FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[], %(crons)b::text[], %(timezones)b::text[],
+                %(offsets)b::int[])
+         AS d (job_id, fire_ts, key, cron, timezone, offset_s)
+    JOIN jobs j ON j.id = d.job_id
+    CROSS JOIN LATERAL (
+        SELECT s.fires, s.cron, s.timezone FROM job_schedules s
+         WHERE s.job_id = d.job_id AND s.valid_from <= to_timestamp(d.fire_ts)
+         ORDER BY s.valid_from DESC LIMIT 1
+    ) AS in_force
+    WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
+      AND in_force.fires AND in_force.cron = d.cron AND in_force.timezone = d.timezone
+      AND NOT EXISTS (SELECT 1 FROM skipped_occurrences k WHERE k.occurrence_key = d.key)
+), decided AS (
+    SELECT due.*, in_the_way.id AS blocking_run_id,
+           due.overlap_policy IN ('skip', 'buffer_one') AND (in_the_way.id IS NOT NULL OR due.nth > 1) AS skip
+    FROM due
+    LEFT JOIN LATERAL (
+        SELECT r.id FROM runs r
+         WHERE due.overlap_policy IN ('skip', 'buffer_one')
+           AND r.job_id = due.job_id AND r.status IN (1, 2, 3) AND r.idempotency_key <> due.key
+           AND (r.status = 1 OR due.overlap_policy = 'skip')
+         ORDER BY r.id LIMIT 1
+    ) AS in_the_way ON true
+), skipped AS (
+    INSERT INTO skipped_occurrences (account_id, job_id, occurrence_key, scheduled_at, reason, detail, blocking_run_id)
+    SELECT account_id, job_id, key, to_timestamp(fire_ts), 'overlap',
+           CASE WHEN blocking_run_id IS NULL THEN %(overlap_same_tick)s
+                WHEN overlap_policy = 'skip' THEN %(overlap_skip)s || blocking_run_id
+                ELSE %(overlap_buffer_one)s || blocking_run_id END,
+           blocking_run_id
+      FROM decided
+     WHERE skip AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.idempotency_key = decided.key)
+    ON CONFLICT (occurrence_key) DO NOTHING
+    RETURNING account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts
+), queued AS (
+    INSERT INTO runs (account_id, job_id, job_type, trigger, idempotency_key, priority, takes_slot, scheduled_at)
+    SELECT account_id, job_id, job_type, 'schedule', key, priority, job_type <> 'ci',
+           to_timestamp(fire_ts + coalesce(offset_s, 0))
+      FROM decided
+     WHERE NOT skip
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, account_id, job_id, extract(epoch FROM scheduled_at)::bigint AS fire_ts,
+              extract(epoch FROM queued_at - scheduled_at)::float8 AS trigger_lag
+)
+SELECT q.id AS run_id, q.account_id, q.job_id, q.fire_ts, q.trigger_lag, j.overlap_policy, false AS skipped
+  FROM queued q JOIN jobs j ON j.id = q.job_id
+UNION ALL
+SELECT NULL, s.account_id, s.job_id, s.fire_ts, 0, 'skip', true FROM skipped s
+
+-- name: lock_overlap_jobs
+-- Before queue_runs, in the same transaction: the rows of the tick's jobs whose policy decides a
+-- fire by the runs in progress (skip, buffer_one), in id order so two workers never deadlock.
+SELECT id FROM jobs
+ WHERE id = ANY(%(job_ids)b::bigint[]) AND overlap_policy IN ('skip', 'buffer_one')
+ ORDER BY id
+   FOR NO KEY UPDATE
+
+-- name: cancel_overlapped
+-- Same transaction, right after queue_runs: a new cron run of a cancel_other job cancels the job's
+-- runs still in progress (any trigger): a queued one now; a starting or running one is asked to stop
+-- and ends cancelled with the reason (runs.cancel_reason, read by finish_run). The new run waits
+-- for them, serially, like any run of its job.
+UPDATE runs r
+   SET status = CASE WHEN r.status = 1 THEN 30 ELSE r.status END,
+       finished_at = CASE WHEN r.status = 1 THEN now() ELSE r.finished_at END,
+       waiting_reason = CASE WHEN r.status = 1 THEN '' ELSE r.waiting_reason END,
+       status_message = CASE WHEN r.status = 1 THEN %(message)s || d.run_id ELSE r.status_message END,
+       cancel_reason = %(message)s || d.run_id,
+       cancel_requested_at = COALESCE(r.cancel_requested_at, now())
+  FROM unnest(%(job_ids)b::bigint[], %(run_ids)b::bigint[]) AS d (job_id, run_id)
+ WHERE r.job_id = d.job_id AND r.status IN (1, 2, 3) AND r.id < d.run_id
+RETURNING r.id, r.status
 
 -- queued → starting → running.
 
@@ -109,9 +176,9 @@ UPDATE runs
 RETURNING id, status
 
 -- name: cancel_superseded
--- Same transaction, right after: older cron runs of the jobs just queued that are still queued are
--- superseded (one queued cron run per job). Each cancellation says why the older run was still
--- waiting, read from the state right now:
+-- Same transaction, right after: older cron runs of the serial jobs just queued that are still
+-- queued are superseded (one queued cron run per job; the other overlap policies decide for
+-- themselves). Each cancellation says why the older run was still waiting, read from the state now:
 --   job_running  the job's previous run is running with a live lease: the job is over-scheduled;
 --   no_slot      every run slot of the account is taken by a running run or a fresh start;
 --   behind       neither: runplane itself did not dispatch it in time (a dead dispatcher's stale
@@ -134,6 +201,7 @@ WITH waiting AS (
     JOIN unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[]) AS d (job_id, fire_ts)
       ON r.job_id = d.job_id AND r.scheduled_at < to_timestamp(d.fire_ts)
     WHERE r.status = 1 AND r.trigger = 'schedule'
+      AND (SELECT j.overlap_policy FROM jobs j WHERE j.id = r.job_id) = 'serial'
     FOR UPDATE OF r
 )
 UPDATE runs r

@@ -59,6 +59,7 @@ class JobDefinition(_message.Message):
     MISSED_RUN_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     JOB_TYPE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    JITTER_SECONDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     account_id: _builtins.int
     version: _builtins.int
@@ -70,6 +71,8 @@ class JobDefinition(_message.Message):
     job_type: _builtins.int
     """JobType"""
     priority: _builtins.int
+    jitter_seconds: _builtins.int
+    """each fire comes the job's fixed offset in [0, this] later"""
     def __init__(
         self,
         *,
@@ -82,10 +85,11 @@ class JobDefinition(_message.Message):
         missed_run_grace_seconds: _builtins.int = ...,
         job_type: _builtins.int = ...,
         priority: _builtins.int = ...,
+        jitter_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "cron", b"cron", "job_id", b"job_id", "job_type", b"job_type", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "timezone", b"timezone", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "cron", b"cron", "jitter_seconds", b"jitter_seconds", "job_id", b"job_id", "job_type", b"job_type", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "timezone", b"timezone", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,52 @@ last such run; each satisfied set once (idempotency key from the upstream run id
 """
 Global___CompletionMode: _TypeAlias = CompletionMode  # noqa: Y015
 
+class _OverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OVERLAP_POLICY_UNSPECIFIED: _OverlapPolicy.ValueType  # 0
+    """serial"""
+    OVERLAP_POLICY_SERIAL: _OverlapPolicy.ValueType  # 1
+    """The runs wait and run one at a time; a newer cron run cancels an older one still queued
+    (over-scheduled, as dbt Cloud does).
+    """
+    OVERLAP_POLICY_SKIP: _OverlapPolicy.ValueType  # 2
+    """no run: the occurrence is skipped (reason "overlap")"""
+    OVERLAP_POLICY_BUFFER_ONE: _OverlapPolicy.ValueType  # 3
+    """at most one waits; a fire while one waits is skipped"""
+    OVERLAP_POLICY_BUFFER_ALL: _OverlapPolicy.ValueType  # 4
+    """every run waits, one at a time; none is cancelled"""
+    OVERLAP_POLICY_CANCEL_OTHER: _OverlapPolicy.ValueType  # 5
+    """the new run cancels the job's runs in progress, then runs"""
+    OVERLAP_POLICY_ALLOW_ALL: _OverlapPolicy.ValueType  # 6
+    """runs at once beside the others, within the account's run slots"""
+
+class OverlapPolicy(_OverlapPolicy, metaclass=_OverlapPolicyEnumTypeWrapper):
+    """What a cron fire does while a run of the job is still queued, starting or running. A fire that
+    makes no run is recorded as a skipped occurrence with its reason (ListSkippedOccurrences).
+    """
+
+OVERLAP_POLICY_UNSPECIFIED: OverlapPolicy.ValueType  # 0
+"""serial"""
+OVERLAP_POLICY_SERIAL: OverlapPolicy.ValueType  # 1
+"""The runs wait and run one at a time; a newer cron run cancels an older one still queued
+(over-scheduled, as dbt Cloud does).
+"""
+OVERLAP_POLICY_SKIP: OverlapPolicy.ValueType  # 2
+"""no run: the occurrence is skipped (reason "overlap")"""
+OVERLAP_POLICY_BUFFER_ONE: OverlapPolicy.ValueType  # 3
+"""at most one waits; a fire while one waits is skipped"""
+OVERLAP_POLICY_BUFFER_ALL: OverlapPolicy.ValueType  # 4
+"""every run waits, one at a time; none is cancelled"""
+OVERLAP_POLICY_CANCEL_OTHER: OverlapPolicy.ValueType  # 5
+"""the new run cancels the job's runs in progress, then runs"""
+OVERLAP_POLICY_ALLOW_ALL: OverlapPolicy.ValueType  # 6
+"""runs at once beside the others, within the account's run slots"""
+Global___OverlapPolicy: _TypeAlias = OverlapPolicy  # noqa: Y015
+
 @_typing.final
 class CronSchedule(_message.Message):
     """A cron schedule evaluated in an IANA time zone."""
@@ -180,6 +226,8 @@ class JobSettings(_message.Message):
     DEFER_TO_JOB_ID_FIELD_NUMBER: _builtins.int
     DEFER_TO_ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
     RUN_ONLY_MODIFIED_FIELD_NUMBER: _builtins.int
+    OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
+    JITTER_SECONDS_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     """dbt threads; 0: the environment's default (4 without one)"""
     timeout_seconds: _builtins.int
@@ -214,6 +262,11 @@ class JobSettings(_message.Message):
     """Slim CI: dbt steps without a selection build `--select state:modified+` against that manifest
     (needs a deferral; without a run to defer to yet, the steps run as written).
     """
+    overlap_policy: Global___OverlapPolicy.ValueType
+    jitter_seconds: _builtins.int
+    """Each fire of the schedule comes the job's own fixed offset later, between 0 and this many
+    seconds (at most 3600; 0: none): the same offset every time, so jobs that share a cron spread out.
+    """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """extra environment for every step"""
@@ -245,10 +298,12 @@ class JobSettings(_message.Message):
         defer_to_job_id: _builtins.int = ...,
         defer_to_environment_id: _builtins.int = ...,
         run_only_modified: _builtins.bool = ...,
+        overlap_policy: Global___OverlapPolicy.ValueType = ...,
+        jitter_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["defer_to_environment_id", b"defer_to_environment_id", "defer_to_job_id", b"defer_to_job_id", "environment", b"environment", "environment_id", b"environment_id", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "run_only_modified", b"run_only_modified", "run_source_freshness", b"run_source_freshness", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["defer_to_environment_id", b"defer_to_environment_id", "defer_to_job_id", b"defer_to_job_id", "environment", b"environment", "environment_id", b"environment_id", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "jitter_seconds", b"jitter_seconds", "missed_run_grace_seconds", b"missed_run_grace_seconds", "overlap_policy", b"overlap_policy", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "run_only_modified", b"run_only_modified", "run_source_freshness", b"run_source_freshness", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -273,6 +328,8 @@ class Job(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
     PAUSED_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_BY_FIELD_NUMBER: _builtins.int
+    PAUSE_NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     name: _builtins.str
@@ -285,6 +342,10 @@ class Job(_message.Message):
     """Paused: queued by nothing automatic (schedule, completion triggers, Git events, retries); run
     now and API triggers still queue it. Independent of `active`; saving the job keeps it paused.
     """
+    paused_by: _builtins.str
+    """who paused it (the token's or user's name); empty while not paused"""
+    pause_note: _builtins.str
+    """why, as given when pausing"""
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -315,10 +376,12 @@ class Job(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         paused: _builtins.bool = ...,
         paused_at: _timestamp_pb2.Timestamp | None = ...,
+        paused_by: _builtins.str = ...,
+        pause_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "paused_at", b"paused_at", "settings", b"settings", "triggers", b"triggers", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "consecutive_failures", b"consecutive_failures", "created_at", b"created_at", "deactivation_reason", b"deactivation_reason", "id", b"id", "job_type", b"job_type", "name", b"name", "paused", b"paused", "paused_at", b"paused_at", "settings", b"settings", "steps", b"steps", "triggers", b"triggers", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "consecutive_failures", b"consecutive_failures", "created_at", b"created_at", "deactivation_reason", b"deactivation_reason", "id", b"id", "job_type", b"job_type", "name", b"name", "pause_note", b"pause_note", "paused", b"paused", "paused_at", b"paused_at", "paused_by", b"paused_by", "settings", b"settings", "steps", b"steps", "triggers", b"triggers", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -513,15 +576,19 @@ class PauseJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
+    note: _builtins.str
+    """why (at most 1000 characters); kept with who paused it, shown with the job"""
     def __init__(
         self,
         *,
         job_id: _builtins.int = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "note", b"note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -545,3 +612,89 @@ class UnpauseJobRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UnpauseJobRequest: _TypeAlias = UnpauseJobRequest  # noqa: Y015
+
+@_typing.final
+class SkippedOccurrence(_message.Message):
+    """A cron occurrence of a job that got no run, and why."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULED_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    BLOCKING_RUN_ID_FIELD_NUMBER: _builtins.int
+    RECORDED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    reason: _builtins.str
+    """"overlap" """
+    detail: _builtins.str
+    blocking_run_id: _builtins.int
+    """overlap: the run of the job in the way; 0: none"""
+    @_builtins.property
+    def scheduled_at(self) -> _timestamp_pb2.Timestamp:
+        """the occurrence's time"""
+
+    @_builtins.property
+    def recorded_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        scheduled_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        blocking_run_id: _builtins.int = ...,
+        recorded_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recorded_at", b"recorded_at", "scheduled_at", b"scheduled_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocking_run_id", b"blocking_run_id", "detail", b"detail", "job_id", b"job_id", "reason", b"reason", "recorded_at", b"recorded_at", "scheduled_at", b"scheduled_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkippedOccurrence: _TypeAlias = SkippedOccurrence  # noqa: Y015
+
+@_typing.final
+class ListSkippedOccurrencesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.int
+    """required"""
+    page_size: _builtins.int
+    """0 means 50; at most 500; newest first"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSkippedOccurrencesRequest: _TypeAlias = ListSkippedOccurrencesRequest  # noqa: Y015
+
+@_typing.final
+class ListSkippedOccurrencesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCCURRENCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def occurrences(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedOccurrence]: ...
+    def __init__(
+        self,
+        *,
+        occurrences: _abc.Iterable[Global___SkippedOccurrence] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["occurrences", b"occurrences"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSkippedOccurrencesResponse: _TypeAlias = ListSkippedOccurrencesResponse  # noqa: Y015

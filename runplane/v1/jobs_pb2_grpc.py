@@ -69,6 +69,11 @@ class JobServiceStub:
                 request_serializer=runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.SerializeToString,
                 response_deserializer=runplane_dot_v1_dot_jobs__pb2.Job.FromString,
                 _registered_method=True)
+        self.ListSkippedOccurrences = channel.unary_unary(
+                '/runplane.v1.JobService/ListSkippedOccurrences',
+                request_serializer=runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesRequest.SerializeToString,
+                response_deserializer=runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -116,6 +121,12 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSkippedOccurrences(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.UnpauseJob,
                     request_deserializer=runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.FromString,
                     response_serializer=runplane_dot_v1_dot_jobs__pb2.Job.SerializeToString,
+            ),
+            'ListSkippedOccurrences': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSkippedOccurrences,
+                    request_deserializer=runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesRequest.FromString,
+                    response_serializer=runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class JobService:
             '/runplane.v1.JobService/UnpauseJob',
             runplane_dot_v1_dot_jobs__pb2.UnpauseJobRequest.SerializeToString,
             runplane_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSkippedOccurrences(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runplane.v1.JobService/ListSkippedOccurrences',
+            runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesRequest.SerializeToString,
+            runplane_dot_v1_dot_jobs__pb2.ListSkippedOccurrencesResponse.FromString,
             options,
             channel_credentials,
             insecure,

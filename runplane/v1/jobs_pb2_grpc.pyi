@@ -38,6 +38,7 @@ class JobServiceStub:
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.DeleteJobRequest, _jobs_pb2.DeleteJobResponse]
     PauseJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.PauseJobRequest, _jobs_pb2.Job]
     UnpauseJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.UnpauseJobRequest, _jobs_pb2.Job]
+    ListSkippedOccurrences: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListSkippedOccurrencesRequest, _jobs_pb2.ListSkippedOccurrencesResponse]
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -49,6 +50,7 @@ class JobServiceAsyncStub(JobServiceStub):
     DeleteJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.DeleteJobRequest, _jobs_pb2.DeleteJobResponse]  # type: ignore[assignment]
     PauseJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.PauseJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
     UnpauseJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.UnpauseJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
+    ListSkippedOccurrences: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListSkippedOccurrencesRequest, _jobs_pb2.ListSkippedOccurrencesResponse]  # type: ignore[assignment]
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -99,5 +101,12 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.UnpauseJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.Job, _abc.Awaitable[_jobs_pb2.Job]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSkippedOccurrences(
+        self,
+        request: _jobs_pb2.ListSkippedOccurrencesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ListSkippedOccurrencesResponse, _abc.Awaitable[_jobs_pb2.ListSkippedOccurrencesResponse]]: ...
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from runplane.v1 import common_pb2 as runplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16runplane/v1/runs.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18runplane/v1/common.proto\"\xf1\x01\n\x0cRunOverrides\x12\r\n\x05steps\x18\x01 \x03(\t\x12\x0f\n\x07threads\x18\x02 \x01(\x05\x12\x12\n\ngit_branch\x18\x03 \x01(\t\x12\x0f\n\x07git_sha\x18\x04 \x01(\t\x12\x0e\n\x06schema\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\x12\x1b\n\x13pull_request_number\x18\x07 \x01(\x05\x12\x13\n\x0btarget_name\x18\x08 \x01(\t\x12\x1a\n\rgenerate_docs\x18\t \x01(\x08H\x00\x88\x01\x01\x12\x13\n\x0b\x64\x62t_version\x18\n \x01(\tB\x10\n\x0e_generate_docs\"\x9b\x06\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12&\n\x08job_type\x18\x04 \x01(\x0e\x32\x14.runplane.v1.JobType\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12%\n\x07trigger\x18\x06 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12\r\n\x05\x63\x61use\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x15\n\rparent_run_id\x18\n \x01(\x03\x12,\n\toverrides\x18\x0b \x01(\x0b\x32\x19.runplane.v1.RunOverrides\x12\x16\n\x0ewaiting_reason\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x0e \x01(\x08\x12\x0e\n\x06schema\x18\x0f \x01(\t\x12\x10\n\x08pod_name\x18\x10 \x01(\t\x12\x0f\n\x07\x63luster\x18\x11 \x01(\t\x12\x30\n\x0cscheduled_at\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tqueued_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rdispatched_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11retries_exhausted\x18\x17 \x01(\x08\x12#\n\x05steps\x18\x18 \x03(\x0b\x32\x14.runplane.v1.RunStep\x12\x0f\n\x07git_sha\x18\x19 \x01(\t\x12\x12\n\njob_paused\x18\x1a \x01(\x08\x12\x18\n\x10\x64\x65\x66\x65rring_run_id\x18\x1b \x01(\x03\"\x8b\x02\n\x07RunStep\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07skipped\x18\x07 \x01(\x08\x12\x12\n\nend_reason\x18\x08 \x01(\t\x12\x10\n\x08optional\x18\t \x01(\x08\x12\r\n\x05setup\x18\n \x01(\x08\"\xcc\x01\n\x11TriggerRunRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12%\n\x07trigger\x18\x02 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\toverrides\x18\x05 \x01(\x0b\x32\x19.runplane.v1.RunOverrides\x12*\n\x06run_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"F\n\x17\x43losePullRequestRequest\x12\x1b\n\x13pull_request_number\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\"?\n\x18\x43losePullRequestResponse\x12#\n\tdrop_runs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Run\"!\n\x0fRerunRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"\x92\x01\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12(\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.runplane.v1.RunStatus\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x1e\n\x16retries_exhausted_only\x18\x05 \x01(\x08\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"I\n\x14StreamRunLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"i\n\x08LogChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"&\n\x14ListArtifactsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"p\n\x08\x41rtifact\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"A\n\x15ListArtifactsResponse\x12(\n\tartifacts\x18\x01 \x03(\x0b\x32\x15.runplane.v1.Artifact\"Z\n\x12GetArtifactRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x17\n\nstep_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_step_index\"K\n\x0f\x41rtifactContent\x12\'\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.runplane.v1.Artifact\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x32\x9b\x05\n\nRunService\x12>\n\nTriggerRun\x12\x1e.runplane.v1.TriggerRunRequest\x1a\x10.runplane.v1.Run\x12\x36\n\x06GetRun\x12\x1a.runplane.v1.GetRunRequest\x1a\x10.runplane.v1.Run\x12:\n\x08RerunRun\x12\x1c.runplane.v1.RerunRunRequest\x1a\x10.runplane.v1.Run\x12_\n\x10\x43losePullRequest\x12$.runplane.v1.ClosePullRequestRequest\x1a%.runplane.v1.ClosePullRequestResponse\x12G\n\x08ListRuns\x12\x1c.runplane.v1.ListRunsRequest\x1a\x1d.runplane.v1.ListRunsResponse\x12<\n\tCancelRun\x12\x1d.runplane.v1.CancelRunRequest\x1a\x10.runplane.v1.Run\x12K\n\rStreamRunLogs\x12!.runplane.v1.StreamRunLogsRequest\x1a\x15.runplane.v1.LogChunk0\x01\x12V\n\rListArtifacts\x12!.runplane.v1.ListArtifactsRequest\x1a\".runplane.v1.ListArtifactsResponse\x12L\n\x0bGetArtifact\x12\x1f.runplane.v1.GetArtifactRequest\x1a\x1c.runplane.v1.ArtifactContentb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16runplane/v1/runs.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18runplane/v1/common.proto\"\xf1\x01\n\x0cRunOverrides\x12\r\n\x05steps\x18\x01 \x03(\t\x12\x0f\n\x07threads\x18\x02 \x01(\x05\x12\x12\n\ngit_branch\x18\x03 \x01(\t\x12\x0f\n\x07git_sha\x18\x04 \x01(\t\x12\x0e\n\x06schema\x18\x05 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\x12\x1b\n\x13pull_request_number\x18\x07 \x01(\x05\x12\x13\n\x0btarget_name\x18\x08 \x01(\t\x12\x1a\n\rgenerate_docs\x18\t \x01(\x08H\x00\x88\x01\x01\x12\x13\n\x0b\x64\x62t_version\x18\n \x01(\tB\x10\n\x0e_generate_docs\"\xaf\x06\n\x03Run\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12&\n\x08job_type\x18\x04 \x01(\x0e\x32\x14.runplane.v1.JobType\x12&\n\x06status\x18\x05 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12%\n\x07trigger\x18\x06 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12\r\n\x05\x63\x61use\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x15\n\rparent_run_id\x18\n \x01(\x03\x12,\n\toverrides\x18\x0b \x01(\x0b\x32\x19.runplane.v1.RunOverrides\x12\x16\n\x0ewaiting_reason\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x18\n\x10\x63\x61ncel_requested\x18\x0e \x01(\x08\x12\x0e\n\x06schema\x18\x0f \x01(\t\x12\x10\n\x08pod_name\x18\x10 \x01(\t\x12\x0f\n\x07\x63luster\x18\x11 \x01(\t\x12\x30\n\x0cscheduled_at\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tqueued_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rdispatched_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11retries_exhausted\x18\x17 \x01(\x08\x12#\n\x05steps\x18\x18 \x03(\x0b\x32\x14.runplane.v1.RunStep\x12\x0f\n\x07git_sha\x18\x19 \x01(\t\x12\x12\n\njob_paused\x18\x1a \x01(\x08\x12\x18\n\x10\x64\x65\x66\x65rring_run_id\x18\x1b \x01(\x03\x12\x12\n\nreattached\x18\x1c \x01(\x08\"\x8b\x02\n\x07RunStep\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.runplane.v1.RunStatus\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07skipped\x18\x07 \x01(\x08\x12\x12\n\nend_reason\x18\x08 \x01(\t\x12\x10\n\x08optional\x18\t \x01(\x08\x12\r\n\x05setup\x18\n \x01(\x08\"\xde\x01\n\x11TriggerRunRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12%\n\x07trigger\x18\x02 \x01(\x0e\x32\x14.runplane.v1.Trigger\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\toverrides\x18\x05 \x01(\x0b\x32\x19.runplane.v1.RunOverrides\x12*\n\x06run_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08reattach\x18\x07 \x01(\x08\"F\n\x17\x43losePullRequestRequest\x12\x1b\n\x13pull_request_number\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\"?\n\x18\x43losePullRequestResponse\x12#\n\tdrop_runs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Run\"!\n\x0fRerunRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"\x92\x01\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12(\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.runplane.v1.RunStatus\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x1e\n\x16retries_exhausted_only\x18\x05 \x01(\x08\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"I\n\x14StreamRunLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"i\n\x08LogChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"&\n\x14ListArtifactsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\"p\n\x08\x41rtifact\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nstep_index\x18\x02 \x01(\x05\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"A\n\x15ListArtifactsResponse\x12(\n\tartifacts\x18\x01 \x03(\x0b\x32\x15.runplane.v1.Artifact\"Z\n\x12GetArtifactRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x17\n\nstep_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_step_index\"K\n\x0f\x41rtifactContent\x12\'\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.runplane.v1.Artifact\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x32\x9b\x05\n\nRunService\x12>\n\nTriggerRun\x12\x1e.runplane.v1.TriggerRunRequest\x1a\x10.runplane.v1.Run\x12\x36\n\x06GetRun\x12\x1a.runplane.v1.GetRunRequest\x1a\x10.runplane.v1.Run\x12:\n\x08RerunRun\x12\x1c.runplane.v1.RerunRunRequest\x1a\x10.runplane.v1.Run\x12_\n\x10\x43losePullRequest\x12$.runplane.v1.ClosePullRequestRequest\x1a%.runplane.v1.ClosePullRequestResponse\x12G\n\x08ListRuns\x12\x1c.runplane.v1.ListRunsRequest\x1a\x1d.runplane.v1.ListRunsResponse\x12<\n\tCancelRun\x12\x1d.runplane.v1.CancelRunRequest\x1a\x10.runplane.v1.Run\x12K\n\rStreamRunLogs\x12!.runplane.v1.StreamRunLogsRequest\x1a\x15.runplane.v1.LogChunk0\x01\x12V\n\rListArtifacts\x12!.runplane.v1.ListArtifactsRequest\x1a\".runplane.v1.ListArtifactsResponse\x12L\n\x0bGetArtifact\x12\x1f.runplane.v1.GetArtifactRequest\x1a\x1c.runplane.v1.ArtifactContentb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,39 +36,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNOVERRIDES']._serialized_start=99
   _globals['_RUNOVERRIDES']._serialized_end=340
   _globals['_RUN']._serialized_start=343
-  _globals['_RUN']._serialized_end=1138
-  _globals['_RUNSTEP']._serialized_start=1141
-  _globals['_RUNSTEP']._serialized_end=1408
-  _globals['_TRIGGERRUNREQUEST']._serialized_start=1411
-  _globals['_TRIGGERRUNREQUEST']._serialized_end=1615
-  _globals['_CLOSEPULLREQUESTREQUEST']._serialized_start=1617
-  _globals['_CLOSEPULLREQUESTREQUEST']._serialized_end=1687
-  _globals['_CLOSEPULLREQUESTRESPONSE']._serialized_start=1689
-  _globals['_CLOSEPULLREQUESTRESPONSE']._serialized_end=1752
-  _globals['_RERUNRUNREQUEST']._serialized_start=1754
-  _globals['_RERUNRUNREQUEST']._serialized_end=1787
-  _globals['_GETRUNREQUEST']._serialized_start=1789
-  _globals['_GETRUNREQUEST']._serialized_end=1820
-  _globals['_LISTRUNSREQUEST']._serialized_start=1823
-  _globals['_LISTRUNSREQUEST']._serialized_end=1969
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1971
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2046
-  _globals['_CANCELRUNREQUEST']._serialized_start=2048
-  _globals['_CANCELRUNREQUEST']._serialized_end=2082
-  _globals['_STREAMRUNLOGSREQUEST']._serialized_start=2084
-  _globals['_STREAMRUNLOGSREQUEST']._serialized_end=2157
-  _globals['_LOGCHUNK']._serialized_start=2159
-  _globals['_LOGCHUNK']._serialized_end=2264
-  _globals['_LISTARTIFACTSREQUEST']._serialized_start=2266
-  _globals['_LISTARTIFACTSREQUEST']._serialized_end=2304
-  _globals['_ARTIFACT']._serialized_start=2306
-  _globals['_ARTIFACT']._serialized_end=2418
-  _globals['_LISTARTIFACTSRESPONSE']._serialized_start=2420
-  _globals['_LISTARTIFACTSRESPONSE']._serialized_end=2485
-  _globals['_GETARTIFACTREQUEST']._serialized_start=2487
-  _globals['_GETARTIFACTREQUEST']._serialized_end=2577
-  _globals['_ARTIFACTCONTENT']._serialized_start=2579
-  _globals['_ARTIFACTCONTENT']._serialized_end=2654
-  _globals['_RUNSERVICE']._serialized_start=2657
-  _globals['_RUNSERVICE']._serialized_end=3324
+  _globals['_RUN']._serialized_end=1158
+  _globals['_RUNSTEP']._serialized_start=1161
+  _globals['_RUNSTEP']._serialized_end=1428
+  _globals['_TRIGGERRUNREQUEST']._serialized_start=1431
+  _globals['_TRIGGERRUNREQUEST']._serialized_end=1653
+  _globals['_CLOSEPULLREQUESTREQUEST']._serialized_start=1655
+  _globals['_CLOSEPULLREQUESTREQUEST']._serialized_end=1725
+  _globals['_CLOSEPULLREQUESTRESPONSE']._serialized_start=1727
+  _globals['_CLOSEPULLREQUESTRESPONSE']._serialized_end=1790
+  _globals['_RERUNRUNREQUEST']._serialized_start=1792
+  _globals['_RERUNRUNREQUEST']._serialized_end=1825
+  _globals['_GETRUNREQUEST']._serialized_start=1827
+  _globals['_GETRUNREQUEST']._serialized_end=1858
+  _globals['_LISTRUNSREQUEST']._serialized_start=1861
+  _globals['_LISTRUNSREQUEST']._serialized_end=2007
+  _globals['_LISTRUNSRESPONSE']._serialized_start=2009
+  _globals['_LISTRUNSRESPONSE']._serialized_end=2084
+  _globals['_CANCELRUNREQUEST']._serialized_start=2086
+  _globals['_CANCELRUNREQUEST']._serialized_end=2120
+  _globals['_STREAMRUNLOGSREQUEST']._serialized_start=2122
+  _globals['_STREAMRUNLOGSREQUEST']._serialized_end=2195
+  _globals['_LOGCHUNK']._serialized_start=2197
+  _globals['_LOGCHUNK']._serialized_end=2302
+  _globals['_LISTARTIFACTSREQUEST']._serialized_start=2304
+  _globals['_LISTARTIFACTSREQUEST']._serialized_end=2342
+  _globals['_ARTIFACT']._serialized_start=2344
+  _globals['_ARTIFACT']._serialized_end=2456
+  _globals['_LISTARTIFACTSRESPONSE']._serialized_start=2458
+  _globals['_LISTARTIFACTSRESPONSE']._serialized_end=2523
+  _globals['_GETARTIFACTREQUEST']._serialized_start=2525
+  _globals['_GETARTIFACTREQUEST']._serialized_end=2615
+  _globals['_ARTIFACTCONTENT']._serialized_start=2617
+  _globals['_ARTIFACTCONTENT']._serialized_end=2692
+  _globals['_RUNSERVICE']._serialized_start=2695
+  _globals['_RUNSERVICE']._serialized_end=3362
 # @@protoc_insertion_point(module_scope)

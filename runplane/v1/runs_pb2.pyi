@@ -106,6 +106,7 @@ class Run(_message.Message):
     GIT_SHA_FIELD_NUMBER: _builtins.int
     JOB_PAUSED_FIELD_NUMBER: _builtins.int
     DEFERRING_RUN_ID_FIELD_NUMBER: _builtins.int
+    REATTACHED_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     account_id: _builtins.int
     job_id: _builtins.int
@@ -130,6 +131,8 @@ class Run(_message.Message):
     job_paused: _builtins.bool
     deferring_run_id: _builtins.int
     """the run whose manifest.json this run deferred to; 0: none          // the job was paused when this run was queued (run now, API)"""
+    reattached: _builtins.bool
+    """TriggerRun with reattach: this is a run already in progress, not a new one"""
     @_builtins.property
     def overrides(self) -> Global___RunOverrides: ...
     @_builtins.property
@@ -174,10 +177,11 @@ class Run(_message.Message):
         git_sha: _builtins.str = ...,
         job_paused: _builtins.bool = ...,
         deferring_run_id: _builtins.int = ...,
+        reattached: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "overrides", b"overrides", "queued_at", b"queued_at", "scheduled_at", b"scheduled_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "deferring_run_id", b"deferring_run_id", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "git_sha", b"git_sha", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_paused", b"job_paused", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "attempt", b"attempt", "cancel_requested", b"cancel_requested", "cause", b"cause", "cluster", b"cluster", "deferring_run_id", b"deferring_run_id", "dispatched_at", b"dispatched_at", "finished_at", b"finished_at", "git_sha", b"git_sha", "id", b"id", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "job_paused", b"job_paused", "job_type", b"job_type", "overrides", b"overrides", "parent_run_id", b"parent_run_id", "pod_name", b"pod_name", "queued_at", b"queued_at", "reattached", b"reattached", "retries_exhausted", b"retries_exhausted", "scheduled_at", b"scheduled_at", "schema", b"schema", "started_at", b"started_at", "status", b"status", "status_message", b"status_message", "steps", b"steps", "trigger", b"trigger", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -245,6 +249,7 @@ class TriggerRunRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     OVERRIDES_FIELD_NUMBER: _builtins.int
     RUN_AT_FIELD_NUMBER: _builtins.int
+    REATTACH_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     trigger: _common_pb2.Trigger.ValueType
     """api (default), manual, ci or merge"""
@@ -252,6 +257,10 @@ class TriggerRunRequest(_message.Message):
     """free text shown with the run"""
     idempotency_key: _builtins.str
     """optional; the same key returns the same run"""
+    reattach: _builtins.bool
+    """When a run of the job with the same overrides is queued, starting or running, answer that run
+    (its `reattached` set) instead of queuing another. Ignored with an idempotency key's replay.
+    """
     @_builtins.property
     def overrides(self) -> Global___RunOverrides: ...
     @_builtins.property
@@ -270,10 +279,11 @@ class TriggerRunRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         overrides: Global___RunOverrides | None = ...,
         run_at: _timestamp_pb2.Timestamp | None = ...,
+        reattach: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["overrides", b"overrides", "run_at", b"run_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "overrides", b"overrides", "run_at", b"run_at", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "overrides", b"overrides", "reattach", b"reattach", "run_at", b"run_at", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

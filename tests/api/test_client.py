@@ -194,6 +194,23 @@ async def test_every_job_setting_from_the_command_line(
     assert await scalar(adb, "SELECT scheduled_at FROM runs WHERE id = %s", later["id"]) == at
 
 
+async def test_overlap_jitter_pause_note_and_reattach_from_the_command_line(
+    api: RunningApi, client: Client, service_env: dict[str, str]
+) -> None:
+    env = client_env(service_env, api, client.token)
+    job = await run_client(
+        env, "create-job", "--name", "hourly", "--step", "echo", "--overlap-policy", "skip", "--jitter", "30"
+    )
+    assert job["settings"]["overlapPolicy"] == "OVERLAP_POLICY_SKIP" and job["settings"]["jitterSeconds"] == 30
+    kept = await run_client(env, "update-job", job["id"], "--priority", "2")
+    assert kept["settings"]["overlapPolicy"] == "OVERLAP_POLICY_SKIP" and kept["settings"]["jitterSeconds"] == 30
+    paused = await run_client(env, "pause-job", job["id"], "--note", "quarter close")
+    assert paused["pauseNote"] == "quarter close" and paused["pausedBy"].startswith("token #")
+    first = await run_client(env, "trigger", job["id"])
+    again = await run_client(env, "trigger", job["id"], "--reattach")
+    assert again["id"] == first["id"] and again["reattached"] is True
+
+
 def test_a_step_counted_from_zero_is_refused_with_how_steps_count(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         _parser().parse_args(["artifact", "7", "run_results.json", "--step", "0"])

@@ -204,3 +204,45 @@ def test_an_update_after_a_late_fire_takes_the_new_schedules_occurrence_at_it_ag
     assert heap.update(Definition(1, 3, "* * * * *", "UTC", 0), now=utc(2026, 5, 1, 12, 2) + 10) == utc(
         2026, 5, 1, 12, 3
     )
+
+
+def test_a_jittered_job_fires_its_fixed_offset_after_each_instant_keeping_the_instant_as_its_key() -> None:
+    from runplane.basics.jitter import jitter_offset
+
+    now = utc(2026, 5, 1, 11, 59) + 30
+    offsets = {job_id: jitter_offset(job_id, 60) for job_id in range(1, 200)}
+    assert all(0 <= o <= 60 for o in offsets.values()) and len(set(offsets.values())) > 30  # spread, bounded
+    assert offsets == {job_id: jitter_offset(job_id, 60) for job_id in range(1, 200)}  # the same every time
+    heap = CronHeap()
+    plain, jittered = 1, next(j for j, o in offsets.items() if o >= 10 and j != 1)
+    heap.assign(Definition(plain, 1, "0 * * * *", "UTC", 0), last_fire_ts=0, now=now)
+    heap.assign(Definition(jittered, 1, "0 * * * *", "UTC", 0, jitter_seconds=60), last_fire_ts=0, now=now)
+    noon, offset = utc(2026, 5, 1, 12, 0), offsets[jittered]
+    assert heap.next_due() == noon
+    assert heap.pop_due(noon) == [Due(plain, noon, "0 * * * *", "UTC", 0)]
+    heap.reschedule([Due(plain, noon, "0 * * * *", "UTC", 0)])
+    assert heap.next_due() == noon + offset
+    assert heap.pop_due(noon + offset - 1) == []
+    due = heap.pop_due(noon + offset)
+    assert due == [Due(jittered, noon, "0 * * * *", "UTC", offset)]  # the instant stays the fire (its key)
+    heap.reschedule(due)
+    assert heap.next_due() == utc(2026, 5, 1, 13, 0)  # the plain job's next hour; the jittered one after
+    assert heap.pop_due(utc(2026, 5, 1, 13, 0) + offset) == [
+        Due(plain, utc(2026, 5, 1, 13, 0), "0 * * * *", "UTC", 0),
+        Due(jittered, utc(2026, 5, 1, 13, 0), "0 * * * *", "UTC", offset),
+    ]
+
+
+def test_a_job_taken_over_between_its_instant_and_its_offset_still_fires_that_instant() -> None:
+    from runplane.basics.jitter import jitter_offset
+
+    job = next(j for j in range(1, 1000) if jitter_offset(j, 60) >= 20)
+    offset = jitter_offset(job, 60)
+    noon = utc(2026, 5, 1, 12, 0)
+    heap = CronHeap()
+    # Grace 0 (no missed fire): the noon fire is not missed yet at noon + 10 s, its run is due later.
+    heap.assign(Definition(job, 1, "0 * * * *", "UTC", 0, jitter_seconds=60), last_fire_ts=0, now=noon + 10)
+    assert heap.next_due() == noon + offset
+    # A changed jitter moves the pending fire's due time, not the fire.
+    heap.update(Definition(job, 2, "0 * * * *", "UTC", 0, jitter_seconds=0), now=noon + 11)
+    assert heap.pop_due(noon + 11) == [Due(job, noon, "0 * * * *", "UTC", 0)]

@@ -80,8 +80,8 @@ def drained(heap: CronHeap, kind_of: dict[int, RunnerKind], *, now: float, minut
     counts: Counts = Counter()
     while (head := heap.next_due()) is not None and head < end:
         due = heap.pop_due(head)
-        for job_id, fire, _, _ in due:
-            counts[kind_of[job_id], max(start, minute_of(fire))] += 1
+        for job_id, fire, _, _, offset in due:
+            counts[kind_of[job_id], max(start, minute_of(fire + offset))] += 1
         heap.reschedule(due)
     return counts
 
@@ -93,16 +93,24 @@ def drained(heap: CronHeap, kind_of: dict[int, RunnerKind], *, now: float, minut
     offset=st.integers(-3 * 3600, 3 * 3600),
     minutes=st.integers(1, 10),
     last_fire_back=st.integers(0, 7200),
+    jitter=st.sampled_from([0, 0, 30, 60, 600]),
 )
-def test_the_forecast_is_what_the_heap_fires(
-    jobs: list[tuple[str, str, RunnerKind, int]], around: int, offset: int, minutes: int, last_fire_back: int
+def test_the_forecast_is_what_the_heap_fires(  # noqa: PLR0917
+    jobs: list[tuple[str, str, RunnerKind, int]],
+    around: int,
+    offset: int,
+    minutes: int,
+    last_fire_back: int,
+    jitter: int,
 ) -> None:
     moments = transitions()
     now = moments[around % len(moments)] + offset + 0.25  # near a change of some zone's clock
     heap = CronHeap()
     kind_of: dict[int, RunnerKind] = {}
     for job_id, (cron, zone, kind, grace) in enumerate(jobs, start=1):
-        heap.assign(Definition(job_id, 1, cron, zone, grace), last_fire_ts=int(now) - last_fire_back, now=now)
+        # Every other job jittered: a fire counts in the minute it is due, as the heap fires it.
+        defn = Definition(job_id, 1, cron, zone, grace, jitter if job_id % 2 else 0)
+        heap.assign(defn, last_fire_ts=int(now) - last_fire_back, now=now)
         kind_of[job_id] = kind
 
     forecast = fires_by_minute(list(heap.jobs()), kind_of, now=now, minutes=minutes)

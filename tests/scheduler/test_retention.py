@@ -80,3 +80,19 @@ def test_a_batch_reads_the_retention_index(db: Conn) -> None:
         )
     ]
     assert any("runs_retention_idx" in line for line in plan), plan
+
+
+async def test_skipped_occurrences_go_after_the_same_retention_as_runs(
+    db: Conn, pool: AsyncConnectionPool[Connection]
+) -> None:
+    account = create_account(db)
+    db.execute("UPDATE accounts SET run_retention_days = 30 WHERE id = %s", (account,))
+    job = create_job(db, account)
+    for key, age in (("old", "31 days"), ("recent", "29 days")):
+        db.execute(
+            "INSERT INTO skipped_occurrences (account_id, job_id, occurrence_key, scheduled_at, reason, recorded_at)"
+            " VALUES (%s, %s, %s, now() - %s::interval, 'overlap', now() - %s::interval)",
+            (account, job, key, age, age),
+        )
+    await delete_expired_runs(pool)
+    assert [r["occurrence_key"] for r in rows(db, "SELECT occurrence_key FROM skipped_occurrences")] == ["recent"]

@@ -139,6 +139,19 @@ HISTORIES = {
             "slowest_call": 3.0,
         },
     ),
+    # "edits" with every third job jittered: each occurrence is checked against its due time.
+    "jitter": History(
+        freeze_edit_history,
+        {
+            "workers_at_start": 2,
+            "jobs_at_start": 12,
+            "crons": ("* * * * *", "*/2 * * * *", "*/3 * * * *"),
+            "graces": (0, 300),
+            "slow_calls": 0.15,
+            "slowest_call": 3.0,
+            "jitter_seconds": 20,
+        },
+    ),
     "creates": History(
         freeze_create_history,
         {"workers_at_start": 3, "jobs_at_start": 6, "graces": (300,), "slow_calls": 0.1, "slowest_call": 2.0},

@@ -23,8 +23,9 @@ from runplane.basics.stamps import Stamp
 from runplane.basics.types import schedule_idempotency_key
 
 # A definition's columns in their order: job_id, account_id, version, cron, timezone,
-# missed_run_grace_seconds, job_type, priority (the rows that say more of a job start with them).
-DefinitionColumns = tuple[int, int, int, str | None, str, int, str, int]
+# missed_run_grace_seconds, job_type, priority, jitter_seconds (the rows that say more of a job start
+# with them).
+DefinitionColumns = tuple[int, int, int, str | None, str, int, str, int, int]
 
 
 @dataclass
@@ -36,6 +37,7 @@ class JobRow:
     missed_run_grace_seconds: int = 300
     job_type: str = "deploy"
     priority: int = 0
+    jitter_seconds: int = 0
     version: int = 1
     deleted: bool = False
     deactivated: bool = False
@@ -58,6 +60,7 @@ class JobRow:
             self.missed_run_grace_seconds,
             self.job_type,
             self.priority,
+            self.jitter_seconds,
         )
 
 
@@ -202,7 +205,7 @@ class MemoryOwnershipStore:
             own = self.db.ownership.get(job_id)
             if job is None:
                 if own is not None:
-                    no_job = (None,) * 7
+                    no_job = (None,) * 8
                     found.append(rows.JobState(job_id, *no_job, False, True, own.worker_id, own.state, own.version))
                 continue
             found.append(
@@ -381,7 +384,7 @@ class MemoryRunsStore:
     async def queue_runs(self, tick: PreparedTick) -> TickResult:
         queued = 0
         accounts: set[int] = set()
-        for job_id, fire_ts, cron, timezone in tick.due:
+        for job_id, fire_ts, cron, timezone, _ in tick.due:
             job = self.db.jobs.get(job_id)
             key = schedule_idempotency_key(job_id, fire_ts)
             if job is None or not job.schedulable or key in self.db.runs:

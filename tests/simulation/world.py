@@ -24,6 +24,7 @@ from queuer_worker.worker import QueuerWorker
 from runplane.adapters.outages import is_transient
 from runplane.basics import backoff
 from runplane.basics.cron import next_fire
+from runplane.basics.jitter import jitter_offset
 from runplane.basics.ownership import job_digest
 from runplane.basics.settings import Settings
 from runplane.basics.supervise import spawn
@@ -116,6 +117,7 @@ class World:
     graces: tuple[int, ...] = (0, 300)
     slow_calls: float = 0.02  # the share of calls that take long
     slowest_call: float = 1.0
+    jitter_seconds: int = 0  # of every third job (0: no job is jittered)
     settings: Settings = field(default_factory=lambda: Settings(bus_prefix="sim"))
     trace_lines: list[str] = field(default_factory=list)
 
@@ -302,8 +304,11 @@ class World:
     def _create_job(self, cron: str) -> int:
         grace = self.rng.choice(self.graces)
         job = self.db.add_job(1 + len(self.db.jobs) % 3, cron, missed_run_grace_seconds=grace)
+        # Every third job is jittered (in the histories that ask): its fires are due its fixed offset
+        # after each instant.
+        job.jitter_seconds = self.jitter_seconds if job.id % 3 == 0 else 0
         self.history[job.id] = JobHistory(self.now, self.now, self.now, cron)
-        self.trace("api", f"job {job.id} created {cron!r} grace={grace}")
+        self.trace("api", f"job {job.id} created {cron!r} grace={grace} jitter={job.jitter_seconds}")
         return job.id
 
     def create_job(self, cron: str) -> None:
@@ -562,15 +567,17 @@ class World:
             if history.schedulable_since is None or job.cron is None:
                 continue
             start = max(history.schedulable_since, self.last_heal) + self.bound
+            offset = jitter_offset(job_id, job.jitter_seconds)  # a fire is due this long after its instant
             fire = next_fire(job.cron, job.timezone, EPOCH + start - 1)
-            while fire <= EPOCH + end - 2 - 2 * self.slowest_call:  # the last ones may still be on their way
+            while fire + offset <= EPOCH + end - 2 - 2 * self.slowest_call:  # the last ones may be on their way
                 run = runs_by_key.get(schedule_idempotency_key(job_id, fire))
-                if run is None:
+                late = None if run is None else run.queued_at - (fire + offset)
+                if late is None:
                     self.violated(f"job {job_id}: the occurrence at t={fire - EPOCH:.0f} got no run")
-                elif run.queued_at - fire > 1.0 + 2 * self.slowest_call:  # the insert itself may be slow
-                    self.violated(
-                        f"job {job_id}: the occurrence at t={fire - EPOCH:.0f} queued {run.queued_at - fire:.1f}s late"
-                    )
+                elif late > 1.0 + 2 * self.slowest_call:  # the insert itself may be slow
+                    self.violated(f"job {job_id}: the occurrence at t={fire - EPOCH:.0f} queued {late:.1f}s late")
+                elif late < -1.0:
+                    self.violated(f"job {job_id}: the occurrence at t={fire - EPOCH:.0f} queued {-late:.1f}s early")
                 fire = next_fire(job.cron, job.timezone, fire)
 
     def _check_schedule_in_force(self) -> None:

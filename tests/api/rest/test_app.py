@@ -306,6 +306,7 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(rest_server: RestS
         "/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/pause/",
         "/api/v2/accounts/{account_id}/jobs/{job_id}/unpause/",
+        "/api/v2/accounts/{account_id}/jobs/{job_id}/skipped-occurrences/",
         "/api/v2/accounts/{account_id}/projects/",
         "/api/v2/accounts/{account_id}/projects/{project_id}/",
         "/api/v3/accounts/{account_id}/projects/",

@@ -465,6 +465,11 @@ async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) ->
         "secret_names": ["DBT_ENV_SECRET_TOKEN"],
         "job_completion_trigger_conditions": [],
         "version": 1,
+        "overlap_policy": "serial",
+        "jitter_seconds": 0,
+        "paused_by": "",
+        "pause_note": "",
+        "deactivation_reason": "",
     }
     assert "s3cret" not in response.text
     job_id = response.json()["data"]["id"]
