@@ -2,11 +2,20 @@
 -- never returned, so it looks exactly like a missing one.
 
 -- name: account_for_token
--- Read on every call (no cache): a revoked or expired token fails at once.
-SELECT l.account_id, l.scopes,
-       'token #' || l.id || CASE WHEN t.name <> '' THEN ' (' || t.name || ')' ELSE '' END AS who
-  FROM live_api_tokens l JOIN api_tokens t ON t.id = l.id
- WHERE l.token_hash = %(token_hash)s;
+-- Read on every call (no cache): a revoked or expired token fails at once. A token found is marked
+-- used, at most once a minute.
+WITH live AS (
+    SELECT l.id, l.account_id, l.scopes,
+           'token #' || l.id || CASE WHEN t.name <> '' THEN ' (' || t.name || ')' ELSE '' END AS who
+      FROM live_api_tokens l JOIN api_tokens t ON t.id = l.id
+     WHERE l.token_hash = %(token_hash)s
+),
+used AS (
+    UPDATE api_tokens t SET last_used_at = now()
+      FROM live
+     WHERE t.id = live.id AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute')
+)
+SELECT account_id, scopes, who FROM live;
 
 -- name: insert_account
 INSERT INTO accounts (name, run_slots, memory_mb)
@@ -438,10 +447,14 @@ ORDER BY path, step_index DESC;
 
 -- name: runs_page
 SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attempt, r.waiting_reason,
-       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at
-  FROM runs r JOIN jobs j ON j.id = r.job_id
+       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at,
+       r.job_type, r.git_sha, r.overrides, r.schema_name AS run_schema, j.schema_name AS job_schema,
+       e.id AS environment_id, e.name AS environment_name, e.schema_name AS environment_schema, e.project_id
+  FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN environments e ON e.id = j.environment_id
  WHERE r.account_id = %(account_id)s
    AND (%(job_id)s::bigint IS NULL OR r.job_id = %(job_id)s)
+   AND (%(environment_id)s::bigint IS NULL OR j.environment_id = %(environment_id)s)
+   AND (%(project_id)s::bigint IS NULL OR e.project_id = %(project_id)s)
    AND (%(status)s::smallint IS NULL OR r.status = %(status)s)
    AND (%(trigger)s::text IS NULL OR r.trigger = %(trigger)s)
    AND (%(since)s::timestamptz IS NULL OR r.queued_at >= %(since)s)
@@ -483,12 +496,34 @@ SELECT count(*) AS started,
  WHERE account_id = %(account_id)s AND queued_at >= %(since)s AND started_at IS NOT NULL;
 
 -- name: waiting_now
--- The account's queued runs by why they wait (empty: due, not looked at yet).
-SELECT waiting_reason, count(*) AS runs, min(queued_at) AS oldest_queued_at
+-- The account's queued runs by why they wait (empty: due, not looked at yet); those whose time has not
+-- come (queued for later) apart: nothing holds them up.
+SELECT CASE WHEN scheduled_at > now() THEN '' ELSE waiting_reason END AS waiting_reason,
+       scheduled_at > now() AS not_due, count(*) AS runs, min(queued_at) AS oldest_queued_at
   FROM runs
  WHERE account_id = %(account_id)s AND status = 1
- GROUP BY waiting_reason
- ORDER BY waiting_reason;
+ GROUP BY 1, 2
+ ORDER BY 2, 1;
+
+-- name: account_tokens
+-- The settings page: the account's tokens that still work, by what they are named and may do, never
+-- their hash; the newest first.
+SELECT id, name, token_prefix, scopes, created_at, expires_at, last_used_at
+  FROM api_tokens
+ WHERE account_id = %(account_id)s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+ ORDER BY id DESC
+ LIMIT 200;
+
+-- name: account_webhooks
+-- The settings page: the account's webhook subscriptions, never their signing secret.
+SELECT id, name, client_url, event_types, cardinality(job_ids) AS job_count, active, created_at
+  FROM webhook_subscriptions
+ WHERE account_id = %(account_id)s
+ ORDER BY created_at, id;
+
+-- name: run_slots_in_use
+-- As the dispatcher counts them: starting and running runs that take a slot (CI runs take none).
+SELECT count(*) FROM runs WHERE account_id = %(account_id)s AND status IN (2, 3) AND takes_slot;
 
 -- name: job_names
 SELECT id, name FROM jobs WHERE account_id = %(account_id)s AND deleted_at IS NULL ORDER BY name, id LIMIT 500;
@@ -504,8 +539,10 @@ SELECT id, name, job_type, cron, timezone, paused_at, deactivated_at FROM jobs
 -- name: search_runs
 -- The web pages' search: a run by id, or the newest runs whose job's name or cause holds the words.
 SELECT r.id, r.job_id, j.name AS job_name, r.status, r.trigger, r.cause, r.attempt, r.waiting_reason,
-       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at
-  FROM runs r JOIN jobs j ON j.id = r.job_id
+       r.status_message, r.scheduled_at, r.queued_at, r.dispatched_at, r.started_at, r.finished_at,
+       r.job_type, r.git_sha, r.overrides, r.schema_name AS run_schema, j.schema_name AS job_schema,
+       e.id AS environment_id, e.name AS environment_name, e.schema_name AS environment_schema, e.project_id
+  FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN environments e ON e.id = j.environment_id
  WHERE r.account_id = %(account_id)s
    AND (r.id = %(id)s OR j.name ILIKE %(pattern)s::text OR r.cause ILIKE %(pattern)s::text)
  ORDER BY r.id DESC

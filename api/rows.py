@@ -230,6 +230,15 @@ class RunListing:
     dispatched_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    job_type: str
+    git_sha: str
+    overrides: dict[str, Any]
+    run_schema: str
+    job_schema: str
+    environment_id: int | None  # its job's environment (None: plain commands)
+    environment_name: str | None
+    environment_schema: str | None
+    project_id: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,9 +282,11 @@ class OnTimeSplit:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """How many of an account's queued runs wait for ``waiting_reason`` (empty: due, not looked at yet)."""
+    """How many of an account's queued runs wait for ``waiting_reason`` (empty: due, not looked at yet);
+    ``not_due``: runs queued for a later time (a one-time run at its time), which wait for nobody."""
 
     waiting_reason: str
+    not_due: bool
     runs: int
     oldest_queued_at: datetime
 
@@ -320,3 +331,29 @@ class Environment:
     deleted_at: datetime | None
     secret_variables: dict[str, str]
     version: int  # bumped by every save; an update naming another is refused
+
+
+@dataclass(frozen=True, slots=True)
+class TokenListing:
+    """A token as the settings page lists it: never its hash, and the token itself is never stored."""
+
+    id: int
+    name: str
+    token_prefix: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookListing:
+    """A webhook subscription as the settings page lists it, without its signing secret."""
+
+    id: str
+    name: str
+    client_url: str
+    event_types: list[str]
+    job_count: int
+    active: bool
+    created_at: datetime

@@ -37,7 +37,9 @@ from api.rows import (
     RunStep,
     RunWithEnvironment,
     SkippedOccurrence,
+    TokenListing,
     Waiting,
+    WebhookListing,
 )
 from api.scopes import TokenGrant
 from api.validation import JobSpec
@@ -610,7 +612,9 @@ class Store:
 
         Not prepared: each call's own plan uses the one index its filters need.
         """
-        params = {"account_id": account_id, "delay": None, "waiting": None, **filters, "after_id": after}
+        params: dict[str, Any] = {"account_id": account_id, "delay": None, "waiting": None}
+        params |= {"environment_id": None, "project_id": None}
+        params |= {**filters, "after_id": after}
         return await fetch_all(conn, QUERIES["runs_page"], {**params, "limit": limit}, RunListing, prepare=False)
 
     async def search(
@@ -639,6 +643,15 @@ class Store:
 
     async def job_names(self, conn: Connection, account_id: AccountId) -> list[JobName]:
         return await _all(conn, "job_names", JobName, account_id=account_id)
+
+    async def account_tokens(self, conn: Connection, account_id: AccountId) -> list[TokenListing]:
+        return await _all(conn, "account_tokens", TokenListing, account_id=account_id)
+
+    async def account_webhooks(self, conn: Connection, account_id: AccountId) -> list[WebhookListing]:
+        return await _all(conn, "account_webhooks", WebhookListing, account_id=account_id)
+
+    async def run_slots_in_use(self, conn: Connection, account_id: AccountId) -> int:
+        return int(await _value(conn, "run_slots_in_use", account_id=account_id))
 
 
 @contextlib.asynccontextmanager

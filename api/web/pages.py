@@ -180,12 +180,12 @@ def _time(value: str | None, field: str, zone: tzinfo) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=zone)
 
 
-def _job_id(value: str | None) -> int | None:
-    """The filter's job: empty for all jobs (what the form's "all jobs" sends)."""
+def _id_filter(value: str | None, field: str, what: str) -> int | None:
+    """A filter's id: empty for all (what the form's "all …" sends)."""
     if not value or not value.strip():
         return None
     if not value.strip().isdigit() or not 1 <= int(value) < 2**63:
-        raise InvalidArgument("job", f"{value[:20]!r} is not one of this account's jobs")
+        raise InvalidArgument(field, f"{value[:20]!r} is not one of this account's {what}")
     return int(value)
 
 
@@ -208,6 +208,8 @@ async def runs(
     who: Looking,
     *,
     job: Annotated[str | None, Query(max_length=20)] = None,
+    environment: Annotated[str | None, Query(max_length=20)] = None,
+    project: Annotated[str | None, Query(max_length=20)] = None,
     status: str | None = None,
     cause: str | None = None,
     since: str | None = None,
@@ -217,9 +219,13 @@ async def runs(
     after: Annotated[str | None, Query(max_length=80)] = None,
 ) -> HTMLResponse:
     zone = views.viewer_zone(request.cookies.get(views.ZONE_COOKIE))
-    job_id = _job_id(job)
+    job_id = _id_filter(job, "job", "jobs")
+    environment_id = _id_filter(environment, "environment", "environments")
+    project_id = _id_filter(project, "project", "projects")
     filters = {
         "job_id": job_id,
+        "environment_id": environment_id,
+        "project_id": project_id,
         "status": _choice(status, STATUSES, "status"),
         "trigger": _choice(cause, TRIGGERS, "cause"),
         "since": _time(since, "since", zone),
@@ -231,8 +237,19 @@ async def runs(
     async with store.connection() as conn:
         rows = await store.runs_page(conn, who.account_id, filters=filters, after=_cursor(after), limit=PAGE_SIZE + 1)
         jobs = await store.job_names(conn, who.account_id)
+        projects = await store.list_projects(conn, who.account_id)
+        environments = await store.list_environments(conn, who.account_id, None)
     more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
-    asked = {"job": job_id, "status": status, "cause": cause, "since": since, "until": until, "delay": delay}
+    asked = {
+        "job": job_id,
+        "environment": environment_id,
+        "project": project_id,
+        "status": status,
+        "cause": cause,
+        "since": since,
+        "until": until,
+        "delay": delay,
+    }
     query = {k: v for k, v in {**asked, "waiting": waiting}.items() if v}
     older = None
     if more:
@@ -245,6 +262,10 @@ async def runs(
         who,
         rows=[(row, views.RunTimes.of(row, now), views.waiting_words(row)) for row in rows],
         jobs=jobs,
+        projects=projects,
+        environments=[(e, next((p.name for p in projects if p.id == e.project_id), "")) for e in environments],
+        schema_of=views.schema_of,
+        sha_of=views.sha_of,
         statuses=list(STATUSES),
         triggers=list(TRIGGERS),
         query=query,
@@ -282,6 +303,8 @@ async def run(request: Request, who: Looking, run_id: int) -> HTMLResponse:
         steps=step_views,
         artifacts=artifacts,
         models=models,
+        summary=views.RunSummary.of(models),
+        timing={step: views.model_timing(results) for step, results in models.items() if results},
         made_docs=any(a.path == DOCS_SITE for a in artifacts),
         job_docs=job_docs,
         commands={s.step_index: s.command for s in steps},
@@ -445,6 +468,10 @@ async def _job_page(
         recent = await store.runs_page(conn, who.account_id, filters=_job_filter(job_id), after=None, limit=CHART_RUNS)
         docs_run = await store.latest_docs_run(conn, who.account_id, job_id)
         skipped = await store.skipped_occurrences(conn, who.account_id, JobId(job_id), limit=10)
+        environment = (
+            await store.get_environment(conn, who.account_id, row.environment_id) if row.environment_id else None
+        )
+        names = {j.id: j.name for j in await store.job_names(conn, who.account_id)}
     chart = views.duration_chart(recent)
     recent = recent[:10]
     now = datetime.now(UTC)
@@ -453,7 +480,9 @@ async def _job_page(
         "job.html",
         who,
         job=row,
-        completion=completion,
+        completion=[(t, names.get(t.upstream_job_id)) for t in completion],
+        settings=views.job_settings(row, environment),
+        environment=environment,
         schedule=views.schedule(row.cron, row.timezone, time.time()),
         recent=[(r, views.RunTimes.of(r, now)) for r in recent],
         chart=chart,
@@ -560,6 +589,21 @@ async def search(request: Request, who: Looking, q: Annotated[str, Query(max_len
     return await page(
         request, "search.html", who, q=words, jobs=jobs, rows=[(r, views.RunTimes.of(r, now)) for r in found]
     )
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+@router.get("/settings", response_class=HTMLResponse)
+async def settings(request: Request, who: Looking) -> HTMLResponse:
+    """The account: its run slots in use, its tokens (names, scopes, last use; never a secret), its webhooks."""
+    store = store_of(request)
+    async with store.connection() as conn:
+        account = await store.get_account(conn, who.account_id)
+        in_use = await store.run_slots_in_use(conn, who.account_id)
+        tokens = await store.account_tokens(conn, who.account_id)
+        webhooks = await store.account_webhooks(conn, who.account_id)
+    return await page(request, "settings.html", who, account=account, in_use=in_use, tokens=tokens, webhooks=webhooks)
 
 
 # -- on time --------------------------------------------------------------------------------------

@@ -13,10 +13,19 @@ SELECT made.account_id, made.token_id, made.expires_at, token.scopes FROM made J
 -- name: resolve_session
 -- Read on every page (no cache): logging out, the session's expiry and its token's revocation or
 -- expiry each end it at once. A session it finds is marked seen.
-UPDATE web_sessions s SET last_seen_at = now()
-  FROM live_api_tokens t
- WHERE s.id_hash = %(id_hash)s AND s.expires_at > now() AND t.id = s.token_id
-RETURNING s.account_id, s.token_id, s.expires_at, t.scopes;
+-- Its token is marked used, at most once a minute.
+WITH seen AS (
+    UPDATE web_sessions s SET last_seen_at = now()
+      FROM live_api_tokens t
+     WHERE s.id_hash = %(id_hash)s AND s.expires_at > now() AND t.id = s.token_id
+    RETURNING s.account_id, s.token_id, s.expires_at, t.scopes
+),
+used AS (
+    UPDATE api_tokens t SET last_used_at = now()
+      FROM seen
+     WHERE t.id = seen.token_id AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute')
+)
+SELECT account_id, token_id, expires_at, scopes FROM seen;
 
 -- name: end_session
 DELETE FROM web_sessions WHERE id_hash = %(id_hash)s;

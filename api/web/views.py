@@ -13,9 +13,11 @@ from jinja2 import pass_context
 from jinja2.runtime import Context
 from markupsafe import Markup
 
-from api.rows import Run, RunListing, RunStep
+from api.rows import Environment, Job, Run, RunListing, RunStep
 from runplane.basics import cron
-from runplane.basics.types import RunStatus, WaitingReason
+from runplane.basics.types import JobType, RunStatus, WaitingReason
+from runplane.dbt import fields
+from runplane.dbt.context import effective_schema, run_override
 
 ZONE_COOKIE = "runplane_tz"
 
@@ -120,6 +122,21 @@ class RunTimes:
         )
 
 
+def schema_of(row: RunListing) -> str:
+    """The schema the run builds in, as its dbt profile names it (``runplane.dbt.context``)."""
+    overrides = row.overrides if isinstance(row.overrides, dict) else {}
+    schema = effective_schema(
+        JobType(row.job_type), row.run_schema, overrides, row.job_schema, row.environment_schema or ""
+    )
+    return schema if row.environment_id is not None or row.job_type == JobType.CI else ""
+
+
+def sha_of(row: RunListing) -> str:
+    """The commit the run checked out, or the one its trigger asked for before it has."""
+    overrides = row.overrides if isinstance(row.overrides, dict) else {}
+    return row.git_sha or str(run_override(overrides, "git_sha") or "")
+
+
 def waiting_words(row: Run | RunListing) -> str:
     if row.status != RunStatus.QUEUED:
         return ""
@@ -163,6 +180,38 @@ def schedule(expr: str | None, timezone: str, now: float, count: int = 5) -> Sch
     return Schedule(expr, timezone or "UTC", words, fires)
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One of a job's run settings as its runs get it: the value and whose it is (the job's, the
+    environment's, runplane's default)."""
+
+    name: str
+    value: str
+    source: str
+
+
+def job_settings(job: Job, environment: Environment | None) -> list[Setting]:
+    """What a run of the job gets without overrides (as ``runplane.dbt.context`` decides it)."""
+    if environment is None:
+        return [
+            Setting("Environment", "none: plain commands", ""),
+            Setting("Timeout", duration(job.timeout_seconds) if job.timeout_seconds else "none", "the job's"),
+        ]
+    own = "the job's"
+    env = "the environment's"
+    target = (job.target_name, own) if job.target_name else (environment.target_name or "default", env)
+    threads = (job.threads, own) if job.threads else (environment.threads or fields.DEFAULT_THREADS, env)
+    schema = (job.schema_name, own) if job.schema_name else (environment.schema_name, env)
+    return [
+        Setting("Environment", f"{environment.name} ({environment.environment_type}, {environment.adapter_type})", ""),
+        Setting("dbt version", environment.dbt_version, env),
+        Setting("Target name", target[0], target[1]),
+        Setting("Threads", str(threads[0]), threads[1]),
+        Setting("Schema", schema[0], schema[1]),
+        Setting("Timeout", duration(job.timeout_seconds) if job.timeout_seconds else "none", own),
+    ]
+
+
 NODE_PILLS = {
     "success": "success",
     "pass": "success",
@@ -174,6 +223,20 @@ NODE_PILLS = {
 }
 
 
+# dbt's node statuses (models, seeds, snapshots: success, error, skipped; tests: pass, warn, fail,
+# error, skipped) counted as dbt Cloud's run summary counts them.
+SUMMARY_OF_STATUS = {
+    "success": "pass",
+    "pass": "pass",
+    "warn": "warn",
+    "error": "error",
+    "fail": "error",
+    "runtime error": "error",
+    "skipped": "skip",
+}
+SUMMARY_ORDER = {"error": 0, "warn": 1}  # failed nodes first, then warnings, then the rest as dbt ran them
+
+
 @dataclass(frozen=True)
 class ModelResult:
     """One node of a dbt step's ``run_results.json``: what dbt Cloud lists per model."""
@@ -183,6 +246,13 @@ class ModelResult:
     seconds: float | None
     rows: int | None
     message: str
+    started_at: datetime | None = None  # when its execution began and ended (run_results' ``timing``)
+    finished_at: datetime | None = None
+
+    @property
+    def outcome(self) -> str:
+        """pass, warn, error or skip (dbt Cloud's summary); a status dbt adds later counts as itself."""
+        return SUMMARY_OF_STATUS.get(self.status, self.status)
 
     @property
     def pill(self) -> str:
@@ -206,6 +276,7 @@ def model_results(content: bytes) -> list[ModelResult] | None:
         response = result.get("adapter_response") or {}
         rows = response.get("rows_affected") if isinstance(response, dict) else None
         seconds = result.get("execution_time")
+        began, ended = _execute_timing(result.get("timing"))
         out.append(
             ModelResult(
                 unique_id=str(result.get("unique_id", "")),
@@ -213,9 +284,77 @@ def model_results(content: bytes) -> list[ModelResult] | None:
                 seconds=float(seconds) if isinstance(seconds, int | float) else None,
                 rows=rows if isinstance(rows, int) else None,
                 message=str(result.get("message") or ""),
+                started_at=began,
+                finished_at=ended,
             )
         )
-    return out
+    return sorted(out, key=lambda m: SUMMARY_ORDER.get(m.outcome, 2))
+
+
+def _execute_timing(timing: object) -> tuple[datetime | None, datetime | None]:
+    """When a node's work began and ended: the span of its ``timing`` entries (compile, execute)."""
+    stamps: list[datetime] = []
+    for entry in timing if isinstance(timing, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        for key in ("started_at", "completed_at"):
+            try:
+                stamp = datetime.fromisoformat(str(entry.get(key)).replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            stamps.append(stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC))
+    return (min(stamps), max(stamps)) if stamps else (None, None)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """dbt Cloud's run summary over every dbt step: the nodes by outcome, the failed ones first."""
+
+    counts: dict[str, int]
+    failed: list[tuple[int, ModelResult]]  # (step index, node) of every error and warning, errors first
+
+    @classmethod
+    def of(cls, models: dict[int, list[ModelResult] | None]) -> RunSummary | None:
+        nodes = [(step, m) for step, results in sorted(models.items()) for m in results or []]
+        if not nodes:
+            return None
+        counts = {"pass": 0, "warn": 0, "error": 0, "skip": 0}
+        for _, m in nodes:
+            counts[m.outcome] = counts.get(m.outcome, 0) + 1
+        failed = [(step, m) for step, m in nodes if m.outcome in SUMMARY_ORDER]
+        return cls(counts, sorted(failed, key=lambda found: SUMMARY_ORDER[found[1].outcome]))
+
+
+TIMING_BARS = 100  # the longest nodes of a step a timing chart draws; the table lists them all
+
+
+@dataclass(frozen=True)
+class TimingBar:
+    """One node on a step's model timing chart: where its bar starts and how wide it is (% of the step)."""
+
+    node: ModelResult
+    left: float
+    width: float
+
+
+def model_timing(results: list[ModelResult]) -> list[TimingBar]:
+    """dbt Cloud's model timing: each node's bar from when it began to when it ended, in the order it
+    began (threads show as overlapping bars); the TIMING_BARS longest. Without dbt's timing, a bar is
+    its execution time alone."""
+    spans: list[tuple[ModelResult, float, float]] = []
+    stamped = [(m, m.started_at, m.finished_at) for m in results if m.started_at and m.finished_at]
+    if stamped:
+        origin = min(began for _, began, _ in stamped)
+        spans = [(m, (began - origin).total_seconds(), (ended - began).total_seconds()) for m, began, ended in stamped]
+    else:
+        spans = [(m, 0.0, m.seconds) for m in results if m.seconds is not None]
+    spans = sorted(spans, key=lambda span: span[2], reverse=True)[:TIMING_BARS]
+    if not spans:
+        return []
+    first = min(start for _, start, _ in spans)
+    whole = max(start + took for _, start, took in spans) - first or 1.0
+    spans.sort(key=lambda span: (span[1], -span[2]))
+    return [TimingBar(m, 100 * (start - first) / whole, max(0.3, 100 * took / whole)) for m, start, took in spans]
 
 
 def readable_text(content: bytes, limit: int, *, pretty: bool) -> str:

@@ -148,14 +148,21 @@ def effective_run_reason(trigger: Trigger, cause: str) -> str:
     }[trigger]
 
 
+def effective_schema(
+    job_type: JobType, run_schema: str, overrides: Mapping[str, Any], job_schema: str, environment_schema: str
+) -> str:
+    """The schema a run builds in: a CI run's pull-request schema (set at trigger time); otherwise the
+    run's override, the job's, the environment's."""
+    if job_type is JobType.CI:
+        return run_schema
+    return str(run_override(overrides, "schema") or job_schema or environment_schema)
+
+
 def context_from_row(row: ContextRow, decrypt: Callable[[str], str]) -> DbtContext:
     """The run's DbtContext from its row, secrets decrypted with ``decrypt``."""
     overrides: Mapping[str, Any] = row.overrides if isinstance(row.overrides, dict) else {}
     job_type = JobType(row.job_type)
-    if job_type is JobType.CI:
-        schema = row.run_schema  # set at trigger time: the pull request's own schema
-    else:
-        schema = str(run_override(overrides, "schema") or row.job_schema or row.environment_schema)
+    schema = effective_schema(job_type, row.run_schema, overrides, row.job_schema, row.environment_schema)
     trigger = Trigger(row.trigger)
     return DbtContext(
         run_id=row.run_id,

@@ -183,13 +183,25 @@ async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None
         await insert_runs(adb, other, await insert_job(adb, other), 200)
     account_id = accounts[0]
     jobs = [await insert_job(adb, account_id, f"job {i}") for i in range(10)]
-    for job_id in jobs:
-        await insert_runs(adb, account_id, job_id, 50)
+    for job_id in jobs:  # enough that walking the account's runs in id order beats sorting an environment's
+        await insert_runs(adb, account_id, job_id, 400)
     await insert_runs(adb, account_id, jobs[0], 5, status=int(RunStatus.ERROR), delay=6)
+    project = await scalar(
+        adb, "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'p', 'https://x.test/p.git')"
+        " RETURNING id", account_id,
+    )  # fmt: skip
+    environment = await scalar(
+        adb, "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+        " connection, schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', '{}', 's') RETURNING id",
+        account_id, project,
+    )  # fmt: skip
+    await adb.execute("UPDATE jobs SET environment_id = %s WHERE id = ANY(%s)", (environment, jobs[:5]))
     await adb.execute("ANALYZE runs")
+    await adb.execute("ANALYZE jobs")
+    await adb.execute("ANALYZE environments")
     await adb.execute("SET enable_seqscan = off")
     base = {"account_id": account_id, "job_id": None, "status": None, "trigger": None, "since": None, "until": None}
-    base |= {"delay": None, "waiting": None}
+    base |= {"delay": None, "waiting": None, "environment_id": None, "project_id": None}
     after = {"after_id": 2**62, "limit": 51}
     for extra, indexes in (
         # On this small history walking all runs by id is as cheap; either walk is in id order.
@@ -197,6 +209,9 @@ async def test_the_runs_page_query_reads_an_index_in_order(adb: AsyncDb) -> None
         ({"status": int(RunStatus.ERROR)}, ("runs_account_ended_idx",)),
         ({"job_id": jobs[3]}, ("runs_job_idx",)),
         ({"trigger": "api"}, ("runs_account_trigger_idx",)),
+        # An environment's or a project's runs: the account's runs in id order, their job's looked up.
+        ({"environment_id": environment}, ("runs_account_idx", "runs_pkey")),
+        ({"project_id": project}, ("runs_account_idx", "runs_pkey")),
     ):
         cur = await adb.execute("EXPLAIN " + QUERIES["runs_page"], {**base, **extra, **after}, prepare=False)
         plan = "\n".join(row[0] for row in await cur.fetchall())
@@ -467,7 +482,8 @@ async def test_a_dbt_step_shows_its_models_and_json_artifacts_open_pretty_printe
     page = (await browser.http.get(f"/ui/runs/{run_id}")).text
     table = page[page.index('id="models-1"') : page.index("</table>", page.index('id="models-1"'))]
     rows = re.findall(r"<tr><td><code>([^<]+)</code></td><td><span class=\"pill s-(\w+)\">(\w+)</span></td>", table)
-    assert rows == [("model.shop.orders", "success", "success"), ("test.shop.not_null_orders_id", "error", "fail")]
+    # The failed node first, as in the run's summary.
+    assert rows == [("test.shop.not_null_orders_id", "error", "fail"), ("model.shop.orders", "success", "success")]
     assert "1.50 s" in table and ">12</td>" in table and "Got 3 results" in table
 
     view = re.search(r'href="(/ui/runs/\d+/artifacts/1/target/run_results.json\?view=1)"', page)
