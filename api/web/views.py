@@ -15,9 +15,10 @@ from markupsafe import Markup
 
 from api.rows import Environment, Job, Run, RunListing, RunStep
 from runplane.basics import cron
+from runplane.basics.run_overrides import run_override
 from runplane.basics.types import JobType, RunStatus, WaitingReason
 from runplane.dbt import fields
-from runplane.dbt.context import effective_schema, run_override
+from runplane.dbt.context import effective_schema
 
 ZONE_COOKIE = "runplane_tz"
 
