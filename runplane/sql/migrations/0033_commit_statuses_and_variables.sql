@@ -78,3 +78,26 @@ CREATE TRIGGER runs_commit_status_queued AFTER INSERT ON runs
     FOR EACH ROW EXECUTE FUNCTION runplane_commit_status_events();
 CREATE TRIGGER runs_commit_status_changed AFTER UPDATE OF status ON runs
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION runplane_commit_status_events();
+
+-- Environment variables as dbt Cloud's v3 API names them: a project default, a value per
+-- environment, an override per job, each with an id. The values stay where runs read them
+-- (environments.variables / secret_variables, jobs.environment / secret_environment); project
+-- defaults are kept here (a secret one as a Fernet token). An id is given to a name at a level the
+-- first time the API shows or sets it, and stays that name's at that level.
+CREATE TABLE project_variables (
+    project_id  bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    value       text NOT NULL,                       -- a Fernet token when secret
+    secret      boolean NOT NULL,
+    PRIMARY KEY (project_id, name)
+);
+
+CREATE TABLE environment_variable_ids (
+    id          bigserial PRIMARY KEY,
+    account_id  bigint NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
+    project_id  bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    level       text NOT NULL CHECK (level IN ('project', 'environment', 'job')),
+    scope_id    bigint NOT NULL DEFAULT 0,           -- the environment's or the job's id; 0 for the project
+    UNIQUE (project_id, name, level, scope_id)
+);
