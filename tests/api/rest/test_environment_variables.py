@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+from psycopg.rows import dict_row
+
+from api.runner.run_spec import decrypter, load_dbt_context
+from runplane.basics.secrets import box_from_settings
+from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, Rest, scalar
 
 
@@ -93,3 +99,23 @@ async def test_three_levels_with_ids_secrets_hidden_and_bulk(rest: Rest, other_r
     other_base = f"/api/v3/accounts/{other_rest.account_id}/projects/{project}/environment-variables"
     assert (await other_rest.http.get(f"{other_base}/environment/")).status_code == 404
     assert (await other_rest.http.delete(f"{other_base}/{default['id']}/")).status_code == 404
+
+
+async def test_a_run_sees_the_project_default_under_its_environments_value(
+    rest: Rest, adb: AsyncDb, settings: Settings, database_url: str
+) -> None:
+    project, environment, job = await project_with_job(rest, adb)
+    base = f"/api/v3/accounts/{rest.account_id}/projects/{project}/environment-variables"
+    for name, value in (("DBT_LAKE", "lake"), ("DBT_REGION", "eu"), ("DBT_ENV_SECRET_TOKEN", "t0ken")):
+        answer = await rest.http.post(f"{base}/", json={"name": name, "type": "project", "raw_value": value})
+        assert answer.status_code == 200, answer.text
+    answer = await rest.http.post(
+        f"{base}/", json={"name": "DBT_LAKE", "type": "environment", "environment_id": environment, "raw_value": "prod"}
+    )
+    assert answer.status_code == 200, answer.text
+    run = (await rest.http.post(f"/api/v2/accounts/{rest.account_id}/jobs/{job}/run/", json={})).json()["data"]
+    async with await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as conn:
+        context = await load_dbt_context(conn, run["id"], decrypter(box_from_settings(settings)))
+    assert context is not None
+    assert dict(context.variables) == {"DBT_LAKE": "prod", "DBT_REGION": "eu"}
+    assert dict(context.secret_variables) == {"DBT_ENV_SECRET_TOKEN": "t0ken"}
