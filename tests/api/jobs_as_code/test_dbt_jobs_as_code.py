@@ -17,6 +17,7 @@ from api.process import RunningApi
 from api.rest.server import RestServer
 from runplane.basics.settings import Settings
 from tests.api.conftest import AsyncDb, Rest, scalar
+from tests.api.jobs_as_code.commands import runplane
 from tests.support.api import serving_api
 
 TOOL = Path(__file__).resolve().parents[3] / ".venv" / "jobs-as-code" / "bin" / "dbt-jobs-as-code"
@@ -85,6 +86,13 @@ async def tool(rest_server: RestServer, rest: Rest, *args: str, log: list[str]) 
     return text
 
 
+async def runplane_logged(api: RunningApi, token: str, *args: str) -> str:
+    """``runplane plan``/``apply``: what it printed, after its command line."""
+    code, text = await runplane(api, token, *args)
+    assert code == 0, text
+    return f"$ runplane {' '.join(args)}\n{text}"
+
+
 async def jobs(adb: AsyncDb, account_id: int) -> list[tuple[int, str]]:
     cur = await adb.execute(
         "SELECT id, name FROM jobs WHERE account_id = %s AND deleted_at IS NULL ORDER BY id", (account_id,)
@@ -93,7 +101,7 @@ async def jobs(adb: AsyncDb, account_id: int) -> list[tuple[int, str]]:
 
 
 async def test_plan_sync_plan_rename_sync_updates_the_job_it_made(
-    rest_server: RestServer, rest: Rest, adb: AsyncDb, tmp_path: Path
+    api: RunningApi, rest_server: RestServer, rest: Rest, adb: AsyncDb, tmp_path: Path
 ) -> None:
     project = await scalar(
         adb,
@@ -135,6 +143,10 @@ async def test_plan_sync_plan_rename_sync_updates_the_job_it_made(
         again = await tool(rest_server, rest, "plan", str(config), log=log)
         assert "no changes detected" in again.lower(), again
 
+        # runplane's own settings over the same job, by its identifier; the tool's next sync keeps them.
+        own = tmp_path / "runplane-jobs.yml"
+        own.write_text("jobs:\n  nightly:\n    timezone: Europe/Amsterdam\n    priority: 10\n")
+        log.append(await runplane_logged(api, rest.token, "apply", str(own)))
         config.write_text(JOBS.format(name="Nightly build and test", **fields))
         renamed = await tool(rest_server, rest, "plan", str(config), log=log)
         assert "update" in renamed.lower()
@@ -142,6 +154,9 @@ async def test_plan_sync_plan_rename_sync_updates_the_job_it_made(
         assert await jobs(adb, rest.account_id) == [(made[0][0], "Nightly build and test [[nightly]]")]
         settled = await tool(rest_server, rest, "plan", str(config), log=log)
         assert "no changes detected" in settled.lower(), settled
+        kept = await runplane_logged(api, rest.token, "plan", str(own))
+        log.append(kept)
+        assert kept.endswith("no changes\n"), kept
 
         exported = tmp_path / "exported.yml"
         imported = await tool(rest_server, rest, "import-jobs", "--account-id", str(rest.account_id), log=log)

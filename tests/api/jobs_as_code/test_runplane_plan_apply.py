@@ -3,9 +3,6 @@ dbt-jobs-as-code manages (found by the [[identifier]] in their names)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +12,7 @@ from api.process import RunningApi
 from runplane.basics.settings import Settings
 from runplane.v1 import common_pb2, jobs_pb2
 from tests.api.conftest import Client
+from tests.api.jobs_as_code.commands import runplane
 from tests.support.api import serving_api
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,22 +32,6 @@ jobs:
 async def api(settings: Settings, _cleanup_bus: None) -> AsyncIterator[RunningApi]:
     async with serving_api(settings, rest=False, deliveries=False) as running:
         yield running
-
-
-async def runplane(api: RunningApi, token: str, *args: str) -> tuple[int, str]:
-    env = {
-        **os.environ,
-        "RUNPLANE_TOKEN": token,
-        "RUNPLANE_API__HOST": "127.0.0.1",
-        "RUNPLANE_API__PORT": str(api.port),
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "runplane", *args, env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode()
 
 
 async def test_plan_shows_apply_sets_once_and_delete_only_when_asked(
