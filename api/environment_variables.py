@@ -106,18 +106,7 @@ class EnvironmentVariables:
         """Every variable of the project with its default and its value in each environment (by name)."""
         async with self._store.transaction() as conn:
             await self._project(conn, account_id, project_id)
-            variables: dict[str, dict[str, Value]] = {}
-            for row in await self._defaults(conn, project_id):
-                variables.setdefault(row.name, {})["project"] = await self._value(
-                    conn,
-                    account_id=account_id,
-                    project_id=project_id,
-                    name=row.name,
-                    level="project",
-                    scope_id=0,
-                    value=row.value,
-                    secret=row.secret,
-                )
+            variables = await self._project_defaults(conn, account_id, project_id)
             environments = await self._environments(conn, account_id, project_id)
             for env in environments:
                 for name, value, secret in _values(env.variables, env.secret_variables):
@@ -139,18 +128,7 @@ class EnvironmentVariables:
         async with self._store.transaction() as conn:
             await self._project(conn, account_id, project_id)
             job = await self._job(conn, account_id, project_id, job_id)
-            variables: dict[str, dict[str, Value]] = {}
-            for row in await self._defaults(conn, project_id):
-                variables.setdefault(row.name, {})["project"] = await self._value(
-                    conn,
-                    account_id=account_id,
-                    project_id=project_id,
-                    name=row.name,
-                    level="project",
-                    scope_id=0,
-                    value=row.value,
-                    secret=row.secret,
-                )
+            variables = await self._project_defaults(conn, account_id, project_id)
             levels = (
                 ("environment", job.environment_id, job.environment_variables, job.environment_secret_variables),
                 ("job", job.id, job.environment, job.secret_environment),
@@ -356,6 +334,26 @@ class EnvironmentVariables:
             job_definition_id=scope_id if level == "job" else None,
             display_value=HIDDEN if secret else value,
         )
+
+    async def _project_defaults(
+        self, conn: Connection, account_id: AccountId, project_id: int
+    ) -> dict[str, dict[str, Value]]:
+        """Each project default as the first level of its variable."""
+        variables: dict[str, dict[str, Value]] = {}
+        for row in await self._defaults(conn, project_id):
+            variables[row.name] = {
+                "project": await self._value(
+                    conn,
+                    account_id=account_id,
+                    project_id=project_id,
+                    name=row.name,
+                    level="project",
+                    scope_id=0,
+                    value=row.value,
+                    secret=row.secret,
+                )
+            }
+        return variables
 
     async def _unset(
         self, conn: Connection, *, account_id: AccountId, project_id: int, name: str, level: str, scope_id: int

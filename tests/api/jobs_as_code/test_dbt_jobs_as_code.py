@@ -103,18 +103,7 @@ async def jobs(adb: AsyncDb, account_id: int) -> list[tuple[int, str]]:
 async def test_plan_sync_plan_rename_sync_updates_the_job_it_made(
     api: RunningApi, rest_server: RestServer, rest: Rest, adb: AsyncDb, tmp_path: Path
 ) -> None:
-    project = await scalar(
-        adb,
-        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
-        rest.account_id,
-    )
-    environment = await scalar(
-        adb,
-        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
-        " schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics') RETURNING id",
-        rest.account_id,
-        project,
-    )
+    project, environment = await rest.create_project_and_environment(adb)
     # The tool overrides only variables the project has: its default is made over the v3 API first.
     default = await rest.http.post(
         f"/api/v3/accounts/{rest.account_id}/projects/{project}/environment-variables/",

@@ -15,18 +15,7 @@ from tests.api.conftest import AsyncDb, Rest, scalar
 
 
 async def project_with_job(rest: Rest, adb: AsyncDb) -> tuple[int, int, int]:
-    project = await scalar(
-        adb,
-        "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop') RETURNING id",
-        rest.account_id,
-    )
-    environment = await scalar(
-        adb,
-        "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
-        " schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics') RETURNING id",
-        rest.account_id,
-        project,
-    )
+    project, environment = await rest.create_project_and_environment(adb)
     job = await rest.create_job(adb, environment_id=environment)
     return project, environment, job
 
