@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test checkout-reachable simulate test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
+.PHONY: jobs-as-code run test checkout-reachable simulate test-faults soak lint proto bench bench-quick check-services clean k8s test-packages fence-packages
 
 # dbt lives in a virtual environment of its own: its protobuf pin conflicts with ours. dbt-core 1.10
 # installs from PyPI alone (newer releases download a parser binary from elsewhere at install time).
@@ -80,6 +80,17 @@ k8s:
 test-packages:
 	deploy/test-packages.sh
 
+# dbt-jobs-as-code, the real tool, for the tests that plan and sync jobs against the REST API: in a
+# virtual environment of its own, as its pins (croniter<2, importlib-metadata<7) conflict with ours.
+JOBS_AS_CODE := $(VENV)/jobs-as-code
+JOBS_AS_CODE_VERSION := 1.22.0
+$(JOBS_AS_CODE)/.installed-$(JOBS_AS_CODE_VERSION): $(STAMP)
+	@test -x $(JOBS_AS_CODE)/bin/python || $(PYTHON) -m venv $(JOBS_AS_CODE)
+	$(JOBS_AS_CODE)/bin/python -m pip install --quiet 'dbt-jobs-as-code==$(JOBS_AS_CODE_VERSION)'
+	@rm -f $(JOBS_AS_CODE)/.installed-* && touch $@
+
+jobs-as-code: $(JOBS_AS_CODE)/.installed-$(JOBS_AS_CODE_VERSION)
+
 # What fences a local run like a Pod (DESIGN.md rule 7): nftables and bubblewrap, from Debian.
 fence-packages:
 	deploy/fence-packages.sh
@@ -100,7 +111,7 @@ SIMULATE_FIRST_SEED ?= 0
 simulate: $(STAMP)
 	$(BIN)/python -m tests.simulation.run --seconds $(SIMULATE_SECONDS) --first-seed $(SIMULATE_FIRST_SEED)
 
-test: checkout-reachable lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages
+test: checkout-reachable lint check-services $(BIN)/helm $(DBT_STAMP) k8s test-packages jobs-as-code
 	@deploy/k8s-local/runner-image.sh > $(IMAGE_LOG) 2>&1 & image=$$!; \
 	$(BIN)/pytest -q -m faults -p no:cacheprovider > $(FAULTS_LOG) 2>&1 & faults=$$!; \
 	$(BIN)/pytest -q -m 'not faults' -n $(TEST_WORKERS) --dist loadgroup --durations=40; rest=$$?; \

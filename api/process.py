@@ -29,6 +29,7 @@ from api.runner.call_limits import CallLimitInterceptor
 from api.runner.run_token import RunTokenInterceptor
 from api.runner.service import RunnerService
 from api.store import Store
+from api.webhooks.commit_statuses import CommitStatusDeliverer
 from api.webhooks.deliveries import WebhookDeliverer
 from api.webhooks.targets import TargetPolicy
 from runplane.adapters.bus import Topology
@@ -68,6 +69,8 @@ class RunningApi:
     deliverer: WebhookDeliverer | None = None
     deliveries: asyncio.Task[None] | None = None
     deliveries_stop: asyncio.Event = field(default_factory=asyncio.Event)
+    commit_statuses: CommitStatusDeliverer | None = None
+    commit_status_task: asyncio.Task[None] | None = None
 
     async def start_side_tasks(self, start: StartTask) -> None:
         """Start the REST server (returning once it listens) and the webhook deliveries."""
@@ -76,6 +79,9 @@ class RunningApi:
         if self.deliverer is not None:
             run = self.deliverer.run(self.deliveries_stop)
             self.deliveries = start("api:webhook-deliveries", run, self.deliveries_stop)
+        if self.commit_statuses is not None:
+            run = self.commit_statuses.run(self.deliveries_stop)
+            self.commit_status_task = start("api:commit-statuses", run, self.deliveries_stop)
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish within ``grace`` seconds, then close."""
@@ -84,12 +90,13 @@ class RunningApi:
         self.draining.set()  # log followers end; health says NOT_SERVING
         await self.health.enter_graceful_shutdown()
         self.deliveries_stop.set()  # an attempt in flight is recorded, or leased and sent again later
-        if self.deliveries is not None and not self.deliveries.done():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.deliveries), grace + 1.0)
-            self.deliveries.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.deliveries
+        for task in (self.deliveries, self.commit_status_task):
+            if task is not None and not task.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), grace + 1.0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         stopping = [self.server.stop(grace), self.runner_server.stop(grace)]
         if self.rest is not None:
             stopping.append(self.rest.stop(grace))
@@ -193,6 +200,9 @@ async def _open(
     api = RunningApi(server, bound, public.health, pool, pickups, runner_server, runner_bound, draining, rest)
     if box is not None and deliveries:
         api.deliverer = WebhookDeliverer(pool, box, settings.webhooks)
+        scheme = "https" if rest is not None and rest.https else "http"
+        public_url = settings.api.public_url or f"{scheme}://{settings.api.host}:{rest.port if rest else rest_port}"
+        api.commit_statuses = CommitStatusDeliverer(pool, box, settings.webhooks, public_url)
     return api
 
 

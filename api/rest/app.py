@@ -19,14 +19,16 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.environment_variables import EnvironmentVariables
 from api.pickup_publisher import PickupPublisher
-from api.rest import git_hooks, jobs, projects, runs, webhooks
+from api.rest import commit_statuses, environment_variables, git_hooks, jobs, projects, runs, webhooks
 from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
 from api.store import Store
 from api.web import deleting, docs, errors, forms, pages
 from api.web.sessions import WebSessions
+from api.webhooks.commit_statuses import CommitStatusTargets
 from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
 from api.webhooks.targets import TargetPolicy
@@ -76,9 +78,19 @@ def create_app(
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
     app.state.git_hooks = GitHooks(store, pickups, box)
+    app.state.commit_status_targets = CommitStatusTargets(store, box, targets or TargetPolicy())
+    app.state.environment_variables = EnvironmentVariables(store, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
     app.state.web_sessions = WebSessions(store, web_session_lifetime)
-    rest = (runs.router, jobs.router, projects.router, webhooks.router, git_hooks.router)
+    rest = (
+        runs.router,
+        jobs.router,
+        projects.router,
+        webhooks.router,
+        git_hooks.router,
+        commit_statuses.router,
+        environment_variables.router,
+    )
     for router in (*rest, forms.router, deleting.router, docs.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)

@@ -115,8 +115,12 @@ SELECT r.id AS run_id, r.job_id, r.account_id, r.job_type, r.trigger, r.cause, r
        j.git_branch AS job_git_branch,
        e.id AS environment_id, e.environment_type, e.dbt_version, e.git_branch AS environment_git_branch,
        e.adapter_type, e.connection, e.connection_secrets, e.target_name AS environment_target_name,
-       e.schema_name AS environment_schema, e.threads AS environment_threads, e.variables,
-       e.secret_variables,
+       e.schema_name AS environment_schema, e.threads AS environment_threads,
+       -- The project's defaults (environment-variables API) under the environment's own values.
+       (SELECT coalesce(jsonb_object_agg(pv.name, pv.value), '{}'::jsonb) FROM project_variables pv
+         WHERE pv.project_id = p.id AND NOT pv.secret) || e.variables AS variables,
+       (SELECT coalesce(jsonb_object_agg(pv.name, pv.value), '{}'::jsonb) FROM project_variables pv
+         WHERE pv.project_id = p.id AND pv.secret) || e.secret_variables AS secret_variables,
        p.id AS project_id, p.repository_url, p.subdirectory, p.git_credential_kind, p.git_credential
   FROM runs r
   JOIN jobs j ON j.id = r.job_id

@@ -42,6 +42,11 @@ class ApiSettings(BaseModel):
         description="Largest HTTP request body, refused (413) while it is read, before authentication; Git "
         "webhooks take up to 25 MB (GitHub's own cap).",
     )
+    public_url: str = Field(
+        "",
+        description="Where people reach the REST API and its pages (e.g. https://runplane.example.com): commit "
+        "statuses link runs there; empty: http://<host>:<rest_port>.",
+    )
     web_session_hours: float = Field(
         12.0,
         gt=0,

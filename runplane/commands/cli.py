@@ -147,6 +147,16 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--id", type=int, help="the token's id")
     which.add_argument("--token", help="the token itself")
 
+    for name, text in (
+        ("plan", "show what `apply` would change of jobs' runplane settings (time zone, fan-in, priority, retries)"),
+        ("apply", "set jobs' runplane settings from a file (RUNPLANE_TOKEN; idempotent)"),
+    ):
+        as_code = sub.add_parser(name, help=text)
+        as_code.add_argument("file", help="YAML: jobs: {identifier: {timezone, completion_mode, priority, ...}}")
+        as_code.add_argument(
+            "--delete", action="store_true", help="put back the defaults of jobs with an identifier the file leaves out"
+        )
+
     status = sub.add_parser("status", help="live view of queues, delays, workers and dispatchers")
     status.add_argument("--once", action="store_true")
     status.add_argument("--json", action="store_true")
@@ -187,6 +197,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                     file=sys.stderr,
                 )
             return 0
+        case "plan" | "apply":
+            return _job_settings(args)
         case "check-services":
             from runplane.commands.preflight import ensure_services
 
@@ -285,4 +297,38 @@ def _admin(args: argparse.Namespace, settings: Settings) -> int:
         )
     )
     print(json.dumps({"account_id": args.account, "token": token}))
+    return 0
+
+
+def _job_settings(args: argparse.Namespace) -> int:
+    """``runplane plan`` / ``apply``: through the public gRPC API, with the account's token."""
+    import os
+    from pathlib import Path
+
+    import grpc
+
+    from client.address import grpc_target
+    from client.cli import channel
+    from client.job_settings import SettingsFileError, run
+    from runplane.v1 import jobs_pb2_grpc
+
+    token = os.environ.get("RUNPLANE_TOKEN", "")
+    if not token:
+        print("runplane: set RUNPLANE_TOKEN to an API token of the account", file=sys.stderr)
+        return 2
+
+    async def go() -> list[str]:
+        async with channel(grpc_target(), token) as chan:
+            stub = jobs_pb2_grpc.JobServiceStub(chan)
+            return await run(stub, Path(args.file), apply=args.command == "apply", delete=args.delete)
+
+    try:
+        lines = asyncio.run(go())
+    except (SettingsFileError, OSError) as exc:
+        print(f"runplane: {exc}", file=sys.stderr)
+        return 2
+    except grpc.aio.AioRpcError as exc:
+        print(f"runplane: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     return 0

@@ -111,6 +111,23 @@ class Rest:
         self.token = token
         self.base = f"/api/v2/accounts/{account_id}"
 
+    async def create_project_and_environment(self, db: AsyncDb) -> tuple[int, int]:
+        """A project (``shop``) and its deployment environment (``prod``, dbt 1.10), as rows."""
+        project = await scalar(
+            db,
+            "INSERT INTO projects (account_id, name, repository_url) VALUES (%s, 'shop', 'file:///srv/shop')"
+            " RETURNING id",
+            self.account_id,
+        )
+        environment = await scalar(
+            db,
+            "INSERT INTO environments (account_id, project_id, name, environment_type, dbt_version, adapter_type,"
+            " schema_name) VALUES (%s, %s, 'prod', 'deployment', '1.10', 'postgres', 'analytics') RETURNING id",
+            self.account_id,
+            project,
+        )
+        return int(project), int(environment)
+
     async def create_job(self, db: AsyncDb, name: str = "nightly", job_type: str = "deploy", **cols: Any) -> int:
         """Jobs are created over gRPC elsewhere; here a row is enough to trigger and list."""
         cols.setdefault("steps", ["echo hello"])

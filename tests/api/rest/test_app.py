@@ -298,6 +298,13 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(rest_server: RestS
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{rest_server.port}") as http:
         document = (await http.get("/openapi.json")).json()
     assert set(document["paths"]) == {
+        "/api/v3/accounts/{account_id}/projects/{project_id}/commit-statuses/",
+        "/api/v3/accounts/{account_id}/runs/{run_id}/commit-statuses/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environment-variables/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environment-variables/{variable_id}/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environment-variables/bulk/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environment-variables/environment/",
+        "/api/v3/accounts/{account_id}/projects/{project_id}/environment-variables/job/",
         "/api/v2/accounts/",
         "/api/v2/accounts/{account_id}/",
         "/api/v2/accounts/{account_id}/jobs/",
