@@ -36,13 +36,13 @@ INSERT INTO jobs (
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
     missed_run_grace_seconds, priority, secret_environment, create_key, create_fingerprint, environment_id,
     schema_name, generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
-    completion_mode
+    completion_mode, kept_cron
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
     %(create_key)s, %(create_fingerprint)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
-    %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s
+    %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s, %(kept_cron)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -112,6 +112,7 @@ ON CONFLICT (job_id, upstream_job_id) DO NOTHING;
 -- Saving a job replaces its definition and reactivates it.
 UPDATE jobs SET
     name = %(name)s, job_type = %(job_type)s, steps = %(steps)s, cron = %(cron)s, timezone = %(timezone)s,
+    kept_cron = %(kept_cron)s,
     on_pull_request = %(on_pull_request)s, on_merge = %(on_merge)s, threads = %(threads)s,
     timeout_seconds = %(timeout_seconds)s, target_name = %(target_name)s, environment = %(environment)s,
     git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,

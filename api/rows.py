@@ -78,6 +78,7 @@ class Job:
     run_only_modified: bool
     completion_mode: str
     create_fingerprint: str | None
+    kept_cron: str | None  # the cron of a schedule trigger turned off over REST; nothing schedules it
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,7 @@ class Store:
             "job_type": spec.job_type.value,
             "steps": spec.steps,
             "cron": spec.cron,
+            "kept_cron": spec.kept_cron,
             "timezone": spec.timezone,
             "on_pull_request": spec.on_pull_request,
             "on_merge": spec.on_merge,

@@ -7,6 +7,7 @@ into runplane's request and checked by the same rules), and is written by the sa
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
@@ -23,6 +24,7 @@ from api.rows import CompletionTrigger, Job, JobWithEnvironment
 from api.store import JobFilters, RunFilters, Store
 from api.validation import JobSpec, checked_idempotency_key, job_spec
 from runplane.adapters.db import Connection
+from runplane.basics.cron import validate_cron
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.types import AccountId, JobId, RunStatus
 from runplane.v1 import common_pb2, jobs_pb2
@@ -198,8 +200,7 @@ def job_request(
         on_merge=body.triggers.on_merge,
     )
     if body.triggers.schedule:
-        schedule = body.schedule or ScheduleBody()
-        cron = schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
+        cron = _cron_of(body)
         if not cron:
             raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
         timezone = stored.timezone if stored is not None and stored.cron == cron else ""
@@ -231,6 +232,21 @@ def job_request(
     return jobs_pb2.CreateJobRequest(
         name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
     )
+
+
+def _cron_of(body: JobBody) -> str | None:
+    """The cron the body's schedule names (``cron``, or a custom cron date), whether the trigger is on or off."""
+    schedule = body.schedule or ScheduleBody()
+    return schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
+
+
+def kept_cron(body: JobBody, stored: Job | None) -> str | None:
+    """With the schedule trigger off, the cron kept for it as dbt Cloud keeps it: the body's, else the
+    one the job had (on or already off); checked as a schedule's cron is."""
+    if body.triggers.schedule:
+        return None
+    cron = _cron_of(body) or (stored.cron or stored.kept_cron if stored is not None else None)
+    return None if cron is None else validate_cron(cron, "schedule.cron")
 
 
 def _with_completion_triggers(
@@ -313,7 +329,7 @@ async def _checked_spec(store: Store, account_id: AccountId, body: JobBody, job_
             stored = await existing_job(store, conn, account_id, job_id)
             completion = (await store.completion_triggers(conn, [job_id]))[job_id]
     with params.named_as(JOB_NAMES):
-        spec = job_spec(job_request(body, stored, completion))
+        spec = replace(job_spec(job_request(body, stored, completion)), kept_cron=kept_cron(body, stored))
     env = None
     if body.environment_id is not None:
         async with store.connection() as conn:

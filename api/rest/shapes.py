@@ -521,7 +521,7 @@ def job(
 ) -> Job:
     """``completion``: every completion trigger; dbt Cloud's one condition shows the first."""
     conditions = completion or []
-    cron: str | None = row.cron
+    cron: str | None = row.cron or row.kept_cron  # a schedule turned off keeps its cron, as in dbt Cloud
     job_type = JobType(row.job_type)
     return Job(
         id=row.id,
@@ -536,7 +536,7 @@ def job(
         triggers=JobTriggers(
             github_webhook=bool(row.on_pull_request),
             git_provider_webhook=bool(row.on_pull_request),
-            schedule=cron is not None,
+            schedule=row.cron is not None,
             on_merge=bool(row.on_merge),
             custom_branch_only=bool(row.git_branch),
         ),

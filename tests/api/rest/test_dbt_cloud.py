@@ -294,7 +294,8 @@ async def test_jobs_created_updated_and_deleted_with_every_setting(rest: Rest, a
         },
     )
     downstream = (await rest.http.post(f"{rest.base}/jobs/", json=downstream_body)).json()["data"]
-    assert downstream["deferring_job_definition_id"] == upstream and downstream["schedule"]["cron"] is None
+    assert downstream["deferring_job_definition_id"] == upstream and downstream["triggers"]["schedule"] is False
+    assert downstream["schedule"]["cron"] == "0 6 * * *"  # the body's cron is kept while its trigger is off
     assert downstream["job_completion_trigger_condition"] == {
         "condition": {"job_id": upstream, "project_id": project["id"], "statuses": [10, 20]}
     }

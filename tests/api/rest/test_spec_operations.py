@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.api.conftest import AsyncDb, Rest
+from tests.api.conftest import AsyncDb, Rest, scalar
 from tests.api.rest.test_dbt_cloud import POSTGRES, _environment, _project, _trigger
 from tests.api.rest.test_run_steps import COMMANDS, _dbt_run
 
@@ -135,3 +135,33 @@ async def test_project_and_environment_updates_honour_if_match(rest: Rest) -> No
         assert (await rest.http.get(path)).json()["data"]["name"] == "first writer"
         # Without If-Match a client that knows no versions still writes, as dbt Cloud's do.
         assert (await rest.http.post(path, json={"name": "blind"})).status_code == 200
+
+
+async def test_turning_the_schedule_off_keeps_its_cron(rest: Rest, adb: AsyncDb) -> None:
+    project = await _project(rest)
+    env = await _environment(rest, project["id"])
+    body: dict[str, Any] = {
+        "name": "nightly",
+        "environment_id": env["id"],
+        "execute_steps": ["dbt build"],
+        "triggers": {"schedule": True},
+        "schedule": {"cron": "0 3 * * *"},
+    }
+    job = (await rest.http.post(f"{rest.base}/jobs/", json=body)).json()["data"]
+    path = f"{rest.base}/jobs/{job['id']}/"
+    # Off, as clients send it: the same body with the trigger off (and, here, no schedule at all).
+    off = await rest.http.post(path, json={**body, "triggers": {"schedule": False}, "schedule": None})
+    assert off.status_code == 200, off.text
+    shown = off.json()["data"]
+    assert shown["triggers"]["schedule"] is False and shown["schedule"]["cron"] == "0 3 * * *"
+    assert await scalar(adb, "SELECT cron IS NULL FROM jobs WHERE id = %s", job["id"])  # nothing schedules it
+    listed = await rest.http.get(f"{rest.base}/jobs/", params={"triggers_schedule": "false"})
+    assert [j["id"] for j in listed.json()["data"]] == [job["id"]]
+    # Saved again while off, with the cron it shows: still kept; on again: scheduled by it.
+    again = await rest.http.post(path, json={**body, "triggers": {"schedule": False}})
+    assert again.json()["data"]["schedule"]["cron"] == "0 3 * * *"
+    on = await rest.http.post(path, json=body)
+    assert on.json()["data"]["triggers"]["schedule"] is True
+    assert await scalar(adb, "SELECT cron FROM jobs WHERE id = %s", job["id"]) == "0 3 * * *"
+    bad = await rest.http.post(path, json={**body, "triggers": {"schedule": False}, "schedule": {"cron": "nope"}})
+    assert bad.status_code == 400 and "schedule.cron" in bad.json()["status"]["user_message"]
