@@ -48,14 +48,14 @@ INSERT INTO jobs (
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
     missed_run_grace_seconds, priority, secret_environment, create_key, create_fingerprint, environment_id,
     schema_name, generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
-    completion_mode, overlap_policy, jitter_seconds
+    completion_mode, overlap_policy, jitter_seconds, kept_cron
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
     %(create_key)s, %(create_fingerprint)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
     %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s,
-    %(overlap_policy)s, %(jitter_seconds)s
+    %(overlap_policy)s, %(jitter_seconds)s, %(kept_cron)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -125,6 +125,7 @@ ON CONFLICT (job_id, upstream_job_id) DO NOTHING;
 -- Saving a job replaces its definition and reactivates it.
 UPDATE jobs SET
     name = %(name)s, job_type = %(job_type)s, steps = %(steps)s, cron = %(cron)s, timezone = %(timezone)s,
+    kept_cron = %(kept_cron)s,
     on_pull_request = %(on_pull_request)s, on_merge = %(on_merge)s, threads = %(threads)s,
     timeout_seconds = %(timeout_seconds)s, target_name = %(target_name)s, environment = %(environment)s,
     git_branch = %(git_branch)s, retry_max_attempts = %(retry_max_attempts)s,
@@ -332,6 +333,8 @@ RETURNING id, name, run_slots, deactivate_after_failures, pull_request_schema_ma
           created_at, updated_at;
 
 -- name: count_runs
+-- The filters of dbt Cloud's run list (list_runs_by_offset's); a run's dbt version is its override's, else
+-- its job's environment's; docs and sources are the artifacts that generating them keeps.
 SELECT count(*) AS total FROM runs
 WHERE account_id = %(account_id)s
   AND (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s)
@@ -341,7 +344,18 @@ WHERE account_id = %(account_id)s
       SELECT j.id FROM jobs j JOIN environments e ON e.id = j.environment_id
        WHERE j.account_id = %(account_id)s
          AND (%(environment_id)s::bigint IS NULL OR e.id = %(environment_id)s)
-         AND (cardinality(%(project_ids)b::bigint[]) = 0 OR e.project_id = ANY(%(project_ids)b::bigint[]))));
+         AND (cardinality(%(project_ids)b::bigint[]) = 0 OR e.project_id = ANY(%(project_ids)b::bigint[]))))
+  AND (cardinality(%(run_ids)b::bigint[]) = 0 OR runs.id = ANY(%(run_ids)b::bigint[]))
+  AND (%(id_gt)s::bigint IS NULL OR runs.id > %(id_gt)s)
+  AND (cardinality(%(dbt_versions)b::text[]) = 0 OR COALESCE(NULLIF(runs.overrides->>'dbt_version', ''), (
+      SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+  )) = ANY(%(dbt_versions)b::text[]))
+  AND (%(has_docs)s::boolean IS NULL OR %(has_docs)s = EXISTS (
+      SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.path = 'target/catalog.json'))
+  AND (%(has_sources)s::boolean IS NULL OR %(has_sources)s = EXISTS (
+      SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.path = 'target/sources.json'))
+  AND (%(created_from)s::timestamptz IS NULL OR runs.queued_at BETWEEN %(created_from)s AND %(created_to)s)
+  AND (%(finished_from)s::timestamptz IS NULL OR runs.finished_at BETWEEN %(finished_from)s AND %(finished_to)s);
 
 -- name: list_runs_by_offset
 SELECT runs.*, env.environment_id, env.project_id, env.dbt_version FROM runs
@@ -358,6 +372,17 @@ WHERE account_id = %(account_id)s
        WHERE j.account_id = %(account_id)s
          AND (%(environment_id)s::bigint IS NULL OR e.id = %(environment_id)s)
          AND (cardinality(%(project_ids)b::bigint[]) = 0 OR e.project_id = ANY(%(project_ids)b::bigint[]))))
+  AND (cardinality(%(run_ids)b::bigint[]) = 0 OR runs.id = ANY(%(run_ids)b::bigint[]))
+  AND (%(id_gt)s::bigint IS NULL OR runs.id > %(id_gt)s)
+  AND (cardinality(%(dbt_versions)b::text[]) = 0 OR COALESCE(NULLIF(runs.overrides->>'dbt_version', ''), (
+      SELECT e.dbt_version FROM jobs j JOIN environments e ON e.id = j.environment_id WHERE j.id = runs.job_id
+  )) = ANY(%(dbt_versions)b::text[]))
+  AND (%(has_docs)s::boolean IS NULL OR %(has_docs)s = EXISTS (
+      SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.path = 'target/catalog.json'))
+  AND (%(has_sources)s::boolean IS NULL OR %(has_sources)s = EXISTS (
+      SELECT 1 FROM artifacts a WHERE a.run_id = runs.id AND a.path = 'target/sources.json'))
+  AND (%(created_from)s::timestamptz IS NULL OR runs.queued_at BETWEEN %(created_from)s AND %(created_to)s)
+  AND (%(finished_from)s::timestamptz IS NULL OR runs.finished_at BETWEEN %(finished_from)s AND %(finished_to)s)
 ORDER BY
     CASE WHEN %(order_by)s = 'created_at' THEN queued_at END ASC,
     CASE WHEN %(order_by)s = '-created_at' THEN queued_at END DESC,
@@ -374,24 +399,34 @@ LIMIT %(limit)s;
 
 -- name: count_jobs
 -- The filters of dbt Cloud's job list; name_like is an ILIKE pattern with its wildcards escaped.
-SELECT count(*) AS total FROM jobs
-WHERE account_id = %(account_id)s AND (deleted_at IS NOT NULL) = %(deleted)s
-  AND (%(environment_id)s::bigint IS NULL OR environment_id = %(environment_id)s)
-  AND (cardinality(%(project_ids)b::bigint[]) = 0 OR environment_id IN (
-      SELECT e.id FROM environments e
-       WHERE e.account_id = %(account_id)s AND e.project_id = ANY(%(project_ids)b::bigint[])))
-  AND (%(name_like)s::text IS NULL OR name ILIKE %(name_like)s);
-
--- name: list_jobs_by_offset
-SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
-       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
-  FROM jobs
-WHERE account_id = %(account_id)s AND (deleted_at IS NOT NULL) = %(deleted)s
+SELECT count(*) AS total FROM jobs AS jobs
+WHERE account_id = %(account_id)s AND (%(deleted)s::boolean IS NULL OR (deleted_at IS NOT NULL) = %(deleted)s)
   AND (%(environment_id)s::bigint IS NULL OR environment_id = %(environment_id)s)
   AND (cardinality(%(project_ids)b::bigint[]) = 0 OR environment_id IN (
       SELECT e.id FROM environments e
        WHERE e.account_id = %(account_id)s AND e.project_id = ANY(%(project_ids)b::bigint[])))
   AND (%(name_like)s::text IS NULL OR name ILIKE %(name_like)s)
+  AND (cardinality(%(job_ids)b::bigint[]) = 0 OR jobs.id = ANY(%(job_ids)b::bigint[]))
+  AND (%(id_gt)s::bigint IS NULL OR jobs.id > %(id_gt)s)
+  AND (cardinality(%(dbt_versions)b::text[]) = 0 OR (
+      SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) = ANY(%(dbt_versions)b::text[]))
+  AND (%(scheduled)s::boolean IS NULL OR (cron IS NOT NULL) = %(scheduled)s);
+
+-- name: list_jobs_by_offset
+SELECT jobs.*, (SELECT e.project_id FROM environments e WHERE e.id = jobs.environment_id) AS project_id,
+       (SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) AS dbt_version
+  FROM jobs
+WHERE account_id = %(account_id)s AND (%(deleted)s::boolean IS NULL OR (deleted_at IS NOT NULL) = %(deleted)s)
+  AND (%(environment_id)s::bigint IS NULL OR environment_id = %(environment_id)s)
+  AND (cardinality(%(project_ids)b::bigint[]) = 0 OR environment_id IN (
+      SELECT e.id FROM environments e
+       WHERE e.account_id = %(account_id)s AND e.project_id = ANY(%(project_ids)b::bigint[])))
+  AND (%(name_like)s::text IS NULL OR name ILIKE %(name_like)s)
+  AND (cardinality(%(job_ids)b::bigint[]) = 0 OR jobs.id = ANY(%(job_ids)b::bigint[]))
+  AND (%(id_gt)s::bigint IS NULL OR jobs.id > %(id_gt)s)
+  AND (cardinality(%(dbt_versions)b::text[]) = 0 OR (
+      SELECT e.dbt_version FROM environments e WHERE e.id = jobs.environment_id) = ANY(%(dbt_versions)b::text[]))
+  AND (%(scheduled)s::boolean IS NULL OR (cron IS NOT NULL) = %(scheduled)s)
 ORDER BY
     CASE WHEN %(order_by)s = 'name' THEN name END ASC,
     CASE WHEN %(order_by)s = '-name' THEN name END DESC,

@@ -16,11 +16,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import fields, replace
 
-from api.lookup import existing_run
+from api.lookup import existing_job, existing_run
 from api.pickup_publisher import PickupPublisher
 from api.rows import Run, RunStep
 from api.store import Store
-from api.triggering import trigger_run
+from api.triggering import client_idempotency_key, rerun_spec, trigger_run
 from api.validation import RunOverridesSpec, TriggerSpec
 from runplane.basics.errors import FailedPrecondition
 from runplane.basics.types import AccountId, JobId, RunStatus, Trigger
@@ -30,6 +30,13 @@ RUN_RESULTS = "target/run_results.json"
 # The dbt commands that write run_results.json and that `dbt retry` can resume.
 RETRYABLE = {"build", "run", "test", "seed", "snapshot", "compile", "clone", "run-operation", "show"}
 RETRYABLE_PAIRS = {("docs", "generate"), ("source", "freshness")}
+# dbt Cloud's reason a run cannot be retried: runplane reruns any failed run from its failure.
+NOT_FAILED = "RETRY_NOT_FAILED_RUN"
+
+
+def retry_refusal(run: Run) -> str | None:
+    """Why ``run`` cannot be rerun from its failure, in dbt Cloud's words; None when it can."""
+    return None if run.status == RunStatus.ERROR else NOT_FAILED
 
 
 def retryable_with_dbt_retry(command: str) -> bool:
@@ -54,11 +61,14 @@ def resume_from(steps: list[RunStep]) -> int:
     return int(start.step_index) if start is not None else 0
 
 
-async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int) -> Run:
-    """Queue the rerun of the failed run ``run_id`` from its failed step; the new run."""
+async def rerun_from_failure(
+    store: Store, pickups: PickupPublisher, account_id: AccountId, run_id: int, client_key: str | None = None
+) -> Run:
+    """Queue the rerun of the failed run ``run_id`` from its failed step; the new run (the one
+    ``client_key`` already made, when a client retries with its key)."""
     async with store.connection() as conn:
         failed = await existing_run(store, conn, account_id, run_id)
-        if failed.status != RunStatus.ERROR:
+        if retry_refusal(failed) is not None:
             raise FailedPrecondition(
                 f"run {run_id} did not fail ({RunStatus(failed.status).name.lower()}): only a failed run is rerun "
                 "from its failure"
@@ -89,8 +99,33 @@ async def rerun_from_failure(store: Store, pickups: PickupPublisher, account_id:
         JobId(failed.job_id),
         Trigger.RETRY,
         f"Rerun of run {run_id} from step {start + 1}",
-        None,
+        client_key,
         overrides,
+        same_request_on_retry=False,  # a retry with the key is answered by rerun_job before it gets here
     )
     row, _ = await trigger_run(store, pickups, account_id, spec, parent_run_id=run_id)
+    return row
+
+
+async def rerun_job(
+    store: Store, pickups: PickupPublisher, account_id: AccountId, job_id: int, client_key: str | None = None
+) -> Run:
+    """dbt Cloud's "rerun the job": after an error its latest run again from its failure, else a new run.
+
+    A client's key makes the retry of a request return the run the first one made, whatever the
+    job's latest run is by then (that run, not yet failed, would make the retry a new run).
+    """
+    async with store.connection() as conn:
+        await existing_job(store, conn, account_id, job_id)
+        if client_key:
+            made = await store.run_by_idempotency_key(conn, client_idempotency_key(account_id, client_key))
+            if made is not None:
+                if made.job_id != job_id:
+                    raise FailedPrecondition(f"idempotency key already used for job {made.job_id}: use a new key")
+                return made
+        latest = await store.latest_run_of_job(conn, account_id, job_id)
+    if latest is not None and retry_refusal(latest) is None:
+        return await rerun_from_failure(store, pickups, account_id, latest.id, client_key)
+    spec = replace(rerun_spec(job_id, None, Trigger.API), client_key=client_key, same_request_on_retry=False)
+    row, _ = await trigger_run(store, pickups, account_id, spec)
     return row

@@ -82,6 +82,7 @@ class Job:
     jitter_seconds: int
     paused_by: str
     pause_note: str
+    kept_cron: str | None  # the cron of a schedule trigger turned off over REST; nothing schedules it
 
 
 @dataclass(frozen=True, slots=True)

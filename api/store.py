@@ -62,16 +62,28 @@ class RunFilters:
     environment_id: int | None = None
     project_ids: tuple[int, ...] = ()
     deferring_run_id: int | None = None
+    run_ids: tuple[int, ...] = ()
+    id_gt: int | None = None
+    dbt_versions: tuple[str, ...] = ()
+    has_docs: bool | None = None
+    has_sources: bool | None = None
+    created: tuple[datetime, datetime] | None = None  # both ends included
+    finished: tuple[datetime, datetime] | None = None
 
 
 @dataclass(frozen=True)
 class JobFilters:
-    """The filters of dbt Cloud's job list; ``deleted`` lists the deleted jobs instead of the live ones."""
+    """The filters of dbt Cloud's job list; ``deleted`` lists the deleted jobs instead of the live ones
+    (None: both), ``scheduled`` the ones with (or without) a cron schedule."""
 
     environment_id: int | None = None
     project_ids: tuple[int, ...] = ()
     name_contains: str | None = None
-    deleted: bool = False
+    deleted: bool | None = False
+    job_ids: tuple[int, ...] = ()
+    id_gt: int | None = None
+    dbt_versions: tuple[str, ...] = ()
+    scheduled: bool | None = None
 
 
 QUERIES = {**load_queries("api"), **TRANSITIONS}  # a run's status changes are runplane.runs'
@@ -149,6 +161,7 @@ class Store:
             "job_type": spec.job_type.value,
             "steps": spec.steps,
             "cron": spec.cron,
+            "kept_cron": spec.kept_cron,
             "timezone": spec.timezone,
             "on_pull_request": spec.on_pull_request,
             "on_merge": spec.on_merge,
@@ -542,6 +555,15 @@ class Store:
             "by_environment": filters.environment_id is not None or bool(filters.project_ids),
             "environment_id": filters.environment_id,
             "project_ids": list(filters.project_ids),
+            "run_ids": list(filters.run_ids),
+            "id_gt": filters.id_gt,
+            "dbt_versions": list(filters.dbt_versions),
+            "has_docs": filters.has_docs,
+            "has_sources": filters.has_sources,
+            "created_from": filters.created[0] if filters.created else None,
+            "created_to": filters.created[1] if filters.created else None,
+            "finished_from": filters.finished[0] if filters.finished else None,
+            "finished_to": filters.finished[1] if filters.finished else None,
         }
         total = await _value(conn, "count_runs", **params)
         rows = await _all(
@@ -563,6 +585,10 @@ class Store:
             "environment_id": filters.environment_id,
             "project_ids": list(filters.project_ids),
             "name_like": name_like,
+            "job_ids": list(filters.job_ids),
+            "id_gt": filters.id_gt,
+            "dbt_versions": list(filters.dbt_versions),
+            "scheduled": filters.scheduled,
         }
         total = await _value(conn, "count_jobs", **params)
         rows = await _all(

@@ -103,6 +103,7 @@ class JobSpec:
     job_type: JobType
     steps: list[str]
     cron: str | None = None
+    kept_cron: str | None = None  # the cron of a schedule trigger turned off (REST keeps it; nothing schedules it)
     timezone: str = "UTC"
     on_completion: list[CompletionTriggerSpec] = field(default_factory=list)
     completion_mode: str = "any"  # all: fan-in

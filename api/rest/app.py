@@ -144,7 +144,7 @@ def _problems(exc: RequestValidationError) -> str:
     return "; ".join(out)
 
 
-_ARTIFACT_FILE = re.compile(r"^/api/v2/accounts/[^/]+/runs/[^/]+/artifacts/[^/].*")
+_ARTIFACT_FILE = re.compile(r"^/api/v2/accounts/[^/]+/(?:runs|jobs)/[^/]+/artifacts/[^/].*")
 _V3_READS = re.compile(r"^/api/v3/accounts(?:/[^/]+(?:/jobs(?:/[^/]+)?)?)?/?$")
 
 

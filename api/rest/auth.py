@@ -8,7 +8,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import APIKeyHeader
 
 from api.auth import token_from_header
-from api.scopes import check_scope, required_http_scope
+from api.scopes import TokenGrant, check_scope, required_http_scope
 from api.store import Store
 from runplane.basics.errors import NotFound, Unauthenticated
 from runplane.basics.tokens import token_hash
@@ -18,8 +18,8 @@ from runplane.basics.types import AccountId
 _authorization = APIKeyHeader(name="Authorization", auto_error=False, description="Token <token> or Bearer <token>")
 
 
-async def caller(request: Request, authorization: Annotated[str | None, Depends(_authorization)]) -> AccountId:
-    """The account the token belongs to; 401 without a valid token, 403 when its scopes do not allow the call."""
+async def caller_grant(request: Request, authorization: Annotated[str | None, Depends(_authorization)]) -> TokenGrant:
+    """The token's account and scopes; 401 without a valid token, 403 when its scopes do not allow the call."""
     if authorization is None:
         raise Unauthenticated("missing 'Authorization: Token <token>' header")
     store: Store = request.app.state.store
@@ -28,6 +28,11 @@ async def caller(request: Request, authorization: Annotated[str | None, Depends(
         raise Unauthenticated("unknown, revoked or expired token")
     check_scope(grant, f"{request.method} {request.url.path}", required_http_scope(request.method))
     request.state.who = grant.who  # who makes the call, for the notes a change keeps (a pause)
+    return grant
+
+
+async def caller(grant: Annotated[TokenGrant, Depends(caller_grant)]) -> AccountId:
+    """The account the token belongs to."""
     return grant.account_id
 
 
@@ -42,3 +47,4 @@ async def scoped_account(
 
 Account = Annotated[AccountId, Depends(scoped_account)]
 Caller = Annotated[AccountId, Depends(caller)]
+Grant = Annotated[TokenGrant, Depends(caller_grant)]

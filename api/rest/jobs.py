@@ -6,8 +6,8 @@ into runplane's request and checked by the same rules), and is written by the sa
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
@@ -17,24 +17,43 @@ from api.job_definitions import create_job, delete_job, update_job
 from api.lookup import existing_job
 from api.pausing import set_paused
 from api.rest import params, related, shapes
-from api.rest.auth import Account, Caller
+from api.rest.auth import Account, Caller, Grant
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
-from api.rows import CompletionTrigger, Job
-from api.store import JobFilters, Store
+from api.rest.runs import run_page
+from api.rows import CompletionTrigger, Job, JobWithEnvironment
+from api.store import JobFilters, RunFilters, Store
 from api.validation import JobSpec, checked_idempotency_key, job_spec
 from runplane.adapters.db import Connection
+from runplane.basics.cron import validate_cron
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.overlap import OVERLAP_TO_PROTO, OverlapPolicy
-from runplane.basics.types import AccountId, JobId
+from runplane.basics.types import AccountId, JobId, RunStatus
 from runplane.v1 import common_pb2, jobs_pb2
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
 JobPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the job")]
 Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
-# An entity tag is the job's version; If-Match may send it quoted (as ETag shows it) or bare.
-_VERSION_TAG = re.compile(r'"?([1-9][0-9]{0,17})"?')
-JOB_FILTERS = frozenset({"project_id", "project_id__in", "environment_id", "name__icontains", "state"})
+JOB_FILTERS = frozenset(
+    {
+        "project_id",
+        "project_id__in",
+        "environment_id",
+        "name__icontains",
+        "state",
+        "pk",
+        "pk__in",
+        "id__gt",
+        "dbt_version__in",
+        "triggers_schedule",
+        "is_system",
+        "include_related",
+    }
+)
+# What a job's include_related names: its environment and variables are always in it; the runs are read.
+JOB_RELATED = frozenset({"environment", "custom_environment_variables", "most_recent_run", "most_recent_completed_run"})
+# dbt Cloud's job filters on what runplane does not know: refused with the reason.
+REFUSED_JOB_FILTERS = {"is_fusion_ready": "runplane runs dbt Core and does not assess dbt Fusion readiness"}
 # dbt Cloud's job types as runplane's; "adhoc" is what dbt Cloud's newer clients send for "other".
 JOB_TYPES = {
     "scheduled": common_pb2.JOB_TYPE_DEPLOY,
@@ -148,6 +167,7 @@ class RunplaneBody(BaseModel):
 class JobBody(BaseModel):
     """dbt Cloud's job definition, as its clients create and update jobs."""
 
+    account_id: int | None = Field(None, description="The URL's account, when sent: another is refused.")
     name: str = Field(max_length=255)
     project_id: Id | None = None
     environment_id: Id | None = None
@@ -187,8 +207,7 @@ def job_request(
         on_merge=body.triggers.on_merge,
     )
     if body.triggers.schedule:
-        schedule = body.schedule or ScheduleBody()
-        cron = schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
+        cron = _cron_of(body)
         if not cron:
             raise InvalidArgument("schedule.cron", "is required when triggers.schedule is true")
         timezone = stored.timezone if stored is not None and stored.cron == cron else ""
@@ -222,6 +241,21 @@ def job_request(
     return jobs_pb2.CreateJobRequest(
         name=body.name, job_type=job_type, steps=body.execute_steps, triggers=triggers, settings=settings
     )
+
+
+def _cron_of(body: JobBody) -> str | None:
+    """The cron the body's schedule names (``cron``, or a custom cron date), whether the trigger is on or off."""
+    schedule = body.schedule or ScheduleBody()
+    return schedule.cron or (schedule.date.cron if schedule.date and schedule.date.type == "custom_cron" else None)
+
+
+def kept_cron(body: JobBody, stored: Job | None) -> str | None:
+    """With the schedule trigger off, the cron kept for it as dbt Cloud keeps it: the body's, else the
+    one the job had (on or already off); checked as a schedule's cron is."""
+    if body.triggers.schedule:
+        return None
+    cron = _cron_of(body) or (stored.cron or stored.kept_cron if stored is not None else None)
+    return None if cron is None else validate_cron(cron, "schedule.cron")
 
 
 def _with_completion_triggers(
@@ -307,7 +341,7 @@ async def _checked_spec(store: Store, account_id: AccountId, body: JobBody, job_
             stored = await existing_job(store, conn, account_id, job_id)
             completion = (await store.completion_triggers(conn, [job_id]))[job_id]
     with params.named_as(JOB_NAMES):
-        spec = job_spec(job_request(body, stored, completion))
+        spec = replace(job_spec(job_request(body, stored, completion)), kept_cron=kept_cron(body, stored))
     env = None
     if body.environment_id is not None:
         async with store.connection() as conn:
@@ -334,18 +368,30 @@ async def _one_job(store: Store, conn: Connection, account_id: AccountId, job_id
 def _tagged(response: Response, job: shapes.Job) -> shapes.Job:
     """``job``, its version sent as the answer's ETag (what an update's If-Match names)."""
     assert job.runplane is not None
-    response.headers["ETag"] = f'"{job.runplane.version}"'
+    params.tag(response, job.runplane.version)
     return job
 
 
-def expected_version(if_match: str | None) -> int:
-    """The job version an ``If-Match`` header names; 0 (any) without one or with ``*``."""
-    if if_match is None or if_match.strip() == "*":
-        return 0
-    tag = _VERSION_TAG.fullmatch(if_match.strip())
-    if tag is None:
-        raise InvalidArgument("If-Match", "must be the job's version, as its ETag or runplane.version show it")
-    return int(tag.group(1))
+async def _with_recent_runs(
+    request: Request, store: Store, conn: Connection, job: shapes.Job, include: set[str]
+) -> shapes.Job:
+    """``job`` with its most recent run and most recent finished run, when ``include`` names them."""
+    found: dict[str, shapes.Run | None] = {}
+    for name, statuses in (
+        ("most_recent_run", ()),
+        ("most_recent_completed_run", tuple(s for s in RunStatus if s.is_terminal)),
+    ):
+        if name in include:
+            latest, _ = await store.runs_by_offset(
+                conn,
+                AccountId(job.account_id),
+                RunFilters(job_id=job.id, statuses=statuses),
+                order_by="-id",
+                offset=0,
+                limit=1,
+            )
+            found[name] = shapes.run(latest[0], href=run_page(request, latest[0].id)) if latest else None
+    return job.model_copy(update=found) if found else job
 
 
 @router.get("/api/v2/accounts/{account_id}/jobs/", summary="List jobs")
@@ -362,29 +408,61 @@ async def list_jobs(
     name__icontains: Annotated[
         str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="Part of the name, any case.")
     ] = None,
-    state: Annotated[int | None, Query(ge=1, le=2, description="1 active, 2 deleted")] = None,
+    state: Annotated[
+        str | None, Query(max_length=10, description="active (1, the default), deleted (2) or all.")
+    ] = None,
+    pk: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    pk__in: Annotated[str | None, Query(max_length=2000, description="Job ids, e.g. [1,2].")] = None,
+    id__gt: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    dbt_version__in: Annotated[str | None, Query(max_length=2000, description="Its environment's dbt version.")] = None,
+    triggers_schedule: Annotated[bool | None, Query(description="Only jobs with (or without) a schedule.")] = None,
+    is_system: Annotated[bool | None, Query(description="runplane has no system jobs: true lists none.")] = None,
+    include_related: Annotated[
+        list[str] | None,
+        Query(description="most_recent_run, most_recent_completed_run (environment is always included)."),
+    ] = None,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = MAX_LIMIT,
 ) -> ListEnvelope[shapes.Job]:
+    params.refused(request.query_params, REFUSED_JOB_FILTERS)
     params.only_known(request.query_params, JOB_FILTERS)
     store = _store(request)
     order = params.order_by(order_by, params.JOB_ORDERS)
     project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+    job_ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
+    versions = params.texts(dbt_version__in, "dbt_version__in")
+    which = params.state(state, params.State.ACTIVE)
+    include = params.related(include_related, JOB_RELATED)
     filters = JobFilters(
         environment_id=environment_id,
         project_ids=project_ids,
         name_contains=name__icontains,
-        deleted=state == shapes.DELETED,
+        deleted=None if which is params.State.ALL else which is params.State.DELETED,
+        job_ids=job_ids,
+        id_gt=id__gt,
+        dbt_versions=versions,
+        scheduled=triggers_schedule,
     )
+    rows: list[JobWithEnvironment] = []
+    total = 0
     async with store.connection() as conn:
-        rows, total = await store.jobs_by_offset(conn, account_id, filters, order_by=order, offset=offset, limit=limit)
+        if not is_system:
+            rows, total = await store.jobs_by_offset(
+                conn, account_id, filters, order_by=order, offset=offset, limit=limit
+            )
         jobs = await related.jobs(store, conn, account_id, rows)
+        jobs = [await _with_recent_runs(request, store, conn, job, include) for job in jobs]
     echoed: dict[str, Any] = {
         "project_id": project_id,
         "project_id__in": list(project_ids) if project_id__in is not None else None,
         "environment_id": environment_id,
         "name__icontains": name__icontains,
-        "state": state,
+        "state": which.value,
+        "pk__in": list(job_ids) or None,
+        "id__gt": id__gt,
+        "dbt_version__in": list(versions) or None,
+        "triggers_schedule": triggers_schedule,
+        "is_system": is_system,
     }
     return ListEnvelope[shapes.Job](
         status=success(),
@@ -397,7 +475,7 @@ async def list_jobs(
     )
 
 
-@router.post("/api/v2/accounts/{account_id}/jobs/", summary="Create a job", status_code=201)
+@router.post("/api/v2/accounts/{account_id}/jobs/", summary="Create a job")
 async def create_job_(
     request: Request,
     response: Response,
@@ -407,11 +485,12 @@ async def create_job_(
         str | None,
         Header(
             alias="Idempotency-Key",
-            description="A retry with the same key returns the job the first create made (201 again) and "
+            description="A retry with the same key returns the job the first create made and "
             "creates nothing; the same key with another definition is 409.",
         ),
     ] = None,
 ) -> Envelope[shapes.Job]:
+    params.same_account(body.account_id, account_id)
     store = _store(request)
     key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
     params.dbt_versions(request).check(body.dbt_version, "dbt_version")
@@ -420,7 +499,7 @@ async def create_job_(
         created = await create_job(store, account_id, spec, create_key=key and f"rest:{key}")
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, created.id)
-    return Envelope[shapes.Job](status=success(201), data=_tagged(response, job))
+    return Envelope[shapes.Job](status=success(), data=_tagged(response, job))
 
 
 @router.get("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Get a job")
@@ -450,8 +529,9 @@ async def update_job_(
 ) -> Envelope[shapes.Job]:
     """Replaces the job's definition with the body, as dbt Cloud does, keeping what the body cannot say
     (time zone, retries, priority, ...); saving a job reactivates it."""
+    params.same_account(body.account_id, account_id)
     store = _store(request)
-    version = expected_version(if_match)
+    version = params.expected_version(if_match)
     params.dbt_versions(request).check(body.dbt_version, "dbt_version")
     spec = await _checked_spec(store, account_id, body, job_id)
     with params.named_as(JOB_NAMES):
@@ -463,7 +543,10 @@ async def update_job_(
 
 @router.delete("/api/v2/accounts/{account_id}/jobs/{job_id}/", summary="Delete a job")
 async def delete_job_(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Job]:
-    """Its queued runs end cancelled; the answer is the job as it was, with state 2 (deleted)."""
+    """Its queued runs end cancelled; the answer is the job as it was, with state 2 (deleted).
+
+    dbt Cloud's OpenAPI document says 204 (no body), but its clients (dbtc, dbt-cloud-cli) read the
+    deleted object from the answer, as dbt Cloud sends it: 200 with the body keeps them working."""
     store = _store(request)
     async with store.connection() as conn:
         job = await _one_job(store, conn, account_id, job_id)
@@ -536,4 +619,16 @@ async def list_skipped_occurrences(
             order_by="-scheduled_at",
             pagination=Pagination(count=len(rows), total_count=len(rows)),
         ),
+    )
+
+
+@router.get("/api/v2/accounts/{account_id}/users/", summary="Who the calling token is")
+async def list_users(account_id: Account, grant: Grant) -> ListEnvelope[shapes.User]:
+    """One user: the calling API token, with its account permissions (its scopes). runplane keeps no
+    people: the answer says what the token may do, not who holds it."""
+    user = shapes.token_user(account_id, grant.scopes)
+    return ListEnvelope[shapes.User](
+        status=success(),
+        data=[user],
+        extra=Extra(filters={"limit": 1, "offset": 0}, order_by="id", pagination=Pagination(count=1, total_count=1)),
     )

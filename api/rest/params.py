@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
 
-from fastapi import Request
+from fastapi import Request, Response
 
 from runplane.basics.errors import InvalidArgument
 from runplane.basics.types import RunStatus
@@ -46,12 +48,12 @@ def words(values: list[str] | None) -> set[str]:
     return out
 
 
-def related(values: list[str] | None) -> set[str]:
-    """The include_related of a run request; an unknown name is InvalidArgument."""
+def related(values: list[str] | None, known: frozenset[str] = RUN_RELATED) -> set[str]:
+    """The include_related of a request (a run's by default); an unknown name is InvalidArgument."""
     names = words(values)
-    unknown = names - RUN_RELATED
+    unknown = names - known
     if unknown:
-        allowed = ", ".join(sorted(RUN_RELATED))
+        allowed = ", ".join(sorted(known))
         raise InvalidArgument("include_related", f"{sorted(unknown)[0][:40]!r} is not one of {allowed}")
     return names
 
@@ -79,6 +81,13 @@ def only_known(query: Mapping[str, str], known: frozenset[str]) -> None:
             raise InvalidArgument(name[:60], f"is not a filter of this list (filters: {allowed})")
 
 
+def refused(query: Mapping[str, str], reasons: Mapping[str, str]) -> None:
+    """A documented filter on what runplane does not keep is refused with the reason, never ignored."""
+    for name, reason in reasons.items():
+        if name in query:
+            raise InvalidArgument(name, reason)
+
+
 def ids(value: str | None, name: str) -> tuple[int, ...]:
     """``[1,2]``, ``1,2`` or ``1`` as positive ids; anything else is InvalidArgument naming ``name``."""
     out: list[int] = []
@@ -91,6 +100,59 @@ def ids(value: str | None, name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+class State(StrEnum):
+    """dbt Cloud's ``state`` filter: 1 or ``active``, 2 or ``deleted``, or ``all``."""
+
+    ACTIVE = "active"
+    DELETED = "deleted"
+    ALL = "all"
+
+
+_STATES = {"1": State.ACTIVE, "2": State.DELETED, **{s.value: s for s in State}}
+
+
+def state(value: str | None, default: State) -> State:
+    """The ``state`` a list was asked for (``default`` without one)."""
+    if value is None:
+        return default
+    found = _STATES.get(value.strip().lower())
+    if found is None:
+        raise InvalidArgument("state", f"{value[:40]!r} is not one of 1, 2, active, deleted, all")
+    return found
+
+
+# Where a URL's unescaped '+' of an offset became a space: "12:00:00 00:00".
+_OFFSET_SPACE = re.compile(r" (\d{2}:?\d{2})$")
+
+
+def date_range(value: str | None, name: str) -> tuple[datetime, datetime] | None:
+    """A ``__range`` filter: two ISO 8601 date-times (or dates), comma-joined or as a JSON list; both ends
+    are included, as dbt Cloud's (Django's) ``__range`` includes them. Without an offset they are UTC."""
+    if value is None:
+        return None
+    parts = [p.strip().strip("\"'") for p in value.strip().strip("[]").split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise InvalidArgument(name, "must be two date-times, the start and the end, e.g. 2024-05-01,2024-06-01")
+    ends: list[datetime] = []
+    for part in parts:
+        try:
+            moment = datetime.fromisoformat(_OFFSET_SPACE.sub(r"+\1", part))
+        except ValueError:
+            raise InvalidArgument(name, f"{part[:40]!r} is not an ISO 8601 date-time") from None
+        ends.append(moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC))
+    if ends[0] > ends[1]:
+        raise InvalidArgument(name, "the start is after the end")
+    return ends[0], ends[1]
+
+
+def texts(value: str | None, name: str) -> tuple[str, ...]:
+    """``["1.9","1.10"]``, ``1.9,1.10`` or ``1.9`` as the words a list filter names (none: not filtered)."""
+    out = tuple(sorted(words([value]))) if value is not None else ()
+    if value is not None and not out:
+        raise InvalidArgument(name, "name at least one value")
+    return out
+
+
 def order_by(value: str | None, allowed: tuple[str, ...], default: str = "id") -> str:
     """A field to order by, ``-`` in front for descending; only the ones listed in ``allowed``."""
     if not value:
@@ -99,6 +161,25 @@ def order_by(value: str | None, allowed: tuple[str, ...], default: str = "id") -
         names = ", ".join(allowed)
         raise InvalidArgument("order_by", f"{value[:40]!r} is not one of {names} (with '-' for descending)")
     return value
+
+
+# An entity tag is the object's version; If-Match may send it quoted (as ETag shows it) or bare.
+_VERSION_TAG = re.compile(r'"?([1-9][0-9]{0,17})"?')
+
+
+def tag(response: Response, version: int) -> None:
+    """Send a job's, project's or environment's version as the answer's ETag (what an update's If-Match names)."""
+    response.headers["ETag"] = f'"{version}"'
+
+
+def expected_version(if_match: str | None) -> int:
+    """The version an ``If-Match`` header names; 0 (any) without one or with ``*``."""
+    if if_match is None or if_match.strip() == "*":
+        return 0
+    found = _VERSION_TAG.fullmatch(if_match.strip())
+    if found is None:
+        raise InvalidArgument("If-Match", "must be the version the object was read at, as its ETag shows it")
+    return int(found.group(1))
 
 
 @contextlib.contextmanager
@@ -118,6 +199,12 @@ def warehouses(request: Request) -> WarehouseFiles:
     """Where runs keep warehouse files (``runplane.dbt.warehouse_files``), as the app was made with."""
     rule: WarehouseFiles = request.app.state.warehouses
     return rule
+
+
+def same_account(named: int | None, account_id: int) -> None:
+    """A body's ``account_id``, when it sends one, must be the URL's: another is refused, never ignored."""
+    if named is not None and named != account_id:
+        raise InvalidArgument("account_id", f"names account {named}; the URL names account {account_id}")
 
 
 def dbt_versions(request: Request) -> InstalledDbtVersions:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from api import project_definitions as use
@@ -32,15 +32,29 @@ router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
 ProjectPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the project")]
 EnvironmentPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="Numeric id of the environment")]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description="The version the object was read at (its ETag): the update is refused with 409 when it "
+        "was saved since. Without it the update applies to whatever is stored.",
+    ),
+]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 NameContains = Annotated[
     str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="Part of the name, any case.")
 ]
-State = Annotated[int | None, Query(ge=1, le=2, description="1 active; deleted ones (2) are not listed.")]
-NAMES = frozenset({"name", "name__icontains", "state"})
-PROJECT_FILTERS = NAMES | {"pk", "pk__in"}
-ENVIRONMENT_FILTERS = NAMES | {"project_id", "project_id__in", "type", "dbt_version", "dbt_version__in"}
+State = Annotated[
+    str | None,
+    Query(max_length=10, description="active (1, the default), all, or deleted (2): none is kept deleted."),
+]
+NAMES = frozenset({"name", "name__icontains", "state", "pk", "pk__in", "include_related"})
+PROJECT_FILTERS = NAMES | {"pk__gt"}
+ENVIRONMENT_FILTERS = NAMES | {"project_id", "project_id__in", "type", "dbt_version", "dbt_version__in", "id__gt"}
+# What include_related names on a project or an environment: always part of it here.
+PROJECT_RELATED = frozenset({"repository"})
+ENVIRONMENT_RELATED = frozenset({"connection", "credentials"})
 LIST_ORDERS = ("id", "name", "created_at", "updated_at")
 # dbt Cloud's filters that name what runplane does not keep: refused with the reason.
 REFUSED_FILTERS = {
@@ -111,6 +125,7 @@ class RepositoryBody(BaseModel):
 
 
 class ProjectBody(BaseModel):
+    account_id: int | None = Field(None, description="The URL's account, when sent: another is refused.")
     name: str | None = Field(None, max_length=200)
     description: str | None = Field(None, max_length=1000)
     dbt_project_subdirectory: str | None = Field(None, max_length=1024)
@@ -130,6 +145,8 @@ class CredentialsBody(BaseModel):
 
 
 class EnvironmentBody(BaseModel):
+    account_id: int | None = Field(None, description="The URL's account, when sent: another is refused.")
+    project_id: int | None = Field(None, description="The project (v2's create names it here; else the URL's).")
     name: str | None = Field(None, max_length=200)
     type: str | None = Field(None, max_length=20, description="deployment or development")
     deployment_type: str | None = Field(None, max_length=20, description="Not kept by runplane: null only.")
@@ -205,10 +222,14 @@ def _environment_request(body: EnvironmentBody, current: Environment | None) -> 
 
 @dataclass(frozen=True)
 class ListQuery:
-    """What every list of projects or environments takes: names, state, order and a page."""
+    """What every list of projects or environments takes: names, ids, state, order and a page."""
 
     name: str | None
     name__icontains: str | None
+    ids: tuple[int, ...]
+    id_gt: int | None
+    state: params.State
+    include: set[str]
     order_by: str
     offset: int
     limit: int
@@ -219,18 +240,25 @@ def list_query(
     *,
     name: Annotated[str | None, Query(max_length=255, pattern=params.PLAIN_TEXT, description="The whole name.")] = None,
     name__icontains: NameContains = None,
+    pk: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="One id.")] = None,
+    pk__in: Annotated[str | None, Query(max_length=2000, description="Ids, e.g. [1,2].")] = None,
+    pk__gt: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="Ids above this one.")] = None,
+    id__gt: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="Ids above this one.")] = None,
     state: State = None,
+    include_related: Annotated[
+        list[str] | None, Query(description="Always included: repository; connection, credentials.")
+    ] = None,
     order_by: Annotated[str | None, Query(max_length=40, description="id, name, created_at, updated_at; -x.")] = None,
     offset: Offset = 0,
     limit: Limit = MAX_LIMIT,
 ) -> ListQuery:
-    if state == shapes.DELETED:
-        raise InvalidArgument("state", "deleted projects and environments are not kept for listing")
-    for parameter, reason in REFUSED_FILTERS.items():
-        if parameter in request.query_params:
-            raise InvalidArgument(parameter, reason)
+    params.refused(request.query_params, REFUSED_FILTERS)
     order = params.order_by(order_by, LIST_ORDERS)
-    return ListQuery(name, name__icontains, order, offset, limit)
+    ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
+    above = max((i for i in (pk__gt, id__gt) if i is not None), default=None)
+    include = params.related(include_related, PROJECT_RELATED | ENVIRONMENT_RELATED)
+    which = params.state(state, params.State.ACTIVE)
+    return ListQuery(name, name__icontains, ids, above, which, include, order, offset, limit)
 
 
 Listing = Annotated[ListQuery, Depends(list_query)]
@@ -244,11 +272,21 @@ def _listed(rows: list[Listed], query: ListQuery, echoed: dict[str, Any]) -> tup
         for r in rows
         if (query.name is None or r.name == query.name)
         and (query.name__icontains is None or query.name__icontains.lower() in r.name.lower())
+        and (not query.ids or r.id in query.ids)
+        and (query.id_gt is None or r.id > query.id_gt)
+        and query.state is not params.State.DELETED  # a deleted project or environment is not kept
     ]
     field = query.order_by.removeprefix("-")
     kept.sort(key=lambda r: (getattr(r, field), r.id), reverse=query.order_by.startswith("-"))
     page = kept[query.offset : query.offset + query.limit]
-    filters = {**echoed, "name": query.name, "name__icontains": query.name__icontains}
+    filters = {
+        **echoed,
+        "name": query.name,
+        "name__icontains": query.name__icontains,
+        "pk__in": list(query.ids) or None,
+        "id__gt": query.id_gt,
+        "state": query.state.value,
+    }
     return page, Extra(
         filters={**{k: v for k, v in filters.items() if v is not None}, "limit": query.limit, "offset": query.offset},
         order_by=query.order_by,
@@ -262,23 +300,21 @@ async def list_projects(
     request: Request,
     account_id: Account,
     query: Listing,
-    *,
-    pk: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="One project id.")] = None,
-    pk__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
 ) -> ListEnvelope[shapes.Project]:
     params.only_known(request.query_params, PROJECT_FILTERS)
-    ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
+    params.related(list(query.include), PROJECT_RELATED)
     store = _store(request)
     async with store.connection() as conn:
-        rows = [r for r in await store.list_projects(conn, account_id) if not ids or r.id in ids]
-    page, extra = _listed(rows, query, {"pk__in": list(ids) or None})
+        rows = await store.list_projects(conn, account_id)
+    page, extra = _listed(rows, query, {})
     return ListEnvelope[shapes.Project](status=success(), data=[shapes.project(r) for r in page], extra=extra)
 
 
-@router.post("/api/v3/accounts/{account_id}/projects/", summary="Create a project", status_code=201)
+@router.post("/api/v3/accounts/{account_id}/projects/", summary="Create a project")
 async def create_project(
-    request: Request, account_id: Account, body: Annotated[ProjectBody, Body()]
+    request: Request, response: Response, account_id: Account, body: Annotated[ProjectBody, Body()]
 ) -> Envelope[shapes.Project]:
+    params.same_account(body.account_id, account_id)
     fields = _project_request(body, None)
     with params.named_as(PROJECT_NAMES):
         row = await use.create_project(
@@ -288,36 +324,51 @@ async def create_project(
             account_id,
             projects_pb2.CreateProjectRequest(**fields),
         )
-    return Envelope[shapes.Project](status=success(201), data=shapes.project(row))
+    params.tag(response, row.version)
+    return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
 
 @router.get("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Get a project")
 @router.get("/api/v2/accounts/{account_id}/projects/{project_id}/", summary="Get a project (v2)")
-async def get_project(request: Request, account_id: Account, project_id: ProjectPath) -> Envelope[shapes.Project]:
+async def get_project(
+    request: Request, response: Response, account_id: Account, project_id: ProjectPath
+) -> Envelope[shapes.Project]:
     store = _store(request)
     async with store.connection() as conn:
         row = await existing_project(store, conn, account_id, project_id)
+    params.tag(response, row.version)
     return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
 
 @router.post("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Update a project")
 async def update_project(
-    request: Request, account_id: Account, project_id: ProjectPath, body: Annotated[ProjectBody, Body()]
+    request: Request,
+    response: Response,
+    account_id: Account,
+    project_id: ProjectPath,
+    *,
+    body: Annotated[ProjectBody, Body()],
+    if_match: IfMatch = None,
 ) -> Envelope[shapes.Project]:
-    """Changes what the body names; the repository's credential is kept unless one is sent."""
+    """Changes what the body names; the repository's credential is kept unless one is sent. With
+    ``If-Match`` the stored fields the body leaves out are the ones read at that version, or 409."""
+    params.same_account(body.account_id, account_id)
+    version = params.expected_version(if_match)
     store = _store(request)
     async with store.connection() as conn:
         current = await existing_project(store, conn, account_id, project_id)
     fields = _project_request(body, current)
-    request_pb = projects_pb2.UpdateProjectRequest(project_id=project_id, **fields)
+    request_pb = projects_pb2.UpdateProjectRequest(project_id=project_id, expected_version=version, **fields)
     with params.named_as(PROJECT_NAMES):
         row = await use.update_project(store, _keys(request), _repositories(request), account_id, request_pb)
+    params.tag(response, row.version)
     return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
 
 @router.delete("/api/v3/accounts/{account_id}/projects/{project_id}/", summary="Delete a project")
 async def delete_project(request: Request, account_id: Account, project_id: ProjectPath) -> Envelope[shapes.Project]:
-    """Refused (409) while a job uses one of its environments; its environments go with it."""
+    """Refused (409) while a job uses one of its environments; its environments go with it. 200 with the
+    deleted project (state 2), as a job's delete answers (see there why not the document's 204)."""
     store = _store(request)
     async with store.connection() as conn:
         row = await existing_project(store, conn, account_id, project_id)
@@ -352,6 +403,7 @@ async def _environments(
     request: Request, account_id: AccountId, project_ids: tuple[int, ...], query: ListQuery, which: EnvironmentQuery
 ) -> ListEnvelope[shapes.Environment]:
     params.only_known(request.query_params, ENVIRONMENT_FILTERS)
+    params.related(list(query.include), ENVIRONMENT_RELATED)
     store = _store(request)
     async with store.connection() as conn:
         rows = await store.list_environments(conn, account_id, None)
@@ -371,18 +423,29 @@ async def _environments(
     return ListEnvelope[shapes.Environment](status=success(), data=[shapes.environment(r) for r in page], extra=extra)
 
 
-@router.get("/api/v3/accounts/{account_id}/environments/", summary="List environments")
-async def list_environments(
-    request: Request,
-    account_id: Account,
-    query: Listing,
-    which: Environments,
-    *,
+def project_ids_query(
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
+) -> tuple[int, ...]:
+    return params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+
+
+ProjectIds = Annotated[tuple[int, ...], Depends(project_ids_query)]
+
+
+@router.get("/api/v3/accounts/{account_id}/environments/", summary="List environments")
+async def list_environments(
+    request: Request, account_id: Account, query: Listing, which: Environments, project_ids: ProjectIds
 ) -> ListEnvelope[shapes.Environment]:
-    project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
     return await _environments(request, account_id, project_ids, query, which)
+
+
+@router.get("/api/v2/accounts/{account_id}/environments/", summary="List environments (v2)")
+async def list_environments_v2(
+    request: Request, account_id: Account, query: Listing, which: Environments, project_ids: ProjectIds
+) -> ListEnvelope[shapes.Environment]:
+    listed = await _environments(request, account_id, project_ids, query, which)
+    return listed.model_copy(update={"data": [e.as_v2() for e in listed.data]})
 
 
 @router.get(
@@ -400,11 +463,17 @@ async def list_project_environments(
 @router.post(
     "/api/v3/accounts/{account_id}/projects/{project_id}/environments/",
     summary="Create an environment",
-    status_code=201,
 )
 async def create_environment(
-    request: Request, account_id: Account, project_id: ProjectPath, body: Annotated[EnvironmentBody, Body()]
+    request: Request,
+    response: Response,
+    account_id: Account,
+    project_id: ProjectPath,
+    body: Annotated[EnvironmentBody, Body()],
 ) -> Envelope[shapes.Environment]:
+    params.same_account(body.account_id, account_id)
+    if body.project_id is not None and body.project_id != project_id:
+        raise InvalidArgument("project_id", f"names project {body.project_id}; the URL names project {project_id}")
     fields = _environment_request(body, None)
     request_pb = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **fields)
     store = _store(request)
@@ -419,7 +488,22 @@ async def create_environment(
             request_pb,
             warehouses=params.warehouses(request),
         )
-    return Envelope[shapes.Environment](status=success(201), data=shapes.environment(row))
+    params.tag(response, row.version)
+    return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
+
+
+@router.post("/api/v2/accounts/{account_id}/environments/", summary="Create an environment (v2)")
+async def create_environment_v2(
+    request: Request, response: Response, account_id: Account, body: Annotated[EnvironmentBody, Body()]
+) -> Envelope[shapes.Environment]:
+    """v2 names the project in the body."""
+    if body.project_id is None:
+        raise InvalidArgument("project_id", "is required")
+    return _v2(await create_environment(request, response, account_id, body.project_id, body))
+
+
+def _v2(answer: Envelope[shapes.Environment]) -> Envelope[shapes.Environment]:
+    return answer.model_copy(update={"data": answer.data.as_v2()})
 
 
 async def _project_environment(
@@ -437,27 +521,54 @@ async def _project_environment(
 EnvironmentPaths = "/api/v3/accounts/{account_id}/projects/{project_id}/environments/{environment_id}/"
 
 
+V2EnvironmentPath = "/api/v2/accounts/{account_id}/environments/{environment_id}/"
+
+
+async def _project_of(request: Request, account_id: AccountId, environment_id: int) -> int:
+    """The project of an environment v2 names by its id alone."""
+    store = _store(request)
+    async with store.connection() as conn:
+        return int((await existing_environment(store, conn, account_id, environment_id)).project_id)
+
+
 @router.get(EnvironmentPaths, summary="Get an environment")
 async def get_environment(
-    request: Request, account_id: Account, project_id: ProjectPath, environment_id: EnvironmentPath
+    request: Request, response: Response, account_id: Account, project_id: ProjectPath, environment_id: EnvironmentPath
 ) -> Envelope[shapes.Environment]:
     row = await _project_environment(request, account_id, project_id, environment_id)
+    params.tag(response, row.version)
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
+
+
+@router.get(V2EnvironmentPath, summary="Get an environment (v2)")
+async def get_environment_v2(
+    request: Request, response: Response, account_id: Account, environment_id: EnvironmentPath
+) -> Envelope[shapes.Environment]:
+    project_id = await _project_of(request, account_id, environment_id)
+    return _v2(await get_environment(request, response, account_id, project_id, environment_id))
 
 
 @router.post(EnvironmentPaths, summary="Update an environment")
 async def update_environment(
     request: Request,
+    response: Response,
     account_id: Account,
     project_id: ProjectPath,
     environment_id: EnvironmentPath,
+    *,
     body: Annotated[EnvironmentBody, Body()],
+    if_match: IfMatch = None,
 ) -> Envelope[shapes.Environment]:
-    """Changes what the body names; a secret not sent keeps its value, ``clear_secrets`` removes some."""
+    """Changes what the body names; a secret not sent keeps its value, ``clear_secrets`` removes some.
+    With ``If-Match`` the stored fields the body leaves out are the ones read at that version, or 409."""
+    params.same_account(body.account_id, account_id)
+    if body.project_id is not None and body.project_id != project_id:
+        raise InvalidArgument("project_id", "an environment stays in its project")
+    version = params.expected_version(if_match)
     current = await _project_environment(request, account_id, project_id, environment_id)
     fields = _environment_request(body, current)
     request_pb = projects_pb2.UpdateEnvironmentRequest(
-        environment_id=environment_id, clear_secret_fields=body.clear_secrets, **fields
+        environment_id=environment_id, clear_secret_fields=body.clear_secrets, expected_version=version, **fields
     )
     with params.named_as(ENVIRONMENT_NAMES):
         row = await use.update_environment(
@@ -468,15 +579,42 @@ async def update_environment(
             request_pb,
             warehouses=params.warehouses(request),
         )
+    params.tag(response, row.version)
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
+
+
+@router.post(V2EnvironmentPath, summary="Update an environment (v2)")
+async def update_environment_v2(
+    request: Request,
+    response: Response,
+    account_id: Account,
+    environment_id: EnvironmentPath,
+    *,
+    body: Annotated[EnvironmentBody, Body()],
+    if_match: IfMatch = None,
+) -> Envelope[shapes.Environment]:
+    project_id = await _project_of(request, account_id, environment_id)
+    return _v2(
+        await update_environment(
+            request, response, account_id, project_id, environment_id, body=body, if_match=if_match
+        )
+    )
 
 
 @router.delete(EnvironmentPaths, summary="Delete an environment")
 async def delete_environment(
     request: Request, account_id: Account, project_id: ProjectPath, environment_id: EnvironmentPath
 ) -> Envelope[shapes.Environment]:
-    """Refused (409) while a job uses it."""
+    """Refused (409) while a job uses it; 200 with the deleted environment (state 2), as a job's delete."""
     row = await _project_environment(request, account_id, project_id, environment_id)
     await use.delete_environment(_store(request), account_id, environment_id)
     deleted = shapes.environment(row).model_copy(update={"state": shapes.DELETED})
     return Envelope[shapes.Environment](status=success(), data=deleted)
+
+
+@router.delete(V2EnvironmentPath, summary="Delete an environment (v2)")
+async def delete_environment_v2(
+    request: Request, account_id: Account, environment_id: EnvironmentPath
+) -> Envelope[shapes.Environment]:
+    project_id = await _project_of(request, account_id, environment_id)
+    return _v2(await delete_environment(request, account_id, project_id, environment_id))

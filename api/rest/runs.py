@@ -11,13 +11,13 @@ from pydantic import AwareDatetime, BaseModel, Field
 from api.cancelling import cancel_run
 from api.lookup import existing_job, existing_run, run_artifact
 from api.pull_requests import close_pull_request
-from api.rerunning import rerun_from_failure
+from api.rerunning import rerun_from_failure, rerun_job, resume_from, retry_refusal
 from api.rest import params, related, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.rows import Run, RunWithEnvironment
 from api.store import RunFilters, Store
-from api.triggering import rerun_spec, trigger_or_reattach, trigger_run
+from api.triggering import trigger_or_reattach
 from api.validation import (
     MAX_CAUSE,
     RunOverridesSpec,
@@ -29,8 +29,8 @@ from api.validation import (
     text,
 )
 from runplane.adapters.db import Connection
-from runplane.basics.errors import InvalidArgument, NotFound
-from runplane.basics.types import JobId, RunStatus, Trigger
+from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
+from runplane.basics.types import AccountId, JobId, RunStatus, Trigger
 
 router = APIRouter(responses=ERROR_RESPONSES)
 MAX_LIMIT = 100
@@ -47,8 +47,24 @@ RUN_FILTERS = frozenset(
         "project_id",
         "project_id__in",
         "deferring_run_id",
+        "pk",
+        "pk__in",
+        "id__gt",
+        "state",
+        "dbt_version",
+        "dbt_version__in",
+        "has_docs_generated",
+        "has_sources_generated",
+        "created_at__range",
+        "finished_at__range",
     }
 )
+IdQuery = Annotated[int | None, Query(ge=1, le=2**63 - 1)]
+IdsQuery = Annotated[str | None, Query(max_length=2000, description="Ids, e.g. [1,2] or 1,2.")]
+RangeQuery = Annotated[
+    str | None,
+    Query(max_length=200, description="Two ISO 8601 date-times, start and end (both included): a,b or [a,b]."),
+]
 
 
 class TriggerRunplaneBody(BaseModel):
@@ -152,7 +168,7 @@ async def views(
     if "job" in include:
         job_rows = [await store.get_job(conn, account_id, job_id) for job_id in {r.job_id for r in rows}]
         found = await related.jobs(store, conn, account_id, [j for j in job_rows if j is not None])
-        jobs = {j.id: j for j in found}
+        jobs = {j.id: j.model_copy(update={"schedule": j.schedule.as_in_run()}) for j in found}
     where = (
         await related.places(store, conn, account_id) if include & {"environment", "project", "repository"} else None
     )
@@ -245,17 +261,23 @@ async def trigger(
     return answer
 
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="A retry with the same key returns the run the first request made and queues nothing. "
+        "Keys are the account's.",
+    ),
+]
+
+
 @router.post("/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/", summary="Rerun the job's latest run")
-async def rerun(request: Request, account_id: Account, job_id: JobPath) -> Envelope[shapes.Run]:
+async def rerun(
+    request: Request, account_id: Account, job_id: JobPath, idempotency_key: IdempotencyKey = None
+) -> Envelope[shapes.Run]:
     """After an error, the latest run again from its failed step (as ``.../runs/{id}/retry/``); else a new run."""
-    store = _store(request)
-    async with store.connection() as conn:
-        await existing_job(store, conn, account_id, job_id)
-        latest = await store.latest_run_of_job(conn, account_id, job_id)
-    if latest is not None and latest.status == RunStatus.ERROR:
-        row = await rerun_from_failure(store, request.app.state.pickups, account_id, latest.id)
-    else:
-        row, _ = await trigger_run(store, request.app.state.pickups, account_id, rerun_spec(job_id, None, Trigger.API))
+    key = checked_idempotency_key(idempotency_key, "Idempotency-Key")
+    row = await rerun_job(_store(request), request.app.state.pickups, account_id, job_id, key)
     return await _one_run(request, row, {"trigger", "job"})
 
 
@@ -320,6 +342,18 @@ async def list_runs(
     project_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     project_id__in: Annotated[str | None, Query(max_length=2000, description="Project ids, e.g. [1,2].")] = None,
     deferring_run_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    pk: IdQuery = None,
+    pk__in: IdsQuery = None,
+    id__gt: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    state: Annotated[
+        str | None, Query(max_length=10, description="all (default), active (1) or deleted (2): none is kept deleted.")
+    ] = None,
+    dbt_version: Annotated[str | None, Query(max_length=128, pattern=params.PLAIN_TEXT)] = None,
+    dbt_version__in: Annotated[str | None, Query(max_length=2000, description='e.g. ["1.9", "1.10"]')] = None,
+    has_docs_generated: bool | None = None,
+    has_sources_generated: bool | None = None,
+    created_at__range: RangeQuery = None,
+    finished_at__range: RangeQuery = None,
     order_by: Annotated[
         str | None,
         Query(max_length=40, description="id, created_at, finished_at, ...; -x for descending (default -id)."),
@@ -333,12 +367,23 @@ async def list_runs(
     wanted = params.statuses(status, status__in)
     order = params.order_by(order_by, params.RUN_ORDERS, default="-id")
     project_ids = params.ids(project_id__in, "project_id__in") + ((project_id,) if project_id is not None else ())
+    run_ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
+    versions = params.texts(dbt_version__in, "dbt_version__in") + ((dbt_version,) if dbt_version is not None else ())
+    which = params.state(state, params.State.ALL)
+    include = params.related(include_related)
     filters = RunFilters(
         job_id=job_definition_id,
         statuses=tuple(wanted),
         environment_id=environment_id,
         project_ids=project_ids,
         deferring_run_id=deferring_run_id,
+        run_ids=run_ids,
+        id_gt=id__gt,
+        dbt_versions=versions,
+        has_docs=has_docs_generated,
+        has_sources=has_sources_generated,
+        created=params.date_range(created_at__range, "created_at__range"),
+        finished=params.date_range(finished_at__range, "finished_at__range"),
     )
     echoed: dict[str, object] = {
         "job_definition_id": job_definition_id,
@@ -347,10 +392,23 @@ async def list_runs(
         "project_id": project_id,
         "project_id__in": list(project_ids) if project_id__in is not None else None,
         "deferring_run_id": deferring_run_id,
+        "pk__in": list(run_ids) or None,
+        "id__gt": id__gt,
+        "state": which.value,
+        "dbt_version__in": list(versions) or None,
+        "has_docs_generated": has_docs_generated,
+        "has_sources_generated": has_sources_generated,
+        "created_at__range": [str(t) for t in filters.created] if filters.created else None,
+        "finished_at__range": [str(t) for t in filters.finished] if filters.finished else None,
     }
+    rows: list[RunWithEnvironment] = []
+    total = 0
     async with store.connection() as conn:
-        rows, total = await store.runs_by_offset(conn, account_id, filters, order_by=order, offset=offset, limit=limit)
-        runs = await views(request, store, conn, rows, params.related(include_related))
+        if which is not params.State.DELETED:  # runplane keeps no deleted run: a run is kept or removed
+            rows, total = await store.runs_by_offset(
+                conn, account_id, filters, order_by=order, offset=offset, limit=limit
+            )
+        runs = await views(request, store, conn, rows, include)
     return ListEnvelope[shapes.Run](
         status=success(),
         data=runs,
@@ -392,7 +450,11 @@ async def get_artifact(
     path: Annotated[str, Path(description="Path under target/, e.g. manifest.json")],
     step: Step = None,
 ) -> Response:
-    store = _store(request)
+    return await _artifact(_store(request), account_id, run_id, path, step)
+
+
+async def _artifact(store: Store, account_id: AccountId, run_id: int, path: str, step: int | None) -> Response:
+    """A run's file: under target/ (dbt Cloud's paths are rooted there), else as kept."""
     step_index = None if step is None else step - 1
     async with store.connection() as conn:
         try:
@@ -401,3 +463,78 @@ async def get_artifact(
             row = await run_artifact(store, conn, account_id, run_id, path, step_index=step_index)
     media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
     return Response(bytes(row.content), media_type=media_type)
+
+
+@router.get(
+    "/api/v2/accounts/{account_id}/jobs/{job_id}/artifacts/{path:path}",
+    summary="Get an artifact of the job's latest successful run",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}, "text/plain": {}, "application/octet-stream": {}}}},
+)
+async def get_job_artifact(
+    request: Request,
+    account_id: Account,
+    job_id: JobPath,
+    path: Annotated[str, Path(description="Path under target/, e.g. manifest.json")],
+    step: Step = None,
+) -> Response:
+    """The file of the job's most recent successful run (404 when it has none, or that run kept no such file)."""
+    store = _store(request)
+    async with store.connection() as conn:
+        await existing_job(store, conn, account_id, job_id)
+        latest, _ = await store.runs_by_offset(
+            conn,
+            account_id,
+            RunFilters(job_id=job_id, statuses=(RunStatus.SUCCESS,)),
+            order_by="-id",
+            offset=0,
+            limit=1,
+        )
+    if not latest:
+        raise NotFound(f"job {job_id} has no successful run")
+    return await _artifact(store, account_id, latest[0].id, path, step)
+
+
+class FailureDetails(BaseModel):
+    """dbt Cloud's details of a failed run a retry would resume: the step it starts from, the ones after."""
+
+    failed_step: str | None
+    skipped_steps: list[str]
+
+
+@router.get("/api/v2/accounts/{account_id}/runs/{run_id}/retry/", summary="What a retry of the run would rerun")
+async def retry_details(request: Request, account_id: Account, run_id: RunPath) -> Envelope[FailureDetails]:
+    """409 for a run that did not fail (its ``retry_not_supported_reason`` says so)."""
+    store = _store(request)
+    async with store.connection() as conn:
+        run = await existing_run(store, conn, account_id, run_id)
+        steps = (await store.run_steps(conn, [run_id]))[run_id]
+    reason = retry_refusal(run)
+    if reason is not None:
+        raise FailedPrecondition(f"run {run_id} cannot be retried: {reason}")
+    start = resume_from(steps)
+    names = [shapes.step(run, s, "", debug_logs=False).name for s in steps if not s.setup and s.step_index >= start]
+    details = FailureDetails(failed_step=names[0] if names else None, skipped_steps=names[1:])
+    return Envelope[FailureDetails](status=success(), data=details)
+
+
+@router.get("/api/v2/accounts/{account_id}/steps/{step_id}/", summary="Get a run step")
+async def get_step(
+    request: Request,
+    account_id: Account,
+    step_id: Annotated[int, Path(ge=1, le=2**63 - 1, description="The step's id, as a run's run_steps show it")],
+    include_related: IncludeRelated = None,
+) -> Envelope[shapes.RunStep]:
+    run_id, index = divmod(step_id - 1, shapes.STEPS_PER_RUN)
+    include = params.related(include_related)
+    store = _store(request)
+    async with store.connection() as conn:
+        run = await store.get_run(conn, account_id, run_id) if run_id else None
+        steps = (await store.run_steps(conn, [run_id]))[run_id] if run is not None else []
+        found = next((s for s in steps if s.step_index == index), None)
+        if run is None or found is None:
+            raise NotFound(f"step {step_id} not found")
+        logs = (await store.step_logs(conn, [run_id])).get((run_id, index), "")
+    return Envelope[shapes.RunStep](
+        status=success(), data=shapes.step(run, found, logs, debug_logs="debug_logs" in include)
+    )

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import rows
+from api.rerunning import retry_refusal
 from runplane.basics.types import JobType, RunStatus
 
 # dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
@@ -23,6 +24,8 @@ JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merg
 STATUS_COLORS = {1: "#C0C0C0", 2: "#C0C0C0", 3: "#008000", 10: "#008000", 20: "#FF0000", 30: "#FFA500"}
 SKIPPED_COLOR = "#C0C0C0"
 ACTIVE, DELETED = 1, 2
+# A step's id is its run's times this, plus its index and one (steps per run stay below it).
+STEPS_PER_RUN = 1000
 # How dbt Cloud names the way a repository is cloned, by runplane's kind of git credential.
 CLONE_STRATEGIES = {"ssh_key": "deploy_key", "token": "deploy_token"}
 
@@ -96,9 +99,17 @@ class ScheduleTime(BaseModel):
 
 
 class JobSchedule(BaseModel):
+    """A job's schedule: dbt Cloud's jobs answer ``date`` and ``time`` as objects, the job inside a run
+    (its ``InternalJobDefinition``) as their type names (``as_in_run``)."""
+
     cron: str | None
-    date: ScheduleDate
-    time: ScheduleTime
+    date: ScheduleDate | str
+    time: ScheduleTime | str
+
+    def as_in_run(self) -> JobSchedule:
+        date = self.date.type if isinstance(self.date, ScheduleDate) else self.date
+        time = self.time.type if isinstance(self.time, ScheduleTime) else self.time
+        return JobSchedule(cron=self.cron, date=date, time=time)
 
 
 class Repository(BaseModel):
@@ -142,6 +153,18 @@ class Credentials(BaseModel):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
 
+class EnvironmentVariable(BaseModel):
+    """One of an environment's plain variables, as dbt Cloud's v2 environments list them."""
+
+    account_id: int
+    project_id: int
+    environment_id: int
+    name: str
+    type: str  # "environment": set on the environment
+    display_value: str
+    state: int
+
+
 class Environment(BaseModel):
     id: int
     account_id: int
@@ -152,7 +175,8 @@ class Environment(BaseModel):
     dbt_version: str
     use_custom_branch: bool
     custom_branch: str | None
-    custom_environment_variables: dict[str, str]  # the plain ones
+    # The plain ones: by name (v3), or as dbt Cloud's v2 variables (``as_v2``).
+    custom_environment_variables: dict[str, str] | list[EnvironmentVariable]
     secret_variable_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
     connection_id: int | None
     credentials_id: int | None
@@ -161,6 +185,24 @@ class Environment(BaseModel):
     state: int
     created_at: str | None
     updated_at: str | None
+
+    def as_v2(self) -> Environment:
+        """The environment as v2's paths answer it: its variables a list of dbt Cloud's variable objects."""
+        if not isinstance(self.custom_environment_variables, dict):
+            return self
+        listed = [
+            EnvironmentVariable(
+                account_id=self.account_id,
+                project_id=self.project_id,
+                environment_id=self.id,
+                name=name,
+                type="environment",
+                display_value=value,
+                state=ACTIVE,
+            )
+            for name, value in sorted(self.custom_environment_variables.items())
+        ]
+        return self.model_copy(update={"custom_environment_variables": listed})
 
 
 class CompletionCondition(BaseModel):
@@ -226,6 +268,9 @@ class Job(BaseModel):
     environment: Environment | None = None
     project: Project | None = None
     runplane: RunplaneJobSettings | None = None
+    # Read only when include_related names them (a job list's).
+    most_recent_run: Run | None = None
+    most_recent_completed_run: Run | None = None
 
 
 class Trigger(BaseModel):
@@ -317,6 +362,8 @@ class Run(BaseModel):
     created_at_humanized: str | None
     finished_at_humanized: str | None
     retrying_run_id: int | None
+    can_retry: bool
+    retry_not_supported_reason: str | None  # dbt Cloud's RetryNotSupportedReasonEnum; None when it can
     waiting_reason: str
     reattached: bool = False  # runplane's: a reattaching trigger was given this run, already in progress
     trigger: Trigger | None = None
@@ -330,6 +377,55 @@ class Run(BaseModel):
     # Not recorded by runplane: null (unknown), whatever include_related asks.
     used_repo_cache: bool | None = None
     audit: dict[str, Any] | None = None
+
+
+Job.model_rebuild()  # its most recent runs are Runs, defined after it
+
+
+class UserPermission(BaseModel):
+    """What the calling token may do in an account, in the words of dbt Cloud's user permissions."""
+
+    account_id: int
+    license_type: str  # developer, or read_only for a token that may only read
+    permission_sets: list[str]  # the token's scopes: read_only, job_admin, account_admin
+    state: int
+
+
+class User(BaseModel):
+    """dbt Cloud's user, answered for the calling API token: a token is not a person, so what only a
+    person has (an id, a name, an e-mail address, logins) is null or empty, never made up."""
+
+    id: int | None
+    first_name: str
+    last_name: str
+    email: str | None
+    is_active: bool
+    is_staff: bool
+    created_at: str | None
+    last_login: str | None
+    apitoken_last_used: str | None
+    permissions: list[UserPermission]
+    licenses: dict[str, str]
+
+
+def token_user(account_id: int, scopes: frozenset[str]) -> User:
+    license_type = "read_only" if scopes <= {"read_only"} else "developer"
+    permission = UserPermission(
+        account_id=account_id, license_type=license_type, permission_sets=sorted(scopes), state=ACTIVE
+    )
+    return User(
+        id=None,
+        first_name="",
+        last_name="",
+        email=None,
+        is_active=True,
+        is_staff=False,
+        created_at=None,
+        last_login=None,
+        apitoken_last_used=None,
+        permissions=[permission],
+        licenses={str(account_id): license_type},
+    )
 
 
 def account(row: rows.Account) -> Account:
@@ -349,7 +445,7 @@ def repository(row: rows.Project) -> Repository:
     """A project's git repository; runplane keeps it on the project, so it has the project's id."""
     url: str = row.repository_url
     host = urlsplit(url).hostname or url.partition("@")[2].partition(":")[0]
-    backend = next((name for name in ("github", "gitlab") if host.endswith(f"{name}.com")), "manual_deploy")
+    backend = next((name for name in ("github", "gitlab") if host.endswith(f"{name}.com")), "manual_config")
     return Repository(
         id=row.id,
         account_id=row.account_id,
@@ -431,7 +527,7 @@ def job(
 ) -> Job:
     """``completion``: every completion trigger; dbt Cloud's one condition shows the first."""
     conditions = completion or []
-    cron: str | None = row.cron
+    cron: str | None = row.cron or row.kept_cron  # a schedule turned off keeps its cron, as in dbt Cloud
     job_type = JobType(row.job_type)
     return Job(
         id=row.id,
@@ -446,7 +542,7 @@ def job(
         triggers=JobTriggers(
             github_webhook=bool(row.on_pull_request),
             git_provider_webhook=bool(row.on_pull_request),
-            schedule=cron is not None,
+            schedule=row.cron is not None,
             on_merge=bool(row.on_merge),
             custom_branch_only=bool(row.git_branch),
         ),
@@ -524,8 +620,9 @@ def step(run: rows.Run, row: rows.RunStep, logs: str, *, debug_logs: bool) -> Ru
     seconds = _between(row.started_at, row.finished_at)
     skipped = row.skipped_in(RunStatus(run.status).is_terminal)
     return RunStep(
-        # runplane keys steps by (run, index); this id is derived from them, stable and unique.
-        id=run.id * 1000 + row.step_index + 1,
+        # runplane keys steps by (run, index); this id is derived from them, stable and unique
+        # (``GET .../steps/{id}/`` reads it back).
+        id=run.id * STEPS_PER_RUN + row.step_index + 1,
         run_id=run.id,
         account_id=run.account_id,
         index=row.step_index + 1,
@@ -620,6 +717,8 @@ def run(
         created_at_humanized=human_seconds(_between(row.queued_at, None)),
         finished_at_humanized=human_seconds(_between(row.finished_at, None)),
         retrying_run_id=row.parent_run_id,
+        can_retry=retry_refusal(row) is None,
+        retry_not_supported_reason=retry_refusal(row),
         waiting_reason=row.waiting_reason,
         trigger=trigger_of,
         job=job_of,
