@@ -190,7 +190,7 @@ async def _open(
     )
     api = RunningApi(server, bound, public.health, pool, pickups, runner_server, runner_bound, draining, rest)
     if box is not None and deliveries:
-        api.deliverer = WebhookDeliverer(pool, box, settings.webhooks)
+        api.deliverer = WebhookDeliverer(pool, box, settings.webhooks, settings.notifications)
     return api
 
 

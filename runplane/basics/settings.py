@@ -66,6 +66,40 @@ class WebhookSettings(BaseModel):
     )
 
 
+class NotificationSettings(BaseModel):
+    """Notifications of a run's end: the install's mail server and sender, and where links point. They leave
+    through the webhooks' outbox, so its poll, lease, backoff and attempts (``webhooks``) hold for them too."""
+
+    smtp_host: str = Field("", description="Mail server for email notifications; empty: email is not sent.")
+    smtp_port: int = Field(587, ge=1, le=65535, description="Port of the mail server.")
+    smtp_security: str = Field(
+        "starttls",
+        pattern="^(starttls|tls|none)$",
+        description="starttls (upgrade a plain connection), tls (TLS from the first byte), or none.",
+    )
+    smtp_username: str = Field("", description="Login at the mail server; empty: no authentication.")
+    smtp_password: SecretStr = Field(SecretStr(""), description="Password of smtp_username (never shown).")
+    smtp_ca_file: str = Field(
+        "", description="PEM of the CAs the mail server's certificate may chain to; empty: the system's."
+    )
+    from_address: str = Field(
+        "runplane@localhost", description="The From: of every notification email of this install."
+    )
+    run_url: str = Field(
+        "http://127.0.0.1:8000/ui/runs/{run_id}", description="Link to a run's page; {run_id} is replaced."
+    )
+    slack_api_url: str = Field(
+        "https://slack.com/api", description="Slack's Web API (chat.postMessage, conversations.history)."
+    )
+    switch_off_after: int = Field(
+        5,
+        ge=1,
+        description="Failed attempts in a row after which a receiver (notification or webhook) is switched off.",
+    )
+    error_lines: int = Field(5, ge=1, description="Lines of the failing step's log a message quotes.")
+    models_listed: int = Field(20, ge=1, description="Failed or warned models a message names before 'and N more'.")
+
+
 class RepositorySettings(BaseModel):
     """Which git repositories projects may name: checked when a project is saved, by `runplane migrate` for
     the stored ones, and again on the runner host just before each clone."""
@@ -434,6 +468,7 @@ class Settings(BaseSettings):
 
     api: ApiSettings = ApiSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    notifications: NotificationSettings = NotificationSettings()
     repositories: RepositorySettings = RepositorySettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()
