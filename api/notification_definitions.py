@@ -12,14 +12,15 @@ import enum
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from api.rows import Notification, NotificationDelivery
 from api.store import Store
 from api.validation import text
 from runplane.adapters.db import Connection, fetch_all, fetch_one, fetch_value
-from runplane.basics.addresses import AddressPolicy, literal
+from runplane.basics.addresses import Address, AddressPolicy, literal
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
@@ -29,6 +30,21 @@ Q = load_queries("api", "notifications.sql")
 MAX_JOB_IDS = 1000
 DELIVERY_LOG_LIMIT = 100
 SECRET_KINDS = ("slack_webhook_url", "slack_bot_token", "teams_webhook_url")
+
+
+class AddressRule(Protocol):
+    """Why an address may not be reached (None: it may); the webhooks' rule is one."""
+
+    def refusal(self, address: Address) -> str | None: ...
+
+
+def delivery_status(delivered_at: datetime | None, abandoned_at: datetime | None, outcome: str) -> str:
+    """One word for an outbox event's state, as the delivery logs show it."""
+    if delivered_at is not None:
+        return "skipped" if outcome.startswith("skipped") else "delivered"
+    if abandoned_at is not None:
+        return "in doubt" if outcome == "in doubt" else "abandoned"
+    return "pending"
 
 
 class NotificationType(enum.IntEnum):
@@ -73,7 +89,7 @@ def _job_list(values: list[int], name: str) -> list[int]:
     return sorted(set(values))
 
 
-def _https_url(value: str, name: str, allowed: AddressPolicy) -> str:
+def _https_url(value: str, name: str, allowed: AddressRule) -> str:
     value = text(value.strip(), name, max_length=2048, required=True)
     parts = urlsplit(value)
     if parts.scheme not in ("https", "http") or not parts.hostname:
@@ -102,7 +118,7 @@ def notification_spec(
     on_cancel: list[int] | None = None,
     state: int = 1,
     creating: bool = True,
-    allowed_networks: AddressPolicy | None = None,
+    allowed_networks: AddressRule | None = None,
 ) -> NotificationSpec:
     """A checked notification; a secret left empty on an update keeps the stored one."""
     try:

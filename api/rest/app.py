@@ -19,8 +19,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.notification_definitions import Notifications
 from api.pickup_publisher import PickupPublisher
-from api.rest import git_hooks, jobs, projects, runs, webhooks
+from api.rest import git_hooks, jobs, notifications, projects, runs, webhooks
 from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
@@ -72,10 +73,12 @@ def create_app(
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
+    app.state.notifications = Notifications(store, box)
+    app.state.notification_networks = targets or TargetPolicy()
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
     app.state.web_sessions = WebSessions(store, web_session_lifetime)
-    rest = (runs.router, jobs.router, projects.router, webhooks.router, git_hooks.router)
+    rest = (runs.router, jobs.router, projects.router, webhooks.router, notifications.router, git_hooks.router)
     for router in (*rest, forms.router, deleting.router, docs.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
