@@ -26,7 +26,7 @@ from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
 from api.store import Store
-from api.web import deleting, docs, errors, forms, pages
+from api.web import deleting, docs, errors, forms, notices, pages
 from api.web.sessions import WebSessions
 from api.webhooks.git_events import GitHooks
 from api.webhooks.subscriptions import Subscriptions
@@ -79,7 +79,7 @@ def create_app(
     app.state.web = pages.WebConfig(log_poll_interval, draining or asyncio.Event())
     app.state.web_sessions = WebSessions(store, web_session_lifetime)
     rest = (runs.router, jobs.router, projects.router, webhooks.router, notifications.router, git_hooks.router)
-    for router in (*rest, forms.router, deleting.router, docs.router, pages.router):
+    for router in (*rest, forms.router, deleting.router, docs.router, notices.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
     app.add_middleware(SecurityHeaders)
