@@ -14,6 +14,8 @@ from api.rest import params
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.rest.shapes import stamp
+from api.rest.webhooks import Attempt, TestSent
+from api.rest.webhooks import Delivery as WebhookDelivery
 from api.rows import Notification as NotificationRow
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -63,31 +65,12 @@ class Notification(BaseModel):
     disabled_reason: str
 
 
-class Attempt(BaseModel):
-    attempted_at: str
-    status_code: int | None
-    latency_ms: float
-    error: str
-    response_body: str
+class Delivery(WebhookDelivery):
+    """A webhook delivery's fields, and a notification's own: its recipient, status and outcome."""
 
-
-class Delivery(BaseModel):
-    event_id: str
-    event_type: str
-    run_id: int | None
     recipient: str
-    created_at: str | None
-    attempts: int
     status: str = Field(description="delivered, pending, abandoned, in doubt, or skipped")
     outcome: str
-    delivered_at: str | None
-    abandoned_at: str | None
-    next_attempt_at: str | None
-    attempt_log: list[Attempt]
-
-
-class TestSent(BaseModel):
-    event_id: str
 
 
 def _notifications(request: Request) -> Notifications:

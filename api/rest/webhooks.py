@@ -50,6 +50,7 @@ class Attempt(BaseModel):
     status_code: int | None
     latency_ms: float
     error: str
+    response_body: str = Field("", description="What the receiver answered (its first kilobytes).")
 
 
 class Delivery(BaseModel):
@@ -66,6 +67,10 @@ class Delivery(BaseModel):
 
 class Deleted(BaseModel):
     id: str
+
+
+class TestSent(BaseModel):
+    event_id: str
 
 
 def _subscriptions(request: Request) -> Subscriptions:
@@ -155,10 +160,6 @@ async def deliveries(request: Request, account_id: Account, webhook_id: WebhookP
             for r in rows
         ],
     )
-
-
-class TestSent(BaseModel):
-    event_id: str
 
 
 class Event(BaseModel):

@@ -31,7 +31,7 @@ SELECT o.id, o.event_id, o.event_type, o.run_id, o.created_at, o.attempts, o.del
        o.next_attempt_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                     'attempted_at', a.attempted_at, 'status_code', a.status_code,
-                    'latency_ms', a.latency_ms, 'error', a.error) ORDER BY a.id)
+                    'latency_ms', a.latency_ms, 'error', a.error, 'response_body', a.response_body) ORDER BY a.id)
                  FROM webhook_attempts a WHERE a.outbox_id = o.id), '[]'::jsonb) AS attempt_log
   FROM webhook_outbox o
  WHERE o.subscription_id = %(id)s AND o.account_id = %(account_id)s
