@@ -174,7 +174,7 @@ SELECT content FROM artifacts WHERE run_id = %(run_id)s AND path = %(path)s ORDE
 INSERT INTO webhook_outbox (event_id, notification_id, account_id, event_type, run_id, payload, recipient)
 SELECT 'ntf_' || replace(gen_random_uuid()::text, '-', ''), %(notification_id)s, %(account_id)s,
        'job.run.owner_notification', %(run_id)s, %(payload)s, owner
-  FROM unnest(%(owners)s::text[]) AS owner
+  FROM unnest(%(owners)b::text[]) AS owner
 ON CONFLICT DO NOTHING;
 
 -- name: subscription_events
