@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.notification_definitions import Notifications, notification_spec
 from api.store import Store
+from api.webhooks import messages
 from api.webhooks.deliveries import WebhookDeliverer
 from runplane.adapters.db import Connection, close_pool, open_pool
 from runplane.basics.addresses import AddressPolicy
@@ -398,3 +399,19 @@ def test_a_notification_is_refused_without_what_its_receiver_needs() -> None:
         notification_spec(type=7, on_success=[1])
     with pytest.raises(InvalidArgument, match="type"):
         notification_spec(type=3)
+
+
+def test_a_source_freshness_warning_makes_a_success_a_warning_and_an_error_wins() -> None:
+    freshness = json.dumps(
+        {"results": [{"unique_id": "source.jaffle_shop.raw.orders", "status": "warn", "max_loaded_at": "x"}]}
+    ).encode()
+    built = json.dumps(
+        {"results": [_result("model.a.b", "success"), _result("source.jaffle_shop.raw.orders", "error")]}
+    )
+    nodes = messages.node_results([freshness])
+    assert nodes.warned == ["source.jaffle_shop.raw.orders"]
+    assert messages.outcome_of(10, nodes) is messages.Outcome.WARNED
+    assert messages.outcome_of(10, messages.node_results([b"not json"])) is messages.Outcome.SUCCEEDED
+    both = messages.node_results([freshness, built.encode()])
+    assert (both.failed, both.warned) == (["source.jaffle_shop.raw.orders"], [])
+    assert messages.outcome_of(30, both) is messages.Outcome.CANCELLED
