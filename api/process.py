@@ -199,9 +199,9 @@ async def _open(
     )
     api = RunningApi(server, bound, public.health, pool, pickups, runner_server, runner_bound, draining, rest)
     if box is not None and deliveries:
-        api.deliverer = WebhookDeliverer(pool, box, settings.webhooks)
         scheme = "https" if rest is not None and rest.https else "http"
         public_url = settings.api.public_url or f"{scheme}://{settings.api.host}:{rest.port if rest else rest_port}"
+        api.deliverer = WebhookDeliverer(pool, box, settings.webhooks, settings.notifications, public_url)
         api.commit_statuses = CommitStatusDeliverer(pool, box, settings.webhooks, public_url)
     return api
 

@@ -358,3 +358,47 @@ class WebhookListing:
     job_count: int
     active: bool
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A row of ``notifications``; ``secret`` holds ciphertext (``secret_kind`` says of what)."""
+
+    id: int
+    account_id: AccountId
+    user_id: int
+    type: int
+    external_email: str
+    slack_channel_id: str
+    slack_channel_name: str
+    secret: str
+    secret_kind: str
+    on_success: list[int]
+    on_warning: list[int]
+    on_failure: list[int]
+    on_cancel: list[int]
+    state: int
+    consecutive_failures: int
+    disabled_at: datetime | None
+    disabled_reason: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationDelivery:
+    """A message of a notification with every attempt to send it (``attempt_log`` as ``Delivery``'s, with
+    the receiver's ``response_body``); ``outcome`` says how it ended when not plainly delivered."""
+
+    id: int
+    event_id: str
+    event_type: str
+    run_id: RunId | None
+    created_at: datetime
+    attempts: int
+    delivered_at: datetime | None
+    abandoned_at: datetime | None
+    next_attempt_at: datetime
+    recipient: str
+    outcome: str
+    attempt_log: list[dict[str, Any]]

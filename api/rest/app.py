@@ -20,13 +20,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.environment_variables import EnvironmentVariables
+from api.notification_definitions import Notifications
 from api.pickup_publisher import PickupPublisher
-from api.rest import commit_statuses, environment_variables, git_hooks, jobs, projects, runs, webhooks
+from api.rest import commit_statuses, environment_variables, git_hooks, jobs, notifications, projects, runs, webhooks
 from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
 from api.store import Store
-from api.web import deleting, docs, errors, forms, pages
+from api.web import deleting, docs, errors, forms, notices, pages
 from api.web.sessions import WebSessions
 from api.webhooks.commit_statuses import CommitStatusTargets
 from api.webhooks.git_events import GitHooks
@@ -77,6 +78,8 @@ def create_app(
     app.state.box = box  # the web forms encrypt secrets with it
     app.state.repositories = RepositoryRule(repositories or RepositorySettings())
     app.state.subscriptions = Subscriptions(store, box, targets or TargetPolicy())
+    app.state.notifications = Notifications(store, box)
+    app.state.notification_networks = targets or TargetPolicy()
     app.state.git_hooks = GitHooks(store, pickups, box)
     app.state.commit_status_targets = CommitStatusTargets(store, box, targets or TargetPolicy())
     app.state.environment_variables = EnvironmentVariables(store, box)
@@ -87,11 +90,12 @@ def create_app(
         jobs.router,
         projects.router,
         webhooks.router,
+        notifications.router,
         git_hooks.router,
         commit_statuses.router,
         environment_variables.router,
     )
-    for router in (*rest, forms.router, deleting.router, docs.router, pages.router):
+    for router in (*rest, forms.router, deleting.router, docs.router, notices.router, pages.router):
         app.include_router(router)
     app.add_middleware(_ClientPaths)
     app.add_middleware(SecurityHeaders)

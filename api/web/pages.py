@@ -34,7 +34,7 @@ from api.validation import (
     later_time,
     text,
 )
-from api.web import views
+from api.web import notices, views
 from api.web.form_fields import FormErrors, lines, number
 from api.web.layout import dbt_versions_of, page, see_other, store_of
 from api.web.session import (
@@ -475,6 +475,7 @@ async def _job_page(
     chart = views.duration_chart(recent)
     recent = recent[:10]
     now = datetime.now(UTC)
+    job_notices = await notices.job_notices(request, who.account_id, job_id)
     answer = await page(
         request,
         "job.html",
@@ -491,6 +492,7 @@ async def _job_page(
         skipped=skipped,
         values=values,
         errors=errors,
+        notices=job_notices,
     )
     answer.headers["Cache-Control"] = "no-store"
     return answer

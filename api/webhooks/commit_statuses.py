@@ -35,7 +35,7 @@ from api.webhooks.targets import TargetPolicy, TargetRefused
 from runplane.adapters.db import Connection, fetch_all, fetch_one
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
-from runplane.basics.settings import WebhookSettings
+from runplane.basics.settings import ApiSettings, WebhookSettings
 from runplane.basics.supervise import sleep_or_stop
 from runplane.basics.types import AccountId
 from runplane.sql import load_queries
@@ -241,7 +241,7 @@ class CommitStatusDeliverer:
         self._box = box
         self._settings = settings
         self._targets = TargetPolicy(settings.allowed_networks)
-        self._public_url = public_url.rstrip("/")
+        self._pages = ApiSettings(public_url=public_url)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set; a pass that found work is followed at once by another."""
@@ -278,7 +278,7 @@ class CommitStatusDeliverer:
                 state=due.state,
                 description=due.description,
                 context=due.context,
-                target_url=f"{self._public_url}/ui/runs/{due.run_id}/",
+                target_url=self._pages.run_page(due.run_id),
             )
             target = await self._targets.resolve(request.url)
             headers = {**request.headers, "Host": target.host_header, "User-Agent": "runplane-commit-statuses"}

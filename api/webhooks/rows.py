@@ -24,6 +24,9 @@ class Subscription:
     hmac_secret: str
     created_at: datetime
     updated_at: datetime
+    consecutive_failures: int = 0
+    disabled_at: datetime | None = None
+    disabled_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +65,57 @@ class RepositoryJob:
 
     id: JobId
     repository_url: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event of a subscription, as dbt Cloud lists them."""
+
+    id: str
+    subscription_id: str
+    account_id: AccountId
+    event_type: str
+    payload: dict[str, Any]
+    run_id: RunId | None
+    created_at: datetime
+    job_id: str | None
+    status_code: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """One attempt to deliver an event, as dbt Cloud calls it."""
+
+    id: int
+    event_id: str
+    subscription_id: str
+    attempted_at: datetime
+    status_code: int | None
+    error: str
+    response_body: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A finished run, its job, environment and project, for a message about it."""
+
+    id: RunId
+    account_id: AccountId
+    job_id: JobId
+    status: int
+    status_message: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    queued_at: datetime
+    job_name: str
+    environment_name: str
+    project_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailingStep:
+    step_index: int
+    command: str
+    exit_code: int | None
+    log: str

@@ -5,6 +5,7 @@ The HMAC secret is made here, shown once (in the answer to the create), and stor
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -12,15 +13,16 @@ from urllib.parse import urlsplit
 
 from api.store import Store
 from api.validation import text
-from api.webhooks.rows import Delivery, Subscription
+from api.webhooks.rows import Delivery, Event, Receipt, Subscription
 from api.webhooks.targets import TargetPolicy
-from runplane.adapters.db import Connection, fetch_all, fetch_one
+from runplane.adapters.db import Connection, fetch_all, fetch_one, fetch_value
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import AccountId
 from runplane.sql import load_queries
 
 Q = load_queries("api.webhooks")
+NQ = load_queries("api", "notifications.sql")
 EVENT_TYPES = ("job.run.started", "job.run.completed", "job.run.errored")
 MAX_URL = 2048
 MAX_JOB_IDS = 1000
@@ -113,6 +115,42 @@ class Subscriptions:
             await self._existing(conn, account_id, subscription_id)
             params = {"id": subscription_id, "account_id": account_id, "limit": DELIVERY_LOG_LIMIT}
             return await fetch_all(conn, Q["deliveries"], params, Delivery)
+
+    async def send_test(self, account_id: AccountId, subscription_id: str) -> str:
+        """Queue a test event on the outbox, signed and sent like any other; its event id."""
+        event_id = "wev_" + secrets.token_hex(16)
+        async with self._store.transaction() as conn:
+            row = await self._existing(conn, account_id, subscription_id)
+            payload = {
+                "accountId": account_id,
+                "webhookId": row.id,
+                "eventId": event_id,
+                "eventType": "test",
+                "webhookName": row.name,
+                "data": {},
+            }
+            params = {
+                "event_id": event_id,
+                "subscription_id": row.id,
+                "notification_id": None,
+                "account_id": account_id,
+                "event_type": "test",
+                "payload": json.dumps(payload),
+            }
+            await fetch_value(conn, NQ["queue_test"], params, str)
+        return event_id
+
+    async def events(self, account_id: AccountId, subscription_id: str, *, limit: int, offset: int) -> list[Event]:
+        async with self._store.connection() as conn:
+            await self._existing(conn, account_id, subscription_id)
+            params = {"id": subscription_id, "account_id": account_id, "limit": limit, "offset": offset}
+            return await fetch_all(conn, Q["subscription_events"], params, Event)
+
+    async def receipts(self, account_id: AccountId, subscription_id: str, event_id: str) -> list[Receipt]:
+        async with self._store.connection() as conn:
+            await self._existing(conn, account_id, subscription_id)
+            params = {"id": subscription_id, "account_id": account_id, "event_id": event_id}
+            return await fetch_all(conn, Q["event_receipts"], params, Receipt)
 
     def _encrypting(self) -> SecretBox:
         if self._box is None:

@@ -47,6 +47,11 @@ class ApiSettings(BaseModel):
         description="Where people reach the REST API and its pages (e.g. https://runplane.example.com): commit "
         "statuses link runs there; empty: http://<host>:<rest_port>.",
     )
+
+    def run_page(self, run_id: int) -> str:
+        """A run's page, where every message about the run (commit status, notification) links."""
+        return f"{self.public_url.rstrip('/')}/ui/runs/{run_id}/"
+
     web_session_hours: float = Field(
         12.0,
         gt=0,
@@ -70,6 +75,37 @@ class WebhookSettings(BaseModel):
         description="Networks (CIDR) webhooks may reach besides public addresses, e.g. an in-house receiver's; "
         "loopback, private and link-local addresses are refused unless listed here.",
     )
+
+
+class NotificationSettings(BaseModel):
+    """Notifications of a run's end: the install's mail server and sender, and where links point. They leave
+    through the webhooks' outbox, so its poll, lease, backoff and attempts (``webhooks``) hold for them too."""
+
+    smtp_host: str = Field("", description="Mail server for email notifications; empty: email is not sent.")
+    smtp_port: int = Field(587, ge=1, le=65535, description="Port of the mail server.")
+    smtp_security: str = Field(
+        "starttls",
+        pattern="^(starttls|tls|none)$",
+        description="starttls (upgrade a plain connection), tls (TLS from the first byte), or none.",
+    )
+    smtp_username: str = Field("", description="Login at the mail server; empty: no authentication.")
+    smtp_password: SecretStr = Field(SecretStr(""), description="Password of smtp_username (never shown).")
+    smtp_ca_file: str = Field(
+        "", description="PEM of the CAs the mail server's certificate may chain to; empty: the system's."
+    )
+    from_address: str = Field(
+        "runplane@localhost", description="The From: of every notification email of this install."
+    )
+    slack_api_url: str = Field(
+        "https://slack.com/api", description="Slack's Web API (chat.postMessage, conversations.history)."
+    )
+    switch_off_after: int = Field(
+        5,
+        ge=1,
+        description="Failed attempts in a row after which a receiver (notification or webhook) is switched off.",
+    )
+    error_lines: int = Field(5, ge=1, description="Lines of the failing step's log a message quotes.")
+    models_listed: int = Field(20, ge=1, description="Failed or warned models a message names before 'and N more'.")
 
 
 class RepositorySettings(BaseModel):
@@ -474,6 +510,7 @@ class Settings(BaseSettings):
 
     api: ApiSettings = ApiSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    notifications: NotificationSettings = NotificationSettings()
     repositories: RepositorySettings = RepositorySettings()
     orchestrator: OrchestratorSettings = OrchestratorSettings()
     queuer: QueuerSettings = QueuerSettings()

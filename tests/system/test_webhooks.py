@@ -69,6 +69,9 @@ def rest(services: Services, settings: Settings) -> Iterator[tuple[httpx.Client,
         RUNPLANE_WEBHOOKS__BACKOFF_BASE="0.3",
         RUNPLANE_WEBHOOKS__BACKOFF_CAP="1.5",
         RUNPLANE_WEBHOOKS__ALLOWED_NETWORKS='["127.0.0.0/8"]',
+        # The receiver is down for longer than five quick attempts here: at-least-once across its crash
+        # is what this test holds, not switching a failing receiver off (tests/api/webhooks/test_notifications.py).
+        RUNPLANE_NOTIFICATIONS__SWITCH_OFF_AFTER="1000",
     )
     services.start("scheduler")
     services.start("dispatcher")

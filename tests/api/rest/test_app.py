@@ -336,6 +336,13 @@ async def test_the_openapi_document_lists_the_dbt_cloud_paths(rest_server: RestS
         "/api/v3/accounts/{account_id}/webhooks/subscriptions/",
         "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/",
         "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/deliveries/",
+        "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/test/",
+        "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/events/",
+        "/api/v3/accounts/{account_id}/webhooks/subscription/{webhook_id}/event/{event_id}/receipt/",
+        "/api/v2/accounts/{account_id}/notifications/",
+        "/api/v2/accounts/{account_id}/notifications/{notification_id}/",
+        "/api/v2/accounts/{account_id}/notifications/{notification_id}/test/",
+        "/api/v2/accounts/{account_id}/notifications/{notification_id}/deliveries/",
         "/api/v3/accounts/{account_id}/git-webhooks/",
         "/webhooks/{provider}/{hook_id}/",
     }
