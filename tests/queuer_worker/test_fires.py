@@ -179,10 +179,13 @@ async def test_cron_runs_on_time_through_updates_failover_and_rebalancing(
     assert victim_jobs
     await services.stop_dead(victim)
     clock.advance_to(b2)
+    # Silent for 3 intervals plus the detection tick: about 4 s of real time when the processes get
+    # the CPU. The gap fire below is what is promised, not that latency: a machine busy with other
+    # work delays the heartbeats and the leader's tick alike, so the wait allows for it.
     await eventually(
         lambda: victim.worker.worker_id not in {w for w, _ in ownership(db).values()},
-        3 * HEARTBEAT + 1.0,
-        what="the dead worker's jobs to be reassigned",  # silent for 3 intervals, plus the detection tick
+        10 * (3 * HEARTBEAT + 1.0),
+        what="the dead worker's jobs to be reassigned",
     )
 
     expected_b2 = {*steady, to_every_minute}

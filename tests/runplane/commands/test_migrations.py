@@ -65,6 +65,7 @@ def test_migrate_twice_is_a_no_op(empty_db: str) -> None:
     assert _schema(empty_db) == before
 
 
+@pytest.mark.timeout(120)  # three cold interpreters importing runplane: seconds each on a busy machine
 def test_migrate_from_two_processes_at_once(empty_db: str) -> None:
     env = {"RUNPLANE_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin", "RUNPLANE_LOG_FORMAT": "text"}
     procs = [
