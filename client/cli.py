@@ -236,14 +236,28 @@ def _parser() -> argparse.ArgumentParser:
     secret = project.add_mutually_exclusive_group()
     secret.add_argument("--token-env", help="variable holding an https token for the repository")
     secret.add_argument("--ssh-key-file", type=Path, help="a deploy key (private key file)")
-    env = sub.add_parser("create-environment", help="add an environment to a project (postgres connection)")
+    env = sub.add_parser("create-environment", help="add an environment to a project and its warehouse connection")
     env.add_argument("--project", type=int, required=True)
     env.add_argument("--name", required=True)
     env.add_argument("--type", choices=["deployment", "development"], default="deployment")
     env.add_argument("--dbt-version", required=True, help="one the runners know (RUNPLANE_RUNNER__DBT_VERSIONS)")
     env.add_argument("--branch", default="", help="default: the repository's default branch")
-    env.add_argument("--field", action="append", default=[], metavar="NAME=VALUE", help="host, port, user, dbname…")
+    env.add_argument(
+        "--adapter",
+        default="postgres",
+        help="the warehouse: postgres (default), redshift, snowflake, bigquery, databricks or duckdb",
+    )
+    env.add_argument(
+        "--field", action="append", default=[], metavar="NAME=VALUE", help="the adapter's profile fields: host, port…"
+    )
     env.add_argument("--password-env", help="variable holding the warehouse password")
+    env.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME=VARIABLE",
+        help="a secret field (token, private_key, keyfile_json…) read from this environment variable",
+    )
     env.add_argument("--target", default="default")
     env.add_argument("--schema", required=True)
     env.add_argument("--threads", type=int, default=4)
@@ -421,6 +435,11 @@ def _project_request(args: argparse.Namespace) -> projects_pb2.CreateProjectRequ
 def _environment_request(args: argparse.Namespace) -> projects_pb2.CreateEnvironmentRequest:
     fields = dict(field.split("=", 1) for field in args.field if "=" in field)
     secrets = {"password": os.environ.get(args.password_env, "")} if args.password_env else {}
+    for named in args.secret_env:
+        name, _, variable = named.partition("=")
+        if not variable or variable not in os.environ:
+            raise SystemExit(f"--secret-env {named}: name a secret field and a set variable (NAME=VARIABLE)")
+        secrets[name] = os.environ[variable]
     return projects_pb2.CreateEnvironmentRequest(
         project_id=args.project,
         name=args.name,
@@ -429,7 +448,7 @@ def _environment_request(args: argparse.Namespace) -> projects_pb2.CreateEnviron
         else projects_pb2.ENVIRONMENT_TYPE_DEVELOPMENT,
         dbt_version=args.dbt_version,
         git_branch=args.branch,
-        connection=projects_pb2.Connection(adapter_type="postgres", fields=fields, secret_fields=secrets),
+        connection=projects_pb2.Connection(adapter_type=args.adapter, fields=fields, secret_fields=secrets),
         target_name=args.target,
         schema=args.schema,
         threads=args.threads,

@@ -4,10 +4,12 @@ field that caused them."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from runplane.basics.errors import InvalidArgument, InvalidArguments, Problems
 from runplane.basics.secrets import is_secret_name
+from runplane.dbt.connections import adapter_fields
 
 _CONNECTION_FIELD = re.compile(r"connection\.(?:secret_)?fields\[(\w+)\]")
 
@@ -92,3 +94,57 @@ class FormErrors:
             else:
                 errors.general.append(f"{problem.field}: {message}")
         return errors
+
+
+@dataclass(frozen=True)
+class ConnectionInput:
+    """One field of an environment's warehouse connection on its form (``conn_<field>``)."""
+
+    field: str
+    kind: str  # text, number, choice, secret, secret_file
+    required: bool
+    options: tuple[tuple[str, str], ...] = ()
+    is_set: bool = False  # a secret the environment holds (never shown)
+
+    @property
+    def name(self) -> str:
+        return f"conn_{self.field}"
+
+    @property
+    def label(self) -> str:
+        return _LABELS.get(self.field) or self.field.replace("_", " ").capitalize()
+
+
+_LABELS = {
+    "dbname": "Database",
+    "sslmode": "SSL mode",
+    "sslrootcert": "SSL root certificate",
+    "http_path": "HTTP path",
+    "keyfile_json": "Service account key file (JSON)",
+    "motherduck_token": "MotherDuck token",
+    "iam_profile": "IAM profile",
+    "ra3_node": "RA3 node",
+}
+
+
+def connection_inputs(adapter_type: str, secrets_set: Iterable[str]) -> list[ConnectionInput]:
+    """The form's inputs for an adapter's connection, from the one description of its profile fields:
+    required ones first, then the rest by name, then the secrets (write-only)."""
+    schema = adapter_fields(adapter_type)
+    held = set(secrets_set)
+    plain = sorted(schema.strings | schema.integers | schema.booleans, key=lambda f: (f not in schema.required, f))
+    inputs = []
+    for name in plain:
+        choices = schema.choices.get(name)
+        if name in schema.booleans:
+            choices = frozenset({"true", "false"})
+        if choices:
+            options = (("", "default"), *((c, c) for c in sorted(choices)))
+            inputs.append(ConnectionInput(name, "choice", name in schema.required, options))
+        else:
+            kind = "number" if name in schema.integers else "text"
+            inputs.append(ConnectionInput(name, kind, name in schema.required))
+    for name in sorted(schema.secrets):
+        kind = "secret_file" if name in schema.file_secrets else "secret"
+        inputs.append(ConnectionInput(name, kind, name in schema.required_secrets, is_set=name in held))
+    return inputs

@@ -29,6 +29,7 @@ from api.web.conflicts import LOADED_FIELD, changed_since, conflict_errors, load
 from api.web.form_fields import (
     FormErrors,
     checked_number,
+    connection_inputs,
     lines,
     number,
     secret_lines,
@@ -49,7 +50,7 @@ from runplane.basics.overlap import OVERLAP_TO_PROTO, OVERLAP_WORDS, OverlapPoli
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
 from runplane.basics.types import JOB_TYPE_TO_PROTO, AccountId, JobId, JobType, RunStatus
-from runplane.dbt.connections import adapter_fields
+from runplane.dbt.connections import ADAPTERS, AdapterFields, adapter_fields
 from runplane.dbt.versions import InstalledDbtVersions
 from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import common_pb2, jobs_pb2, projects_pb2
@@ -65,15 +66,18 @@ JOB_FIELDS = {
     *(f"upstream_job_id_{i}" for i in range(1, MAX_COMPLETION_TRIGGERS)),
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
-ADAPTER = "postgres"
-CONNECTION_FIELDS = ("host", "port", "user", "dbname", "sslmode", "search_path")
+ADAPTER = "postgres"  # a new environment's warehouse until another is chosen
 ENVIRONMENT_FIELDS = {
     "name", "environment_type", "dbt_version", "git_branch", "adapter_type", "target_name", "schema",
-    "threads", "variables", "clear_secret_fields", "project_id", *(f"conn_{f}" for f in CONNECTION_FIELDS),
-    "conn_password",
+    "threads", "variables", "clear_secret_fields", "project_id",
+    *(f"conn_{f}" for a in ADAPTERS.values() for f in a.strings | a.integers | a.booleans | a.secrets),
 }  # fmt: skip
+CONNECTION_SECRETS = sorted({s for a in ADAPTERS.values() for s in a.secrets})
 VARIABLES_FIELDS = {"environment", "variables"}  # NAME=value text areas of the job and the environment forms
-SECRET_FIELDS = {"git_credential": "the token or private key", "conn_password": "the password"}  # write-only
+SECRET_FIELDS = {
+    "git_credential": "the token or private key",
+    **{f"conn_{s}": f"the {s.replace('_', ' ')}" for a in ADAPTERS.values() for s in a.secrets},
+}  # write-only
 CREDENTIAL_KINDS = {
     "none": projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
     "token": projects_pb2.GIT_CREDENTIAL_KIND_TOKEN,
@@ -533,10 +537,13 @@ async def update_project_form(request: Request, who: Changing, project_id: int) 
     return see_other(f"/ui/projects#project-{project_id}")
 
 
-def _environment_values(row: Environment | None) -> dict[str, str]:
+def _environment_values(row: Environment | None, adapter: str = ADAPTER) -> dict[str, str]:
     if row is None:
-        return {"environment_type": "deployment", "target_name": "default", "threads": "4", "conn_port": "5432"}
+        defaults = {"environment_type": "deployment", "target_name": "default", "threads": "4", "adapter_type": adapter}
+        port = adapter_fields(adapter).profile_defaults.get("port")
+        return defaults | ({"conn_port": str(port)} if port else {})
     values = {
+        "adapter_type": row.adapter_type,
         "name": row.name,
         "environment_type": row.environment_type,
         "dbt_version": row.dbt_version,
@@ -550,17 +557,28 @@ def _environment_values(row: Environment | None) -> dict[str, str]:
     return _with_loaded(values | {"version": str(row.version)})
 
 
+def _form_adapter(form: FormData, problems: Problems) -> tuple[str, AdapterFields]:
+    """The warehouse the form was made for; one not offered is kept in ``problems`` (Postgres used)."""
+    name = _text(form, "adapter_type") or ADAPTER
+    if name not in ADAPTERS:
+        problems.found.append(InvalidArgument("adapter_type", f"choose one of {', '.join(sorted(ADAPTERS))}"))
+        name = ADAPTER
+    return name, ADAPTERS[name]
+
+
 def _environment_request(form: FormData, problems: Problems) -> dict[str, Any]:
-    password = _text(form, "conn_password")
+    adapter, schema = _form_adapter(form, problems)
+    typed = {f: _text(form, f"conn_{f}").strip() for f in sorted(schema.strings | schema.integers | schema.booleans)}
+    secrets = {s: _text(form, f"conn_{s}") for s in sorted(schema.secrets)}
     return {
         "name": _text(form, "name"),
         "environment_type": _choice(form, "environment_type", ENVIRONMENT_TYPES, problems),
         "dbt_version": _text(form, "dbt_version"),
         "git_branch": _text(form, "git_branch"),
         "connection": projects_pb2.Connection(
-            adapter_type=ADAPTER,
-            fields={f: _text(form, f"conn_{f}").strip() for f in CONNECTION_FIELDS if _text(form, f"conn_{f}").strip()},
-            secret_fields={"password": password} if password else {},
+            adapter_type=adapter,
+            fields={f: value for f, value in typed.items() if value},
+            secret_fields={s: value for s, value in secrets.items() if value.strip()},
         ),
         "target_name": _text(form, "target_name"),
         "schema": _text(form, "schema"),
@@ -610,25 +628,36 @@ async def _environment(store: Store, account_id: AccountId, environment_id: int)
 
 
 async def _environment_context(
-    request: Request, who: Viewer, project: Project, environment: Environment | None
+    request: Request, who: Viewer, project: Project, environment: Environment | None, form_adapter: str = ""
 ) -> dict[str, Any]:
     store = store_of(request)
     async with store.connection() as conn:
         environments = await store.list_environments(conn, who.account_id, None)
+    adapter = _chosen_adapter(form_adapter or request.query_params.get("adapter", ""), environment)
     return {
         "project": project,
         "environment": environment,
         # offered as suggestions: what this installation runs, else what the account's environments use
         "dbt_versions": sorted(dbt_versions_of(request).versions or {str(e.dbt_version) for e in environments}),
-        "sslmode_options": [("", "default")] + [(m, m) for m in sorted(adapter_fields(ADAPTER).choices["sslmode"])],
+        "adapter": adapter,
+        "adapters": sorted(ADAPTERS),
+        "connection_fields": connection_inputs(adapter, environment.connection_secrets if environment else []),
     }
+
+
+def _chosen_adapter(asked: str, environment: Environment | None) -> str:
+    """The warehouse whose fields the form shows: the one asked for (``?adapter=``, or the refused form's),
+    else the environment's, else Postgres."""
+    if asked in ADAPTERS:
+        return asked
+    return environment.adapter_type if environment is not None else ADAPTER
 
 
 @router.get("/projects/{project_id}/environments/new", response_class=HTMLResponse)
 async def new_environment(request: Request, who: Looking, project_id: int) -> HTMLResponse:
     project = await _project(store_of(request), who.account_id, project_id)
-    values = _environment_values(None)
     context = await _environment_context(request, who, project, None)
+    values = _environment_values(None, context["adapter"])
     return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
 
 
@@ -642,7 +671,7 @@ async def create_environment_form(request: Request, who: Changing, project_id: i
         message = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **_environment_request(form, problems))
         await _save_environment(request, who.account_id, problems, message, project_id)
     except InvalidArgument as exc:
-        context = await _environment_context(request, who, project, None)
+        context = await _environment_context(request, who, project, None, _text(form, "adapter_type"))
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
     return see_other(f"/ui/projects#project-{project_id}")
 
@@ -653,7 +682,7 @@ async def edit_environment(request: Request, who: Looking, environment_id: int) 
     environment = await _environment(store, who.account_id, environment_id)
     project = await _project(store, who.account_id, environment.project_id)
     context = await _environment_context(request, who, project, environment)
-    values = _environment_values(environment)
+    values = _environment_values(environment) | {"adapter_type": context["adapter"]}
     return await page(request, "environment_form.html", who, values=values, errors=FormErrors(), **context)
 
 
@@ -667,17 +696,17 @@ async def update_environment_form(request: Request, who: Changing, environment_i
         problems = Problems()
         message = projects_pb2.UpdateEnvironmentRequest(
             environment_id=environment_id,
-            clear_secret_fields=["password"] if _checked(form, "clear_password") else [],
+            clear_secret_fields=[s for s in CONNECTION_SECRETS if _checked(form, f"clear_{s}")],
             expected_version=_version(form),
             **_environment_request(form, problems),
         )
         await _save_environment(request, who.account_id, problems, message, project.id)
     except InvalidArgument as exc:
-        context = await _environment_context(request, who, project, environment)
+        context = await _environment_context(request, who, project, environment, _text(form, "adapter_type"))
         return await _refused(request, who, "environment_form.html", exc, ENVIRONMENT_FIELDS, **context)
     except VersionConflict as exc:
         now = await _environment(store, who.account_id, environment_id)
-        context = await _environment_context(request, who, project, now)
+        context = await _environment_context(request, who, project, now, _text(form, "adapter_type"))
         values = _environment_values(now)
         return await _conflicted(
             request, who, "environment_form.html", exc, known=ENVIRONMENT_FIELDS, now=values, **context

@@ -140,6 +140,19 @@ async def test_every_job_setting_from_the_command_line(
         env, "create-environment", "--project", project["id"], "--name", "prod", "--dbt-version", "1.10",
         "--field", "host=db", "--field", "user=dbt", "--field", "dbname=shop", "--schema", "analytics",
     )  # fmt: skip
+    databricks = await run_client(
+        {**env, "DATABRICKS_TOKEN": "dapi-not-a-real-token"}, "create-environment", "--project", project["id"],
+        "--name", "lake", "--dbt-version", "1.10", "--adapter", "databricks",
+        "--field", "host=acme.cloud.databricks.com", "--field", "http_path=/sql/1.0/warehouses/abc",
+        "--secret-env", "token=DATABRICKS_TOKEN", "--schema", "dbt",
+    )  # fmt: skip
+    stored = await (
+        await adb.execute(
+            "SELECT adapter_type, connection_secrets FROM environments WHERE id = %s", (databricks["id"],)
+        )
+    ).fetchone()
+    assert stored is not None and stored[0] == "databricks" and set(stored[1]) == {"token"}
+    assert "dapi-not-a-real-token" not in json.dumps(databricks) + json.dumps(stored[1])
     upstream = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up", "--idempotency-key", "k1")
     again = await run_client(env, "create-job", "--name", "upstream", "--step", "echo up", "--idempotency-key", "k1")
     assert again["id"] == upstream["id"]  # a retried create makes no second job

@@ -526,3 +526,52 @@ async def test_run_now_sent_twice_makes_one_run(browser: Browser, adb: AsyncDb) 
     fresh = await browser.post(f"/ui/jobs/{job_id}/run", run_key=again.group(1), cause="deploy fix")
     assert fresh.status_code == 303 and fresh.headers["location"] != first.headers["location"]
     assert await scalar(adb, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 2
+
+
+async def test_every_warehouse_has_its_form_and_an_edit_keeps_its_adapter(
+    browser: Browser, settings: Settings, adb: AsyncDb
+) -> None:
+    await browser.login()
+    project_id = await _project(browser, adb)
+    new = (await browser.http.get(f"/ui/projects/{project_id}/environments/new?adapter=duckdb")).text
+    assert 'name="adapter_type" value="duckdb"' in new and 'name="conn_path"' in new
+    assert 'name="conn_host"' not in new and _selected(new, "adapter") == "duckdb"
+
+    directory = f"{settings.runner.local_warehouse_root}/forms-{project_id}"
+    refused = await browser.post(
+        f"/ui/projects/{project_id}/environments/new", name="local", environment_type="deployment",
+        dbt_version="1.10", adapter_type="duckdb", conn_path="/tmp/dev.duckdb", schema="main",
+    )  # fmt: skip
+    assert refused.status_code == 400
+    assert 'id="e-conn_path"' in refused.text and 'name="adapter_type" value="duckdb"' in refused.text
+    saved = await browser.post(
+        f"/ui/projects/{project_id}/environments/new", name="local", environment_type="deployment",
+        dbt_version="1.10", adapter_type="duckdb", conn_path=f"{directory}/dev.duckdb", conn_keep_open="true",
+        schema="main",
+    )  # fmt: skip
+    assert saved.status_code == 303, saved.text
+    local = int(await scalar(adb, "SELECT id FROM environments WHERE name = 'local'"))
+    edit = (await browser.http.get(f"/ui/environments/{local}/edit")).text
+    assert f'value="{directory}/dev.duckdb"' in edit and _selected(edit, "conn_keep_open") == "true"
+    version = await scalar(adb, "SELECT version FROM environments WHERE id = %s", local)
+    again = await browser.post(
+        f"/ui/environments/{local}/edit", name="local", environment_type="deployment", dbt_version="1.10",
+        adapter_type="duckdb", conn_path=f"{directory}/dev.duckdb", schema="main", threads="2", version=str(version),
+    )  # fmt: skip
+    assert again.status_code == 303, again.text
+    row = await (
+        await adb.execute("SELECT adapter_type, connection, threads FROM environments WHERE id = %s", (local,))
+    ).fetchone()
+    assert row == ("duckdb", {"path": f"{directory}/dev.duckdb"}, 2)
+
+    snowflake = await browser.post(
+        f"/ui/projects/{project_id}/environments/new", name="cloud", environment_type="deployment",
+        dbt_version="1.10", adapter_type="snowflake", conn_account="acme-eu", conn_user="dbt",
+        conn_database="ANALYTICS", conn_warehouse="TRANSFORMING", conn_private_key=PASSWORD, schema="dbt",
+    )  # fmt: skip
+    assert snowflake.status_code == 303, snowflake.text
+    cloud = int(await scalar(adb, "SELECT id FROM environments WHERE name = 'cloud'"))
+    secrets = await scalar(adb, "SELECT connection_secrets FROM environments WHERE id = %s", cloud)
+    assert set(secrets) == {"private_key"} and PASSWORD not in str(secrets)
+    shown = (await browser.http.get(f"/ui/environments/{cloud}/edit")).text
+    assert PASSWORD not in shown and 'name="clear_private_key"' in shown and 'name="conn_warehouse"' in shown
