@@ -4,11 +4,15 @@ real git: ok when the warehouse (the repository) accepts, else the adapter's (gi
 from __future__ import annotations
 
 import asyncio
+import base64
+import http.server
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 import pytest
@@ -119,3 +123,39 @@ def test_a_repository_the_rule_forbids_or_git_cannot_reach_says_why(tmp_path: Pa
             listener.accept()
     with pytest.raises(CheckoutError, match=r"git ls-remote of file://.*/missing failed: .*does not appear"):
         asyncio.run(cache.reach(Repository(f"file://{allowed}/missing")))
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A git host that wants credentials: answers 403 and keeps the Authorization header it got."""
+
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization", ""))
+        self.send_response(403)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_repository_is_asked_with_the_projects_credential_on_a_network_the_operator_allows(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    serving = threading.Thread(target=server.serve_forever, name="git-host", daemon=True)
+    serving.start()
+    try:
+        settings = RepositorySettings(plain_schemes=True, allowed_networks=["127.0.0.0/8"])
+        cache = RepositoryCache(tmp_path / "cache", RepositoryRule(settings))
+        url = f"http://127.0.0.1:{server.server_address[1]}/acme/analytics.git"
+        with pytest.raises(
+            CheckoutError, match=r"git ls-remote of http://127\.0\.0\.1:\d+/acme/analytics\.git failed"
+        ) as refused:
+            asyncio.run(cache.reach(Repository(url, "token", "tok-secret-123")))
+        assert "tok-secret-123" not in str(refused.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join()
+    expected = "Basic " + base64.b64encode(b"x-access-token:tok-secret-123").decode()
+    assert expected in _Recorder.seen, _Recorder.seen
