@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import http.server
 import os
 import secrets
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,9 +19,11 @@ from typing import ClassVar
 import psycopg
 import pytest
 
+from runner import sandbox
 from runner.checkout import CheckoutError, Repository, RepositoryCache
 from runner.connection_checks import ConnectionResult, check_warehouse
 from runner.steps import Limits, StepControl
+from runplane.adapters import run_scratch
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.settings import RepositorySettings
 from runplane.basics.types import JobType, Trigger
@@ -57,9 +61,9 @@ def _context(user: str, password: str, dbname: str = "postgres") -> DbtContext:
     )  # fmt: skip
 
 
-def _check(context: DbtContext, dbt_bin: Path, directory: Path) -> ConnectionResult:
+def _check(context: DbtContext, dbt_bin: Path, directory: Path, confinement: tuple[str, ...] = ()) -> ConnectionResult:
     base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    limits = Limits(deadline=None, memory_bytes=None, cancel_grace=5.0)
+    limits = Limits(deadline=None, memory_bytes=None, cancel_grace=5.0, confinement=confinement)
     return asyncio.run(
         check_warehouse(
             context, dbt_bin=dbt_bin, directory=directory, base_env=base, control=StepControl(), limits=limits
@@ -159,3 +163,23 @@ def test_a_repository_is_asked_with_the_projects_credential_on_a_network_the_ope
         serving.join()
     expected = "Basic " + base64.b64encode(b"x-access-token:tok-secret-123").decode()
     assert expected in _Recorder.seen, _Recorder.seen
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make fence-packages)")
+def test_the_check_runs_in_the_runs_fence_which_hides_the_control_planes_sockets(
+    roles: tuple[str, str], dbt_bin: Path, kept_directory: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """An environment that names the host's Postgres socket reaches it from an unfenced process, and
+    not from the check: it runs as a step, in the run's namespaces, where the socket's directory is empty."""
+    allowed, _ = roles
+    context = _context(allowed, "right-password")
+    context = dataclasses.replace(context, connection={**context.connection, "host": "/run/postgresql"})
+    unfenced = _check(context, dbt_bin, kept_directory / "unfenced")
+    assert unfenced.ok, unfenced.message  # the socket is there, and takes the role
+
+    scratch = tmp_path_factory.mktemp("scratch")
+    run_scratch.make_directories(scratch, os.getuid())
+    fence = sandbox.confinement(scratch, ["/run/postgresql"], [str(dbt_bin)])
+    fenced = _check(context, dbt_bin, kept_directory / "fenced", fence)
+    assert not fenced.ok
+    assert 'connection to server on socket "/run/postgresql/.s.PGSQL.5432" failed' in fenced.message, fenced.message
