@@ -162,6 +162,19 @@ class RepositoryCache:
             hand_over(dest, owner)
         return Checkout(dest, resolved, branch_name, cloned)
 
+    async def reach(self, repo: Repository) -> str:
+        """Whether git reaches ``repo`` with its credentials now (a project's "test connection"): the
+        rule applied again and the host resolved again as for a clone, then ``git ls-remote`` of its
+        default branch, which reads no objects. Answers the line git gives for ``HEAD``; CheckoutError
+        with the rule's refusal or git's own words (secrets masked) otherwise."""
+        try:
+            reachable = await self._rule.reachable(repo.url)
+        except RepositoryUrlRefused as exc:
+            raise CheckoutError(f"repository {_shown(repo)} refused: {exc}") from exc
+        with _git_auth(repo, _transport_config(reachable), self._git_uid) as env:
+            out = await _git(repo, ["ls-remote", "--symref", "--", repo.url, "HEAD"], env, self._git_uid)
+        return mask(out.strip().splitlines()[0], repo.secrets()) if out.strip() else "an empty repository"
+
 
 def _move(clone: Path, dest: Path) -> None:
     """The clone made in the cache to ``dest``: renamed on the cache's file system (the objects stay
