@@ -38,12 +38,25 @@ BASE = Settings()
 TEST_SECRET_KEYS = f"{generate_key()},{generate_key()}"
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Keep each phase's report on the test, so a fixture's teardown knows whether the test failed."""
-    report = yield
+    """Keep each phase's report on the test, so a fixture's teardown knows whether the test failed.
+
+    The report is made again when the per-test timeout went off while it was being made: the
+    alarm of pytest-timeout spans the whole test protocol, reports included, and on a busy machine a
+    test that fails close to its timeout can still be formatting its traceback when it fires. The
+    ``Failed`` raised there would escape this hook, and pytest-xdist ends the whole session on it as
+    an internal error. The alarm fires once, so the report is made again, as a failure: the test's
+    own, or the timeout it went past."""
+    try:
+        report = yield
+    except pytest.fail.Exception as timeout:
+        report = pytest.TestReport.from_item_and_call(item, call)
+        if report.outcome != "failed":
+            report.outcome = "failed"
+            report.longrepr = f"{timeout.msg} (while its {call.when} report was made)"
     setattr(item, f"report_{report.when}", report)
     return report
 
