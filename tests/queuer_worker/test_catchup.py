@@ -72,7 +72,7 @@ async def test_fires_missed_beyond_the_grace_are_caught_up_within_the_window_and
     first = await services.worker()
     await eventually(lambda: all_claimed(db, 4), 40, what="jobs claimed")
 
-    b1 = clock.now() + 30
+    b1 = int(clock.now()) + 30
     assert set(await fire_minute(clock, db, b1, workers=1, expected=jobs)) == jobs
 
     # The only worker stops; nobody fires b1+60 … b1+300. The next worker comes 330 s after b1.
@@ -80,8 +80,10 @@ async def test_fires_missed_beyond_the_grace_are_caught_up_within_the_window_and
     clock.advance_to(b1 + 330)
     second = await services.worker()
     await eventually(
-        lambda: all(w == second.worker.worker_id and s == "claimed" for w, s in ownership(db).values())
-        and len(ownership(db)) == 4,
+        lambda: (
+            all(w == second.worker.worker_id and s == "claimed" for w, s in ownership(db).values())
+            and len(ownership(db)) == 4
+        ),
         40,
         what="the jobs taken over by the new worker",
     )
