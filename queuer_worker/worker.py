@@ -156,6 +156,8 @@ class QueuerWorker:
         except ServiceUnavailable:
             self.holdings.claim_failed(taken)
             raise
+        if not taken.missed:
+            return
         try:
             await self.runs.record_missed(taken.missed)
         except Exception as exc:
