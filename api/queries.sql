@@ -48,14 +48,14 @@ INSERT INTO jobs (
     timeout_seconds, target_name, environment, git_branch, retry_max_attempts, retry_on_step_failure,
     missed_run_grace_seconds, priority, secret_environment, create_key, create_fingerprint, environment_id,
     schema_name, generate_docs, run_source_freshness, defer_to_job_id, defer_to_environment_id, run_only_modified,
-    completion_mode, overlap_policy, jitter_seconds, kept_cron
+    completion_mode, overlap_policy, jitter_seconds, kept_cron, catchup_window_seconds, catchup_all
 ) VALUES (
     %(account_id)s, %(name)s, %(job_type)s, %(steps)s, %(cron)s, %(timezone)s, %(on_pull_request)s,
     %(on_merge)s, %(threads)s, %(timeout_seconds)s, %(target_name)s, %(environment)s, %(git_branch)s,
     %(retry_max_attempts)s, %(retry_on_step_failure)s, %(missed_run_grace_seconds)s, %(priority)s, %(set_secrets)s,
     %(create_key)s, %(create_fingerprint)s, %(environment_id)s, %(schema_name)s, %(generate_docs)s, %(run_source_freshness)s,
     %(defer_to_job_id)s, %(defer_to_environment_id)s, %(run_only_modified)s, %(completion_mode)s,
-    %(overlap_policy)s, %(jitter_seconds)s, %(kept_cron)s
+    %(overlap_policy)s, %(jitter_seconds)s, %(kept_cron)s, %(catchup_window_seconds)s, %(catchup_all)s
 )
 ON CONFLICT (account_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -135,6 +135,7 @@ UPDATE jobs SET
     defer_to_job_id = %(defer_to_job_id)s, defer_to_environment_id = %(defer_to_environment_id)s,
     run_only_modified = %(run_only_modified)s, completion_mode = %(completion_mode)s,
     overlap_policy = %(overlap_policy)s, jitter_seconds = %(jitter_seconds)s,
+    catchup_window_seconds = %(catchup_window_seconds)s, catchup_all = %(catchup_all)s,
     -- Secrets are set or unset one by one; a secret the update does not name keeps its value.
     secret_environment = (secret_environment - %(unset_secrets)b::text[]) || %(set_secrets)s,
     deactivated_at = NULL, deactivation_reason = '', consecutive_failures = 0,

@@ -80,6 +80,8 @@ class Job:
     create_fingerprint: str | None
     overlap_policy: str
     jitter_seconds: int
+    catchup_window_seconds: int
+    catchup_all: bool
     paused_by: str
     pause_note: str
     kept_cron: str | None  # the cron of a schedule trigger turned off over REST; nothing schedules it

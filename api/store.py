@@ -184,6 +184,8 @@ class Store:
             "completion_mode": spec.completion_mode,
             "overlap_policy": spec.overlap_policy.value,
             "jitter_seconds": spec.jitter_seconds,
+            "catchup_window_seconds": spec.catchup_window_seconds,
+            "catchup_all": spec.catchup_all,
             **self._secret_variables(spec.secrets, spec.unset_secrets),
         }
 

@@ -41,6 +41,7 @@ MAX_PRIORITY = 1000
 DEFAULT_GRACE_SECONDS = 300
 MAX_GRACE_SECONDS = 86_400
 MAX_JITTER_SECONDS = 3600
+MAX_CATCHUP_WINDOW_SECONDS = 7 * 24 * 3600
 MAX_PAUSE_NOTE = 1000
 MAX_COMPLETION_TRIGGERS = 20
 MAX_CAUSE = 1000
@@ -129,6 +130,8 @@ class JobSpec:
     run_only_modified: bool = False
     overlap_policy: OverlapPolicy = OverlapPolicy.SERIAL
     jitter_seconds: int = 0
+    catchup_window_seconds: int = 0
+    catchup_all: bool = False
 
 
 def job_spec(request: jobs_pb2.CreateJobRequest | jobs_pb2.UpdateJobRequest) -> JobSpec:
@@ -258,6 +261,17 @@ def _with_settings(spec: JobSpec, settings: jobs_pb2.JobSettings) -> JobSpec:
         jitter_seconds=problems.check(
             partial(bounded, settings.jitter_seconds, "settings.jitter_seconds", 0, MAX_JITTER_SECONDS), 0
         ),
+        catchup_window_seconds=problems.check(
+            partial(
+                bounded,
+                settings.catchup_window_seconds,
+                "settings.catchup_window_seconds",
+                0,
+                MAX_CATCHUP_WINDOW_SECONDS,
+            ),
+            0,
+        ),
+        catchup_all=settings.catchup_all,
     )
     problems.raise_any()
     return replace(spec, **changed)

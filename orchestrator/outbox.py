@@ -176,4 +176,6 @@ def _definition(row: Definition) -> bus_pb2.JobDefinition:
         job_type=JOB_TYPE_TO_PROTO[JobType(row.job_type)],
         priority=row.priority,
         jitter_seconds=row.jitter_seconds,
+        catchup_window_seconds=row.catchup_window_seconds,
+        catchup_all=row.catchup_all,
     )

@@ -39,12 +39,12 @@ UPDATE queuer_workers SET state = 'dead' WHERE worker_id = %(worker_id)s;
 -- name: job_states
 -- What the leader needs to decide about some jobs: whether they should be scheduled and who has them.
 SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
-       j.priority, j.jitter_seconds, (j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
+       j.priority, j.jitter_seconds, j.catchup_window_seconds, j.catchup_all, (j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL) AS schedulable,
        o.job_id IS NOT NULL AS owned, o.worker_id, o.state, o.version AS sent_version
 FROM jobs j LEFT JOIN job_ownership o ON o.job_id = j.id
 WHERE j.id = ANY(%(job_ids)s)
 UNION ALL
-SELECT o.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true, o.worker_id, o.state, o.version
+SELECT o.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, true, o.worker_id, o.state, o.version
 FROM job_ownership o
 WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = o.job_id);
 
@@ -55,7 +55,7 @@ WHERE o.job_id = ANY(%(job_ids)s) AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.i
 -- stays right before a freshly loaded table has statistics.
 WITH new AS (
     SELECT j.id AS job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type,
-           j.priority, j.jitter_seconds
+           j.priority, j.jitter_seconds, j.catchup_window_seconds, j.catchup_all
     FROM unnest(%(job_ids)b::bigint[]) AS b (id)
     CROSS JOIN LATERAL (SELECT * FROM jobs WHERE jobs.id = b.id LIMIT 1) AS j
     WHERE j.deleted_at IS NULL AND j.deactivated_at IS NULL AND j.paused_at IS NULL AND j.cron IS NOT NULL
@@ -87,7 +87,7 @@ SELECT id FROM jobs WHERE account_id = %(account_id)s;
 -- Jobs of some ownership rows, optionally only those of one worker (NULL worker: pending on the
 -- shared queue) and only claimed ones.
 SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type, j.priority,
-       j.jitter_seconds, o.fires_after, o.term, o.clock, o.state
+       j.jitter_seconds, j.catchup_window_seconds, j.catchup_all, o.fires_after, o.term, o.clock, o.state
 FROM job_ownership o JOIN jobs j ON j.id = o.job_id
 WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s
   AND (NOT %(claimed)s OR o.state = 'claimed');
@@ -95,7 +95,7 @@ WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_
 -- name: pending_definitions
 -- Jobs whose Assign is still pending for one worker (NULL: on the shared queue), to assign again.
 SELECT o.job_id, j.account_id, j.version, j.cron, j.timezone, j.missed_run_grace_seconds, j.job_type, j.priority,
-       j.jitter_seconds, o.fires_after
+       j.jitter_seconds, j.catchup_window_seconds, j.catchup_all, o.fires_after
 FROM job_ownership o JOIN jobs j ON j.id = o.job_id
 WHERE o.job_id = ANY(%(job_ids)s) AND o.worker_id IS NOT DISTINCT FROM %(worker_id)s AND o.state = 'pending';
 

@@ -33,6 +33,8 @@ class Definition:
     job_type: str
     priority: int
     jitter_seconds: int  # the bound of the job's fixed offset (runplane.basics.jitter)
+    catchup_window_seconds: int  # how far back a new owner still queues a missed fire
+    catchup_all: bool  # every missed fire within the window, not only the newest
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class JobState:
     job_type: str | None
     priority: int | None
     jitter_seconds: int | None
+    catchup_window_seconds: int | None
+    catchup_all: bool | None
     schedulable: bool
     owned: bool
     worker_id: str | None
@@ -90,9 +94,23 @@ class JobState:
             or job_type is None
             or priority is None
             or jitter is None
+            or self.catchup_window_seconds is None
+            or self.catchup_all is None
         ):
             raise ValueError(f"job {self.job_id} was deleted: it has no definition")
-        return Definition(self.job_id, account_id, version, self.cron, timezone, grace, job_type, priority, jitter)
+        return Definition(
+            self.job_id,
+            account_id,
+            version,
+            self.cron,
+            timezone,
+            grace,
+            job_type,
+            priority,
+            jitter,
+            self.catchup_window_seconds,
+            self.catchup_all,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from psycopg_pool import AsyncConnectionPool
 
 from queuer_worker import metrics
-from queuer_worker.heap import Due
+from queuer_worker.heap import Due, MissedFire
 from runplane.adapters import instruments
 from runplane.adapters.db import Connection, fetch_all, fetch_value, fetch_values
 from runplane.basics.overlap import OVERLAP_REPLACED, SKIPPED_DETAILS, SkipReason
@@ -171,6 +171,27 @@ async def _cancel_overlapped(conn: Connection, rows: list[_Decided]) -> int:
     async with conn.cursor() as cur:
         await cur.execute(TRANSITIONS["cancel_overlapped"], params)
         return cur.rowcount
+
+
+async def record_missed(pool: AsyncConnectionPool[Connection], missed: list[MissedFire]) -> int:
+    """Record the fires a new owner gives up as skipped occurrences (reason ``missed``), those with no
+    run and of the schedule in force; how many were recorded."""
+    if not missed:
+        return 0
+    params = {
+        "job_ids": [m.job_id for m in missed],
+        "fire_ts": [m.fire_ts for m in missed],
+        "keys": [schedule_idempotency_key(m.job_id, m.fire_ts) for m in missed],
+        "crons": [m.cron for m in missed],
+        "timezones": [m.timezone for m in missed],
+        "details": [m.detail for m in missed],
+    }
+    async with pool.connection() as conn:
+        recorded = await fetch_values(conn, QUERIES["record_missed"], params, int)
+    if recorded:
+        instruments.occurrences_skipped.add(len(recorded), {"reason": SkipReason.MISSED.value})
+        log.warning("missed occurrences skipped", extra={"job_ids": sorted(set(recorded)), "count": len(recorded)})
+    return len(recorded)
 
 
 async def worker_state(pool: AsyncConnectionPool[Connection], worker_id: str) -> str | None:

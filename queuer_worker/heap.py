@@ -14,6 +14,7 @@ and revokes are O(1).
 from __future__ import annotations
 
 import heapq
+import math
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ class Definition:
     timezone: str
     missed_run_grace_seconds: int
     jitter_seconds: int = 0
+    catchup_window_seconds: int = 0  # fires missed longer than the grace are still queued this far back
+    catchup_all: bool = False  # every missed fire within the window, not only the newest
 
     @property
     def offset(self) -> int:
@@ -83,6 +86,68 @@ def missed_fire(defn: Definition, *, last_fire_ts: int, now: float) -> int | Non
     if prev is None or prev <= last_fire_ts or now - prev > defn.missed_run_grace_seconds:
         return None
     return prev
+
+
+# At most this many missed fires of one job are recorded as given up when a new owner takes it; older
+# ones are not looked for (a long outage of an every-minute job would otherwise mean thousands).
+MISSED_RECORD_LIMIT = 100
+
+
+def catchup_fire(defn: Definition, *, last_fire_ts: int, upcoming: int, now: float) -> int | None:
+    """The first missed fire a new owner still queues: before ``upcoming``, after ``last_fire_ts``
+    and within the grace or the catch-up window, whichever reaches further back; the newest such
+    fire, or with ``catchup_all`` the oldest (``reschedule`` then walks through the rest, each due
+    at once). None when there is none."""
+    if defn.catchup_window_seconds <= 0 and not defn.catchup_all:
+        missed = missed_fire(defn, last_fire_ts=last_fire_ts, now=now)  # the grace alone, as before
+        return missed if missed is not None and missed < upcoming else None
+    reach = max(defn.missed_run_grace_seconds, defn.catchup_window_seconds)
+    first: int | None = None
+    fire = previous_fire(defn.cron, defn.timezone, upcoming - 1)
+    while fire is not None and fire > last_fire_ts and now - fire <= reach:
+        first = fire
+        if not defn.catchup_all:
+            break
+        fire = previous_fire(defn.cron, defn.timezone, fire - 1)
+    return first
+
+
+class MissedFire(NamedTuple):
+    """A fire a new owner gives up, with the schedule it was computed from (Postgres records it only
+    if that schedule was in force then) and what the record tells the user."""
+
+    job_id: int
+    fire_ts: int
+    cron: str
+    timezone: str
+    detail: str
+
+
+def given_up(defn: Definition, *, last_fire_ts: int, first: int, now: float) -> list[MissedFire]:
+    """The fires after ``last_fire_ts`` and before ``first`` (the job's next fire once taken) that
+    the new owner will not queue, newest first, at most ``MISSED_RECORD_LIMIT``: recorded as skipped
+    occurrences (Postgres keeps only those with no run, of the schedule in force). With ``catchup_all``
+    every fire from the first on is queued, so all of them are before it; without, the newest alone
+    is queued and the older ones in the window are given up too. ``last_fire_ts`` 0 (unknown) gives
+    nothing up: nothing says those fires were not queued."""
+    if last_fire_ts <= 0:
+        return []
+    reach = max(defn.missed_run_grace_seconds, defn.catchup_window_seconds)
+    fires: list[MissedFire] = []
+    fire = previous_fire(defn.cron, defn.timezone, first - 1)
+    while fire is not None and fire > last_fire_ts and len(fires) < MISSED_RECORD_LIMIT:
+        late = math.floor(now - fire)
+        if late > reach:
+            why = (
+                f"{late} s late, beyond the job's catch-up window ({defn.catchup_window_seconds} s) and "
+                f"missed-run grace ({defn.missed_run_grace_seconds} s)"
+            )
+        else:
+            why = f"{late} s late; a newer missed occurrence was queued instead (catch-up of every missed fire is off)"
+        detail = f"Missed: no worker queued this occurrence while runplane or the account was down; found {why}"
+        fires.append(MissedFire(defn.job_id, fire, defn.cron, defn.timezone, detail))
+        fire = previous_fire(defn.cron, defn.timezone, fire - 1)
+    return fires
 
 
 class CronHeap:
@@ -115,8 +180,8 @@ class CronHeap:
         A schedule that never fires raises ``NeverFires`` and leaves the heap as it was."""
         # A fire in this very second counts, and so does an earlier one whose offset is still ahead.
         upcoming = next_fire(defn.cron, defn.timezone, now - 1 - defn.offset)
-        missed = missed_fire(defn, last_fire_ts=last_fire_ts, now=now)
-        first = missed if missed is not None and missed < upcoming else upcoming
+        missed = catchup_fire(defn, last_fire_ts=last_fire_ts, upcoming=upcoming, now=now)
+        first = upcoming if missed is None else missed
         self._put(defn, first)
         return first
 

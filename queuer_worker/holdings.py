@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from queuer_worker.heap import CronHeap, Definition
+from queuer_worker.heap import CronHeap, Definition, MissedFire, given_up
 from runplane.basics.cron import NeverFires
 from runplane.basics.stamps import Stamp, StampGate
 from runplane.v1 import bus_pb2
@@ -35,6 +35,8 @@ class Taken:
     never_fires: list[Definition]
     # What the gate had applied before, for each job taken anew: to undo it if the claim fails.
     before: dict[int, Stamp | None] = field(default_factory=dict)
+    # Fires the jobs taken missed and the worker gives up: recorded as skipped occurrences.
+    missed: list[MissedFire] = field(default_factory=list)
 
 
 class Holdings:
@@ -64,8 +66,10 @@ class Holdings:
                     job_ids.append(job.job_id)
                 continue
             if job.active and job.cron:
+                defn = definition(job)
                 try:
-                    self.heap.assign(definition(job), last_fire_ts=assignment.last_fire_ts, now=now)
+                    first = self.heap.assign(defn, last_fire_ts=assignment.last_fire_ts, now=now)
+                    taken.missed += given_up(defn, last_fire_ts=assignment.last_fire_ts, first=first, now=now)
                 except NeverFires:
                     self.heap.remove(job.job_id)
                     taken.never_fires.append(definition(job))
@@ -182,5 +186,12 @@ class Holdings:
 
 def definition(job: bus_pb2.JobDefinition) -> Definition:
     return Definition(
-        job.job_id, job.version, job.cron, job.timezone or "UTC", job.missed_run_grace_seconds, job.jitter_seconds
+        job.job_id,
+        job.version,
+        job.cron,
+        job.timezone or "UTC",
+        job.missed_run_grace_seconds,
+        job.jitter_seconds,
+        job.catchup_window_seconds,
+        job.catchup_all,
     )

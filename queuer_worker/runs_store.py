@@ -13,7 +13,15 @@ from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from queuer_worker.firing import PreparedTick, TickResult, deactivate_never_fires, queue_runs, worker_state
+from queuer_worker.firing import (
+    PreparedTick,
+    TickResult,
+    deactivate_never_fires,
+    queue_runs,
+    record_missed,
+    worker_state,
+)
+from queuer_worker.heap import MissedFire
 from runplane.adapters.db import Connection
 
 
@@ -21,6 +29,11 @@ class RunsStore(Protocol):
     async def queue_runs(self, tick: PreparedTick) -> TickResult:
         """Insert the runs of one tick, skipping every fire whose key was queued before and every
         job no longer schedulable; cancel the runs they supersede."""
+        ...
+
+    async def record_missed(self, missed: list[MissedFire]) -> int:
+        """Record fires given up as skipped occurrences (reason ``missed``): only those with no run, of
+        the schedule in force; how many were recorded."""
         ...
 
     async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
@@ -38,6 +51,9 @@ class PostgresRunsStore:
 
     async def queue_runs(self, tick: PreparedTick) -> TickResult:
         return await queue_runs(self.pool, tick)
+
+    async def record_missed(self, missed: list[MissedFire]) -> int:
+        return await record_missed(self.pool, missed)
 
     async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
         return await deactivate_never_fires(self.pool, job_id, version, cron, timezone)

@@ -156,6 +156,15 @@ class QueuerWorker:
         except ServiceUnavailable:
             self.holdings.claim_failed(taken)
             raise
+        if not taken.missed:
+            return
+        try:
+            await self.runs.record_missed(taken.missed)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # Postgres is away: the jobs are held and fire; only the record of what was missed is lost.
+            log.warning("missed occurrences not recorded", extra={"count": len(taken.missed), "error": repr(exc)})
 
     async def _deactivate_never_fires(self, jobs: list[Definition]) -> None:
         """A schedule with no next fire is its job's error: the job is deactivated with the reason and

@@ -78,6 +78,8 @@ def job(row: Job, completion_triggers: list[CompletionTrigger]) -> jobs_pb2.Job:
             run_only_modified=row.run_only_modified,
             overlap_policy=OVERLAP_TO_PROTO[OverlapPolicy(row.overlap_policy)],
             jitter_seconds=row.jitter_seconds,
+            catchup_window_seconds=row.catchup_window_seconds,
+            catchup_all=row.catchup_all,
         ),
         active=row.deactivated_at is None,
         deactivation_reason=row.deactivation_reason,

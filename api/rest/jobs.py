@@ -89,6 +89,7 @@ JOB_NAMES = {
     "settings.environment": "runplane.environment_variables",
     "settings.overlap_policy": "runplane.overlap_policy",
     "settings.jitter_seconds": "runplane.jitter_seconds",
+    "settings.catchup_window_seconds": "runplane.catchup_window_seconds",
 }
 
 
@@ -154,6 +155,10 @@ class RunplaneBody(BaseModel):
         None, description="What a cron fire does while a run of the job is in progress (serial)."
     )
     jitter_seconds: int | None = Field(None, ge=0, le=3600, description="Fires come up to this much later (0).")
+    catchup_window_seconds: int | None = Field(
+        None, ge=0, le=604800, description="Fires missed beyond the grace still run this far back (0)."
+    )
+    catchup_all: bool | None = Field(None, description="Catch up every missed fire in the window, not the newest.")
     environment_variables: dict[str, str] | None = Field(
         None, max_length=100, description="DBT_ENV_SECRET_* values are write-only; an empty one removes it."
     )
@@ -233,6 +238,8 @@ def job_request(
         settings.priority = stored.priority
         settings.overlap_policy = OVERLAP_TO_PROTO[OverlapPolicy(stored.overlap_policy)]
         settings.jitter_seconds = stored.jitter_seconds
+        settings.catchup_window_seconds = stored.catchup_window_seconds
+        settings.catchup_all = stored.catchup_all
         settings.schema = stored.schema_name
         settings.run_only_modified = stored.run_only_modified and bool(
             settings.defer_to_job_id or settings.defer_to_environment_id
@@ -321,6 +328,8 @@ def _with_runplane_settings(
         ("missed_run_grace_seconds", extra.missed_run_grace_seconds),
         ("priority", extra.priority),
         ("jitter_seconds", extra.jitter_seconds),
+        ("catchup_window_seconds", extra.catchup_window_seconds),
+        ("catchup_all", extra.catchup_all),
         ("git_branch", extra.git_branch),
         ("schema", extra.schema_),
         ("run_only_modified", extra.run_only_modified),

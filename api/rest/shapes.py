@@ -229,6 +229,8 @@ class RunplaneJobSettings(BaseModel):
     completion_mode: str
     overlap_policy: str
     jitter_seconds: int
+    catchup_window_seconds: int
+    catchup_all: bool
     environment_variables: dict[str, str]
     secret_names: list[str]  # DBT_ENV_SECRET_* that are set; their values are never returned
     job_completion_trigger_conditions: list[CompletionCondition]  # job_completion_trigger_condition: the first
@@ -579,6 +581,8 @@ def job(
                 "completion_mode": row.completion_mode,
                 "overlap_policy": row.overlap_policy,
                 "jitter_seconds": row.jitter_seconds,
+                "catchup_window_seconds": row.catchup_window_seconds,
+                "catchup_all": row.catchup_all,
                 "environment_variables": dict(row.environment),
                 "secret_names": sorted(row.secret_environment),
                 "job_completion_trigger_conditions": conditions,

@@ -62,7 +62,7 @@ JOB_FIELDS = {
     "threads", "timeout_seconds", "target_name", "schema", "git_branch", "generate_docs",
     "run_source_freshness", "defer_to_job_id", "run_only_modified", "retry_max_attempts", "environment",
     "defer_to_environment_id", "retry_on_step_failure", "upstream_job_id", "priority", "missed_run_grace_seconds",
-    "completion_mode", "overlap_policy", "jitter_seconds",
+    "completion_mode", "overlap_policy", "jitter_seconds", "catchup_window_seconds", "catchup_all",
     *(f"upstream_job_id_{i}" for i in range(1, MAX_COMPLETION_TRIGGERS)),
 }  # fmt: skip
 PROJECT_FIELDS = {"name", "repository_url", "subdirectory", "git_credential_kind", "git_credential"}
@@ -212,7 +212,7 @@ def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[st
     flags = {
         "on_pull_request": job.on_pull_request, "on_merge": job.on_merge, "generate_docs": job.generate_docs,
         "run_source_freshness": job.run_source_freshness, "run_only_modified": job.run_only_modified,
-        "retry_on_step_failure": job.retry_on_step_failure,
+        "retry_on_step_failure": job.retry_on_step_failure, "catchup_all": job.catchup_all,
     }  # fmt: skip
     upstream = {f"upstream_success{_row(len(completion))}": "on"}  # the row to add one, success ticked
     for i, trigger in enumerate(completion):
@@ -240,6 +240,7 @@ def _job_values(job: Job | None, completion: list[CompletionTrigger]) -> dict[st
             "completion_mode": job.completion_mode,
             "overlap_policy": job.overlap_policy,
             "jitter_seconds": str(job.jitter_seconds or ""),
+            "catchup_window_seconds": str(job.catchup_window_seconds or ""),
             "environment": "\n".join(f"{k}={v}" for k, v in sorted(job.environment.items())),
             "version": str(job.version),
             **{name: "on" for name, ticked in flags.items() if ticked},
@@ -305,6 +306,15 @@ def _job_definition(
     else:
         s.overlap_policy = _choice(form, "overlap_policy", OVERLAP_POLICIES, problems)
         s.jitter_seconds = checked_number(_text(form, "jitter_seconds"), "jitter_seconds", problems)
+    # And a page from before the catch-up fields.
+    if "catchup_window_seconds" not in form:
+        if stored is not None:
+            s.catchup_window_seconds = stored.catchup_window_seconds
+            s.catchup_all = stored.catchup_all
+    else:
+        window = _text(form, "catchup_window_seconds")
+        s.catchup_window_seconds = checked_number(window, "catchup_window_seconds", problems)
+        s.catchup_all = _checked(form, "catchup_all")
     if stored is not None and "upstream_job_id" not in form:  # a page from before the rows: kept as stored
         t.on_completion.extend(
             jobs_pb2.CompletionTrigger(

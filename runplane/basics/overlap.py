@@ -56,6 +56,7 @@ class SkipReason(enum.StrEnum):
     """Why an occurrence got no run (``skipped_occurrences.reason``)."""
 
     OVERLAP = "overlap"  # the job's overlap policy (skip, buffer_one)
+    MISSED = "missed"  # missed while runplane or the account was down, beyond the catch-up window
 
 
 # What a skipped occurrence tells the user (``skipped_occurrences.detail``); the query appends the

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15runplane/v1/bus.proto\x12\x0brunplane.v1\"$\n\x05Stamp\x12\x0c\n\x04term\x18\x01 \x01(\x03\x12\r\n\x05\x63lock\x18\x02 \x01(\x03\"\xd2\x01\n\rJobDefinition\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0c\n\x04\x63ron\x18\x04 \x01(\t\x12\x10\n\x08timezone\x18\x05 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x06 \x01(\x08\x12 \n\x18missed_run_grace_seconds\x18\x07 \x01(\x05\x12\x10\n\x08job_type\x18\x08 \x01(\x05\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x16\n\x0ejitter_seconds\x18\n \x01(\x05\"q\n\rJobAssignment\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.runplane.v1.JobDefinition\x12!\n\x05stamp\x18\x02 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x14\n\x0clast_fire_ts\x18\x03 \x01(\x03\"U\n\x06\x41ssign\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12(\n\x04jobs\x18\x02 \x03(\x0b\x32\x1a.runplane.v1.JobAssignment\"T\n\x06Update\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\'\n\x03job\x18\x02 \x01(\x0b\x32\x1a.runplane.v1.JobAssignment\"N\n\x06Revoke\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x0f\n\x07job_ids\x18\x02 \x03(\x03\x12\x10\n\x08\x64rop_all\x18\x03 \x01(\x08\"b\n\x07\x43laimed\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12!\n\x05stamp\x18\x02 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x0f\n\x07job_ids\x18\x03 \x03(\x03\x12\x10\n\x08released\x18\x04 \x01(\x08\"\xd0\x01\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bnewest_term\x18\x02 \x01(\x03\x12\x12\n\njobs_owned\x18\x03 \x01(\x05\x12\x12\n\nsent_at_ms\x18\x04 \x01(\x03\x12\x13\n\x0bregistering\x18\x05 \x01(\x08\x12\x14\n\x0cowned_digest\x18\x06 \x01(\x03\x12#\n\x07\x64ropped\x18\x07 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12#\n\x07\x61pplied\x18\x08 \x01(\x0b\x32\x12.runplane.v1.Stamp\"E\n\x06Pickup\x12\x12\n\naccount_id\x18\x01 \x01(\x03\x12\x12\n\nsent_at_ms\x18\x02 \x01(\x03\x12\x13\n\x0b\x61\x63\x63ount_ids\x18\x03 \x03(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15runplane/v1/bus.proto\x12\x0brunplane.v1\"$\n\x05Stamp\x12\x0c\n\x04term\x18\x01 \x01(\x03\x12\r\n\x05\x63lock\x18\x02 \x01(\x03\"\x87\x02\n\rJobDefinition\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x0c\n\x04\x63ron\x18\x04 \x01(\t\x12\x10\n\x08timezone\x18\x05 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x06 \x01(\x08\x12 \n\x18missed_run_grace_seconds\x18\x07 \x01(\x05\x12\x10\n\x08job_type\x18\x08 \x01(\x05\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x16\n\x0ejitter_seconds\x18\n \x01(\x05\x12\x1e\n\x16\x63\x61tchup_window_seconds\x18\x0b \x01(\x05\x12\x13\n\x0b\x63\x61tchup_all\x18\x0c \x01(\x08\"q\n\rJobAssignment\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.runplane.v1.JobDefinition\x12!\n\x05stamp\x18\x02 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x14\n\x0clast_fire_ts\x18\x03 \x01(\x03\"U\n\x06\x41ssign\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12(\n\x04jobs\x18\x02 \x03(\x0b\x32\x1a.runplane.v1.JobAssignment\"T\n\x06Update\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\'\n\x03job\x18\x02 \x01(\x0b\x32\x1a.runplane.v1.JobAssignment\"N\n\x06Revoke\x12!\n\x05stamp\x18\x01 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x0f\n\x07job_ids\x18\x02 \x03(\x03\x12\x10\n\x08\x64rop_all\x18\x03 \x01(\x08\"b\n\x07\x43laimed\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12!\n\x05stamp\x18\x02 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12\x0f\n\x07job_ids\x18\x03 \x03(\x03\x12\x10\n\x08released\x18\x04 \x01(\x08\"\xd0\x01\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bnewest_term\x18\x02 \x01(\x03\x12\x12\n\njobs_owned\x18\x03 \x01(\x05\x12\x12\n\nsent_at_ms\x18\x04 \x01(\x03\x12\x13\n\x0bregistering\x18\x05 \x01(\x08\x12\x14\n\x0cowned_digest\x18\x06 \x01(\x03\x12#\n\x07\x64ropped\x18\x07 \x01(\x0b\x32\x12.runplane.v1.Stamp\x12#\n\x07\x61pplied\x18\x08 \x01(\x0b\x32\x12.runplane.v1.Stamp\"E\n\x06Pickup\x12\x12\n\naccount_id\x18\x01 \x01(\x03\x12\x12\n\nsent_at_ms\x18\x02 \x01(\x03\x12\x13\n\x0b\x61\x63\x63ount_ids\x18\x03 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STAMP']._serialized_start=38
   _globals['_STAMP']._serialized_end=74
   _globals['_JOBDEFINITION']._serialized_start=77
-  _globals['_JOBDEFINITION']._serialized_end=287
-  _globals['_JOBASSIGNMENT']._serialized_start=289
-  _globals['_JOBASSIGNMENT']._serialized_end=402
-  _globals['_ASSIGN']._serialized_start=404
-  _globals['_ASSIGN']._serialized_end=489
-  _globals['_UPDATE']._serialized_start=491
-  _globals['_UPDATE']._serialized_end=575
-  _globals['_REVOKE']._serialized_start=577
-  _globals['_REVOKE']._serialized_end=655
-  _globals['_CLAIMED']._serialized_start=657
-  _globals['_CLAIMED']._serialized_end=755
-  _globals['_HEARTBEAT']._serialized_start=758
-  _globals['_HEARTBEAT']._serialized_end=966
-  _globals['_PICKUP']._serialized_start=968
-  _globals['_PICKUP']._serialized_end=1037
+  _globals['_JOBDEFINITION']._serialized_end=340
+  _globals['_JOBASSIGNMENT']._serialized_start=342
+  _globals['_JOBASSIGNMENT']._serialized_end=455
+  _globals['_ASSIGN']._serialized_start=457
+  _globals['_ASSIGN']._serialized_end=542
+  _globals['_UPDATE']._serialized_start=544
+  _globals['_UPDATE']._serialized_end=628
+  _globals['_REVOKE']._serialized_start=630
+  _globals['_REVOKE']._serialized_end=708
+  _globals['_CLAIMED']._serialized_start=710
+  _globals['_CLAIMED']._serialized_end=808
+  _globals['_HEARTBEAT']._serialized_start=811
+  _globals['_HEARTBEAT']._serialized_end=1019
+  _globals['_PICKUP']._serialized_start=1021
+  _globals['_PICKUP']._serialized_end=1090
 # @@protoc_insertion_point(module_scope)

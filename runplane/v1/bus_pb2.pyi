@@ -60,6 +60,8 @@ class JobDefinition(_message.Message):
     JOB_TYPE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     JITTER_SECONDS_FIELD_NUMBER: _builtins.int
+    CATCHUP_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    CATCHUP_ALL_FIELD_NUMBER: _builtins.int
     job_id: _builtins.int
     account_id: _builtins.int
     version: _builtins.int
@@ -73,6 +75,10 @@ class JobDefinition(_message.Message):
     priority: _builtins.int
     jitter_seconds: _builtins.int
     """each fire comes the job's fixed offset in [0, this] later"""
+    catchup_window_seconds: _builtins.int
+    """fires missed beyond the grace are still queued this far back"""
+    catchup_all: _builtins.bool
+    """every missed fire within the window, not only the newest"""
     def __init__(
         self,
         *,
@@ -86,10 +92,12 @@ class JobDefinition(_message.Message):
         job_type: _builtins.int = ...,
         priority: _builtins.int = ...,
         jitter_seconds: _builtins.int = ...,
+        catchup_window_seconds: _builtins.int = ...,
+        catchup_all: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "cron", b"cron", "jitter_seconds", b"jitter_seconds", "job_id", b"job_id", "job_type", b"job_type", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "timezone", b"timezone", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account_id", b"account_id", "active", b"active", "catchup_all", b"catchup_all", "catchup_window_seconds", b"catchup_window_seconds", "cron", b"cron", "jitter_seconds", b"jitter_seconds", "job_id", b"job_id", "job_type", b"job_type", "missed_run_grace_seconds", b"missed_run_grace_seconds", "priority", b"priority", "timezone", b"timezone", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from runplane.v1 import common_pb2 as runplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16runplane/v1/jobs.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18runplane/v1/common.proto\".\n\x0c\x43ronSchedule\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x10\n\x08timezone\x18\x02 \x01(\t\"V\n\x11\x43ompletionTrigger\x12\x17\n\x0fupstream_job_id\x18\x01 \x01(\x03\x12(\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.runplane.v1.RunStatus\"\xd2\x01\n\x0bJobTriggers\x12+\n\x08schedule\x18\x01 \x01(\x0b\x32\x19.runplane.v1.CronSchedule\x12\x35\n\ron_completion\x18\x02 \x03(\x0b\x32\x1e.runplane.v1.CompletionTrigger\x12\x17\n\x0fon_pull_request\x18\x03 \x01(\x08\x12\x10\n\x08on_merge\x18\x04 \x01(\x08\x12\x34\n\x0f\x63ompletion_mode\x18\x05 \x01(\x0e\x32\x1b.runplane.v1.CompletionMode\"\xd7\x04\n\x0bJobSettings\x12\x0f\n\x07threads\x18\x01 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\x12\x13\n\x0btarget_name\x18\x03 \x01(\t\x12>\n\x0b\x65nvironment\x18\x04 \x03(\x0b\x32).runplane.v1.JobSettings.EnvironmentEntry\x12\x12\n\ngit_branch\x18\x05 \x01(\t\x12\x1a\n\x12retry_max_attempts\x18\x06 \x01(\x05\x12\x1d\n\x15retry_on_step_failure\x18\x07 \x01(\x08\x12 \n\x18missed_run_grace_seconds\x18\x08 \x01(\x05\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x14\n\x0csecret_names\x18\n \x03(\t\x12\x16\n\x0e\x65nvironment_id\x18\x0b \x01(\x03\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\x15\n\rgenerate_docs\x18\r \x01(\x08\x12\x1c\n\x14run_source_freshness\x18\x0e \x01(\x08\x12\x17\n\x0f\x64\x65\x66\x65r_to_job_id\x18\x0f \x01(\x03\x12\x1f\n\x17\x64\x65\x66\x65r_to_environment_id\x18\x10 \x01(\x03\x12\x19\n\x11run_only_modified\x18\x11 \x01(\x08\x12\x32\n\x0eoverlap_policy\x18\x12 \x01(\x0e\x32\x1a.runplane.v1.OverlapPolicy\x12\x16\n\x0ejitter_seconds\x18\x13 \x01(\x05\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe4\x03\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12&\n\x08job_type\x18\x04 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x05 \x03(\t\x12*\n\x08triggers\x18\x06 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x07 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x0e\n\x06\x61\x63tive\x18\x08 \x01(\x08\x12\x1b\n\x13\x64\x65\x61\x63tivation_reason\x18\t \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\n \x01(\x05\x12\x0f\n\x07version\x18\x0b \x01(\x03\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06paused\x18\x0e \x01(\x08\x12-\n\tpaused_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpaused_by\x18\x10 \x01(\t\x12\x12\n\npause_note\x18\x11 \x01(\t\"\xc8\x01\n\x10\x43reateJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x08job_type\x18\x02 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x03 \x03(\t\x12*\n\x08triggers\x18\x04 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x05 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd9\x01\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x08job_type\x18\x03 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x04 \x03(\t\x12*\n\x08triggers\x18\x05 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x06 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x18\n\x10\x65xpected_version\x18\x07 \x01(\x03\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"\x13\n\x11\x44\x65leteJobResponse\"/\n\x0fPauseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04note\x18\x02 \x01(\t\"#\n\x11UnpauseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"\xbf\x01\n\x11SkippedOccurrence\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x30\n\x0cscheduled_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x17\n\x0f\x62locking_run_id\x18\x05 \x01(\x03\x12/\n\x0brecorded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"B\n\x1dListSkippedOccurrencesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\"U\n\x1eListSkippedOccurrencesResponse\x12\x33\n\x0boccurrences\x18\x01 \x03(\x0b\x32\x1e.runplane.v1.SkippedOccurrence*c\n\x0e\x43ompletionMode\x12\x1f\n\x1b\x43OMPLETION_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMPLETION_MODE_ANY\x10\x01\x12\x17\n\x13\x43OMPLETION_MODE_ALL\x10\x02*\xe0\x01\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n\x15OVERLAP_POLICY_SERIAL\x10\x01\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x02\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ONE\x10\x03\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ALL\x10\x04\x12\x1f\n\x1bOVERLAP_POLICY_CANCEL_OTHER\x10\x05\x12\x1c\n\x18OVERLAP_POLICY_ALLOW_ALL\x10\x06\x32\xc4\x04\n\nJobService\x12<\n\tCreateJob\x12\x1d.runplane.v1.CreateJobRequest\x1a\x10.runplane.v1.Job\x12\x36\n\x06GetJob\x12\x1a.runplane.v1.GetJobRequest\x1a\x10.runplane.v1.Job\x12G\n\x08ListJobs\x12\x1c.runplane.v1.ListJobsRequest\x1a\x1d.runplane.v1.ListJobsResponse\x12<\n\tUpdateJob\x12\x1d.runplane.v1.UpdateJobRequest\x1a\x10.runplane.v1.Job\x12J\n\tDeleteJob\x12\x1d.runplane.v1.DeleteJobRequest\x1a\x1e.runplane.v1.DeleteJobResponse\x12:\n\x08PauseJob\x12\x1c.runplane.v1.PauseJobRequest\x1a\x10.runplane.v1.Job\x12>\n\nUnpauseJob\x12\x1e.runplane.v1.UnpauseJobRequest\x1a\x10.runplane.v1.Job\x12q\n\x16ListSkippedOccurrences\x12*.runplane.v1.ListSkippedOccurrencesRequest\x1a+.runplane.v1.ListSkippedOccurrencesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16runplane/v1/jobs.proto\x12\x0brunplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18runplane/v1/common.proto\".\n\x0c\x43ronSchedule\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x10\n\x08timezone\x18\x02 \x01(\t\"V\n\x11\x43ompletionTrigger\x12\x17\n\x0fupstream_job_id\x18\x01 \x01(\x03\x12(\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.runplane.v1.RunStatus\"\xd2\x01\n\x0bJobTriggers\x12+\n\x08schedule\x18\x01 \x01(\x0b\x32\x19.runplane.v1.CronSchedule\x12\x35\n\ron_completion\x18\x02 \x03(\x0b\x32\x1e.runplane.v1.CompletionTrigger\x12\x17\n\x0fon_pull_request\x18\x03 \x01(\x08\x12\x10\n\x08on_merge\x18\x04 \x01(\x08\x12\x34\n\x0f\x63ompletion_mode\x18\x05 \x01(\x0e\x32\x1b.runplane.v1.CompletionMode\"\x8c\x05\n\x0bJobSettings\x12\x0f\n\x07threads\x18\x01 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x05\x12\x13\n\x0btarget_name\x18\x03 \x01(\t\x12>\n\x0b\x65nvironment\x18\x04 \x03(\x0b\x32).runplane.v1.JobSettings.EnvironmentEntry\x12\x12\n\ngit_branch\x18\x05 \x01(\t\x12\x1a\n\x12retry_max_attempts\x18\x06 \x01(\x05\x12\x1d\n\x15retry_on_step_failure\x18\x07 \x01(\x08\x12 \n\x18missed_run_grace_seconds\x18\x08 \x01(\x05\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x14\n\x0csecret_names\x18\n \x03(\t\x12\x16\n\x0e\x65nvironment_id\x18\x0b \x01(\x03\x12\x0e\n\x06schema\x18\x0c \x01(\t\x12\x15\n\rgenerate_docs\x18\r \x01(\x08\x12\x1c\n\x14run_source_freshness\x18\x0e \x01(\x08\x12\x17\n\x0f\x64\x65\x66\x65r_to_job_id\x18\x0f \x01(\x03\x12\x1f\n\x17\x64\x65\x66\x65r_to_environment_id\x18\x10 \x01(\x03\x12\x19\n\x11run_only_modified\x18\x11 \x01(\x08\x12\x32\n\x0eoverlap_policy\x18\x12 \x01(\x0e\x32\x1a.runplane.v1.OverlapPolicy\x12\x16\n\x0ejitter_seconds\x18\x13 \x01(\x05\x12\x1e\n\x16\x63\x61tchup_window_seconds\x18\x14 \x01(\x05\x12\x13\n\x0b\x63\x61tchup_all\x18\x15 \x01(\x08\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe4\x03\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\naccount_id\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12&\n\x08job_type\x18\x04 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x05 \x03(\t\x12*\n\x08triggers\x18\x06 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x07 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x0e\n\x06\x61\x63tive\x18\x08 \x01(\x08\x12\x1b\n\x13\x64\x65\x61\x63tivation_reason\x18\t \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\n \x01(\x05\x12\x0f\n\x07version\x18\x0b \x01(\x03\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06paused\x18\x0e \x01(\x08\x12-\n\tpaused_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpaused_by\x18\x10 \x01(\t\x12\x12\n\npause_note\x18\x11 \x01(\t\"\xc8\x01\n\x10\x43reateJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x08job_type\x18\x02 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x03 \x03(\t\x12*\n\x08triggers\x18\x04 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x05 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.runplane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd9\x01\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x08job_type\x18\x03 \x01(\x0e\x32\x14.runplane.v1.JobType\x12\r\n\x05steps\x18\x04 \x03(\t\x12*\n\x08triggers\x18\x05 \x01(\x0b\x32\x18.runplane.v1.JobTriggers\x12*\n\x08settings\x18\x06 \x01(\x0b\x32\x18.runplane.v1.JobSettings\x12\x18\n\x10\x65xpected_version\x18\x07 \x01(\x03\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"\x13\n\x11\x44\x65leteJobResponse\"/\n\x0fPauseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04note\x18\x02 \x01(\t\"#\n\x11UnpauseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"\xbf\x01\n\x11SkippedOccurrence\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x30\n\x0cscheduled_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x17\n\x0f\x62locking_run_id\x18\x05 \x01(\x03\x12/\n\x0brecorded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"B\n\x1dListSkippedOccurrencesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\"U\n\x1eListSkippedOccurrencesResponse\x12\x33\n\x0boccurrences\x18\x01 \x03(\x0b\x32\x1e.runplane.v1.SkippedOccurrence*c\n\x0e\x43ompletionMode\x12\x1f\n\x1b\x43OMPLETION_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMPLETION_MODE_ANY\x10\x01\x12\x17\n\x13\x43OMPLETION_MODE_ALL\x10\x02*\xe0\x01\n\rOverlapPolicy\x12\x1e\n\x1aOVERLAP_POLICY_UNSPECIFIED\x10\x00\x12\x19\n\x15OVERLAP_POLICY_SERIAL\x10\x01\x12\x17\n\x13OVERLAP_POLICY_SKIP\x10\x02\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ONE\x10\x03\x12\x1d\n\x19OVERLAP_POLICY_BUFFER_ALL\x10\x04\x12\x1f\n\x1bOVERLAP_POLICY_CANCEL_OTHER\x10\x05\x12\x1c\n\x18OVERLAP_POLICY_ALLOW_ALL\x10\x06\x32\xc4\x04\n\nJobService\x12<\n\tCreateJob\x12\x1d.runplane.v1.CreateJobRequest\x1a\x10.runplane.v1.Job\x12\x36\n\x06GetJob\x12\x1a.runplane.v1.GetJobRequest\x1a\x10.runplane.v1.Job\x12G\n\x08ListJobs\x12\x1c.runplane.v1.ListJobsRequest\x1a\x1d.runplane.v1.ListJobsResponse\x12<\n\tUpdateJob\x12\x1d.runplane.v1.UpdateJobRequest\x1a\x10.runplane.v1.Job\x12J\n\tDeleteJob\x12\x1d.runplane.v1.DeleteJobRequest\x1a\x1e.runplane.v1.DeleteJobResponse\x12:\n\x08PauseJob\x12\x1c.runplane.v1.PauseJobRequest\x1a\x10.runplane.v1.Job\x12>\n\nUnpauseJob\x12\x1e.runplane.v1.UnpauseJobRequest\x1a\x10.runplane.v1.Job\x12q\n\x16ListSkippedOccurrences\x12*.runplane.v1.ListSkippedOccurrencesRequest\x1a+.runplane.v1.ListSkippedOccurrencesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._serialized_options = b'8\001'
-  _globals['_COMPLETIONMODE']._serialized_start=2619
-  _globals['_COMPLETIONMODE']._serialized_end=2718
-  _globals['_OVERLAPPOLICY']._serialized_start=2721
-  _globals['_OVERLAPPOLICY']._serialized_end=2945
+  _globals['_COMPLETIONMODE']._serialized_start=2672
+  _globals['_COMPLETIONMODE']._serialized_end=2771
+  _globals['_OVERLAPPOLICY']._serialized_start=2774
+  _globals['_OVERLAPPOLICY']._serialized_end=2998
   _globals['_CRONSCHEDULE']._serialized_start=98
   _globals['_CRONSCHEDULE']._serialized_end=144
   _globals['_COMPLETIONTRIGGER']._serialized_start=146
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBTRIGGERS']._serialized_start=235
   _globals['_JOBTRIGGERS']._serialized_end=445
   _globals['_JOBSETTINGS']._serialized_start=448
-  _globals['_JOBSETTINGS']._serialized_end=1047
-  _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._serialized_start=997
-  _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._serialized_end=1047
-  _globals['_JOB']._serialized_start=1050
-  _globals['_JOB']._serialized_end=1534
-  _globals['_CREATEJOBREQUEST']._serialized_start=1537
-  _globals['_CREATEJOBREQUEST']._serialized_end=1737
-  _globals['_GETJOBREQUEST']._serialized_start=1739
-  _globals['_GETJOBREQUEST']._serialized_end=1770
-  _globals['_LISTJOBSREQUEST']._serialized_start=1772
-  _globals['_LISTJOBSREQUEST']._serialized_end=1828
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1830
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1905
-  _globals['_UPDATEJOBREQUEST']._serialized_start=1908
-  _globals['_UPDATEJOBREQUEST']._serialized_end=2125
-  _globals['_DELETEJOBREQUEST']._serialized_start=2127
-  _globals['_DELETEJOBREQUEST']._serialized_end=2161
-  _globals['_DELETEJOBRESPONSE']._serialized_start=2163
-  _globals['_DELETEJOBRESPONSE']._serialized_end=2182
-  _globals['_PAUSEJOBREQUEST']._serialized_start=2184
-  _globals['_PAUSEJOBREQUEST']._serialized_end=2231
-  _globals['_UNPAUSEJOBREQUEST']._serialized_start=2233
-  _globals['_UNPAUSEJOBREQUEST']._serialized_end=2268
-  _globals['_SKIPPEDOCCURRENCE']._serialized_start=2271
-  _globals['_SKIPPEDOCCURRENCE']._serialized_end=2462
-  _globals['_LISTSKIPPEDOCCURRENCESREQUEST']._serialized_start=2464
-  _globals['_LISTSKIPPEDOCCURRENCESREQUEST']._serialized_end=2530
-  _globals['_LISTSKIPPEDOCCURRENCESRESPONSE']._serialized_start=2532
-  _globals['_LISTSKIPPEDOCCURRENCESRESPONSE']._serialized_end=2617
-  _globals['_JOBSERVICE']._serialized_start=2948
-  _globals['_JOBSERVICE']._serialized_end=3528
+  _globals['_JOBSETTINGS']._serialized_end=1100
+  _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._serialized_start=1050
+  _globals['_JOBSETTINGS_ENVIRONMENTENTRY']._serialized_end=1100
+  _globals['_JOB']._serialized_start=1103
+  _globals['_JOB']._serialized_end=1587
+  _globals['_CREATEJOBREQUEST']._serialized_start=1590
+  _globals['_CREATEJOBREQUEST']._serialized_end=1790
+  _globals['_GETJOBREQUEST']._serialized_start=1792
+  _globals['_GETJOBREQUEST']._serialized_end=1823
+  _globals['_LISTJOBSREQUEST']._serialized_start=1825
+  _globals['_LISTJOBSREQUEST']._serialized_end=1881
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1883
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1958
+  _globals['_UPDATEJOBREQUEST']._serialized_start=1961
+  _globals['_UPDATEJOBREQUEST']._serialized_end=2178
+  _globals['_DELETEJOBREQUEST']._serialized_start=2180
+  _globals['_DELETEJOBREQUEST']._serialized_end=2214
+  _globals['_DELETEJOBRESPONSE']._serialized_start=2216
+  _globals['_DELETEJOBRESPONSE']._serialized_end=2235
+  _globals['_PAUSEJOBREQUEST']._serialized_start=2237
+  _globals['_PAUSEJOBREQUEST']._serialized_end=2284
+  _globals['_UNPAUSEJOBREQUEST']._serialized_start=2286
+  _globals['_UNPAUSEJOBREQUEST']._serialized_end=2321
+  _globals['_SKIPPEDOCCURRENCE']._serialized_start=2324
+  _globals['_SKIPPEDOCCURRENCE']._serialized_end=2515
+  _globals['_LISTSKIPPEDOCCURRENCESREQUEST']._serialized_start=2517
+  _globals['_LISTSKIPPEDOCCURRENCESREQUEST']._serialized_end=2583
+  _globals['_LISTSKIPPEDOCCURRENCESRESPONSE']._serialized_start=2585
+  _globals['_LISTSKIPPEDOCCURRENCESRESPONSE']._serialized_end=2670
+  _globals['_JOBSERVICE']._serialized_start=3001
+  _globals['_JOBSERVICE']._serialized_end=3581
 # @@protoc_insertion_point(module_scope)

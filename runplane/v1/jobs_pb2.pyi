@@ -228,6 +228,8 @@ class JobSettings(_message.Message):
     RUN_ONLY_MODIFIED_FIELD_NUMBER: _builtins.int
     OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
     JITTER_SECONDS_FIELD_NUMBER: _builtins.int
+    CATCHUP_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    CATCHUP_ALL_FIELD_NUMBER: _builtins.int
     threads: _builtins.int
     """dbt threads; 0: the environment's default (4 without one)"""
     timeout_seconds: _builtins.int
@@ -267,6 +269,12 @@ class JobSettings(_message.Message):
     """Each fire of the schedule comes the job's own fixed offset later, between 0 and this many
     seconds (at most 3600; 0: none): the same offset every time, so jobs that share a cron spread out.
     """
+    catchup_window_seconds: _builtins.int
+    """A cron fire missed for longer than the grace (runplane or the account was down) still gets a run
+    when it is at most this old (0: the grace alone); an older one is a skipped occurrence, reason missed.
+    """
+    catchup_all: _builtins.bool
+    """a run for every missed fire within the window, not only the newest"""
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """extra environment for every step"""
@@ -300,10 +308,12 @@ class JobSettings(_message.Message):
         run_only_modified: _builtins.bool = ...,
         overlap_policy: Global___OverlapPolicy.ValueType = ...,
         jitter_seconds: _builtins.int = ...,
+        catchup_window_seconds: _builtins.int = ...,
+        catchup_all: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["defer_to_environment_id", b"defer_to_environment_id", "defer_to_job_id", b"defer_to_job_id", "environment", b"environment", "environment_id", b"environment_id", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "jitter_seconds", b"jitter_seconds", "missed_run_grace_seconds", b"missed_run_grace_seconds", "overlap_policy", b"overlap_policy", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "run_only_modified", b"run_only_modified", "run_source_freshness", b"run_source_freshness", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catchup_all", b"catchup_all", "catchup_window_seconds", b"catchup_window_seconds", "defer_to_environment_id", b"defer_to_environment_id", "defer_to_job_id", b"defer_to_job_id", "environment", b"environment", "environment_id", b"environment_id", "generate_docs", b"generate_docs", "git_branch", b"git_branch", "jitter_seconds", b"jitter_seconds", "missed_run_grace_seconds", b"missed_run_grace_seconds", "overlap_policy", b"overlap_policy", "priority", b"priority", "retry_max_attempts", b"retry_max_attempts", "retry_on_step_failure", b"retry_on_step_failure", "run_only_modified", b"run_only_modified", "run_source_freshness", b"run_source_freshness", "schema", b"schema", "secret_names", b"secret_names", "target_name", b"target_name", "threads", b"threads", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

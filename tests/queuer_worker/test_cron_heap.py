@@ -6,7 +6,7 @@ import itertools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-from queuer_worker.heap import CronHeap, Definition, Due, missed_fire
+from queuer_worker.heap import CronHeap, Definition, Due, catchup_fire, given_up, missed_fire
 from runplane.basics.cron import next_fire, previous_fire
 from runplane.basics.ownership import job_digest
 
@@ -246,3 +246,32 @@ def test_a_job_taken_over_between_its_instant_and_its_offset_still_fires_that_in
     # A changed jitter moves the pending fire's due time, not the fire.
     heap.update(Definition(job, 2, "0 * * * *", "UTC", 0, jitter_seconds=0), now=noon + 11)
     assert heap.pop_due(noon + 11) == [Due(job, noon, "0 * * * *", "UTC", 0)]
+
+
+def test_a_catchup_window_reaches_past_the_grace_to_the_newest_or_every_missed_fire() -> None:
+    start = utc(2026, 3, 2, 12, 0)  # the last fire known queued; nobody held the job for 5.5 minutes
+    now = start + 330
+    missed = [start + 60 * i for i in range(1, 6)]
+    grace_only = Definition(1, 1, "* * * * *", "UTC", 10)
+    # No window: as before, the grace alone (nothing within 10 s), and every missed fire is given up.
+    assert catchup_fire(grace_only, last_fire_ts=start, upcoming=start + 360, now=now) is None
+    assert CronHeap().assign(grace_only, last_fire_ts=start, now=now) == start + 360
+    given = given_up(grace_only, last_fire_ts=start, first=start + 360, now=now)
+    assert [m.fire_ts for m in given] == missed[::-1]
+    assert "270 s late, beyond the job's catch-up window (0 s)" in given[-1].detail
+    # A window, the newest only: one catch-up fire, the older ones given up.
+    newest = Definition(1, 1, "* * * * *", "UTC", 10, catchup_window_seconds=3600)
+    assert CronHeap().assign(newest, last_fire_ts=start, now=now) == missed[-1]
+    given = given_up(newest, last_fire_ts=start, first=missed[-1], now=now)
+    assert [m.fire_ts for m in given] == missed[-2::-1] and "newer missed occurrence" in given[0].detail
+    # Every fire in a 120 s window: the oldest in reach first, then each following one, at once.
+    every = Definition(1, 1, "* * * * *", "UTC", 10, catchup_window_seconds=120, catchup_all=True)
+    heap = CronHeap()
+    assert heap.assign(every, last_fire_ts=start, now=now) == missed[3]
+    taken = heap.pop_due(now)
+    assert [d.fire_ts for d in taken] == [missed[3]]
+    heap.reschedule(taken)
+    assert heap.next_due() == missed[4]
+    assert [m.fire_ts for m in given_up(every, last_fire_ts=start, first=missed[3], now=now)] == missed[2::-1]
+    # Nothing known queued (last fire 0): nothing is given up.
+    assert given_up(every, last_fire_ts=0, first=missed[3], now=now) == []

@@ -167,6 +167,20 @@ HISTORIES = {
             "slowest_call": 3.0,
         },
     ),
+    # "freezes" with short graces and every other job given a catch-up window: fires missed while a
+    # frozen worker held them are caught up (or given up) by the next owner, each one run at most.
+    "catchup": History(
+        freeze_history,
+        {
+            "workers_at_start": 2,
+            "jobs_at_start": 12,
+            "crons": ("* * * * *", "*/2 * * * *"),
+            "graces": (0, 10),
+            "slow_calls": 0.15,
+            "slowest_call": 3.0,
+            "catchup_window_seconds": 150,
+        },
+    ),
 }
 
 

@@ -49,6 +49,8 @@ REGRESSIONS = [
     *(("edits", seed) for seed in (27, 93, 95)),
     # Jittered jobs under freezes and edits.
     *(("jitter", seed) for seed in (0, 1, 2)),
+    # Jobs with catch-up windows (and catch-up of every missed fire) under freezes.
+    *(("catchup", seed) for seed in (0, 1, 2)),
 ]
 
 

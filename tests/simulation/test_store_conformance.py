@@ -113,7 +113,7 @@ def every_minute(job_id: int, fire: int) -> Due:
 
 def _columns(ports: Ports, job: int, *, version: int = 1, cron: str | None = EVERY_MINUTE) -> DefinitionColumns:
     """What the store says of a job added by ``ports.jobs`` (its defaults), as a definition's columns."""
-    return (job, ports.jobs.account_id, version, cron, "UTC", 300, "deploy", 0, 0)
+    return (job, ports.jobs.account_id, version, cron, "UTC", 300, "deploy", 0, 0, 0, False)
 
 
 async def test_a_new_job_is_recorded_once(ports: Ports) -> None:
@@ -201,7 +201,7 @@ async def test_drift_names_every_job_whose_ownership_is_wrong(ports: Ports) -> N
         unowned: rows.JobState(*_columns(ports, unowned), True, False, None, None, None),
         paused: rows.JobState(*_columns(ports, paused, version=2), False, True, *owned_by_w1),
         changed: rows.JobState(*_columns(ports, changed, version=2, cron="*/2 * * * *"), True, True, *owned_by_w1),
-        gone: rows.JobState(gone, *(None,) * 8, False, True, *owned_by_w1),  # deleted for good: no definition
+        gone: rows.JobState(gone, *(None,) * 10, False, True, *owned_by_w1),  # deleted for good: no definition
     }
     await ports.store.delete_ownership([paused, gone])
     assert await ports.store.owners() == ["w1"]

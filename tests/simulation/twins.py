@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from orchestrator import rows
 from orchestrator.leadership import LeadershipLost
 from queuer_worker.firing import PreparedTick, TickResult
+from queuer_worker.heap import MissedFire
 from runplane.basics.stamps import Stamp
 from runplane.basics.types import schedule_idempotency_key
 
 # A definition's columns in their order: job_id, account_id, version, cron, timezone,
 # missed_run_grace_seconds, job_type, priority, jitter_seconds (the rows that say more of a job start
 # with them).
-DefinitionColumns = tuple[int, int, int, str | None, str, int, str, int, int]
+DefinitionColumns = tuple[int, int, int, str | None, str, int, str, int, int, int, bool]
 
 
 @dataclass
@@ -38,6 +39,8 @@ class JobRow:
     job_type: str = "deploy"
     priority: int = 0
     jitter_seconds: int = 0
+    catchup_window_seconds: int = 0
+    catchup_all: bool = False
     version: int = 1
     deleted: bool = False
     deactivated: bool = False
@@ -61,6 +64,8 @@ class JobRow:
             self.job_type,
             self.priority,
             self.jitter_seconds,
+            self.catchup_window_seconds,
+            self.catchup_all,
         )
 
 
@@ -111,6 +116,7 @@ class MemoryDatabase:
     ownership: dict[int, OwnershipRow] = field(default_factory=dict)
     workers: dict[str, WorkerRow] = field(default_factory=dict)
     runs: dict[str, RunRow] = field(default_factory=dict)
+    missed: set[str] = field(default_factory=set)  # keys of occurrences recorded as skipped, reason missed
     schedules: dict[int, list[ScheduleRow]] = field(default_factory=dict)
     term: int = 0
     _listeners: list[asyncio.Queue[tuple[str, int]]] = field(default_factory=list)
@@ -205,7 +211,7 @@ class MemoryOwnershipStore:
             own = self.db.ownership.get(job_id)
             if job is None:
                 if own is not None:
-                    no_job = (None,) * 8
+                    no_job = (None,) * 10
                     found.append(rows.JobState(job_id, *no_job, False, True, own.worker_id, own.state, own.version))
                 continue
             found.append(
@@ -387,7 +393,7 @@ class MemoryRunsStore:
         for job_id, fire_ts, cron, timezone, _ in tick.due:
             job = self.db.jobs.get(job_id)
             key = schedule_idempotency_key(job_id, fire_ts)
-            if job is None or not job.schedulable or key in self.db.runs:
+            if job is None or not job.schedulable or key in self.db.runs or key in self.db.missed:
                 continue
             in_force = self.db.schedule_at(job_id, fire_ts)
             if in_force is None or not in_force.fires or (in_force.cron, in_force.timezone) != (cron, timezone):
@@ -396,6 +402,20 @@ class MemoryRunsStore:
             queued += 1
             accounts.add(job.account_id)
         return TickResult(queued, 0, frozenset(accounts))
+
+    async def record_missed(self, missed: list[MissedFire]) -> int:
+        recorded = 0
+        for job_id, fire_ts, cron, timezone, _ in missed:
+            job = self.db.jobs.get(job_id)
+            key = schedule_idempotency_key(job_id, fire_ts)
+            if job is None or not job.schedulable or key in self.db.runs or key in self.db.missed:
+                continue
+            in_force = self.db.schedule_at(job_id, fire_ts)
+            if in_force is None or not in_force.fires or (in_force.cron, in_force.timezone) != (cron, timezone):
+                continue
+            self.db.missed.add(key)
+            recorded += 1
+        return recorded
 
     async def deactivate_never_fires(self, job_id: int, version: int, cron: str, timezone: str) -> bool:
         job = self.db.jobs.get(job_id)

@@ -118,6 +118,7 @@ class World:
     slow_calls: float = 0.02  # the share of calls that take long
     slowest_call: float = 1.0
     jitter_seconds: int = 0  # of every third job (0: no job is jittered)
+    catchup_window_seconds: int = 0  # of every other job, every fourth catching up every missed fire
     settings: Settings = field(default_factory=lambda: Settings(bus_prefix="sim"))
     trace_lines: list[str] = field(default_factory=list)
 
@@ -307,8 +308,12 @@ class World:
         # Every third job is jittered (in the histories that ask): its fires are due its fixed offset
         # after each instant.
         job.jitter_seconds = self.jitter_seconds if job.id % 3 == 0 else 0
+        catchup = ""
+        if self.catchup_window_seconds and job.id % 2 == 0:
+            job.catchup_window_seconds, job.catchup_all = self.catchup_window_seconds, job.id % 4 == 0
+            catchup = f" catchup={job.catchup_window_seconds}{' all' if job.catchup_all else ''}"
         self.history[job.id] = JobHistory(self.now, self.now, self.now, cron)
-        self.trace("api", f"job {job.id} created {cron!r} grace={grace} jitter={job.jitter_seconds}")
+        self.trace("api", f"job {job.id} created {cron!r} grace={grace} jitter={job.jitter_seconds}{catchup}")
         return job.id
 
     def create_job(self, cron: str) -> None:
