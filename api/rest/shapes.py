@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import rows
 from api.rerunning import retry_refusal
 from runplane.basics.types import JobType, RunStatus
+from runplane.dbt.connections import typed_fields
 
 # dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
 JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merge", JobType.ADHOC: "other"}
@@ -767,22 +768,24 @@ class AccountConnection(BaseModel):
     name: str
     adapter_version: str
     type: str
-    config: dict[str, str]
+    config: dict[str, str | int | bool]  # typed as the adapter's profile types them
     oauth_redirect_uri: str | None
+    environment__count: int  # the environments made from it (and not given another connection since)
     state: int
     created_at: str | None
     updated_at: str | None
 
 
-def account_connection(row: rows.WarehouseConnection) -> AccountConnection:
+def account_connection(row: rows.WarehouseConnection, environments: int) -> AccountConnection:
     return AccountConnection(
         id=row.id,
         account_id=row.account_id,
         name=row.name,
         adapter_version=f"{row.adapter_type}_v0",
         type=row.adapter_type,
-        config=dict(row.details),
+        config=typed_fields(row.adapter_type, row.details),
         oauth_redirect_uri=None,
+        environment__count=environments,
         state=ACTIVE,
         created_at=stamp(row.created_at),
         updated_at=stamp(row.updated_at),

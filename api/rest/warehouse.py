@@ -8,6 +8,7 @@ Secrets are write-only: encrypted as an environment's, never in an answer, which
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Request
@@ -19,7 +20,7 @@ from api.rest import params, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.rest.projects import MAX_LIMIT, Limit, Offset, ProjectPath, _keys, _store
-from api.rows import Credentials
+from api.rows import Credentials, WarehouseConnection
 from api.store import Store
 from runplane.basics.errors import InvalidArgument, NotFound
 from runplane.basics.types import AccountId
@@ -60,6 +61,13 @@ def _page(data: list[shapes.AccountConnection] | list[shapes.ProjectCredentials]
     )
 
 
+async def _answer(store: Store, account_id: AccountId, row: WarehouseConnection) -> shapes.AccountConnection:
+    """The connection as an answer shows it, with the number of environments made from it."""
+    async with store.connection() as conn:
+        environments = await store.list_environments(conn, account_id, None)
+    return shapes.account_connection(row, sum(e.connection_id == row.id for e in environments))
+
+
 @router.post(Connections, summary="Create a connection")
 async def create_connection(
     request: Request, account_id: Account, body: Annotated[ConnectionBody, Body()]
@@ -72,7 +80,7 @@ async def create_connection(
         adapter_type=_adapter(body),
         details=_profile_fields(body.config),
     )
-    return Envelope[shapes.AccountConnection](status=success(), data=shapes.account_connection(row))
+    return Envelope[shapes.AccountConnection](status=success(), data=shapes.account_connection(row, 0))
 
 
 @router.get(Connections, summary="List connections")
@@ -83,7 +91,9 @@ async def list_connections(
     store = _store(request)
     async with store.connection() as conn:
         rows = await store.list_connections(conn, account_id)
-    data = [shapes.account_connection(r) for r in rows]
+        environments = await store.list_environments(conn, account_id, None)
+    using = Counter(e.connection_id for e in environments)
+    data = [shapes.account_connection(r, using[r.id]) for r in rows]
     return ListEnvelope[shapes.AccountConnection](
         status=success(), data=data[offset : offset + limit], extra=_page(data, offset, limit)
     )
@@ -96,7 +106,7 @@ async def get_connection(
     store = _store(request)
     async with store.connection() as conn:
         row = await use.existing_connection(store, conn, account_id, connection_id)
-    return Envelope[shapes.AccountConnection](status=success(), data=shapes.account_connection(row))
+    return Envelope[shapes.AccountConnection](status=success(), data=await _answer(store, account_id, row))
 
 
 @router.patch(f"{Connections}{{connection_id}}/", summary="Update a connection")
@@ -105,10 +115,11 @@ async def update_connection(
 ) -> Envelope[shapes.AccountConnection]:
     """Changes the name and the details sent (an empty value removes one); the adapter stays."""
     params.same_account(body.account_id, account_id)
+    store = _store(request)
     row = await use.update_connection(
-        _store(request), account_id, connection_id, name=body.name, details=_profile_fields(body.config)
+        store, account_id, connection_id, name=body.name, details=_profile_fields(body.config)
     )
-    return Envelope[shapes.AccountConnection](status=success(), data=shapes.account_connection(row))
+    return Envelope[shapes.AccountConnection](status=success(), data=await _answer(store, account_id, row))
 
 
 @router.delete(f"{Connections}{{connection_id}}/", summary="Delete a connection")
@@ -119,8 +130,9 @@ async def delete_connection(
     store = _store(request)
     async with store.connection() as conn:
         row = await use.existing_connection(store, conn, account_id, connection_id)
+    answer = await _answer(store, account_id, row)
     await use.delete_connection(store, account_id, connection_id)
-    deleted = shapes.account_connection(row).model_copy(update={"state": shapes.DELETED})
+    deleted = answer.model_copy(update={"state": shapes.DELETED})
     return Envelope[shapes.AccountConnection](status=success(), data=deleted)
 
 

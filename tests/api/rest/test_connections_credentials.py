@@ -53,7 +53,7 @@ async def _credentials(rest: Rest, project_id: int, **body: Any) -> dict[str, An
 
 async def test_a_connection_is_created_listed_read_updated_and_deleted(rest: Rest) -> None:
     made = await _connection(rest)
-    assert made["config"] == {"host": "db.internal", "dbname": "shop", "port": "5432"}
+    assert made["config"] == {"host": "db.internal", "dbname": "shop", "port": 5432}
     assert made["type"] == "postgres" and made["adapter_version"] == "postgres_v0" and made["state"] == 1
     base = f"{_v3(rest)}/connections/"
     listed = (await rest.http.get(base)).json()
@@ -61,7 +61,7 @@ async def test_a_connection_is_created_listed_read_updated_and_deleted(rest: Res
     assert (await rest.http.get(f"{base}{made['id']}/")).json()["data"] == made
     changed = await rest.http.patch(f"{base}{made['id']}/", json={"name": "lake", "config": {"port": 6432}})
     assert changed.status_code == 200, changed.text
-    assert changed.json()["data"]["name"] == "lake" and changed.json()["data"]["config"]["port"] == "6432"
+    assert changed.json()["data"]["name"] == "lake" and changed.json()["data"]["config"]["port"] == 6432
     assert changed.json()["data"]["config"]["host"] == "db.internal"
     secret = await rest.http.post(base, json={"name": "x", "type": "postgres", "config": {"password": "p"}})
     assert secret.status_code == 400 and "config[password]" in secret.json()["status"]["user_message"]
@@ -137,6 +137,8 @@ async def test_environments_are_listed_by_deployment_type_connection_and_credent
     assert await ids(connection_id=connection["id"]) == [linked["id"]]
     assert await ids(credentials_id=credentials["id"]) == [linked["id"]]
     assert await ids(credentials_id=credentials["id"] + 1000) == []
+    counted = await rest.http.get(f"{_v3(rest)}/connections/{connection['id']}/")
+    assert counted.json()["data"]["environment__count"] == 1
     inlined = await rest.http.post(
         f"{_v3(rest)}/projects/{project['id']}/environments/{linked['id']}/",
         json={"connection": {"type": "postgres", "details": {"host": "h", "user": "u", "dbname": "d"}}},
@@ -203,8 +205,7 @@ async def test_a_project_and_environment_made_by_ids_run_with_the_inline_ones_db
     contexts = [
         await _run_context(rest, adb, settings, database_url, environment["id"]) for environment in (inline, linked)
     ]
-    ids = {"run_id": 0, "job_id": 0, "project_id": 0, "environment_id": 0}
-    same = [dataclasses.replace(c, **ids) for c in contexts]
+    same = [dataclasses.replace(c, run_id=0, job_id=0, project_id=0, environment_id=0) for c in contexts]
     assert same[0] == same[1]
     assert same[1].connection_secrets == {"password": PASSWORD} and same[1].git_credential == TOKEN
     project = tmp_path / "project"
