@@ -691,3 +691,12 @@ RETURNING *;
 -- name: set_project_description
 UPDATE projects SET description = %(description)s WHERE id = %(project_id)s AND account_id = %(account_id)s
 RETURNING *;
+
+-- name: delete_project_parts
+-- A deleted project's repositories and credentials go with it, their secrets forgotten.
+WITH repositories_gone AS (
+    UPDATE repositories SET deleted_at = now(), git_credential = ''
+     WHERE project_id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+)
+UPDATE credentials SET deleted_at = now(), secrets = '{}'::jsonb
+ WHERE project_id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;

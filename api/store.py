@@ -442,8 +442,9 @@ class Store:
         )
 
     async def delete_project(self, conn: Connection, account_id: AccountId, project_id: int) -> None:
-        """Mark the project and its environments deleted and forget their secrets."""
+        """Mark the project, its environments, repositories and credentials deleted and forget their secrets."""
         await _execute(conn, "delete_project", account_id=account_id, project_id=project_id)
+        await _execute(conn, "delete_project_parts", account_id=account_id, project_id=project_id)
 
     async def environment_ids_of_project(self, conn: Connection, project_id: int) -> list[int]:
         return [int(i) for i in await _values(conn, "environment_ids_of_project", project_id=project_id)]

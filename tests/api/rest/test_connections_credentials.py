@@ -95,6 +95,10 @@ async def test_credentials_secrets_are_write_only_and_encrypted(rest: Rest, adb:
     assert deleted.status_code == 200 and deleted.json()["data"]["state"] == 2 and PASSWORD not in deleted.text
     assert await scalar(adb, "SELECT secrets::text FROM credentials WHERE id = %s", made["id"]) == "{}"
     assert (await rest.http.get(f"{base}{made['id']}/")).status_code == 404
+    kept_secret = await _credentials(rest, project["id"])
+    assert (await rest.http.delete(f"{_v3(rest)}/projects/{project['id']}/")).status_code == 200
+    gone = await scalar(adb, "SELECT secrets::text FROM credentials WHERE id = %s", kept_secret["id"])
+    assert gone == "{}"  # a deleted project's credentials forget their secrets
 
 
 async def test_another_accounts_connections_and_credentials_are_not_found(rest: Rest, other_rest: Rest) -> None:
