@@ -15,13 +15,15 @@ from collections.abc import Callable
 
 from api.lookup import existing_environment, existing_project
 from api.projects_validation import (
+    CREDENTIAL_KINDS,
+    EnvironmentExtras,
     EnvironmentSpec,
     environment_spec,
     project_spec,
     reachable_repository,
     repository_url,
 )
-from api.rows import Environment, Project
+from api.rows import Environment, Project, Repository
 from api.store import Store
 from api.validation import positive_id
 from runplane.adapters.db import Connection
@@ -34,6 +36,8 @@ from runplane.dbt.warehouse_files import WarehouseFiles
 from runplane.v1 import projects_pb2
 
 log = logging.getLogger(__name__)
+# The stored kind of a git credential, as the requests name it.
+GIT_CREDENTIAL_KINDS = {stored: kind for kind, stored in CREDENTIAL_KINDS.items()}
 
 BoxOf = Callable[[], SecretBox]
 
@@ -51,8 +55,16 @@ async def create_project(
 
 
 async def update_project(
-    store: Store, box: BoxOf, rule: RepositoryRule, account_id: AccountId, request: projects_pb2.UpdateProjectRequest
+    store: Store,
+    box: BoxOf,
+    rule: RepositoryRule,
+    account_id: AccountId,
+    request: projects_pb2.UpdateProjectRequest,
+    *,
+    repository_id: int | None = None,
 ) -> Project:
+    """The project changed; ``repository_id`` names the repository whose URL and credential the request
+    carries (see ``attach_repository``), None a repository given inline."""
     project_id = positive_id(request.project_id, "project_id")
     try:
         url = repository_url(request.repository_url, "repository_url", rule)
@@ -72,11 +84,64 @@ async def update_project(
         else:
             credential = None  # the stored one, of the same kind
         expected = _expected_version(request.expected_version)
-        row = await store.update_project(conn, account_id, project_id, spec, credential, expected_version=expected)
+        row = await store.update_project(
+            conn, account_id, project_id, spec, credential, expected_version=expected, repository_id=repository_id
+        )
         if row is None:  # locked above, so the compare-and-set failed on its version
             raise VersionConflict(f"project {project_id}", current.version, expected)
     log.info("project updated", extra={"account_id": account_id, "project_id": project_id})
     return row
+
+
+async def create_repository(
+    store: Store,
+    box: BoxOf,
+    rule: RepositoryRule,
+    account_id: AccountId,
+    request: projects_pb2.CreateProjectRequest,
+    *,
+    project_id: int,
+) -> Repository:
+    """A repository made on its own in the project, of the request's URL and git credential: checked as
+    a project's repository is (the same rule, refused with the same reasons)."""
+    spec = project_spec(request, rule)
+    await reachable_repository(rule, spec.repository_url)
+    credential = box().encrypt(spec.credential) if spec.credential else ""
+    async with store.transaction() as conn:
+        await existing_project(store, conn, account_id, project_id)
+        row = await store.insert_repository(conn, account_id, project_id, spec, credential)
+    log.info("repository created", extra={"account_id": account_id, "project_id": project_id})
+    return row
+
+
+async def attach_repository(
+    store: Store,
+    box: BoxOf,
+    rule: RepositoryRule,
+    account_id: AccountId,
+    request: projects_pb2.UpdateProjectRequest,
+    *,
+    repository_id: int,
+) -> Project:
+    """The project updated as ``request`` asks, its repository the URL and credential of repository
+    ``repository_id`` (one of the account's): runs then clone from it as from one given inline."""
+    async with store.connection() as conn:
+        repository = await store.get_repository(conn, account_id, repository_id)
+    if repository is None:
+        raise InvalidArgument("repository_id", f"repository {repository_id} not found")
+    attached = projects_pb2.UpdateProjectRequest()
+    attached.CopyFrom(request)
+    attached.repository_url = repository.remote_url
+    attached.git_credential_kind = GIT_CREDENTIAL_KINDS[repository.git_credential_kind]
+    attached.git_credential = box().decrypt(repository.git_credential) if repository.git_credential else ""
+    return await update_project(store, box, rule, account_id, attached, repository_id=repository_id)
+
+
+async def delete_repository(store: Store, account_id: AccountId, repository_id: int) -> None:
+    """The repository is gone; a project attached to it keeps the URL and credential it copied."""
+    async with store.transaction() as conn:
+        await store.delete_repository(conn, account_id, repository_id)
+    log.info("repository deleted", extra={"account_id": account_id, "repository_id": repository_id})
 
 
 async def create_environment(
@@ -87,9 +152,11 @@ async def create_environment(
     request: projects_pb2.CreateEnvironmentRequest,
     *,
     warehouses: WarehouseFiles,
+    extras: EnvironmentExtras | None = None,
 ) -> Environment:
     """The new environment, its dbt version one of the installed ``versions``, its warehouse file
-    (if any) where ``warehouses`` lets runs keep it, in a directory no other environment holds."""
+    (if any) where ``warehouses`` lets runs keep it, in a directory no other environment holds;
+    with ``extras`` (dbt Cloud's fields) saved with it."""
     spec = environment_spec(request, versions=versions, warehouses=warehouses)
     secrets = {name: box().encrypt(value) for name, value in spec.connection_secrets.items()}
     async with store.transaction() as conn:
@@ -97,6 +164,8 @@ async def create_environment(
             raise InvalidArgument("project_id", f"project {spec.project_id} not found")
         row = await store.insert_environment(conn, account_id, spec, secrets)
         await _claim_warehouse_directory(store, conn, account_id, int(row.id), spec)
+        if extras is not None:
+            row = await store.set_environment_extras(conn, account_id, int(row.id), extras)
     log.info(
         "environment created",
         extra={"account_id": account_id, "project_id": spec.project_id, "environment_id": row.id},
@@ -112,7 +181,9 @@ async def update_environment(
     request: projects_pb2.UpdateEnvironmentRequest,
     *,
     warehouses: WarehouseFiles,
+    extras: EnvironmentExtras | None = None,
 ) -> Environment:
+    """The environment changed; with ``extras`` (dbt Cloud's fields) saved with it, else they are kept."""
     environment_id = positive_id(request.environment_id, "environment_id")
     async with store.transaction() as conn:
         current = await store.get_environment(conn, account_id, environment_id, for_update=True)
@@ -130,6 +201,8 @@ async def update_environment(
         row = await store.update_environment(conn, account_id, environment_id, spec, secrets, expected_version=expected)
         if row is None:  # locked above, so the compare-and-set failed on its version
             raise VersionConflict(f"environment {environment_id}", current.version, expected)
+        if extras is not None:
+            row = await store.set_environment_extras(conn, account_id, environment_id, extras)
     log.info("environment updated", extra={"account_id": account_id, "environment_id": environment_id})
     return row
 

@@ -49,6 +49,30 @@ class ProjectSpec:
 
 
 @dataclass(frozen=True)
+class CredentialsValues:
+    """A project's warehouse credentials as stored: ``secrets`` hold ciphertext."""
+
+    project_id: int
+    adapter_type: str
+    details: dict[str, str]
+    secrets: dict[str, str] = field(repr=False)
+    schema_name: str
+    threads: int
+    target_name: str
+
+
+@dataclass(frozen=True)
+class EnvironmentExtras:
+    """What dbt Cloud's environments carry besides runplane's: a description, production or staging
+    (or None), and the connection and credentials the environment was made from (None: inline)."""
+
+    description: str = ""
+    deployment_type: str | None = None
+    connection_id: int | None = None
+    credentials_id: int | None = None
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     project_id: int
     name: str

@@ -244,7 +244,7 @@ SELECT * FROM projects WHERE id = %(project_id)s AND account_id = %(account_id)s
 UPDATE projects
    SET name = %(name)s, repository_url = %(repository_url)s, subdirectory = %(subdirectory)s,
        git_credential_kind = %(git_credential_kind)s, git_credential = coalesce(%(git_credential)s, git_credential),
-       version = version + 1, updated_at = now()
+       repository_id = %(repository_id)s, version = version + 1, updated_at = now()
  WHERE id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
    AND (%(expected_version)s::bigint = 0 OR version = %(expected_version)s::bigint)
 RETURNING *;
@@ -615,3 +615,89 @@ SELECT * FROM runs
  WHERE job_id = %(job_id)s AND status IN (1, 2, 3) AND overrides = %(overrides)s
  ORDER BY id DESC
  LIMIT 1;
+
+-- Repositories made on their own (a project is attached to one by its id)
+
+-- name: insert_repository
+INSERT INTO repositories (account_id, project_id, remote_url, git_credential_kind, git_credential)
+VALUES (%(account_id)s, %(project_id)s, %(remote_url)s, %(git_credential_kind)s, %(git_credential)s)
+RETURNING *;
+
+-- name: get_repository
+SELECT * FROM repositories
+ WHERE id = %(repository_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: list_repositories
+SELECT * FROM repositories
+ WHERE account_id = %(account_id)s AND project_id = %(project_id)s AND deleted_at IS NULL ORDER BY id;
+
+-- name: delete_repository
+UPDATE repositories SET deleted_at = now(), git_credential = ''
+ WHERE id = %(repository_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- Warehouse connections (no secrets) and credentials (the secret part) made on their own
+
+-- name: insert_connection
+INSERT INTO connections (account_id, name, adapter_type, details)
+VALUES (%(account_id)s, %(name)s, %(adapter_type)s, %(details)s)
+RETURNING *;
+
+-- name: get_connection
+SELECT * FROM connections WHERE id = %(connection_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: list_connections
+SELECT * FROM connections WHERE account_id = %(account_id)s AND deleted_at IS NULL ORDER BY id;
+
+-- name: update_connection
+UPDATE connections SET name = %(name)s, details = %(details)s, updated_at = now()
+ WHERE id = %(connection_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: delete_connection
+UPDATE connections SET deleted_at = now()
+ WHERE id = %(connection_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: insert_credentials
+INSERT INTO credentials (account_id, project_id, adapter_type, details, secrets, schema_name, threads, target_name)
+VALUES (%(account_id)s, %(project_id)s, %(adapter_type)s, %(details)s, %(secrets)s, %(schema_name)s, %(threads)s,
+        %(target_name)s)
+RETURNING *;
+
+-- name: get_credentials
+SELECT * FROM credentials WHERE id = %(credentials_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: list_credentials
+SELECT * FROM credentials
+ WHERE account_id = %(account_id)s AND project_id = %(project_id)s AND deleted_at IS NULL ORDER BY id;
+
+-- name: update_credentials
+UPDATE credentials
+   SET details = %(details)s, secrets = %(secrets)s, schema_name = %(schema_name)s, threads = %(threads)s,
+       target_name = %(target_name)s, updated_at = now()
+ WHERE id = %(credentials_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: delete_credentials
+UPDATE credentials SET deleted_at = now(), secrets = '{}'::jsonb
+ WHERE id = %(credentials_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;
+
+-- name: set_environment_extras
+-- What dbt Cloud's environments carry besides: saved with the environment, in its transaction.
+UPDATE environments
+   SET description = %(description)s, deployment_type = %(deployment_type)s,
+       connection_id = %(connection_id)s, credentials_id = %(credentials_id)s
+ WHERE id = %(environment_id)s AND account_id = %(account_id)s
+RETURNING *;
+
+-- name: set_project_description
+UPDATE projects SET description = %(description)s WHERE id = %(project_id)s AND account_id = %(account_id)s
+RETURNING *;
+
+-- name: delete_project_parts
+-- A deleted project's repositories and credentials go with it, their secrets forgotten.
+WITH repositories_gone AS (
+    UPDATE repositories SET deleted_at = now(), git_credential = ''
+     WHERE project_id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL
+)
+UPDATE credentials SET deleted_at = now(), secrets = '{}'::jsonb
+ WHERE project_id = %(project_id)s AND account_id = %(account_id)s AND deleted_at IS NULL;

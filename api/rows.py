@@ -309,6 +309,23 @@ class Project:
     updated_at: datetime
     deleted_at: datetime | None
     version: int  # bumped by every save; an update naming another is refused
+    repository_id: int | None = None  # the repository it was attached to by id (None: given inline)
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Repository:
+    """A row of ``repositories``: one made on its own in a project; ``git_credential`` holds ciphertext."""
+
+    id: int
+    account_id: AccountId
+    project_id: int
+    remote_url: str
+    git_credential_kind: str
+    git_credential: str
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +351,42 @@ class Environment:
     deleted_at: datetime | None
     secret_variables: dict[str, str]
     version: int  # bumped by every save; an update naming another is refused
+    description: str = ""
+    deployment_type: str | None = None  # production, staging or neither
+    connection_id: int | None = None  # the connection and credentials it was made from (None: inline)
+    credentials_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WarehouseConnection:
+    """A row of ``connections``: a warehouse connection's details, without secrets."""
+
+    id: int
+    account_id: AccountId
+    name: str
+    adapter_type: str
+    details: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """A row of ``credentials``: a project's warehouse login; ``secrets`` hold ciphertext."""
+
+    id: int
+    account_id: AccountId
+    project_id: int
+    adapter_type: str
+    details: dict[str, str]
+    secrets: dict[str, str]
+    schema_name: str
+    threads: int
+    target_name: str
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

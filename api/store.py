@@ -17,12 +17,13 @@ from psycopg.rows import scalar_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from api.projects_validation import EnvironmentSpec, ProjectSpec
+from api.projects_validation import CredentialsValues, EnvironmentExtras, EnvironmentSpec, ProjectSpec
 from api.rows import (
     Account,
     Artifact,
     ArtifactWithContent,
     CompletionTrigger,
+    Credentials,
     Environment,
     Job,
     JobMatch,
@@ -31,6 +32,7 @@ from api.rows import (
     LogChunk,
     OnTimeSplit,
     Project,
+    Repository,
     RevokedToken,
     Run,
     RunListing,
@@ -39,6 +41,7 @@ from api.rows import (
     SkippedOccurrence,
     TokenListing,
     Waiting,
+    WarehouseConnection,
     WebhookListing,
 )
 from api.scopes import TokenGrant
@@ -421,6 +424,7 @@ class Store:
         credential: str | None,
         *,
         expected_version: int = 0,
+        repository_id: int | None = None,
     ) -> Project | None:
         """The project changed; a ``credential`` of None keeps the stored one. None when the project is
         gone or, with an ``expected_version`` (0: any), when it is no longer at that version."""
@@ -436,11 +440,13 @@ class Store:
             git_credential_kind=spec.credential_kind,
             git_credential=credential,
             expected_version=expected_version,
+            repository_id=repository_id,
         )
 
     async def delete_project(self, conn: Connection, account_id: AccountId, project_id: int) -> None:
-        """Mark the project and its environments deleted and forget their secrets."""
+        """Mark the project, its environments, repositories and credentials deleted and forget their secrets."""
         await _execute(conn, "delete_project", account_id=account_id, project_id=project_id)
+        await _execute(conn, "delete_project_parts", account_id=account_id, project_id=project_id)
 
     async def environment_ids_of_project(self, conn: Connection, project_id: int) -> list[int]:
         return [int(i) for i in await _values(conn, "environment_ids_of_project", project_id=project_id)]
@@ -451,6 +457,131 @@ class Store:
 
     async def list_projects(self, conn: Connection, account_id: AccountId) -> list[Project]:
         return await _all(conn, "list_projects", Project, account_id=account_id)
+
+    async def insert_repository(
+        self, conn: Connection, account_id: AccountId, project_id: int, spec: ProjectSpec, credential: str
+    ) -> Repository:
+        """A repository of ``spec``'s URL and credential kind, in the project; ``credential`` is ciphertext."""
+        row = await _one(
+            conn,
+            "insert_repository",
+            Repository,
+            account_id=account_id,
+            project_id=project_id,
+            remote_url=spec.repository_url,
+            git_credential_kind=spec.credential_kind,
+            git_credential=credential,
+        )
+        assert row is not None
+        return row
+
+    async def get_repository(self, conn: Connection, account_id: AccountId, repository_id: int) -> Repository | None:
+        return await _one(conn, "get_repository", Repository, account_id=account_id, repository_id=repository_id)
+
+    async def list_repositories(self, conn: Connection, account_id: AccountId, project_id: int) -> list[Repository]:
+        return await _all(conn, "list_repositories", Repository, account_id=account_id, project_id=project_id)
+
+    async def delete_repository(self, conn: Connection, account_id: AccountId, repository_id: int) -> None:
+        """Mark the repository deleted and forget its credential; a project attached to it keeps its copy."""
+        await _execute(conn, "delete_repository", account_id=account_id, repository_id=repository_id)
+
+    async def insert_connection(
+        self, conn: Connection, account_id: AccountId, name: str, adapter_type: str, details: dict[str, str]
+    ) -> WarehouseConnection:
+        row = await _one(
+            conn,
+            "insert_connection",
+            WarehouseConnection,
+            account_id=account_id,
+            name=name,
+            adapter_type=adapter_type,
+            details=Jsonb(details),
+        )
+        assert row is not None
+        return row
+
+    async def get_connection(
+        self, conn: Connection, account_id: AccountId, connection_id: int
+    ) -> WarehouseConnection | None:
+        return await _one(
+            conn, "get_connection", WarehouseConnection, account_id=account_id, connection_id=connection_id
+        )
+
+    async def list_connections(self, conn: Connection, account_id: AccountId) -> list[WarehouseConnection]:
+        return await _all(conn, "list_connections", WarehouseConnection, account_id=account_id)
+
+    async def update_connection(
+        self, conn: Connection, account_id: AccountId, connection_id: int, name: str, details: dict[str, str]
+    ) -> WarehouseConnection | None:
+        return await _one(
+            conn,
+            "update_connection",
+            WarehouseConnection,
+            account_id=account_id,
+            connection_id=connection_id,
+            name=name,
+            details=Jsonb(details),
+        )
+
+    async def delete_connection(self, conn: Connection, account_id: AccountId, connection_id: int) -> None:
+        await _execute(conn, "delete_connection", account_id=account_id, connection_id=connection_id)
+
+    async def insert_credentials(
+        self, conn: Connection, account_id: AccountId, values: CredentialsValues
+    ) -> Credentials:
+        """Credentials of ``values``, whose secrets arrive encrypted."""
+        row = await _one(conn, "insert_credentials", Credentials, account_id=account_id, **_credentials_columns(values))
+        assert row is not None
+        return row
+
+    async def get_credentials(self, conn: Connection, account_id: AccountId, credentials_id: int) -> Credentials | None:
+        return await _one(conn, "get_credentials", Credentials, account_id=account_id, credentials_id=credentials_id)
+
+    async def list_credentials(self, conn: Connection, account_id: AccountId, project_id: int) -> list[Credentials]:
+        return await _all(conn, "list_credentials", Credentials, account_id=account_id, project_id=project_id)
+
+    async def update_credentials(
+        self, conn: Connection, account_id: AccountId, credentials_id: int, values: CredentialsValues
+    ) -> Credentials | None:
+        columns = {k: v for k, v in _credentials_columns(values).items() if k not in ("project_id", "adapter_type")}
+        return await _one(
+            conn, "update_credentials", Credentials, account_id=account_id, credentials_id=credentials_id, **columns
+        )
+
+    async def delete_credentials(self, conn: Connection, account_id: AccountId, credentials_id: int) -> None:
+        """Mark the credentials deleted and forget their secrets."""
+        await _execute(conn, "delete_credentials", account_id=account_id, credentials_id=credentials_id)
+
+    async def set_environment_extras(
+        self, conn: Connection, account_id: AccountId, environment_id: int, extras: EnvironmentExtras
+    ) -> Environment:
+        row = await _one(
+            conn,
+            "set_environment_extras",
+            Environment,
+            account_id=account_id,
+            environment_id=environment_id,
+            description=extras.description,
+            deployment_type=extras.deployment_type,
+            connection_id=extras.connection_id,
+            credentials_id=extras.credentials_id,
+        )
+        assert row is not None
+        return row
+
+    async def set_project_description(
+        self, conn: Connection, account_id: AccountId, project_id: int, description: str
+    ) -> Project:
+        row = await _one(
+            conn,
+            "set_project_description",
+            Project,
+            account_id=account_id,
+            project_id=project_id,
+            description=description,
+        )
+        assert row is not None
+        return row
 
     async def insert_environment(
         self, conn: Connection, account_id: AccountId, spec: EnvironmentSpec, secrets: dict[str, str]
@@ -712,6 +843,18 @@ class _StepLog:
     run_id: int
     step_index: int
     text: str
+
+
+def _credentials_columns(values: CredentialsValues) -> dict[str, Any]:
+    return {
+        "project_id": values.project_id,
+        "adapter_type": values.adapter_type,
+        "details": Jsonb(values.details),
+        "secrets": Jsonb(values.secrets),
+        "schema_name": values.schema_name,
+        "threads": values.threads,
+        "target_name": values.target_name,
+    }
 
 
 async def _one(conn: Connection, query: str, row: type[RowT], **params: Any) -> RowT | None:

@@ -22,7 +22,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api.environment_variables import EnvironmentVariables
 from api.notification_definitions import Notifications
 from api.pickup_publisher import PickupPublisher
-from api.rest import commit_statuses, environment_variables, git_hooks, jobs, notifications, projects, runs, webhooks
+from api.rest import (
+    commit_statuses,
+    environment_variables,
+    git_hooks,
+    jobs,
+    notifications,
+    projects,
+    runs,
+    warehouse,
+    webhooks,
+)
+from api.rest import repositories as repository_routes
 from api.rest.body_limit import BodyLimit
 from api.rest.envelope import error_response, http_code
 from api.rest.security_headers import SecurityHeaders
@@ -89,6 +100,8 @@ def create_app(
         runs.router,
         jobs.router,
         projects.router,
+        repository_routes.router,
+        warehouse.router,
         webhooks.router,
         notifications.router,
         git_hooks.router,

@@ -16,12 +16,15 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from pydantic import BaseModel, Field
 
 from api import project_definitions as use
+from api import warehouse_definitions as warehouse
 from api.lookup import existing_environment, existing_project
+from api.projects_validation import EnvironmentExtras
 from api.rest import params, shapes
 from api.rest.auth import Account
 from api.rest.envelope import ERROR_RESPONSES, Envelope, Extra, ListEnvelope, Pagination, success
 from api.rows import Environment, Project
 from api.store import Store
+from api.warehouse_definitions import EnvironmentConnection
 from runplane.basics.errors import FailedPrecondition, InvalidArgument, NotFound
 from runplane.basics.repository_urls import RepositoryRule
 from runplane.basics.secrets import SecretBox
@@ -51,18 +54,23 @@ State = Annotated[
 ]
 NAMES = frozenset({"name", "name__icontains", "state", "pk", "pk__in", "include_related"})
 PROJECT_FILTERS = NAMES | {"pk__gt"}
-ENVIRONMENT_FILTERS = NAMES | {"project_id", "project_id__in", "type", "dbt_version", "dbt_version__in", "id__gt"}
+ENVIRONMENT_FILTERS = NAMES | {
+    "project_id",
+    "project_id__in",
+    "type",
+    "dbt_version",
+    "dbt_version__in",
+    "id__gt",
+    "deployment_type",
+    "deployment_type__in",
+    "credentials_id",
+    "connection_id",
+}
+DEPLOYMENT_TYPES = (None, "production", "staging")
 # What include_related names on a project or an environment: always part of it here.
 PROJECT_RELATED = frozenset({"repository"})
 ENVIRONMENT_RELATED = frozenset({"connection", "credentials"})
 LIST_ORDERS = ("id", "name", "created_at", "updated_at")
-# dbt Cloud's filters that name what runplane does not keep: refused with the reason.
-REFUSED_FILTERS = {
-    "deployment_type": "runplane does not keep production apart from staging",
-    "deployment_type__in": "runplane does not keep production apart from staging",
-    "credentials_id": "an environment's credentials are part of it here: there are no credentials ids",
-    "connection_id": "an environment's connection is part of it here: there are no connection ids",
-}
 # dbt Cloud's ways of cloning a repository, by runplane's kind of git credential.
 CLONE_STRATEGIES = {
     None: projects_pb2.GIT_CREDENTIAL_KIND_UNSPECIFIED,
@@ -130,6 +138,9 @@ class ProjectBody(BaseModel):
     description: str | None = Field(None, max_length=1000)
     dbt_project_subdirectory: str | None = Field(None, max_length=1024)
     repository: RepositoryBody | None = None
+    repository_id: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="Attach a repository made in the project (update only)."
+    )
 
 
 class ConnectionBody(BaseModel):
@@ -149,7 +160,14 @@ class EnvironmentBody(BaseModel):
     project_id: int | None = Field(None, description="The project (v2's create names it here; else the URL's).")
     name: str | None = Field(None, max_length=200)
     type: str | None = Field(None, max_length=20, description="deployment or development")
-    deployment_type: str | None = Field(None, max_length=20, description="Not kept by runplane: null only.")
+    description: str | None = Field(None, max_length=1000)
+    deployment_type: str | None = Field(None, max_length=20, description="production, staging or null.")
+    connection_id: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="The account's connection: with credentials_id, instead of connection."
+    )
+    credentials_id: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="The project's credentials: with connection_id, instead of credentials."
+    )
     dbt_version: str | None = Field(None, max_length=128)
     use_custom_branch: bool | None = None
     custom_branch: str | None = Field(None, max_length=255)
@@ -166,8 +184,6 @@ class EnvironmentBody(BaseModel):
 
 def _project_request(body: ProjectBody, current: Project | None) -> dict[str, Any]:
     """The fields of Create/UpdateProjectRequest: the body's, else the stored project's."""
-    if body.description:
-        raise InvalidArgument("description", "runplane keeps no description of a project: leave it empty")
     repository = body.repository
     if current is None and repository is None:
         raise InvalidArgument("repository.remote_url", "is required")
@@ -184,10 +200,11 @@ def _project_request(body: ProjectBody, current: Project | None) -> dict[str, An
     }
 
 
-def _environment_request(body: EnvironmentBody, current: Environment | None) -> dict[str, Any]:
-    """The fields of Create/UpdateEnvironmentRequest: the body's, else the stored environment's."""
-    if body.deployment_type is not None:
-        raise InvalidArgument("deployment_type", "runplane does not keep production apart from staging: send null")
+def _environment_request(
+    body: EnvironmentBody, current: Environment | None, linked: EnvironmentConnection | None = None
+) -> dict[str, Any]:
+    """The fields of Create/UpdateEnvironmentRequest: the body's (its connection and credentials
+    ``linked`` when it names them by id), else the stored environment's."""
     kind = body.type if body.type is not None else current.environment_type if current else None
     if kind not in ENVIRONMENT_TYPES:
         raise InvalidArgument("type", "must be deployment or development")
@@ -196,7 +213,9 @@ def _environment_request(body: EnvironmentBody, current: Environment | None) -> 
     else:
         branch = body.custom_branch if body.custom_branch is not None else current.git_branch if current else ""
     connection = body.connection
-    if connection is not None:
+    if linked is not None:
+        pb_connection = linked.connection
+    elif connection is not None:
         details = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in connection.details.items()}
         pb_connection = projects_pb2.Connection(
             adapter_type=connection.type, fields=details, secret_fields=connection.secrets
@@ -206,6 +225,10 @@ def _environment_request(body: EnvironmentBody, current: Environment | None) -> 
     else:
         raise InvalidArgument("connection", "is required")
     credentials = body.credentials or CredentialsBody()
+    if linked is not None:
+        credentials = CredentialsBody.model_validate(
+            {"schema": linked.schema, "threads": linked.threads, "target_name": linked.target_name}
+        )
     variables = body.custom_environment_variables
     return {
         "name": body.name if body.name is not None else current.name if current else "",
@@ -218,6 +241,44 @@ def _environment_request(body: EnvironmentBody, current: Environment | None) -> 
         "threads": credentials.threads or (current.threads if current else 0),
         "variables": variables if variables is not None else dict(current.variables) if current else {},
     }
+
+
+def _extras(body: EnvironmentBody, current: Environment | None) -> EnvironmentExtras:
+    """dbt Cloud's fields of the environment: the body's, else the stored ones; the ids of its
+    connection and credentials go when a connection is sent inline."""
+    sent = body.model_fields_set
+    deployment = body.deployment_type if "deployment_type" in sent else current.deployment_type if current else None
+    if deployment not in DEPLOYMENT_TYPES:
+        raise InvalidArgument("deployment_type", "must be production, staging or null")
+    description = body.description if body.description is not None else current.description if current else ""
+    ids: tuple[int | None, int | None]
+    if body.connection_id is not None:
+        ids = (body.connection_id, body.credentials_id)
+    elif body.connection is not None or current is None:
+        ids = (None, None)
+    else:
+        ids = (current.connection_id, current.credentials_id)
+    return EnvironmentExtras(description, deployment, *ids)
+
+
+async def _linked(
+    request: Request, account_id: AccountId, project_id: int, body: EnvironmentBody
+) -> EnvironmentConnection | None:
+    """The connection the body names by ids (both, and then neither inline part), or None."""
+    if body.connection_id is None and body.credentials_id is None:
+        return None
+    if body.connection_id is None or body.credentials_id is None:
+        raise InvalidArgument("connection_id", "name both connection_id and credentials_id, or neither")
+    if body.connection is not None or body.credentials is not None:
+        raise InvalidArgument("connection_id", "send a connection and credentials by id or inline, not both")
+    return await warehouse.environment_connection(
+        _store(request),
+        _keys(request),
+        account_id,
+        project_id,
+        connection_id=body.connection_id,
+        credentials_id=body.credentials_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -252,7 +313,6 @@ def list_query(
     offset: Offset = 0,
     limit: Limit = MAX_LIMIT,
 ) -> ListQuery:
-    params.refused(request.query_params, REFUSED_FILTERS)
     order = params.order_by(order_by, LIST_ORDERS)
     ids = params.ids(pk__in, "pk__in") + ((pk,) if pk is not None else ())
     above = max((i for i in (pk__gt, id__gt) if i is not None), default=None)
@@ -294,6 +354,15 @@ def _listed(rows: list[Listed], query: ListQuery, echoed: dict[str, Any]) -> tup
     )
 
 
+async def _described(request: Request, account_id: AccountId, row: Project, description: str | None) -> Project:
+    """The project with the description the body sends (None: not sent, kept)."""
+    if description is None or description == row.description:
+        return row
+    store = _store(request)
+    async with store.transaction() as conn:
+        return await store.set_project_description(conn, account_id, int(row.id), description)
+
+
 @router.get("/api/v3/accounts/{account_id}/projects/", summary="List projects")
 @router.get("/api/v2/accounts/{account_id}/projects/", summary="List projects (v2)")
 async def list_projects(
@@ -315,6 +384,11 @@ async def create_project(
     request: Request, response: Response, account_id: Account, body: Annotated[ProjectBody, Body()]
 ) -> Envelope[shapes.Project]:
     params.same_account(body.account_id, account_id)
+    if body.repository_id is not None:
+        raise InvalidArgument(
+            "repository_id",
+            "a repository is made in a project: create the project, then its repository, then attach it",
+        )
     fields = _project_request(body, None)
     with params.named_as(PROJECT_NAMES):
         row = await use.create_project(
@@ -324,6 +398,7 @@ async def create_project(
             account_id,
             projects_pb2.CreateProjectRequest(**fields),
         )
+    row = await _described(request, account_id, row, body.description)
     params.tag(response, row.version)
     return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
@@ -357,10 +432,18 @@ async def update_project(
     store = _store(request)
     async with store.connection() as conn:
         current = await existing_project(store, conn, account_id, project_id)
+    if body.repository_id is not None and body.repository is not None:
+        raise InvalidArgument("repository_id", "send a repository or a repository_id, not both")
     fields = _project_request(body, current)
     request_pb = projects_pb2.UpdateProjectRequest(project_id=project_id, expected_version=version, **fields)
     with params.named_as(PROJECT_NAMES):
-        row = await use.update_project(store, _keys(request), _repositories(request), account_id, request_pb)
+        if body.repository_id is not None:
+            row = await use.attach_repository(
+                store, _keys(request), _repositories(request), account_id, request_pb, repository_id=body.repository_id
+            )
+        else:
+            row = await use.update_project(store, _keys(request), _repositories(request), account_id, request_pb)
+    row = await _described(request, account_id, row, body.description)
     params.tag(response, row.version)
     return Envelope[shapes.Project](status=success(), data=shapes.project(row))
 
@@ -381,19 +464,45 @@ async def delete_project(request: Request, account_id: Account, project_id: Proj
 class EnvironmentQuery:
     type: str | None
     dbt_versions: tuple[str, ...]
+    deployment_types: tuple[str, ...] = ()
+    connection_id: int | None = None
+    credentials_id: int | None = None
+
+    def keeps(self, row: Environment) -> bool:
+        return (
+            (self.type is None or row.environment_type == self.type)
+            and (not self.dbt_versions or row.dbt_version in self.dbt_versions)
+            and (not self.deployment_types or row.deployment_type in self.deployment_types)
+            and (self.connection_id is None or row.connection_id == self.connection_id)
+            and (self.credentials_id is None or row.credentials_id == self.credentials_id)
+        )
+
+
+Id = Annotated[int | None, Query(ge=1, le=2**63 - 1)]
 
 
 def environment_query(
+    *,
     type_: Annotated[str | None, Query(alias="type", max_length=20, description="deployment or development")] = None,
     dbt_version: Annotated[str | None, Query(max_length=128)] = None,
     dbt_version__in: Annotated[str | None, Query(max_length=2000, description='e.g. ["1.9", "1.10"]')] = None,
+    deployment_type: Annotated[str | None, Query(max_length=20, description="production or staging")] = None,
+    deployment_type__in: Annotated[str | None, Query(max_length=200, description='e.g. ["production"]')] = None,
+    connection_id: Id = None,
+    credentials_id: Id = None,
 ) -> EnvironmentQuery:
     if type_ is not None and type_ not in ENVIRONMENT_TYPES:
         raise InvalidArgument("type", "must be deployment or development")
     versions = tuple(params.words([dbt_version__in]) if dbt_version__in else ()) + (
         (dbt_version,) if dbt_version is not None else ()
     )
-    return EnvironmentQuery(type_, versions)
+    deployments = tuple(params.words([deployment_type__in]) if deployment_type__in else ()) + (
+        (deployment_type,) if deployment_type is not None else ()
+    )
+    for value in deployments:
+        if value not in DEPLOYMENT_TYPES:
+            raise InvalidArgument("deployment_type", "must be production or staging")
+    return EnvironmentQuery(type_, versions, deployments, connection_id, credentials_id)
 
 
 Environments = Annotated[EnvironmentQuery, Depends(environment_query)]
@@ -407,17 +516,14 @@ async def _environments(
     store = _store(request)
     async with store.connection() as conn:
         rows = await store.list_environments(conn, account_id, None)
-    rows = [
-        r
-        for r in rows
-        if (not project_ids or r.project_id in project_ids)
-        and (which.type is None or r.environment_type == which.type)
-        and (not which.dbt_versions or r.dbt_version in which.dbt_versions)
-    ]
+    rows = [r for r in rows if (not project_ids or r.project_id in project_ids) and which.keeps(r)]
     echoed = {
         "project_id__in": list(project_ids) or None,
         "type": which.type,
         "dbt_version__in": list(which.dbt_versions) or None,
+        "deployment_type__in": list(which.deployment_types) or None,
+        "connection_id": which.connection_id,
+        "credentials_id": which.credentials_id,
     }
     page, extra = _listed(rows, query, echoed)
     return ListEnvelope[shapes.Environment](status=success(), data=[shapes.environment(r) for r in page], extra=extra)
@@ -474,11 +580,12 @@ async def create_environment(
     params.same_account(body.account_id, account_id)
     if body.project_id is not None and body.project_id != project_id:
         raise InvalidArgument("project_id", f"names project {body.project_id}; the URL names project {project_id}")
-    fields = _environment_request(body, None)
-    request_pb = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **fields)
     store = _store(request)
     async with store.connection() as conn:
         await existing_project(store, conn, account_id, project_id)
+    extras = _extras(body, None)
+    fields = _environment_request(body, None, await _linked(request, account_id, project_id, body))
+    request_pb = projects_pb2.CreateEnvironmentRequest(project_id=project_id, **fields)
     with params.named_as(ENVIRONMENT_NAMES):
         row = await use.create_environment(
             store,
@@ -487,6 +594,7 @@ async def create_environment(
             account_id,
             request_pb,
             warehouses=params.warehouses(request),
+            extras=extras,
         )
     params.tag(response, row.version)
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))
@@ -566,7 +674,8 @@ async def update_environment(
         raise InvalidArgument("project_id", "an environment stays in its project")
     version = params.expected_version(if_match)
     current = await _project_environment(request, account_id, project_id, environment_id)
-    fields = _environment_request(body, current)
+    extras = _extras(body, current)
+    fields = _environment_request(body, current, await _linked(request, account_id, project_id, body))
     request_pb = projects_pb2.UpdateEnvironmentRequest(
         environment_id=environment_id, clear_secret_fields=body.clear_secrets, expected_version=version, **fields
     )
@@ -578,6 +687,7 @@ async def update_environment(
             account_id,
             request_pb,
             warehouses=params.warehouses(request),
+            extras=extras,
         )
     params.tag(response, row.version)
     return Envelope[shapes.Environment](status=success(), data=shapes.environment(row))

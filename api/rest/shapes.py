@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api import rows
 from api.rerunning import retry_refusal
 from runplane.basics.types import JobType, RunStatus
+from runplane.dbt.connections import typed_fields
 
 # dbt Cloud's job types; runplane's deploy jobs are its "scheduled" ones, adhoc its "other".
 JOB_TYPES = {JobType.DEPLOY: "scheduled", JobType.CI: "ci", JobType.MERGE: "merge", JobType.ADHOC: "other"}
@@ -171,6 +172,7 @@ class Environment(BaseModel):
     project_id: int
     name: str
     type: str
+    description: str
     deployment_type: str | None
     dbt_version: str
     use_custom_branch: bool
@@ -443,15 +445,19 @@ def account(row: rows.Account) -> Account:
     )
 
 
-def repository(row: rows.Project) -> Repository:
-    """A project's git repository; runplane keeps it on the project, so it has the project's id."""
-    url: str = row.repository_url
+def repository(row: rows.Project | rows.Repository) -> Repository:
+    """A project's git repository (runplane keeps it on the project: the id of the repository it was
+    attached to, else the project's), or a repository made on its own in a project."""
+    if isinstance(row, rows.Project):
+        repository_id, project_id, url = row.repository_id or row.id, row.id, row.repository_url
+    else:
+        repository_id, project_id, url = row.id, row.project_id, row.remote_url
     host = urlsplit(url).hostname or url.partition("@")[2].partition(":")[0]
     backend = next((name for name in ("github", "gitlab") if host.endswith(f"{name}.com")), "manual_config")
     return Repository(
-        id=row.id,
+        id=repository_id,
         account_id=row.account_id,
-        project_id=row.id,
+        project_id=project_id,
         remote_url=url,
         remote_backend=backend,
         git_clone_strategy=CLONE_STRATEGIES.get(row.git_credential_kind),
@@ -467,10 +473,10 @@ def project(row: rows.Project) -> Project:
         id=row.id,
         account_id=row.account_id,
         name=row.name,
-        description="",
+        description=row.description,
         dbt_project_subdirectory=row.subdirectory or None,
         connection_id=None,
-        repository_id=row.id,
+        repository_id=row.repository_id or row.id,
         repository=repository(row),
         state=ACTIVE,
         created_at=stamp(row.created_at),
@@ -486,14 +492,15 @@ def environment(row: rows.Environment) -> Environment:
         project_id=row.project_id,
         name=row.name,
         type=row.environment_type,
-        deployment_type=None,
+        description=row.description,
+        deployment_type=row.deployment_type,
         dbt_version=row.dbt_version,
         use_custom_branch=bool(branch),
         custom_branch=branch or None,
         custom_environment_variables=dict(row.variables),
         secret_variable_names=sorted(row.secret_variables),
-        connection_id=None,
-        credentials_id=None,
+        connection_id=row.connection_id,
+        credentials_id=row.credentials_id,
         connection=Connection(
             type=row.adapter_type, details=dict(row.connection), secrets_set=sorted(row.connection_secrets)
         ),
@@ -754,4 +761,73 @@ def skipped_occurrence(row: rows.SkippedOccurrence) -> SkippedOccurrence:
         detail=row.detail,
         blocking_run_id=row.blocking_run_id,
         recorded_at=str(row.recorded_at),
+    )
+
+
+class AccountConnection(BaseModel):
+    """A warehouse connection of the account, as dbt Cloud's v3 connections: its details, no secret."""
+
+    id: int
+    account_id: int
+    name: str
+    adapter_version: str
+    type: str
+    config: dict[str, str | int | bool]  # typed as the adapter's profile types them
+    oauth_redirect_uri: str | None
+    environment__count: int  # the environments made from it (and not given another connection since)
+    state: int
+    created_at: str | None
+    updated_at: str | None
+
+
+def account_connection(row: rows.WarehouseConnection, environments: int) -> AccountConnection:
+    return AccountConnection(
+        id=row.id,
+        account_id=row.account_id,
+        name=row.name,
+        adapter_version=f"{row.adapter_type}_v0",
+        type=row.adapter_type,
+        config=typed_fields(row.adapter_type, row.details),
+        oauth_redirect_uri=None,
+        environment__count=environments,
+        state=ACTIVE,
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
+    )
+
+
+class ProjectCredentials(BaseModel):
+    """A project's warehouse credentials, as dbt Cloud's v3 credentials; the secrets are write-only:
+    ``secrets_set`` names those that are set."""
+
+    id: int
+    account_id: int
+    project_id: int
+    type: str
+    state: int
+    threads: int
+    username: str | None
+    default_schema: str
+    target_name: str
+    details: dict[str, str]
+    secrets_set: list[str]
+    created_at: str | None
+    updated_at: str | None
+
+
+def project_credentials(row: rows.Credentials) -> ProjectCredentials:
+    return ProjectCredentials(
+        id=row.id,
+        account_id=row.account_id,
+        project_id=row.project_id,
+        type=row.adapter_type,
+        state=ACTIVE,
+        threads=row.threads,
+        username=row.details.get("user"),
+        default_schema=row.schema_name,
+        target_name=row.target_name,
+        details=dict(row.details),
+        secrets_set=sorted(row.secrets),
+        created_at=stamp(row.created_at),
+        updated_at=stamp(row.updated_at),
     )

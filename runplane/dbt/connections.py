@@ -144,6 +144,12 @@ def typed_profile_fields(adapter_type: str, fields: Mapping[str, str]) -> dict[s
     problems = profile_field_problems(adapter_type, fields)
     if problems:
         raise problems[0]
+    return typed_fields(adapter_type, fields)
+
+
+def typed_fields(adapter_type: str, fields: Mapping[str, str]) -> dict[str, str | int | bool]:
+    """Some of the non-secret fields (a required one may be missing) with their profile types;
+    raises ConnectionFieldError on a bad one."""
     schema = adapter_fields(adapter_type)
     return {name: _typed(schema, adapter_type, name, value) for name, value in fields.items()}
 

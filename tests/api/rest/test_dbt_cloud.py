@@ -130,8 +130,8 @@ async def test_projects_over_v3_with_their_repository(rest: Rest, other_rest: Re
     assert [p["id"] for p in named] == [created["id"]]
     v2 = (await rest.http.get(f"{rest.base}/projects/")).json()["data"]  # dbt Cloud still serves v2 reads
     assert len(v2) == 2
-    described = await rest.http.post(f"{v3}/projects/{created['id']}/", json={"description": "x"})
-    assert described.status_code == 400 and "description" in described.json()["status"]["user_message"]
+    described = await rest.http.post(f"{v3}/projects/{created['id']}/", json={"description": "the shop"})
+    assert described.status_code == 200 and described.json()["data"]["description"] == "the shop"
     updated = await rest.http.post(f"{v3}/projects/{created['id']}/", json={"name": "Jaffle"})
     assert updated.status_code == 200 and updated.json()["data"]["name"] == "Jaffle", updated.text
     assert updated.json()["data"]["repository"]["remote_url"] == "https://git.example.com/acme/shop.git"
@@ -149,10 +149,16 @@ async def test_environments_with_connection_and_write_only_secrets(rest: Rest, a
     other_project = await _project(rest, "web")
     env = await _environment(rest, project["id"], "Production")
     assert env["project_id"] == project["id"] and env["type"] == "deployment" and env["dbt_version"] == "1.10"
-    assert env["deployment_type"] is None  # runplane does not keep production apart from staging
-    staging_body = {"name": "x", "type": "deployment", "deployment_type": "staging"}
-    staging = await rest.http.post(f"{v3}/projects/{project['id']}/environments/", json=staging_body)
-    assert staging.status_code == 400 and "deployment_type" in staging.json()["status"]["user_message"]
+    assert env["deployment_type"] is None and env["description"] == ""
+    staging = await _environment(rest, project["id"], "Staging", deployment_type="staging", description="pre-prod")
+    assert staging["deployment_type"] == "staging" and staging["description"] == "pre-prod"
+    kept = await rest.http.post(f"{v3}/projects/{project['id']}/environments/{staging['id']}/", json={"name": "S"})
+    assert kept.json()["data"]["deployment_type"] == "staging" and kept.json()["data"]["description"] == "pre-prod"
+    unknown = {"name": "x", "type": "deployment", "deployment_type": "qa"}
+    refused = await rest.http.post(f"{v3}/projects/{project['id']}/environments/", json=unknown)
+    assert refused.status_code == 400 and "deployment_type" in refused.json()["status"]["user_message"]
+    deleted = await rest.http.delete(f"{v3}/projects/{project['id']}/environments/{staging['id']}/")
+    assert deleted.status_code == 200
     assert env["connection"]["type"] == "postgres" and env["connection"]["details"]["host"] == "db.internal"
     assert env["connection"]["secrets_set"] == ["password"]
     assert env["credentials"] == {"schema": "analytics", "threads": 6, "target_name": "prod"}
@@ -368,9 +374,10 @@ async def test_project_and_environment_lists_take_the_filters_dbt_cloud_clients_
     assert await ids("projects/", order_by="-name") == [web["id"], shop["id"]]
     assert await ids("environments/", dbt_version__in='["1.8"]') == [old["id"]]
     assert await ids(f"projects/{shop['id']}/environments/", name="prod") == [prod["id"]]
-    for refused in ("deployment_type__in", "credentials_id"):
-        response = await rest.http.get(f"{v3}/projects/{shop['id']}/environments/", params={refused: "1"})
-        assert response.status_code == 400 and refused in response.json()["status"]["user_message"]
+    assert await ids(f"projects/{shop['id']}/environments/", deployment_type__in='["production"]') == []
+    assert await ids(f"projects/{shop['id']}/environments/", credentials_id=1) == []
+    refused = await rest.http.get(f"{v3}/environments/", params={"deployment_type": "qa"})
+    assert refused.status_code == 400 and "deployment_type" in refused.json()["status"]["user_message"]
 
 
 async def test_include_related_takes_every_name_dbt_cloud_documents(rest: Rest, adb: AsyncDb) -> None:

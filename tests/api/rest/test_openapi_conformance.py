@@ -56,11 +56,25 @@ ABSENT: dict[str, set[str]] = {
     "EnvironmentV2Response": {"*"},
     "EnvironmentV3Response": {"*"},
     "PostgresConnection": {"*"},
+    # A repository is a URL and a credential here: no git provider, GitHub app, deploy key object or
+    # private link behind it.
+    "RepositoryV3Response": {
+        "deploy_key",
+        "git_provider",
+        "github_repo",
+        "gitlab",
+        "is_private_link_enabled",
+        "name",
+        "web_url",
+    },
     "PostgresCredentials": {"*"},
     # runplane keeps a step's command and log, not dbt Cloud's command and invocation records.
     "RunStepResponse": {"run_step_command", "run_step_invocation"},
     "UserResponse": {"*"},  # a token is not a person: no logins, providers or e-mail address
 }
+# Lists the document types as one object: its ``data`` is the list's item, and its own text says the
+# list answers many. runplane answers a list (as dbt Cloud does, and its clients read), each item checked.
+ONE_OBJECT_LISTS = {("GET", "/api/v3/accounts/{account_id}/connections/")}
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
     "number": (int, float),
@@ -125,6 +139,14 @@ async def test_served_operations_answer_the_documented_codes_and_types(rest: Res
         "run_steps"
     ][0]["id"]
     env_body = {"name": "e", "type": "deployment", "dbt_version": "1.10", "credentials": {"schema": "a"}}
+    connection_body = {"name": "w", "adapter_version": "postgres_v0", "config": {"hostname": "h", "dbname": "d"}}
+    connection = (await rest.http.post(f"{v3}/connections/", json=connection_body)).json()["data"]
+    credentials_body = {"type": "postgres", "username": "u", "password": "p", "default_schema": "a"}
+    credentials_path = f"{v3}/projects/{project['id']}/credentials/"
+    credentials = (await rest.http.post(credentials_path, json=credentials_body)).json()["data"]
+    repositories_path = f"{v3}/projects/{project['id']}/repositories/"
+    repository_body = {"remote_url": "https://git.example.com/a/c.git"}
+    repository = (await rest.http.post(repositories_path, json=repository_body)).json()["data"]
     ids: dict[str, Any] = {}
 
     async def made(key: str, response: Any) -> None:
@@ -214,6 +236,53 @@ async def test_served_operations_answer_the_documented_codes_and_types(rest: Res
         ("POST", "/api/v2/accounts/{account_id}/jobs/{job_id}/run/", f"{v2}/jobs/{done}/run/", {}),
         ("POST", "/api/v2/accounts/{account_id}/jobs/{job_id}/rerun/", f"{v2}/jobs/{done}/rerun/", {}),
         ("POST", "/api/v2/accounts/{account_id}/runs/{run_id}/cancel/", f"{v2}/runs/{queued}/cancel/", {}),
+        ("GET", "/api/v3/accounts/{account_id}/connections/", f"{v3}/connections/", None),
+        ("POST", "/api/v3/accounts/{account_id}/connections/", f"{v3}/connections/", connection_body),
+        ("GET", "/api/v3/accounts/{account_id}/connections/{id}/", f"{v3}/connections/{connection['id']}/", None),
+        (
+            "PATCH",
+            "/api/v3/accounts/{account_id}/connections/{id}/",
+            f"{v3}/connections/{connection['id']}/",
+            {"config": {"port": 6432}},
+        ),
+        ("GET", "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/", credentials_path, None),
+        (
+            "POST",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/",
+            credentials_path,
+            credentials_body,
+        ),
+        (
+            "GET",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/{id}/",
+            f"{credentials_path}{credentials['id']}/",
+            None,
+        ),
+        (
+            "POST",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/{id}/",
+            f"{credentials_path}{credentials['id']}/",
+            {"threads": 8},
+        ),
+        (
+            "PATCH",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/{id}/",
+            f"{credentials_path}{credentials['id']}/",
+            {"target_name": "prod"},
+        ),
+        ("GET", "/api/v3/accounts/{account_id}/projects/{project_id}/repositories/", repositories_path, None),
+        (
+            "POST",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/repositories/",
+            repositories_path,
+            repository_body,
+        ),
+        (
+            "GET",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/repositories/{id}/",
+            f"{repositories_path}{repository['id']}/",
+            None,
+        ),
     ]
     deletes = [
         ("DELETE", "/api/v2/accounts/{account_id}/jobs/{id}/", "new_job", "{v2}/jobs/{id}/"),
@@ -223,6 +292,19 @@ async def test_served_operations_answer_the_documented_codes_and_types(rest: Res
             "/api/v3/accounts/{account_id}/projects/{project_id}/environments/{id}/",
             "v3_env",
             "{v3}/projects/{project}/environments/{id}/",
+        ),
+        ("DELETE", "/api/v3/accounts/{account_id}/connections/{id}/", "connection", "{v3}/connections/{id}/"),
+        (
+            "DELETE",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/{id}/",
+            "credentials",
+            "{v3}/projects/{project}/credentials/{id}/",
+        ),
+        (
+            "DELETE",
+            "/api/v3/accounts/{account_id}/projects/{project_id}/repositories/{id}/",
+            "repository",
+            "{v3}/projects/{project}/repositories/{id}/",
         ),
         ("DELETE", "/api/v3/accounts/{account_id}/projects/{id}/", "project", "{v3}/projects/{id}/"),
     ]
@@ -234,6 +316,9 @@ async def test_served_operations_answer_the_documented_codes_and_types(rest: Res
         ("POST", "/api/v2/accounts/{account_id}/environments/"): "v2_env",
         ("POST", "/api/v3/accounts/{account_id}/projects/{project_id}/environments/"): "v3_env",
         ("POST", "/api/v3/accounts/{account_id}/projects/"): "project",
+        ("POST", "/api/v3/accounts/{account_id}/connections/"): "connection",
+        ("POST", "/api/v3/accounts/{account_id}/projects/{project_id}/credentials/"): "credentials",
+        ("POST", "/api/v3/accounts/{account_id}/projects/{project_id}/repositories/"): "repository",
     }
     spec = {(op["method"], op["path"]): op for op in SPEC["operations"]}
     failures: list[str] = []
@@ -247,6 +332,10 @@ async def test_served_operations_answer_the_documented_codes_and_types(rest: Res
             failures.append(f"{method} {documented}: {response.status_code}, documented {code}: {response.text[:300]}")
             return response
         schema = spec[(method, documented)]["responses"][code]
+        if (method, documented) in ONE_OBJECT_LISTS:
+            envelope = SPEC["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+            item = envelope["properties"]["data"]
+            schema = {**envelope, "properties": {**envelope["properties"], "data": {"type": "array", "items": item}}}
         if schema is not None:
             failures.extend(problems(response.json(), schema, f"{method} {documented}", missing))
         return response
