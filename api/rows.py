@@ -78,13 +78,13 @@ class Job:
     run_only_modified: bool
     completion_mode: str
     create_fingerprint: str | None
+    kept_cron: str | None  # the cron of a schedule trigger turned off over REST; nothing schedules it
     overlap_policy: str
     jitter_seconds: int
-    catchup_window_seconds: int
-    catchup_all: bool
     paused_by: str
     pause_note: str
-    kept_cron: str | None  # the cron of a schedule trigger turned off over REST; nothing schedules it
+    catchup_window_seconds: int
+    catchup_all: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -354,6 +354,12 @@ async def test_webhook_payloads_carry_every_documented_field(rest: Rest, adb: As
     assert (data["environmentId"], data["environmentName"]) == (str(env["id"]), "Production")
     assert (data["projectId"], data["projectName"]) == (str(project["id"]), "Snowflake Github Demo")
     assert data["dbtVersion"] == "1.10" and data["runStatus"] == "Running" and data["runStatusCode"] == 3
+    assert data["runStatusMessage"] == "None"  # as dbt Cloud sends it while a run has no message
+    await adb.execute("UPDATE runs SET status = 10, finished_at = now() WHERE id = %s", (run_id,))
+    done = await scalar(
+        adb, "SELECT payload FROM webhook_outbox WHERE run_id = %s AND event_type = %s", run_id, "job.run.completed"
+    )
+    assert done["data"]["runStatus"] == "Success" and done["data"]["runStatusMessage"] == "None"
     plain = (await scalar(adb, "SELECT payload FROM webhook_outbox WHERE run_id = %s", plain_run))["data"]
     assert "environmentId" not in plain and "projectId" not in plain  # a job without an environment has none
 
@@ -475,6 +481,8 @@ async def test_runplanes_own_job_settings_over_rest(rest: Rest, adb: AsyncDb) ->
         "version": 1,
         "overlap_policy": "serial",
         "jitter_seconds": 0,
+        "catchup_window_seconds": 0,
+        "catchup_all": False,
         "paused_by": "",
         "pause_note": "",
         "deactivation_reason": "",
