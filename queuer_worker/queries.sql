@@ -19,8 +19,8 @@ SELECT state FROM queuer_workers WHERE worker_id = %(worker_id)s
 -- (as queue_runs decides) at or after the job was made. A job no longer schedulable records nothing.
 INSERT INTO skipped_occurrences (account_id, job_id, occurrence_key, scheduled_at, reason, detail)
 SELECT j.account_id, d.job_id, d.key, to_timestamp(d.fire_ts), 'missed', d.detail
-FROM unnest(%(job_ids)s::bigint[], %(fire_ts)s::bigint[], %(keys)s::text[], %(crons)s::text[],
-            %(timezones)s::text[], %(details)s::text[])
+FROM unnest(%(job_ids)b::bigint[], %(fire_ts)b::bigint[], %(keys)b::text[], %(crons)b::text[],
+            %(timezones)b::text[], %(details)b::text[])
      AS d (job_id, fire_ts, key, cron, timezone, detail)
 JOIN jobs j ON j.id = d.job_id
 CROSS JOIN LATERAL (

@@ -131,9 +131,14 @@ def runner_pod(
             {"name": "RUNPLANE_RUNNER__WORK_DIR", "value": WORK_DIR},
             {"name": "RUNPLANE_LOG_FORMAT", "value": "json"},
             {"name": "RUNPLANE_RUNNER__API_ADDRESS", "value": runner_api_address},
-            # A Pod keeps no file for the next run: a DuckDB file is refused, with the reason.
-            {"name": "RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT", "value": ""},
-            *({"name": name, "value": value} for name, value in repositories.environment().items()),
+            # A Pod keeps no file for the next run: a DuckDB file is refused, with the reason. Set
+            # empty, written as the API server keeps an empty value (without one), so the Pod built
+            # is the Pod stored.
+            {"name": "RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT"},
+            *(
+                {"name": name, "value": value} if value else {"name": name}
+                for name, value in repositories.environment().items()
+            ),
         ],
         "envFrom": [{"secretRef": {"name": secret}} for secret in settings.env_from_secrets],
         "resources": {

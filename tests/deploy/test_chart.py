@@ -161,7 +161,7 @@ def test_multi_cluster_dispatchers_name_their_cluster_and_share_settings() -> No
     assert set(dispatchers) == {f"rp-runplane-dispatcher-{c}" for c in ("eu-west", "us-east", "ap-south")}
     for name, deployment in dispatchers.items():
         spec = deployment["spec"]["template"]["spec"]
-        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        env = {e["name"]: e.get("value", "") for e in spec["containers"][0]["env"]}
         cluster = name.removeprefix("rp-runplane-dispatcher-")
         assert env["RUNPLANE_DISPATCHER__CLUSTER"] == cluster
         assert env["RUNPLANE_DISPATCHER__LAUNCHER"] == "kubernetes"
@@ -190,7 +190,7 @@ def dispatcher_settings(docs: list[dict[str, Any]], cluster: str) -> Settings:
     (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(f"-{cluster}")]
     (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")]
     env = dict(config["data"])
-    env.update({e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]})
+    env.update({e["name"]: e.get("value", "") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]})
     return settings_from(env)
 
 
@@ -299,7 +299,7 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
         "node-cache", "--socket", "/socket/cache.sock", "--root", "/cache", "--max-entry-mb", "1024",
         "--max-cache-mb", "10240",
     ]  # fmt: skip
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
     assert env["RUNPLANE_RUNNER__API_ADDRESS"] == "rp-runplane-runner-api.runplane.svc:50052"
     sc = container["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
@@ -320,7 +320,7 @@ def test_the_node_cache_keeper_runs_on_the_run_pods_nodes_and_only_it_mounts_the
     (run_volume,) = [v for v in run_pod["spec"]["volumes"] if "hostPath" in v]
     assert run_volume["hostPath"]["path"] == volumes["socket"]
     (runner,) = run_pod["spec"]["containers"]
-    socket = {e["name"]: e["value"] for e in runner["env"]}["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"]
+    socket = {e["name"]: e.get("value", "") for e in runner["env"]}["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"]
     assert socket.rsplit("/", 1)[1] == container["args"][2].rsplit("/", 1)[1]  # the keeper's socket file
     for workload in (d for d in docs if d["kind"] in ("Deployment", "Job")):
         assert "hostPath" not in json.dumps(workload)
@@ -360,7 +360,7 @@ def test_the_repository_rule_reaches_every_service_and_the_runner_of_every_run_p
     )
     (runner,) = pod["spec"]["containers"]
     # The runner in the Pod reads only its container's variables (envFrom names warehouse Secrets alone).
-    assert settings_from({e["name"]: e["value"] for e in runner["env"]}).repositories == wanted
+    assert settings_from({e["name"]: e.get("value", "") for e in runner["env"]}).repositories == wanted
     # Unset, the defaults go to the Pod too: the rule is the image's never by accident.
     default = dispatcher_settings(render("default"), "local")
     assert default.repositories == RepositorySettings()

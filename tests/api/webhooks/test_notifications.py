@@ -240,7 +240,7 @@ async def test_a_success_with_a_test_warning_is_a_warning_and_goes_where_warning
     assert slack["text"] == f"hourly: run #{run_id} warned"
     sections = " ".join(json.dumps(b) for b in slack["blocks"])
     assert "*Warned models*" in sections and "unique_orders_order_id" in sections
-    assert any(b["type"] == "actions" and b["elements"][0]["url"].endswith(f"/runs/{run_id}") for b in slack["blocks"])
+    assert any(b["type"] == "actions" and b["elements"][0]["url"].endswith(f"/runs/{run_id}/") for b in slack["blocks"])
     outcomes = sorted(r[4] for r in _outbox(db, run_id))
     assert outcomes == ["", "skipped: warned is not asked for"]
 

@@ -117,7 +117,7 @@ def test_the_pod_holds_no_credential_and_reads_its_token_from_a_mounted_secret(v
     assert REQUEST.token not in text  # the token is in the Secret only, never in the Pod spec
     for credential in ("DATABASE_URL", "REDIS_URL", "AMQP_URL", "SECRET_KEYS", "postgresql://", "amqp://", "redis://"):
         assert credential not in text
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", "") for e in container["env"]}  # an empty value is left out
     assert env["RUNPLANE_RUNNER__API_ADDRESS"] == RUNNER_API
     assert env["RUNPLANE_RUNNER__LOCAL_WAREHOUSE_ROOT"] == ""  # a Pod keeps no DuckDB file: refused at run
     assert {"name": "run-token", "mountPath": "/var/run/runplane", "readOnly": True} in container["volumeMounts"]
@@ -148,7 +148,7 @@ def test_only_the_node_caches_socket_directory_is_mounted_and_only_when_named() 
     assert volume == {"name": "node-cache", "hostPath": {"path": "/run/node-cache", "type": "DirectoryOrCreate"}}
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "node-cache"]
     assert mount == {"name": "node-cache", "mountPath": "/var/run/runplane-node-cache", "readOnly": True}
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", "") for e in container["env"]}  # an empty value is left out
     assert env["RUNPLANE_RUNNER__NODE_CACHE_SOCKET"] == "/var/run/runplane-node-cache/cache.sock"
 
 
